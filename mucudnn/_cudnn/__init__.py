@@ -1,0 +1,1 @@
+"""Raw ctypes binding to libcudnn: loader, prototypes, enums, errors, handles and descriptors."""

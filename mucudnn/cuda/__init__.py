@@ -1,0 +1,1 @@
+"""CUDA runtime through cuda-python: devices, memory, DeviceArray, streams, events."""

@@ -1,0 +1,1 @@
+"""Batch-size policies, benchmarking through a Backend, the benchmark cache, WR and WD."""

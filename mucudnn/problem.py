@@ -1,0 +1,437 @@
+"""Pure values: ConvProblem, Direction, AlgoPerf, MicroBatch, Plan.
+
+Everything that determines a convolution's algorithms and cost lives in
+:class:`ConvProblem`; shapes, strides and layouts are computed here and nowhere
+else, so the cuDNN descriptors, the NumPy reference and the engine agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence, Union
+
+IntOrTuple = Union[int, Sequence[int]]
+
+#: Layouts by number of spatial dimensions; the channels-first form comes first.
+LAYOUTS: dict[str, int] = {"NCHW": 2, "NHWC": 2, "NCDHW": 3, "NDHWC": 3}
+#: Supported data types and the compute (accumulation) type each uses by default.
+DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "float16": "float32",
+    "bfloat16": "float32",
+    "float64": "float64",
+}
+#: Math modes, named after cuDNN's cudnnMathType_t without the prefix.
+#: "default" lets the library pick (TF32 tensor cores allowed for float32, as
+#: PyTorch does); "fma" forbids tensor cores; "tensor_op" asks for them.
+MATH_MODES = ("default", "fma", "tensor_op", "tensor_op_allow_conversion")
+
+
+class Direction(str, enum.Enum):
+    """The three convolution kernels a layer runs."""
+
+    FORWARD = "forward"
+    BACKWARD_DATA = "backward_data"
+    BACKWARD_FILTER = "backward_filter"
+
+    def __str__(self) -> str:  # "forward", not "Direction.FORWARD"
+        return self.value
+
+    @classmethod
+    def parse(cls, value: "Direction | str") -> "Direction":
+        """Accept a Direction, its value or its name (case-insensitive); e.g. ``"fwd"``."""
+        if isinstance(value, Direction):
+            return value
+        if isinstance(value, str):
+            v = value.strip().lower().replace("-", "_")
+            aliases = {"fwd": "forward", "bwd_data": "backward_data", "dgrad": "backward_data",
+                       "bwd_filter": "backward_filter", "wgrad": "backward_filter"}
+            v = aliases.get(v, v)
+            for d in cls:
+                if d.value == v:
+                    return d
+        raise ValueError(
+            f"direction: expected one of {[d.value for d in cls]}, got {value!r}")
+
+
+def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ...]:
+    """Expand an int or per-dimension sequence into an nd-tuple of ints >= minimum."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
+    if isinstance(value, int) or (hasattr(value, "__index__") and not hasattr(value, "__len__")):
+        t = (int(value),) * nd
+    else:
+        try:
+            t = tuple(int(v) for v in value)  # type: ignore[union-attr]
+        except TypeError:
+            raise TypeError(
+                f"{name}: expected an int or a tuple of {nd} ints, got {value!r}") from None
+        if len(t) != nd:
+            raise ValueError(f"{name}: expected {nd} values (one per spatial dimension), got {value!r}")
+    for v in t:
+        if v < minimum:
+            raise ValueError(f"{name}: expected every value >= {minimum}, got {value!r}")
+    return t
+
+
+def _shape(name: str, value: Sequence[int]) -> tuple[int, ...]:
+    try:
+        t = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of ints, got {value!r}") from None
+    for v in t:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise TypeError(f"{name}: expected a sequence of ints, got {value!r}")
+    t = tuple(int(v) for v in t)
+    if any(v <= 0 for v in t):
+        raise ValueError(f"{name}: expected positive sizes, got {t}")
+    return t
+
+
+def channels_last(layout: str) -> bool:
+    """True for NHWC/NDHWC."""
+    return layout[1] != "C"
+
+
+def to_canonical(shape: Sequence[int], layout: str) -> tuple[int, ...]:
+    """A shape in the layout's own order -> (N, C, spatial...) order."""
+    s = tuple(shape)
+    return (s[0], s[-1]) + s[1:-1] if channels_last(layout) else s
+
+
+def from_canonical(shape: Sequence[int], layout: str) -> tuple[int, ...]:
+    """(N, C, spatial...) order -> the layout's own order."""
+    s = tuple(shape)
+    return (s[0],) + s[2:] + (s[1],) if channels_last(layout) else s
+
+
+def packed_strides(canonical_shape: Sequence[int], layout: str) -> tuple[int, ...]:
+    """Element strides of a packed tensor, listed in canonical (N, C, spatial...) order.
+
+    This is what cuDNN's Nd tensor descriptors take: dims always in NCHW order,
+    strides saying where each dim lives in memory.
+
+    >>> packed_strides((2, 3, 4, 5), "NHWC")
+    (60, 1, 15, 3)
+    """
+    own = from_canonical(canonical_shape, layout)
+    strides_own = [1] * len(own)
+    for i in range(len(own) - 2, -1, -1):
+        strides_own[i] = strides_own[i + 1] * own[i + 1]
+    return to_canonical(strides_own, layout)
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """A convolution problem: shapes, geometry, data type, layout, math mode.
+
+    Shapes are given in the layout's own order: NCHW x is (N, C, H, W) with
+    filter (K, C/groups, R, S); NHWC x is (N, H, W, C) with filter
+    (K, R, S, C/groups); likewise NCDHW/NDHWC in 3-D.
+
+    >>> p = ConvProblem((256, 96, 27, 27), (256, 96, 5, 5), padding=2)
+    >>> p.output_shape
+    (256, 256, 27, 27)
+    >>> p.with_batch(32).x_shape
+    (32, 96, 27, 27)
+    """
+
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    stride: tuple[int, ...] = 1  # type: ignore[assignment]
+    padding: tuple[int, ...] = 0  # type: ignore[assignment]
+    dilation: tuple[int, ...] = 1  # type: ignore[assignment]
+    groups: int = 1
+    dtype: str = "float32"
+    layout: str = "NCHW"
+    math: str = "default"
+    compute_type: str | None = None
+
+    def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], *,
+                 stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
+                 groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
+                 math: str = "default", compute_type: str | None = None) -> None:
+        x = _shape("x_shape", x_shape)
+        w = _shape("w_shape", w_shape)
+        if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {list(LAYOUTS)}, got {layout!r}")
+        layout = layout.upper()
+        nd = LAYOUTS[layout]
+        if len(x) != nd + 2:
+            raise ValueError(
+                f"x_shape: layout {layout} needs {nd + 2} dimensions, got {len(x)} ({x})")
+        if len(w) != nd + 2:
+            raise ValueError(
+                f"w_shape: layout {layout} needs {nd + 2} dimensions, got {len(w)} ({w})")
+        dtype_name = _dtype_name(dtype)
+        if compute_type is None:
+            compute_type = DTYPES[dtype_name]
+        elif compute_type not in ("float32", "float64", "float16"):
+            raise ValueError(
+                f"compute_type: expected 'float16', 'float32' or 'float64', got {compute_type!r}")
+        if not isinstance(math, str) or math.lower() not in MATH_MODES:
+            raise ValueError(f"math: expected one of {list(MATH_MODES)}, got {math!r}")
+        if isinstance(groups, bool) or not hasattr(groups, "__index__"):
+            raise TypeError(f"groups: expected a positive int, got {groups!r}")
+        groups = int(groups)
+        if groups < 1:
+            raise ValueError(f"groups: expected a positive int, got {groups}")
+        stride_t = _tuple("stride", stride, nd, 1)
+        padding_t = _tuple("padding", padding, nd, 0)
+        dilation_t = _tuple("dilation", dilation, nd, 1)
+        xc = to_canonical(x, layout)
+        wc = to_canonical(w, layout)
+        if xc[1] != groups * wc[1]:
+            raise ValueError(
+                f"w_shape: input channels ({xc[1]}) must equal groups ({groups}) x filter "
+                f"channels ({wc[1]}); expected filter channels {xc[1] // groups if xc[1] % groups == 0 else '?'}"
+                f" for x_shape {x}")
+        if wc[0] % groups:
+            raise ValueError(
+                f"w_shape: output channels ({wc[0]}) must be divisible by groups ({groups})")
+        set_ = object.__setattr__
+        set_(self, "x_shape", x)
+        set_(self, "w_shape", w)
+        set_(self, "stride", stride_t)
+        set_(self, "padding", padding_t)
+        set_(self, "dilation", dilation_t)
+        set_(self, "groups", groups)
+        set_(self, "dtype", dtype_name)
+        set_(self, "layout", layout)
+        set_(self, "math", math.lower())
+        set_(self, "compute_type", compute_type)
+        out = self._spatial_out()
+        if any(o < 1 for o in out):
+            raise ValueError(
+                f"x_shape: output size would be {out} (< 1) for input spatial {xc[2:]}, filter "
+                f"{wc[2:]}, padding {padding_t}, stride {stride_t}, dilation {dilation_t}; "
+                "expected an input at least as large as the dilated filter")
+
+    # -- geometry ---------------------------------------------------------------
+    @property
+    def nd(self) -> int:
+        """Number of spatial dimensions (2 or 3)."""
+        return LAYOUTS[self.layout]
+
+    @property
+    def channels_last(self) -> bool:
+        return channels_last(self.layout)
+
+    @property
+    def batch(self) -> int:
+        return self.x_shape[0]
+
+    @property
+    def x_dims(self) -> tuple[int, ...]:
+        """x shape in canonical (N, C, spatial...) order."""
+        return to_canonical(self.x_shape, self.layout)
+
+    @property
+    def w_dims(self) -> tuple[int, ...]:
+        """Filter shape in canonical (K, C/groups, spatial...) order."""
+        return to_canonical(self.w_shape, self.layout)
+
+    @property
+    def y_dims(self) -> tuple[int, ...]:
+        """Output shape in canonical (N, K, spatial...) order."""
+        return (self.x_dims[0], self.w_dims[0]) + self._spatial_out()
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """Output (y) shape in the layout's own order."""
+        return from_canonical(self.y_dims, self.layout)
+
+    y_shape = output_shape
+
+    def _spatial_out(self) -> tuple[int, ...]:
+        xs = to_canonical(self.x_shape, self.layout)[2:]
+        ws = to_canonical(self.w_shape, self.layout)[2:]
+        return tuple((i + 2 * p - d * (r - 1) - 1) // s + 1
+                     for i, r, p, s, d in zip(xs, ws, self.padding, self.stride, self.dilation))
+
+    def shape_of(self, which: str) -> tuple[int, ...]:
+        """Shape of tensor ``"x"``, ``"w"`` or ``"y"`` in the layout's own order."""
+        return {"x": self.x_shape, "w": self.w_shape, "y": self.output_shape}[which]
+
+    def flops(self) -> int:
+        """Multiply-adds x 2 of one direction (all three are equal)."""
+        y = self.y_dims
+        w = self.w_dims
+        n = 1
+        for v in y:
+            n *= v
+        for v in w[1:]:
+            n *= v
+        return 2 * n
+
+    # -- derived problems and keys ---------------------------------------------
+    def with_batch(self, n: int) -> "ConvProblem":
+        """The same problem with batch size ``n``."""
+        if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1:
+            raise ValueError(f"n: expected a positive batch size, got {n!r}")
+        if int(n) == self.batch:
+            return self
+        return dataclasses.replace(self, x_shape=(int(n),) + self.x_shape[1:])
+
+    def key(self) -> str:
+        """A stable string naming every field (batch included), for caches.
+
+        >>> ConvProblem((8, 3, 5, 5), (4, 3, 3, 3)).key()
+        'conv2d:x=8x3x5x5:w=4x3x3x3:stride=1x1:pad=0x0:dil=1x1:g=1:float32:acc=float32:NCHW:math=default'
+        """
+        j = lambda t: "x".join(str(v) for v in t)  # noqa: E731
+        return (f"conv{self.nd}d:x={j(self.x_shape)}:w={j(self.w_shape)}:stride={j(self.stride)}"
+                f":pad={j(self.padding)}:dil={j(self.dilation)}:g={self.groups}:{self.dtype}"
+                f":acc={self.compute_type}:{self.layout}:math={self.math}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"x_shape": list(self.x_shape), "w_shape": list(self.w_shape),
+                "stride": list(self.stride), "padding": list(self.padding),
+                "dilation": list(self.dilation), "groups": self.groups, "dtype": self.dtype,
+                "layout": self.layout, "math": self.math, "compute_type": self.compute_type}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ConvProblem":
+        d = dict(d)
+        return cls(d.pop("x_shape"), d.pop("w_shape"), **d)
+
+    def __repr__(self) -> str:
+        return (f"ConvProblem(x_shape={self.x_shape}, w_shape={self.w_shape}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"dtype={self.dtype!r}, layout={self.layout!r}, math={self.math!r})")
+
+
+def _dtype_name(dtype: Any) -> str:
+    """Normalise 'float32', numpy dtypes, torch dtypes (by name) to our names."""
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
+    name = str(name).replace("torch.", "").lower()
+    name = {"half": "float16", "float": "float32", "double": "float64", "f4": "float32",
+            "f8": "float64", "f2": "float16", "bf16": "bfloat16"}.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class AlgoPerf:
+    """One measured algorithm: ``algo`` is backend-specific (an int for the
+    legacy cuDNN API and NumPy, a string engine-config id for the graph API)."""
+
+    algo: Union[int, str]
+    time_ms: float
+    workspace_bytes: int
+    math_type: Union[int, str] = 0
+    determinism: Union[int, str, None] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AlgoPerf":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One call of a plan: rows [offset, offset + size) with one algorithm."""
+
+    offset: int
+    size: int
+    algo: Union[int, str]
+    math_type: Union[int, str] = 0
+    workspace_bytes: int = 0
+    time_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A micro-batch sequence for one kernel.
+
+    ``workspace_bytes`` is the max over the micro-batches (they run one after
+    another on one stream); ``undivided_time_ms`` is the best single call under
+    the same limit (``inf`` where none fits), so every plan reports its speedup.
+    """
+
+    problem: ConvProblem | None
+    direction: Direction | None
+    micro_batches: tuple[MicroBatch, ...]
+    workspace_bytes: int
+    time_ms: float
+    undivided_time_ms: float
+    workspace_limit: int | None
+    policy: Any = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def batch(self) -> int:
+        return sum(m.size for m in self.micro_batches)
+
+    @property
+    def speedup(self) -> float:
+        """undivided_time_ms / time_ms (``inf`` where no undivided call fits)."""
+        return self.undivided_time_ms / self.time_ms if self.time_ms > 0 else float("nan")
+
+    def describe(self) -> str:
+        """A short human form: ``"2 x 128"`` or ``"52 + 52 + 48"``."""
+        sizes = [m.size for m in self.micro_batches]
+        if sizes and all(s == sizes[0] for s in sizes):
+            return f"{len(sizes)} x {sizes[0]}" if len(sizes) > 1 else f"{sizes[0]}"
+        return " + ".join(str(s) for s in sizes)
+
+    def with_context(self, problem: ConvProblem | None, direction: Direction | None) -> "Plan":
+        return dataclasses.replace(self, problem=problem, direction=direction)
+
+    def to_dict(self) -> dict[str, Any]:
+        policy = self.policy if isinstance(self.policy, (str, type(None))) else list(self.policy)
+        return {
+            "problem": self.problem.to_dict() if self.problem is not None else None,
+            "direction": self.direction.value if self.direction is not None else None,
+            "micro_batches": [m.to_dict() for m in self.micro_batches],
+            "workspace_bytes": self.workspace_bytes,
+            "time_ms": self.time_ms,
+            "undivided_time_ms": _json_float(self.undivided_time_ms),
+            "workspace_limit": self.workspace_limit,
+            "policy": policy,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        return cls(
+            problem=ConvProblem.from_dict(d["problem"]) if d.get("problem") else None,
+            direction=Direction.parse(d["direction"]) if d.get("direction") else None,
+            micro_batches=tuple(MicroBatch(**m) for m in d["micro_batches"]),
+            workspace_bytes=int(d["workspace_bytes"]),
+            time_ms=float(d["time_ms"]),
+            undivided_time_ms=float(d["undivided_time_ms"]) if d["undivided_time_ms"] is not None
+            else float("inf"),
+            workspace_limit=d.get("workspace_limit"),
+            policy=d.get("policy"),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, s: str) -> "Plan":
+        return cls.from_dict(json.loads(s))
+
+
+def _json_float(v: float) -> float | None:
+    return None if v == float("inf") else v
+
+
+def make_plan(micro_batches: Iterable[MicroBatch], *, undivided_time_ms: float,
+              workspace_limit: int | None, policy: Any = None,
+              problem: ConvProblem | None = None, direction: Direction | None = None) -> Plan:
+    """Build a Plan from its micro-batches, deriving total time and workspace."""
+    mbs = tuple(micro_batches)
+    return Plan(problem=problem, direction=direction, micro_batches=mbs,
+                workspace_bytes=max((m.workspace_bytes for m in mbs), default=0),
+                time_ms=sum(m.time_ms for m in mbs), undivided_time_ms=undivided_time_ms,
+                workspace_limit=workspace_limit, policy=policy)

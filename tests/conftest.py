@@ -1,0 +1,53 @@
+"""Shared test setup: the `gpu` marker skips cleanly without a GPU; hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "gpu", max_examples=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "thorough", max_examples=400, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def _have_gpu() -> bool:
+    try:
+        from mucudnn.cuda import device_count
+    except Exception:
+        return False
+    try:
+        return device_count() > 0
+    except Exception:
+        return False
+
+
+HAVE_GPU = _have_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_GPU:
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    """A private benchmark cache file for one test."""
+    path = tmp_path / "cache.sqlite"
+    monkeypatch.setenv("MUCUDNN_CACHE", str(path))
+    return path
