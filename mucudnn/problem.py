@@ -306,7 +306,10 @@ class ConvProblem:
 
 def _dtype_name(dtype: Any) -> str:
     """Normalise 'float32', numpy dtypes, torch dtypes (by name) to our names."""
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
+    if isinstance(dtype, type):  # scalar types: np.float32, ml_dtypes.bfloat16
+        name = dtype.__name__
+    else:
+        name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
     name = str(name).replace("torch.", "").lower()
     name = {"half": "float16", "float": "float32", "double": "float64", "f4": "float32",
             "f8": "float64", "f2": "float16", "bf16": "bfloat16"}.get(name, name)
@@ -411,7 +414,7 @@ class Plan:
             undivided_time_ms=float(d["undivided_time_ms"]) if d["undivided_time_ms"] is not None
             else float("inf"),
             workspace_limit=d.get("workspace_limit"),
-            policy=d.get("policy"),
+            policy=tuple(d["policy"]) if isinstance(d.get("policy"), list) else d.get("policy"),
         )
 
     def to_json(self) -> str:
