@@ -1,1 +1,19 @@
-"""Batch-size policies, benchmarking through a Backend, the benchmark cache, WR and WD."""
+"""Batch-size policies, benchmarking through a Backend, the benchmark cache, WR and WD.
+
+>>> from mucudnn.optimizer import batch_sizes
+>>> batch_sizes("powerOfTwo", 100)
+[100, 64, 32, 16, 8, 4, 2, 1]
+"""
+
+from .api import DEFAULT_WORKSPACE_LIMIT, optimize, optimize_network
+from .benchmark import benchmark
+from .cache import BenchmarkCache, CacheWarning, default_cache_path
+from .dp import optimize_wr, pareto_front
+from .ilp import optimize_wd
+from .policies import POLICIES, batch_sizes
+
+__all__ = [
+    "BenchmarkCache", "CacheWarning", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
+    "benchmark", "default_cache_path", "optimize", "optimize_network", "optimize_wd",
+    "optimize_wr", "pareto_front",
+]

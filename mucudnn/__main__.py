@@ -1,0 +1,186 @@
+"""The command line: ``python -m mucudnn bench | optimize | plot``.
+
+    python -m mucudnn bench --net alexnet --batch 256 --workspace 64MiB --policy powerOfTwo
+    python -m mucudnn optimize --net resnet18 --workspace 64MiB --json plans.json
+    python -m mucudnn plot --net alexnet --out figures/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import sys
+from typing import Any, Sequence
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
+              "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+              "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+#: Batch used on the NumPy backend when no GPU is there (keeps a network under a minute).
+CPU_BATCH = 2
+
+
+def parse_size(text: str) -> int:
+    """A human size in bytes: ``"64MiB"``, ``"1GiB"``, ``"512k"``, ``"1e6"``, ``"0"``.
+
+    >>> parse_size("64MiB"), parse_size("1.5GiB"), parse_size("100")
+    (67108864, 1610612736, 100)
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 64MiB, 1GiB, 512k or a number of bytes, got {text!r}")
+    return int(float(m.group(1)) * SIZE_UNITS[unit])
+
+
+def _policy(text: str) -> Any:
+    if re.fullmatch(r"[0-9,\s]+", text):
+        return [int(v) for v in text.split(",") if v.strip()]
+    return text
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    from .networks import NETWORKS
+    p.add_argument("--net", required=True, choices=sorted(NETWORKS), help="network")
+    p.add_argument("--batch", type=int, default=None,
+                   help="mini-batch size (default: the paper's: alexnet 256, resnet 128, vgg16 64)")
+    p.add_argument("--dtype", default="float32",
+                   choices=["float32", "float16", "bfloat16", "float64"])
+    p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"])
+    p.add_argument("--math", default="default",
+                   choices=["default", "fma", "tensor_op", "tensor_op_allow_conversion"])
+    p.add_argument("--workspace", type=parse_size, default=64 << 20,
+                   help="workspace limit per kernel, e.g. 64MiB (default 64MiB)")
+    p.add_argument("--policy", type=_policy, default="powerOfTwo",
+                   help="batch-size policy: powerOfTwo, all, undivided or a list like 64,32")
+    p.add_argument("--mode", default="wr", choices=["wr", "wd"],
+                   help="wr: a limit per kernel; wd: one total budget for all kernels")
+    p.add_argument("--total-workspace", type=parse_size, default=None,
+                   help="WD budget (default: --workspace x number of kernels)")
+    p.add_argument("--backend", default=None, choices=["cudnn", "cudnn-graph", "numpy"],
+                   help="default: cudnn where a GPU is present, else numpy")
+    p.add_argument("--layers", default=None, help="comma-separated layer names (default: all)")
+    p.add_argument("--directions", default="forward,backward_data,backward_filter")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each plan")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[str, int, str | None]:
+    """Backend name, batch, and the first line to print when falling back to the CPU."""
+    from .cuda import device_count
+    from .networks import DEFAULT_BATCH
+
+    backend = args.backend
+    batch = args.batch or DEFAULT_BATCH[args.net]
+    note = None
+    if backend is None and device_count() == 0:
+        backend = "numpy"
+        small = min(batch, CPU_BATCH) if args.batch is None else batch
+        note = (f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
+                f"{'' if small == batch else f' instead of {batch}'} (pass --batch to choose)")
+        batch = small
+    return backend or "cudnn", batch, note
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import format_table, run_network, save_json
+
+    backend, batch, note = _resolve(args)
+    if note:
+        print(note, flush=True)
+    repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)
+    r = run_network(args.net, batch, dtype=args.dtype, layout=args.layout, math_mode=args.math,
+                    workspace_limit=args.workspace, policy=args.policy, mode=args.mode,
+                    total_workspace=args.total_workspace, backend=backend, repeat=repeat,
+                    warmup=1 if backend == "numpy" else 3,
+                    layers=args.layers.split(",") if args.layers else None,
+                    directions=args.directions.split(","), progress=not args.no_progress)
+    print(format_table(r))
+    if args.json:
+        save_json([r], args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from .networks import network
+    from .optimizer import optimize, optimize_network
+
+    backend, batch, note = _resolve(args)
+    if note:
+        print(note, flush=True)
+    probs = network(args.net, batch, dtype=args.dtype, layout=args.layout, math=args.math)
+    if args.layers:
+        probs = {k: v for k, v in probs.items() if k in args.layers.split(",")}
+    dirs = args.directions.split(",")
+    progress = not args.no_progress
+    if args.mode == "wd":
+        total = args.total_workspace or args.workspace * len(probs) * len(dirs)
+        plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
+                                 progress=progress)
+    else:
+        plans = {(name, d): optimize(p, d, args.workspace, args.policy, backend,
+                                     progress=progress)
+                 for name, p in probs.items() for d in dirs}
+    out = []
+    for (name, d), plan in plans.items():
+        out.append({"layer": name, "direction": str(d), **plan.to_dict()})
+        und = f"{plan.undivided_time_ms:.3f}" if math.isfinite(plan.undivided_time_ms) else "n/a"
+        print(f"{name:24s} {str(d):16s} {plan.describe():>18s}  predicted {plan.time_ms:8.3f} ms"
+              f"  undivided {und:>8s} ms  workspace {plan.workspace_bytes / (1 << 20):7.1f} MiB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_network
+
+    backend, batch, note = _resolve(args)
+    if note:
+        print(note, flush=True)
+    files = plot_network(args.net, batch, out_dir=args.out, dtype=args.dtype,
+                         layout=args.layout, math_mode=args.math, policy=args.policy,
+                         backend=backend, workspace_limit=args.workspace,
+                         layers=args.layers.split(",") if args.layers else None,
+                         directions=args.directions.split(","), progress=not args.no_progress)
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mucudnn", description=(
+        "Micro-batched cuDNN convolutions: benchmark, optimise and plot networks."))
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bench", help="optimise, execute and time every conv layer of a network")
+    _common(b)
+    b.add_argument("--repeat", type=int, default=None,
+                   help="timed runs per plan (median; default 10 on a GPU, 3 on NumPy)")
+    b.add_argument("--json", default=None, help="write all numbers to this JSON file")
+    b.set_defaults(func=cmd_bench)
+    o = sub.add_parser("optimize", help="print or save the plans of a network as JSON")
+    _common(o)
+    o.add_argument("--json", default=None, help="write the plans to this JSON file")
+    o.set_defaults(func=cmd_optimize)
+    p = sub.add_parser("plot", help="draw Pareto fronts and the speedup-versus-limit curve")
+    _common(p)
+    p.add_argument("--out", default=".", help="folder for the PNG files")
+    p.set_defaults(func=cmd_plot)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""Network benchmarks: optimise every conv layer and direction, execute the plans, time them.
+
+This is the harness behind ``python -m mucudnn bench`` and the scripts in
+``tools/``. For each distinct problem of a network and each direction it
+benchmarks the policy's batch sizes through the cache, builds three plans --
+the best undivided call under the limit, the micro-batched plan (WR, or WD for
+the whole network) and the best undivided call with unlimited workspace --,
+executes each on real buffers and times it (device events on a GPU backend,
+``perf_counter`` on NumPy; warm-up, then the median of ``repeat`` runs).
+
+>>> r = run_network("alexnet", batch=1, backend="numpy", repeat=1, warmup=0,
+...                 layers=["conv5"], directions=["forward"], progress=False)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .backends import Backend, ConvTensors, get_backend
+from .exec import execute
+from .networks import layers as network_layers
+from .networks import unique_problems
+from .optimizer import benchmark, optimize_wd, optimize_wr, pareto_front
+from .optimizer.benchmark import resolve_cache
+from .problem import ConvProblem, Direction, Plan
+
+log = logging.getLogger("mucudnn")
+
+ALL_DIRECTIONS = (Direction.FORWARD, Direction.BACKWARD_DATA, Direction.BACKWARD_FILTER)
+#: Workspace cap for benchmarking the "unlimited" column (the backend may cap lower).
+UNLIMITED = 1 << 40
+
+
+@dataclass
+class KernelResult:
+    """One (distinct problem, direction): executed times of its three plans."""
+
+    layer: str
+    names: list[str]
+    direction: Direction
+    problem: ConvProblem
+    plan: Plan
+    undivided: Plan | None
+    unlimited: Plan
+    micro_ms: float
+    undivided_ms: float
+    unlimited_ms: float
+    kernels_alone_ms: float = float("nan")
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    @property
+    def speedup(self) -> float:
+        return self.undivided_ms / self.micro_ms if self.micro_ms > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer, "names": self.names, "direction": self.direction.value,
+            "problem": self.problem.to_dict(), "plan": self.plan.to_dict(),
+            "undivided_plan": self.undivided.to_dict() if self.undivided else None,
+            "unlimited_plan": self.unlimited.to_dict(),
+            "micro_ms": self.micro_ms, "undivided_ms": _finite(self.undivided_ms),
+            "unlimited_ms": self.unlimited_ms, "kernels_alone_ms": _finite(self.kernels_alone_ms),
+            "speedup": _finite(self.speedup), "count": self.count,
+        }
+
+
+@dataclass
+class NetworkResult:
+    """A whole network's benchmark; totals weigh each distinct problem by its count."""
+
+    net: str
+    batch: int
+    dtype: str
+    backend: str
+    device: str
+    version: str
+    workspace_limit: int
+    policy: Any
+    mode: str
+    total_workspace: int | None
+    kernels: list[KernelResult] = field(default_factory=list)
+    optimize_cold_s: float = float("nan")
+    optimize_warm_s: float = float("nan")
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
+
+    def total(self, attr: str) -> float:
+        return sum(getattr(k, attr) * k.count for k in self.kernels)
+
+    @property
+    def speedup(self) -> float:
+        return self.total("undivided_ms") / self.total("micro_ms")
+
+    @property
+    def dispatch_overhead(self) -> float:
+        """Executed micro-batched time over the sum of its kernels timed alone, minus 1."""
+        alone = self.total("kernels_alone_ms")
+        return self.total("micro_ms") / alone - 1 if alone > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kernels"}
+        d["policy"] = self.policy if isinstance(self.policy, str) else list(self.policy)
+        d["kernels"] = [k.to_dict() for k in self.kernels]
+        d["totals"] = {a: _finite(self.total(a)) for a in
+                       ("undivided_ms", "micro_ms", "unlimited_ms", "kernels_alone_ms")}
+        d["speedup"] = _finite(self.speedup)
+        d["dispatch_overhead"] = _finite(self.dispatch_overhead)
+        return {k: _finite(v) if isinstance(v, float) else v for k, v in d.items()}
+
+
+def _finite(v: float) -> float | None:
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+# -- timing ---------------------------------------------------------------------
+def make_timer(backend: Backend) -> Callable[[Callable[[], None], int, int], float]:
+    """A function ``timer(fn, warmup, repeat) -> median ms`` for the backend.
+
+    GPU backends (those with a ``stream``) time with CUDA events on that
+    stream; the NumPy backend with ``time.perf_counter``.
+    """
+    stream = getattr(backend, "stream", None)
+    if stream is not None:
+        from .cuda import time_on_stream
+
+        def gpu_timer(fn: Callable[[], None], warmup: int, repeat: int) -> float:
+            return statistics.median(time_on_stream(fn, stream, warmup=warmup, repeat=repeat))
+        return gpu_timer
+
+    def cpu_timer(fn: Callable[[], None], warmup: int, repeat: int) -> float:
+        for _ in range(warmup):
+            fn()
+        ts = []
+        for _ in range(max(1, repeat)):
+            t0 = time.perf_counter()
+            fn()
+            backend.synchronize()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+    return cpu_timer
+
+
+def random_tensors(backend: Backend, problem: ConvProblem, seed: int = 0) -> ConvTensors:
+    """x, w, y of ``problem`` filled with random normals (never zeros), on the backend."""
+    rng = np.random.default_rng(seed)
+
+    def arr(shape: tuple[int, ...]) -> Any:
+        a = rng.standard_normal(shape, dtype=np.float32)
+        if problem.dtype == "bfloat16":
+            import ml_dtypes
+            a = a.astype(ml_dtypes.bfloat16)
+        else:
+            a = a.astype(problem.dtype)
+        return backend.from_host(a)
+
+    return ConvTensors(problem, arr(problem.x_shape), arr(problem.w_shape),
+                       arr(problem.output_shape))
+
+
+def single_call_plan(perf: dict[int, list], batch: int, limit: int | None) -> Plan | None:
+    """The best undivided call within ``limit`` (None where none fits)."""
+    try:
+        return optimize_wr(perf, batch, limit, "undivided")
+    except ValueError:
+        return None
+
+
+# -- the harness ----------------------------------------------------------------
+def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "NCHW",
+                math_mode: str = "default", workspace_limit: int = 64 << 20,
+                policy: Any = "powerOfTwo", mode: str = "wr",
+                total_workspace: int | None = None, backend: "str | Backend | None" = None,
+                repeat: int = 10, warmup: int = 3, cache: Any = None,
+                layers: Sequence[str] | None = None,
+                directions: Iterable["Direction | str"] | None = None,
+                progress: bool = True, time_alone: bool = True) -> NetworkResult:
+    """Benchmark, optimise, execute and time every conv layer of ``net``.
+
+    ``mode`` is "wr" (each kernel under ``workspace_limit``) or "wd" (one
+    budget ``total_workspace`` for all kernels; default: the per-layer limit
+    times the number of kernels). ``layers`` restricts to some layer names.
+    Returns a :class:`NetworkResult`; :func:`format_table` prints it.
+    """
+    if mode not in ("wr", "wd"):
+        raise ValueError(f"mode: expected 'wr' or 'wd', got {mode!r}")
+    be = get_backend(backend)
+    store = resolve_cache(cache)
+    dirs = [Direction.parse(d) for d in (directions or ALL_DIRECTIONS)]
+    ls = [l for l in network_layers(net) if layers is None or l.name in layers]
+    if not ls:
+        raise ValueError(f"layers: none of {list(layers or [])} is a layer of {net}")
+    probs = {l.name: l.problem(batch, dtype=dtype, layout=layout, math=math_mode) for l in ls}
+    groups = unique_problems(probs)
+    kernels = [(names[0], names, p, d) for p, names in groups.items() for d in dirs]
+    if mode == "wd" and total_workspace is None:
+        total_workspace = workspace_limit * len(ls) * len(dirs)
+    result = NetworkResult(net=net, batch=batch, dtype=dtype, backend=be.name,
+                           device=be.device_name, version=be.version,
+                           workspace_limit=workspace_limit, policy=policy, mode=mode,
+                           total_workspace=total_workspace if mode == "wd" else None)
+    bar = _progress(len(kernels), progress, f"{net}: benchmarking")
+
+    def optimise() -> tuple[dict, dict]:
+        perfs, plans = {}, {}
+        for layer, names, p, d in kernels:
+            perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
+                                        cache=store, progress=False)
+            if bar is not None:
+                bar.update(1)
+        if mode == "wr":
+            for (layer, d), perf in perfs.items():
+                plans[layer, d] = optimize_wr(perf, batch, workspace_limit, policy)
+        else:
+            # Note: a layer that occurs k times needs k segments; WD gets one
+            # front per occurrence, so repeated layers may take different plans.
+            fronts = {}
+            for layer, names, p, d in kernels:
+                front = pareto_front(perfs[layer, d], batch, policy)
+                for n in names:
+                    fronts[n, d] = front
+            chosen = optimize_wd(fronts, total_workspace)
+            for layer, names, p, d in kernels:
+                # the repeated layer's slowest chosen plan stands for all (conservative)
+                plans[layer, d] = max((chosen[n, d] for n in names), key=lambda q: q.time_ms)
+        return perfs, plans
+
+    t0 = time.perf_counter()
+    perfs, plans = optimise()
+    result.optimize_cold_s = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    bar = None
+    t0 = time.perf_counter()
+    optimise()  # the same again, now answered from the cache
+    result.optimize_warm_s = time.perf_counter() - t0
+
+    timer = make_timer(be)
+    bar = _progress(len(kernels), progress, f"{net}: executing")
+    for i, (layer, names, p, d) in enumerate(kernels):
+        perf = perfs[layer, d]
+        plan = plans[layer, d].with_context(p, d)
+        und = single_call_plan(perf, batch, workspace_limit)
+        unl = single_call_plan(perf, batch, None)
+        assert unl is not None
+        tensors = random_tensors(be, p, seed=i)
+        ws = be.alloc_workspace(max(plan.workspace_bytes, unl.workspace_bytes,
+                                    und.workspace_bytes if und else 0) or 1)
+
+        def timed(q: Plan) -> float:
+            return timer(lambda: execute(q, be, tensors, 1.0, 0.0, ws, direction=d),
+                         warmup, repeat)
+
+        micro_ms = timed(plan)
+        und_ms = timed(und) if und is not None else float("inf")
+        unl_ms = timed(unl)
+        alone = float("nan")
+        if time_alone:
+            alone = 0.0
+            for mb in plan.micro_batches:
+                one = dataclasses.replace(plan, micro_batches=(dataclasses.replace(mb, offset=0),))
+                sub = ConvTensors(p.with_batch(mb.size), *_rows(tensors, d, mb.size))
+                alone += timer(lambda: execute(one, be, sub, 1.0, 0.0, ws, direction=d),
+                               warmup, repeat)
+        result.kernels.append(KernelResult(layer, names, d, p, plan, und, unl, micro_ms, und_ms,
+                                           unl_ms, alone))
+        del tensors, ws
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return result
+
+
+def _rows(t: ConvTensors, d: Direction, size: int) -> tuple[Any, Any, Any]:
+    """x, w, y restricted to the first ``size`` samples (w is whole)."""
+    return t.x[0:size], t.w, t.y[0:size]
+
+
+def _progress(total: int, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+# -- output -----------------------------------------------------------------------
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 20):.1f}"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f}" if math.isfinite(v) else "n/a"
+
+
+def format_table(r: NetworkResult) -> str:
+    """The per-layer table and the network totals, as plain text."""
+    budget = (f"{_mib(r.total_workspace)} MiB total (WD)" if r.mode == "wd"
+              else f"{_mib(r.workspace_limit)} MiB per kernel (WR)")
+    head = (f"{r.net}, batch {r.batch}, {r.dtype}, {r.backend} {r.version} on {r.device}; "
+            f"workspace {budget}; policy {r.policy}")
+    cols = ["layer", "direction", "x", "undiv<=lim ms", "micro ms", "speedup", "plan",
+            "ws MiB", "unlimited ms"]
+    rows = []
+    for k in r.kernels:
+        rows.append([k.layer, k.direction.value, str(k.count), _ms(k.undivided_ms),
+                     _ms(k.micro_ms), f"{k.speedup:.2f}x" if math.isfinite(k.speedup) else "n/a",
+                     k.plan.describe(), _mib(k.plan.workspace_bytes), _ms(k.unlimited_ms)])
+    und, mic, unl = (r.total(a) for a in ("undivided_ms", "micro_ms", "unlimited_ms"))
+    rows.append(["TOTAL", "all", "", _ms(und), _ms(mic),
+                 f"{und / mic:.2f}x" if math.isfinite(und) and mic > 0 else "n/a", "", "",
+                 _ms(unl)])
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    fmt = lambda row: "  ".join(v.ljust(w) if i in (0, 1, 6) else v.rjust(w)  # noqa: E731
+                                for i, (v, w) in enumerate(zip(row, widths)))
+    lines = [head, fmt(cols), fmt(["-" * w for w in widths])]
+    lines += [fmt(row) for row in rows[:-1]] + [fmt(["-" * w for w in widths]), fmt(rows[-1])]
+    lines.append(f"optimisation: cold {r.optimize_cold_s:.2f} s, warm (cached) "
+                 f"{r.optimize_warm_s:.3f} s; dispatch overhead "
+                 f"{100 * r.dispatch_overhead:+.1f}% over the micro-batch kernels timed alone")
+    return "\n".join(lines)
+
+
+def save_json(results: Sequence[NetworkResult], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump([r.to_dict() for r in results], f, indent=1)

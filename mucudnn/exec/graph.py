@@ -1,0 +1,124 @@
+"""CUDA-graph replay of a plan's micro-batch sequence.
+
+With ``graph=True`` a kernel's whole micro-batch sequence is captured once on
+the backend's stream as a CUDA graph and replayed on later calls, so N
+micro-batches cost one graph launch instead of N library calls. A captured
+graph bakes in every pointer and scalar, so the key is (plan, tensor pointers,
+workspace pointer, alpha, beta, stream): a call with new pointers (e.g. a
+framework handing over freshly allocated tensors) captures again. The cache
+keeps the most recent :data:`MAX_GRAPHS` graphs per kernel and closes the rest.
+
+Backends without a stream (NumPy) have nothing to capture: there ``graph=True``
+is a documented no-op (the plan runs as usual), so code written with
+``graph=True`` also runs on machines without a GPU. :func:`supports_graphs`
+says which is the case.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Callable
+
+from ..backends.base import Backend, ConvTensors
+
+__all__ = ["GraphCache", "supports_graphs", "pointer_of", "MAX_GRAPHS"]
+
+log = logging.getLogger("mucudnn")
+
+MAX_GRAPHS = 8
+
+
+def supports_graphs(backend: Backend) -> bool:
+    """True when ``backend`` runs on a CUDA stream that graphs can capture."""
+    flag = getattr(backend, "supports_graphs", None)
+    if flag is not None:
+        return bool(flag() if callable(flag) else flag)
+    return getattr(backend, "stream", None) is not None
+
+
+def pointer_of(array: Any) -> int:
+    """The device address of an array of a GPU backend's kind (0 for None)."""
+    if array is None:
+        return 0
+    ptr = getattr(array, "ptr", None)
+    if ptr is None and hasattr(array, "__array_interface__"):  # host arrays (fakes in tests)
+        ptr = array.__array_interface__["data"][0]
+    if ptr is None:
+        cai = getattr(array, "__cuda_array_interface__", None)
+        if cai is None:
+            raise TypeError(f"not a device array: {type(array).__name__}")
+        ptr = cai["data"][0]
+    return int(ptr)
+
+
+class GraphCache:
+    """Captured graphs of one kernel, keyed by everything a graph bakes in."""
+
+    def __init__(self, backend: Backend, max_graphs: int = MAX_GRAPHS) -> None:
+        self.backend = backend
+        self.max_graphs = max_graphs
+        self._graphs: "OrderedDict[tuple, tuple[Any, Any]]" = OrderedDict()
+        #: Counters for tests and the benchmark: captures and replays.
+        self.captures = 0
+        self.replays = 0
+
+    def key(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float,
+            beta: float) -> tuple:
+        stream = getattr(self.backend, "stream", None)
+        return (id(plan), pointer_of(tensors.x), pointer_of(tensors.w), pointer_of(tensors.y),
+                pointer_of(workspace), getattr(workspace, "nbytes", 0) if workspace is not None else 0,
+                float(alpha), float(beta), getattr(stream, "handle", id(stream)))
+
+    def run(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float, beta: float,
+            body: Callable[[], None]) -> bool:
+        """Replay the graph for this key, capturing ``body`` first when there is
+        none. Returns True when a graph was captured by this call."""
+        from ..cuda import CudaGraph  # type: ignore[attr-defined]
+
+        stream = self.backend.stream  # type: ignore[attr-defined]
+        key = self.key(plan, tensors, workspace, alpha, beta)
+        entry = self._graphs.get(key)
+        captured = False
+        if entry is None:
+            with CudaGraph.capture(stream) as g:
+                body()
+            # Keep the plan alive so id(plan) in the key cannot be reused.
+            entry = (g, plan)
+            self._graphs[key] = entry
+            self.captures += 1
+            captured = True
+            log.debug("mucudnn: captured a CUDA graph of %d micro-batches",
+                      len(getattr(plan, "micro_batches", ())))
+            while len(self._graphs) > self.max_graphs:
+                _, (old, _) = self._graphs.popitem(last=False)
+                _close(old)
+        else:
+            self._graphs.move_to_end(key)
+        entry[0].launch(stream)
+        self.replays += 1
+        return captured
+
+    def clear(self) -> None:
+        """Close every captured graph."""
+        while self._graphs:
+            _, (g, _) = self._graphs.popitem()
+            _close(g)
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def __del__(self) -> None:  # best effort
+        try:
+            self.clear()
+        except Exception:
+            pass
+
+
+def _close(g: Any) -> None:
+    close = getattr(g, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception as exc:  # pragma: no cover - best effort
+            log.debug("mucudnn: closing a CUDA graph failed: %s", exc)

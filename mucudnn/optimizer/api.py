@@ -1,0 +1,160 @@
+"""The optimizer's front door: ``optimize`` (one kernel, WR) and ``optimize_network`` (WD).
+
+Both benchmark through the cache first (see :mod:`.benchmark`), then solve,
+and log one INFO line per kernel on the ``mucudnn`` logger: the candidates,
+the chosen micro-batches, the predicted time and speedup over the best
+undivided call under the same limit, the workspace used / limit, and the time
+spent benchmarking and solving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Any, Iterable, Mapping
+
+from ..problem import ConvProblem, Direction, Plan
+from .benchmark import benchmark, resolve_backend, resolve_cache
+from .dp import optimize_wr, pareto_front
+from .ilp import optimize_wd
+from .policies import Policy, batch_sizes
+
+__all__ = ["optimize", "optimize_network", "DEFAULT_WORKSPACE_LIMIT"]
+
+log = logging.getLogger("mucudnn")
+
+#: The default per-kernel workspace limit (64 MiB).
+DEFAULT_WORKSPACE_LIMIT = 64 << 20
+ALL_DIRECTIONS = (Direction.FORWARD, Direction.BACKWARD_DATA, Direction.BACKWARD_FILTER)
+
+
+def _mib(n: float | None) -> str:
+    if n is None:
+        return "unlimited"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KiB"
+    return f"{int(n)} B"
+
+
+def _algos(plan: Plan) -> str:
+    algos = []
+    for m in plan.micro_batches:
+        a = str(int(m.algo)) if isinstance(m.algo, int) else str(m.algo)
+        if a not in algos:
+            algos.append(a)
+    return ("algo " if len(algos) == 1 else "algos ") + ", ".join(algos)
+
+
+def _log_plan(name: str, plan: Plan, perf: Mapping[int, list], limit: int | None,
+              bench_s: float, solve_s: float) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    n_cand = sum(len(v) for v in perf.values())
+    und = plan.undivided_time_ms
+    speed = f"{plan.speedup:.2f}x over undivided {und:.3f} ms" if math.isfinite(und) \
+        else "no undivided call fits"
+    log.info("%s: %d candidates over %d sizes; plan %s, %s; predicted %.3f ms (%s); "
+             "workspace %s / %s; benchmark %.2f s, solve %.3f s",
+             name, n_cand, len(perf), plan.describe(), _algos(plan), plan.time_ms, speed,
+             _mib(plan.workspace_bytes), _mib(limit), bench_s, solve_s)
+
+
+def _check_bytes(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < 0:
+        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {v!r}")
+    return int(v)
+
+
+def optimize(problem: ConvProblem, direction: "Direction | str",
+             workspace_limit: int = DEFAULT_WORKSPACE_LIMIT, policy: Policy = "powerOfTwo",
+             backend: Any = None, cache: Any = None, *, benchmark_cap: int | None = None,
+             retime: int = 0, progress: "bool | None" = None) -> Plan:
+    """The fastest micro-batch plan for ``problem`` in ``direction`` under a
+    per-kernel ``workspace_limit`` (bytes).
+
+    Benchmarks every size of ``policy`` through ``backend`` (a Backend, a name,
+    or None for the default) and the cache (None: the default cache, False:
+    none), under the workspace cap ``max(workspace_limit, benchmark_cap)``,
+    then solves WR (:func:`optimize_wr`). The Plan carries ``problem`` and
+    ``direction``. A larger ``benchmark_cap`` makes the cache entries reusable
+    for later, larger limits. Raises ValueError when no plan fits the limit.
+    """
+    direction = Direction.parse(direction)
+    limit = _check_bytes("workspace_limit", workspace_limit)
+    cap = max(limit, _check_bytes("benchmark_cap", benchmark_cap or 0))
+    batch_sizes(policy, problem.batch)  # validate the policy before any work
+    be = resolve_backend(backend)
+    t0 = time.perf_counter()
+    perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
+                     retime=retime, progress=progress)
+    t1 = time.perf_counter()
+    plan = optimize_wr(perf, problem.batch, limit, policy)
+    t2 = time.perf_counter()
+    plan = dataclasses.replace(plan, problem=problem, direction=direction,
+                               extra={**plan.extra, "benchmark_s": t1 - t0,
+                                      "solve_s": t2 - t1, "backend": be.name})
+    _log_plan(f"{problem.key()} {direction.value}", plan, perf, limit, t1 - t0, t2 - t1)
+    return plan
+
+
+def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, ConvProblem]]",
+                     total_workspace: int,
+                     directions: "Iterable[Direction | str] | None" = None,
+                     policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
+                     retime: int = 0, progress: "bool | None" = None
+                     ) -> dict[tuple[Any, Direction], Plan]:
+    """One plan per (layer, direction) sharing one workspace budget (WD).
+
+    ``problems`` maps a layer name to its ConvProblem; ``directions`` defaults
+    to all three. Every kernel is benchmarked under the cap
+    ``total_workspace`` (no single kernel can use more), its Pareto front is
+    computed (:func:`pareto_front`), and :func:`optimize_wd` picks one plan per
+    kernel so that the workspaces sum to at most ``total_workspace`` bytes with
+    the least total time. Returns ``{(name, Direction): Plan}``; each Plan's
+    ``workspace_limit`` is its own workspace (the kernel's share of the budget).
+    Raises ValueError when even the smallest plans do not fit together.
+    """
+    total = _check_bytes("total_workspace", total_workspace)
+    items = list(problems.items()) if isinstance(problems, Mapping) else list(problems)
+    dirs = [Direction.parse(d) for d in (ALL_DIRECTIONS if directions is None else directions)]
+    for _, p in items:
+        batch_sizes(policy, p.batch)
+    be = resolve_backend(backend)
+    store = resolve_cache(cache)
+    fronts: dict[tuple[Any, Direction], list[Plan]] = {}
+    perfs: dict[tuple[Any, Direction], Any] = {}
+    times: dict[tuple[Any, Direction], tuple[float, float]] = {}
+    t_all = time.perf_counter()
+    for name, p in items:
+        for d in dirs:
+            t0 = time.perf_counter()
+            perf = benchmark(be, p, d, policy, total, cache=store, retime=retime,
+                             progress=progress)
+            t1 = time.perf_counter()
+            fronts[(name, d)] = pareto_front(perf, p.batch, policy)
+            times[(name, d)] = (t1 - t0, time.perf_counter() - t1)
+            perfs[(name, d)] = perf
+    t0 = time.perf_counter()
+    chosen = optimize_wd(fronts, total)
+    wd_s = time.perf_counter() - t0
+    problems_by_name = dict(items)
+    out: dict[tuple[Any, Direction], Plan] = {}
+    for (name, d), plan in chosen.items():
+        b, s = times[(name, d)]
+        plan = dataclasses.replace(plan, problem=problems_by_name[name], direction=d,
+                                   extra={**plan.extra, "benchmark_s": b, "solve_s": s,
+                                          "front_size": len(fronts[(name, d)]),
+                                          "backend": be.name})
+        _log_plan(f"{name} {d.value}", plan, perfs[(name, d)], plan.workspace_limit, b, s)
+        out[(name, d)] = plan
+    used = sum(p.workspace_bytes for p in out.values())
+    fastest = sum(f[-1].time_ms for f in fronts.values())
+    log.info("network: %d kernels, predicted %.3f ms (%.3f ms with unlimited workspace); "
+             "workspace %s / %s; WD solved in %.3f s; %.2f s in all",
+             len(out), sum(p.time_ms for p in out.values()), fastest, _mib(used), _mib(total),
+             wd_s, time.perf_counter() - t_all)
+    return out

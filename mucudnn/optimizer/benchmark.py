@@ -1,0 +1,146 @@
+"""Benchmarking through a Backend: every micro-batch size of a policy, once, through the cache.
+
+For each size the policy allows (largest first) the cache is consulted; on a
+miss ``backend.find(problem.with_batch(size), direction, workspace_cap)`` runs
+and its results (every algorithm that succeeded, with its workspace) are
+stored. A limit only filters afterwards (WR and WD do that), so one benchmark
+serves every limit up to the cap. A warm cache makes no backend call at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any, Callable
+
+from ..problem import AlgoPerf, ConvProblem, Direction
+from .cache import BenchmarkCache, default_cache
+from .policies import Policy, batch_sizes
+
+__all__ = ["benchmark", "resolve_cache", "resolve_backend"]
+
+log = logging.getLogger("mucudnn")
+
+#: More sizes than this get a progress bar (unless progress=False).
+PROGRESS_MIN_SIZES = 8
+
+
+def resolve_backend(backend: Any) -> Any:
+    """A Backend from a Backend, a name, or None (the default backend).
+
+    The optimizer only needs ``name``, ``device_name``, ``version`` and
+    ``find``, so any object with those is accepted as it is.
+    """
+    from ..backends import get_backend
+
+    if backend is not None and not isinstance(backend, str) and callable(
+            getattr(backend, "find", None)) and hasattr(backend, "name"):
+        return backend
+    return get_backend(backend)
+
+
+def resolve_cache(cache: Any) -> BenchmarkCache:
+    """None -> the default cache (``MUCUDNN_CACHE``); False -> none; a path -> that file."""
+    if cache is None or cache is True:
+        return default_cache()
+    if cache is False:
+        return BenchmarkCache(False)
+    if isinstance(cache, BenchmarkCache):
+        return cache
+    return BenchmarkCache(cache)
+
+
+def _retime(backend: Any, problem: ConvProblem, direction: Direction, cap: int,
+            results: list[AlgoPerf], k: int, repeats: int) -> list[AlgoPerf]:
+    """Re-time the best ``k`` results: median of the first timing and ``repeats`` more.
+
+    The Backend protocol has no single-algorithm timing call, so this runs
+    ``backend.find`` ``repeats`` more times and takes each algorithm's median.
+    """
+    top = sorted(results, key=lambda r: r.time_ms)[:k]
+    samples: dict[tuple[Any, Any], list[float]] = {(r.algo, r.math_type): [r.time_ms] for r in top}
+    for _ in range(repeats):
+        for r in backend.find(problem, direction, cap):
+            key = (r.algo, r.math_type)
+            if key in samples:
+                samples[key].append(r.time_ms)
+    out = []
+    for r in results:
+        key = (r.algo, r.math_type)
+        if key in samples and any(r is t for t in top):
+            out.append(AlgoPerf(r.algo, float(statistics.median(samples[key])),
+                                r.workspace_bytes, r.math_type, r.determinism))
+        else:
+            out.append(r)
+    return sorted(out, key=lambda r: r.time_ms)
+
+
+def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
+              policy: Policy = "powerOfTwo", workspace_cap: int = 64 << 20,
+              cache: Any = None, retime: int = 0, progress: "bool | None" = None, *,
+              repeats: int = 4,
+              on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None
+              ) -> dict[int, list[AlgoPerf]]:
+    """Find results for every micro-batch size of ``policy``: ``{size: [AlgoPerf, ...]}``.
+
+    ``backend``: a Backend, a backend name, or None (the default). ``problem``
+    is the full mini-batch problem; sizes come from ``batch_sizes(policy,
+    problem.batch)`` and are benchmarked largest first. ``workspace_cap``
+    (bytes) is passed to ``find``; results needing more are dropped, also when
+    they come from a cache entry made under a larger cap. ``cache``: None for
+    the default cache (``MUCUDNN_CACHE``), False for none, a
+    :class:`BenchmarkCache` or a path.
+
+    ``retime=k`` re-times the ``k`` fastest algorithms of each size (on a
+    cache miss only) as the median of ``repeats + 1`` timings, by running
+    ``find`` ``repeats`` more times (the Backend protocol has no
+    single-algorithm timing call). ``progress``: a tqdm bar; None shows one
+    when there are more than 8 sizes (and stderr is a terminal), True always,
+    False never. ``on_size(size, results, from_cache)`` is called per size.
+    """
+    direction = Direction.parse(direction)
+    be = resolve_backend(backend)
+    store = resolve_cache(cache)
+    if isinstance(workspace_cap, bool) or not hasattr(workspace_cap, "__index__") \
+            or int(workspace_cap) < 0:
+        raise ValueError(f"workspace_cap: expected an int >= 0 (bytes), got {workspace_cap!r}")
+    cap = int(workspace_cap)
+    if isinstance(retime, bool) or int(retime) < 0:
+        raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
+    sizes = batch_sizes(policy, problem.batch)
+    bar = None
+    if progress is not False and (progress or len(sizes) > PROGRESS_MIN_SIZES):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(sizes), desc=f"mucudnn benchmark {direction.value}", unit="size",
+                   leave=False, disable=None if progress is None else False)
+    out: dict[int, list[AlgoPerf]] = {}
+    hits = 0
+    t0 = time.perf_counter()
+    try:
+        for s in sizes:
+            p = problem.with_batch(s)
+            found = store.get(be, p, direction, cap)
+            from_cache = found is not None
+            if found is None:
+                found = list(be.find(p, direction, cap))
+                if retime:
+                    found = _retime(be, p, direction, cap, found, int(retime), int(repeats))
+                store.put(be, p, direction, found, cap)
+            else:
+                hits += 1
+            found = sorted((r for r in found if r.workspace_bytes <= cap), key=lambda r: r.time_ms)
+            out[s] = found
+            log.debug("benchmark %s %s size %d: %d algorithms%s", direction.value, problem.key(),
+                      s, len(found), " (cache)" if from_cache else "")
+            if on_size is not None:
+                on_size(s, found, from_cache)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    log.debug("benchmark %s: %d sizes (%d from cache) in %.2f s", direction.value, len(sizes),
+              hits, time.perf_counter() - t0)
+    return out

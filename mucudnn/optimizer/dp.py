@@ -1,0 +1,314 @@
+"""WR (workspace reuse): the best micro-batch split of one kernel under a per-kernel limit.
+
+``t(s)`` is the fastest algorithm of micro-batch size ``s`` whose workspace fits
+the limit. ``T(0) = 0``, ``T(n) = min over s <= n of T(n - s) + t(s)``: a
+shortest path from node 0 to node ``batch`` in the DAG whose edge ``n -> n + s``
+weighs ``t(s)``. :func:`optimize_wr` builds that DAG with networkx and relaxes
+it in topological order; :func:`pareto_front`, which solves WR once per
+distinct workspace value, uses an equivalent vectorised NumPy recurrence
+(same tie-breaking, so the two give identical plans; the tests check this).
+
+Ties are broken deterministically: among splits whose times agree to a relative
+1e-10, fewer micro-batches win, then a larger last step (so larger sizes tend
+to come first). The plan lists its micro-batches largest first, contiguous from
+offset 0. For one size, ties between algorithms go to the smaller workspace,
+then to the one listed first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..problem import AlgoPerf, MicroBatch, Plan, make_plan
+from .policies import Policy, batch_sizes, normalize_policy
+
+__all__ = ["optimize_wr", "pareto_front", "best_algo"]
+
+Perf = Mapping[int, Sequence[AlgoPerf]]
+
+#: Two totals within this relative distance count as a tie.
+_REL_TIE = 1e-10
+
+
+def _tie(m: float) -> float:
+    return m + _REL_TIE * abs(m) + 1e-300
+
+
+def _check_batch(batch: Any) -> int:
+    if isinstance(batch, bool) or not hasattr(batch, "__index__") or int(batch) < 1:
+        raise ValueError(f"batch: expected a positive int, got {batch!r}")
+    return int(batch)
+
+
+def _check_limit(limit: Any) -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not hasattr(limit, "__index__"):
+        if isinstance(limit, float) and math.isinf(limit) and limit > 0:
+            return None
+        raise ValueError(f"workspace_limit: expected an int >= 0 or None, got {limit!r}")
+    if int(limit) < 0:
+        raise ValueError(f"workspace_limit: expected an int >= 0 (bytes), got {limit!r}")
+    return int(limit)
+
+
+def _as_perf(perf: Perf) -> dict[int, list[AlgoPerf]]:
+    """Normalise keys to int and entries to AlgoPerf (tuples/lists/dicts accepted)."""
+    out: dict[int, list[AlgoPerf]] = {}
+    for k, entries in perf.items():
+        s = int(k)
+        lst = []
+        for e in entries:
+            if isinstance(e, AlgoPerf):
+                lst.append(e)
+            elif isinstance(e, Mapping):
+                lst.append(AlgoPerf(**e))
+            else:
+                lst.append(AlgoPerf(*e))
+        out[s] = lst
+    return out
+
+
+def best_algo(entries: Sequence[AlgoPerf], limit: int | None) -> AlgoPerf | None:
+    """The fastest entry whose workspace fits ``limit`` (None = unlimited), or None.
+
+    Ties on time go to the smaller workspace, then to the entry listed first.
+    """
+    best = None
+    for e in entries:
+        if limit is not None and e.workspace_bytes > limit:
+            continue
+        if not math.isfinite(e.time_ms) or e.time_ms < 0:
+            continue
+        if best is None or (e.time_ms, e.workspace_bytes) < (best.time_ms, best.workspace_bytes):
+            best = e
+    return best
+
+
+def _allowed_sizes(perf: dict[int, list[AlgoPerf]], batch: int, policy: Policy) -> list[int]:
+    """Sizes allowed by the policy and present in perf, largest first."""
+    return [s for s in batch_sizes(policy, batch) if s in perf]
+
+
+# -- the two solvers ------------------------------------------------------------------
+
+def _solve_numpy(tv: np.ndarray, batch: int) -> list[int] | None:
+    """Sizes of the best split (unordered), or None when batch is unreachable.
+
+    ``tv[s]`` is t(s) (inf where size s is unusable), length batch + 1.
+    """
+    sizes = np.flatnonzero(np.isfinite(tv[1:])) + 1  # ascending
+    if sizes.size == 0:
+        return None
+    T = np.full(batch + 1, np.inf)
+    T[0] = 0.0
+    cnt = np.zeros(batch + 1, dtype=np.int64)
+    choice = np.zeros(batch + 1, dtype=np.int64)
+    tvs = tv[sizes]
+    for n in range(int(sizes[0]), batch + 1):
+        k = int(np.searchsorted(sizes, n, side="right"))
+        S = sizes[:k]
+        cand = T[n - S] + tvs[:k]
+        j = int(np.argmin(cand))
+        m = cand[j]
+        if not math.isfinite(m):
+            continue
+        near = np.flatnonzero(cand <= _tie(m))
+        if near.size > 1:
+            c = cnt[n - S[near]]
+            near = near[c == c.min()]
+            j = int(near[-1])  # the largest size among the remaining ties
+        s = int(S[j])
+        T[n] = cand[j]
+        cnt[n] = cnt[n - s] + 1
+        choice[n] = s
+    if not math.isfinite(T[batch]):
+        return None
+    out = []
+    n = batch
+    while n > 0:
+        out.append(int(choice[n]))
+        n -= int(choice[n])
+    return out
+
+
+def wr_graph(tv: Mapping[int, float], batch: int):
+    """The WR DAG as a ``networkx.DiGraph``: nodes 0..batch, an edge n -> n + s
+    with ``weight`` t(s) and ``size`` s for every usable size s."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from(range(batch + 1))
+    usable = sorted(s for s, t in tv.items() if math.isfinite(t) and 1 <= s <= batch)
+    g.add_edges_from((n, n + s, {"weight": float(tv[s]), "size": s})
+                     for s in usable for n in range(batch + 1 - s))
+    return g
+
+
+def _solve_networkx(tv: np.ndarray, batch: int) -> list[int] | None:
+    """Shortest path 0 -> batch over the networkx DAG, relaxed in topological order."""
+    import networkx as nx
+
+    g = wr_graph({s: float(tv[s]) for s in range(1, batch + 1)}, batch)
+    INF = math.inf
+    T = {0: 0.0}
+    cnt = {0: 0}
+    choice: dict[int, int] = {}
+    for v in nx.topological_sort(g):
+        if v == 0:
+            continue
+        cands = [(T[u] + d["weight"], cnt[u] + 1, d["size"])
+                 for u, d in g.pred[v].items() if u in T]
+        if not cands:
+            continue
+        m = min(c[0] for c in cands)
+        if not math.isfinite(m):
+            continue
+        near = [c for c in cands if c[0] <= _tie(m)]
+        cmin = min(c[1] for c in near)
+        best = max((c for c in near if c[1] == cmin), key=lambda c: c[2])
+        T[v], cnt[v], choice[v] = best
+    if T.get(batch, INF) == INF:
+        return None
+    out = []
+    n = batch
+    while n > 0:
+        out.append(choice[n])
+        n -= choice[n]
+    return out
+
+
+_SOLVERS = {"numpy": _solve_numpy, "networkx": _solve_networkx}
+
+
+def _no_plan_message(perf: dict[int, list[AlgoPerf]], sizes: list[int], batch: int,
+                     limit: int | None, policy: Any) -> str:
+    if not sizes:
+        return (f"no plan: the perf table has no size allowed by policy {policy!r} for "
+                f"batch {batch} (table sizes: {sorted(perf)[:20]})")
+    mins = {s: min((e.workspace_bytes for e in perf[s]), default=None) for s in sizes}
+    shown = ", ".join(f"{s}: {m}" for s, m in list(mins.items())[:12])
+    return (f"no plan for batch {batch} under workspace_limit={limit} bytes with policy "
+            f"{policy!r}: the sizes that fit cannot make up {batch}. Smallest workspace "
+            f"per size (bytes): {shown}. Raise the limit or allow smaller sizes.")
+
+
+def _build_plan(split: list[int], choice: dict[int, AlgoPerf], undivided: float,
+                limit: int | None, policy: Any) -> Plan:
+    mbs = []
+    off = 0
+    for s in sorted(split, reverse=True):
+        a = choice[s]
+        mbs.append(MicroBatch(offset=off, size=s, algo=a.algo, math_type=a.math_type,
+                              workspace_bytes=int(a.workspace_bytes), time_ms=float(a.time_ms)))
+        off += s
+    return make_plan(mbs, undivided_time_ms=undivided, workspace_limit=limit, policy=policy)
+
+
+def _tvec(choice: dict[int, AlgoPerf], batch: int) -> np.ndarray:
+    tv = np.full(batch + 1, np.inf)
+    for s, a in choice.items():
+        tv[s] = a.time_ms
+    return tv
+
+
+def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
+                policy: Policy = "all", *, method: str = "networkx") -> Plan:
+    """The fastest micro-batch plan of one kernel under a per-kernel workspace limit.
+
+    ``perf`` maps micro-batch size -> the algorithms measured at that size
+    (:class:`AlgoPerf`; every algorithm that ran, with its workspace). Only
+    sizes allowed by ``policy`` (see :func:`batch_sizes`) *and* present in
+    ``perf`` are used. ``workspace_limit`` is in bytes (None: unlimited).
+
+    Returns a :class:`Plan` with ``problem=None``, ``direction=None``,
+    micro-batches largest first and contiguous from offset 0, ``time_ms`` the
+    sum and ``workspace_bytes`` the max of the micro-batches', and
+    ``undivided_time_ms`` the best single call of size ``batch`` under the
+    same limit (``inf`` if none fits). ``method`` is "networkx" (shortest path
+    over the DAG, the reference) or "numpy" (the same recurrence, vectorised).
+
+    Raises ValueError when no combination of sizes fits the limit.
+
+    >>> from mucudnn.problem import AlgoPerf
+    >>> perf = {4: [AlgoPerf(1, 1.0, 100), AlgoPerf(0, 8.0, 0)],
+    ...         2: [AlgoPerf(1, 0.6, 50), AlgoPerf(0, 4.0, 0)]}
+    >>> optimize_wr(perf, batch=4, workspace_limit=64, policy="powerOfTwo").describe()
+    '2 x 2'
+    """
+    batch = _check_batch(batch)
+    limit = _check_limit(workspace_limit)
+    if method not in _SOLVERS:
+        raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
+    table = _as_perf(perf)
+    sizes = _allowed_sizes(table, batch, policy)
+    pol = normalize_policy(policy)
+    choice = {}
+    for s in sizes:
+        a = best_algo(table[s], limit)
+        if a is not None:
+            choice[s] = a
+    und = best_algo(table.get(batch, ()), limit)
+    undivided = und.time_ms if und is not None else math.inf
+    split = _SOLVERS[method](_tvec(choice, batch), batch) if choice else None
+    if split is None:
+        raise ValueError(_no_plan_message(table, sizes, batch, limit, policy))
+    return _build_plan(split, choice, undivided, limit, pol)
+
+
+def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
+                 method: str = "numpy") -> list[Plan]:
+    """Every Pareto-optimal plan of one kernel in (time, workspace).
+
+    WR is solved at every distinct workspace value occurring in ``perf`` (for
+    the sizes the policy allows); the plans not dominated are returned in
+    ascending workspace with strictly decreasing time. Each plan's
+    ``workspace_limit`` is the limit it was solved under, which equals its
+    ``workspace_bytes``. The first plan is the best zero-workspace plan where
+    one exists; the last is the unlimited optimum.
+
+    Raises ValueError when no plan exists at any limit.
+    """
+    batch = _check_batch(batch)
+    if method not in _SOLVERS:
+        raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
+    table = _as_perf(perf)
+    sizes = _allowed_sizes(table, batch, policy)
+    pol = normalize_policy(policy)
+    entries = sorted(
+        ((int(e.workspace_bytes), s, i, e) for s in sizes for i, e in enumerate(table[s])
+         if math.isfinite(e.time_ms) and e.time_ms >= 0),
+        key=lambda r: (r[0], r[1], r[2]))
+    und_entries = table.get(batch, [])
+    choice: dict[int, AlgoPerf] = {}
+    front: list[Plan] = []
+    solver = _SOLVERS[method]
+    i = 0
+    while i < len(entries):
+        limit = entries[i][0]
+        changed = False
+        while i < len(entries) and entries[i][0] == limit:
+            _, s, _, e = entries[i]
+            cur = choice.get(s)
+            if cur is None or e.time_ms < cur.time_ms:
+                choice[s] = e
+                changed = True
+            i += 1
+        if not changed:
+            continue
+        split = solver(_tvec(choice, batch), batch)
+        if split is None:
+            continue
+        und = best_algo(und_entries, limit)
+        plan = _build_plan(split, choice, und.time_ms if und is not None else math.inf,
+                           limit, pol)
+        if not front or plan.time_ms < front[-1].time_ms * (1 - _REL_TIE):
+            if front and plan.workspace_bytes <= front[-1].workspace_bytes:
+                front.pop()  # cannot happen for exact WR; guards float ties
+            front.append(plan)
+    if not front:
+        raise ValueError(_no_plan_message(table, sizes, batch, None, policy))
+    return front

@@ -1,0 +1,78 @@
+"""The command line on the NumPy backend (CPU): bench, optimize, plot."""
+
+import argparse
+import json
+
+import pytest
+
+from mucudnn.__main__ import main, parse_size
+
+
+def test_parse_size():
+    assert parse_size("64MiB") == 64 << 20
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size("512k") == 512 << 10
+    assert parse_size("2MB") == 2_000_000
+    assert parse_size("0") == 0
+    for bad in ("64 parsecs", "", "MiB", "-1MiB"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a size"):
+            parse_size(bad)
+
+
+def test_bench_numpy_table_and_json(tmp_path, tmp_cache, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "3",
+               "--layers", "conv5", "--workspace", "1MiB", "--repeat", "2", "--no-progress",
+               "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "alexnet, batch 3" in text and "TOTAL" in text
+    for d in ("forward", "backward_data", "backward_filter"):
+        assert f"conv5  {d}" in text
+    data = json.loads(out.read_text())[0]
+    assert data["batch"] == 3 and data["workspace_limit"] == 1 << 20
+    assert len(data["kernels"]) == 3
+    for k in data["kernels"]:
+        assert k["plan"]["workspace_bytes"] <= 1 << 20
+        assert sum(m["size"] for m in k["plan"]["micro_batches"]) == 3
+        assert k["micro_ms"] > 0 and k["unlimited_ms"] > 0
+    assert data["optimize_warm_s"] < data["optimize_cold_s"]
+
+
+def test_bench_wd_mode(tmp_cache, capsys):
+    rc = main(["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "2",
+               "--layers", "conv4,conv5", "--mode", "wd", "--total-workspace", "2MiB",
+               "--repeat", "1", "--no-progress", "--directions", "forward"])
+    assert rc == 0
+    assert "2.0 MiB total (WD)" in capsys.readouterr().out
+
+
+def test_optimize_json(tmp_path, tmp_cache, capsys):
+    out = tmp_path / "plans.json"
+    rc = main(["optimize", "--net", "resnet18", "--backend", "numpy", "--batch", "4",
+               "--layers", "layer4.0.conv2", "--workspace", "0", "--no-progress",
+               "--json", str(out)])
+    assert rc == 0
+    plans = json.loads(out.read_text())
+    assert {p["direction"] for p in plans} == {"forward", "backward_data", "backward_filter"}
+    for p in plans:
+        assert p["workspace_bytes"] == 0  # a zero limit forces zero-workspace algorithms
+        assert p["problem"]["x_shape"] == [4, 512, 7, 7]
+
+
+def test_plot_pngs(tmp_path, tmp_cache):
+    pytest.importorskip("matplotlib")
+    rc = main(["plot", "--net", "alexnet", "--backend", "numpy", "--batch", "2",
+               "--layers", "conv5", "--directions", "forward", "--no-progress",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    for name in ("alexnet-pareto.png", "alexnet-speedup.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_bad_arguments_exit_cleanly(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--net", "lenet"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
