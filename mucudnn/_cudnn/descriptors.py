@@ -1,0 +1,538 @@
+"""Tensor, filter and convolution descriptors as Python objects.
+
+Each wraps one cuDNN descriptor: created in ``__init__``, freed by ``close()``,
+by leaving a ``with`` block, or (safety net) by ``weakref.finalize`` when the
+object is collected. ``_as_parameter_`` is the typed opaque handle
+(:mod:`~mucudnn._cudnn.structs`), so a descriptor of the wrong kind is refused
+by ctypes before cuDNN sees it.
+
+The ``for_x`` / ``for_y`` / ``for_w`` / ``for_problem`` constructors build
+descriptors from a :class:`~mucudnn.problem.ConvProblem` using the Nd calls with
+canonical (N, C, spatial...) dims and :func:`~mucudnn.problem.packed_strides`,
+so NCHW, NHWC and the 3-D layouts all come from one place.
+
+:func:`live_descriptors` counts descriptors created and not yet destroyed (for
+leak tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import weakref
+from typing import Any, Optional, Sequence, Union
+
+from .enums import (
+    ConvolutionMode, DataType, MathType, TensorFormat,
+    data_type, math_type as _math_type,
+)
+from .errors import CudnnError
+from .prototypes import lib
+from .structs import (
+    OpaqueHandle, cudnnConvolutionDescriptor_t, cudnnFilterDescriptor_t,
+    cudnnTensorDescriptor_t,
+)
+
+__all__ = ["TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor",
+           "live_descriptors", "live_descriptor_counts", "tensor_format", "output_dims",
+           "DIM_MAX"]
+
+log = logging.getLogger("mucudnn")
+
+#: CUDNN_DIM_MAX (cudnn_graph.h).
+DIM_MAX = 8
+
+_live_lock = threading.Lock()
+_live: dict[str, int] = {"tensor": 0, "filter": 0, "convolution": 0}
+
+
+def live_descriptors() -> int:
+    """Descriptors created and not yet destroyed, all kinds together."""
+    with _live_lock:
+        return sum(_live.values())
+
+
+def live_descriptor_counts() -> dict[str, int]:
+    """Live descriptors by kind: ``{"tensor": .., "filter": .., "convolution": ..}``."""
+    with _live_lock:
+        return dict(_live)
+
+
+def _count(kind: str, delta: int) -> None:
+    with _live_lock:
+        _live[kind] += delta
+
+
+def _destroy(kind: str, destroy_name: str, ctype: type, value: int) -> None:
+    """Finalizer: never references the Python object, only the raw handle."""
+    try:
+        getattr(lib, destroy_name)(ctype(value))
+    except Exception as exc:  # pragma: no cover - only at interpreter teardown
+        log.debug("mucudnn: %s failed: %s", destroy_name, exc)
+    finally:
+        _count(kind, -1)
+
+
+def tensor_format(fmt: Union[str, int, TensorFormat, None]) -> TensorFormat:
+    """"NCHW"/"NCDHW" -> NCHW, "NHWC"/"NDHWC" -> NHWC; ints and TensorFormats as they are."""
+    if fmt is None:
+        return TensorFormat.NCHW
+    if isinstance(fmt, str):
+        f = fmt.upper()
+        if f in ("NCHW", "NCDHW", "NCW"):
+            return TensorFormat.NCHW
+        if f in ("NHWC", "NDHWC", "NWC"):
+            return TensorFormat.NHWC
+        if f == "NCHW_VECT_C":
+            return TensorFormat.NCHW_VECT_C
+        raise ValueError(f"format: expected 'NCHW' or 'NHWC' (or a 3-D form), got {fmt!r}")
+    return TensorFormat(int(fmt))
+
+
+def _ints(name: str, values: Sequence[int], n: Optional[int] = None) -> tuple[int, ...]:
+    try:
+        t = tuple(int(v) for v in values)
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
+    if n is not None and len(t) != n:
+        raise ValueError(f"{name}: expected {n} values, got {len(t)} ({t})")
+    if not 1 <= len(t) <= DIM_MAX:
+        raise ValueError(f"{name}: expected 1..{DIM_MAX} values, got {len(t)} ({t})")
+    return t
+
+
+def _carray(values: Sequence[int]):
+    return (ctypes.c_int * len(values))(*values)
+
+
+def _packed(dims: Sequence[int], fmt: TensorFormat) -> tuple[int, ...]:
+    from ..problem import packed_strides
+
+    return packed_strides(dims, "NHWC" if fmt == TensorFormat.NHWC else "NCHW")
+
+
+class _Descriptor:
+    """Owns one cuDNN descriptor."""
+
+    _kind = ""
+    _ctype: type = OpaqueHandle
+    _create_fn = ""
+    _destroy_fn = ""
+
+    def __init__(self) -> None:
+        handle = self._ctype()
+        getattr(lib, self._create_fn)(ctypes.byref(handle))
+        self._handle = handle
+        _count(self._kind, +1)
+        self._finalizer = weakref.finalize(
+            self, _destroy, self._kind, self._destroy_fn, self._ctype, handle.value)
+
+    @property
+    def _as_parameter_(self):
+        if not self._finalizer.alive:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._handle
+
+    @property
+    def handle(self) -> int:
+        """The raw descriptor pointer as an int (0 once closed)."""
+        return (self._handle.value or 0) if self._finalizer.alive else 0
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Destroy the cuDNN descriptor now (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, fn: str, *args: Any, **details: Any) -> None:
+        param = self._as_parameter_  # ValueError when closed
+        try:
+            getattr(lib, fn)(param, *args)
+        except CudnnError as exc:
+            exc.add_details(**details)
+            raise
+
+
+# -- tensors --------------------------------------------------------------------------
+
+class TensorDescriptor(_Descriptor):
+    """cudnnTensorDescriptor_t.
+
+    ``TensorDescriptor(dims, strides=None, dtype="float32", format=None)`` sets an
+    Nd descriptor: dims in canonical (N, C, spatial...) order, strides in the same
+    order (packed in ``format``'s memory order when omitted). With no ``dims`` the
+    descriptor is created unset (use the ``set_*`` methods).
+    """
+
+    _kind = "tensor"
+    _ctype = cudnnTensorDescriptor_t
+    _create_fn = "cudnnCreateTensorDescriptor"
+    _destroy_fn = "cudnnDestroyTensorDescriptor"
+
+    def __init__(self, dims: Optional[Sequence[int]] = None,
+                 strides: Optional[Sequence[int]] = None, dtype: Any = "float32",
+                 format: Any = None) -> None:
+        super().__init__()
+        if dims is not None:
+            try:
+                if strides is None:
+                    strides = _packed(_ints("dims", dims), tensor_format(format))
+                self.set_nd(dims, strides, dtype)
+            except BaseException:
+                self.close()
+                raise
+
+    # construction from a problem
+    @classmethod
+    def for_x(cls, problem) -> "TensorDescriptor":
+        """x (dx) of ``problem``: canonical dims, packed strides of its layout."""
+        return cls._for(problem, problem.x_dims)
+
+    @classmethod
+    def for_y(cls, problem) -> "TensorDescriptor":
+        """y (dy) of ``problem``."""
+        return cls._for(problem, problem.y_dims)
+
+    @classmethod
+    def _for(cls, problem, dims: Sequence[int]) -> "TensorDescriptor":
+        from ..problem import packed_strides
+
+        return cls(dims, packed_strides(dims, problem.layout), problem.dtype)
+
+    # setters
+    def set_4d(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
+        """cudnnSetTensor4dDescriptor: dims (n, c, h, w), packed in ``format``."""
+        n, c, h, w = _ints("dims", dims, 4)
+        fmt, dt = tensor_format(format), data_type(dtype)
+        self._call("cudnnSetTensor4dDescriptor", fmt, dt, n, c, h, w,
+                   dims=(n, c, h, w), format=fmt.name, dtype=dt.name)
+
+    def set_4d_ex(self, dims: Sequence[int], strides: Sequence[int],
+                  dtype: Any = "float32") -> None:
+        """cudnnSetTensor4dDescriptorEx: dims and strides in (n, c, h, w) order."""
+        d = _ints("dims", dims, 4)
+        s = _ints("strides", strides, 4)
+        dt = data_type(dtype)
+        self._call("cudnnSetTensor4dDescriptorEx", dt, *d, *s, dims=d, strides=s, dtype=dt.name)
+
+    def set_nd(self, dims: Sequence[int], strides: Sequence[int], dtype: Any = "float32") -> None:
+        """cudnnSetTensorNdDescriptor."""
+        d = _ints("dims", dims)
+        s = _ints("strides", strides, len(d))
+        dt = data_type(dtype)
+        self._call("cudnnSetTensorNdDescriptor", dt, len(d), _carray(d), _carray(s),
+                   dims=d, strides=s, dtype=dt.name)
+
+    def set_nd_ex(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
+        """cudnnSetTensorNdDescriptorEx: packed in ``format``; dims in canonical order."""
+        d = _ints("dims", dims)
+        fmt, dt = tensor_format(format), data_type(dtype)
+        self._call("cudnnSetTensorNdDescriptorEx", fmt, dt, len(d), _carray(d),
+                   dims=d, format=fmt.name, dtype=dt.name)
+
+    # getters
+    def get_4d(self) -> tuple[DataType, tuple[int, ...], tuple[int, ...]]:
+        """cudnnGetTensor4dDescriptor -> (dtype, (n, c, h, w), (strides...))."""
+        dt = ctypes.c_int()
+        v = [ctypes.c_int() for _ in range(8)]
+        self._call("cudnnGetTensor4dDescriptor", ctypes.byref(dt), *map(ctypes.byref, v))
+        return DataType(dt.value), tuple(x.value for x in v[:4]), tuple(x.value for x in v[4:])
+
+    def get_nd(self, max_dims: int = DIM_MAX) -> tuple[DataType, tuple[int, ...], tuple[int, ...]]:
+        """cudnnGetTensorNdDescriptor -> (dtype, dims, strides)."""
+        dt, nb = ctypes.c_int(), ctypes.c_int()
+        d = (ctypes.c_int * max_dims)()
+        s = (ctypes.c_int * max_dims)()
+        self._call("cudnnGetTensorNdDescriptor", max_dims, ctypes.byref(dt), ctypes.byref(nb), d, s)
+        n = min(nb.value, max_dims)
+        return DataType(dt.value), tuple(d[:n]), tuple(s[:n])
+
+    @property
+    def dtype(self) -> DataType:
+        return self.get_nd()[0]
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return self.get_nd()[1]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.get_nd()[2]
+
+    @property
+    def size_in_bytes(self) -> int:
+        """cudnnGetTensorSizeInBytes."""
+        size = ctypes.c_size_t()
+        self._call("cudnnGetTensorSizeInBytes", ctypes.byref(size))
+        return size.value
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "TensorDescriptor(<closed>)"
+        try:
+            dt, d, s = self.get_nd()
+            return f"TensorDescriptor(dims={d}, strides={s}, dtype={dt.name})"
+        except CudnnError:
+            return "TensorDescriptor(<unset>)"
+
+
+# -- filters ----------------------------------------------------------------------------
+
+class FilterDescriptor(_Descriptor):
+    """cudnnFilterDescriptor_t.
+
+    ``FilterDescriptor(dims, dtype="float32", format="NCHW")``: dims always in
+    (K, C/groups, spatial...) order; ``format`` NHWC says the memory is
+    channels-last (K, spatial..., C/groups), as cuDNN's NHWC filter format.
+    """
+
+    _kind = "filter"
+    _ctype = cudnnFilterDescriptor_t
+    _create_fn = "cudnnCreateFilterDescriptor"
+    _destroy_fn = "cudnnDestroyFilterDescriptor"
+
+    def __init__(self, dims: Optional[Sequence[int]] = None, dtype: Any = "float32",
+                 format: Any = "NCHW") -> None:
+        super().__init__()
+        if dims is not None:
+            try:
+                self.set_nd(dims, dtype, format)
+            except BaseException:
+                self.close()
+                raise
+
+    @classmethod
+    def for_w(cls, problem) -> "FilterDescriptor":
+        """w (dw) of ``problem``: canonical dims; NHWC format for channels-last layouts."""
+        return cls(problem.w_dims, problem.dtype, "NHWC" if problem.channels_last else "NCHW")
+
+    def set_4d(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
+        """cudnnSetFilter4dDescriptor: dims (k, c, h, w)."""
+        k, c, h, w = _ints("dims", dims, 4)
+        fmt, dt = tensor_format(format), data_type(dtype)
+        self._call("cudnnSetFilter4dDescriptor", dt, fmt, k, c, h, w,
+                   dims=(k, c, h, w), format=fmt.name, dtype=dt.name)
+
+    def set_nd(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
+        """cudnnSetFilterNdDescriptor."""
+        d = _ints("dims", dims)
+        fmt, dt = tensor_format(format), data_type(dtype)
+        self._call("cudnnSetFilterNdDescriptor", dt, fmt, len(d), _carray(d),
+                   dims=d, format=fmt.name, dtype=dt.name)
+
+    def get_4d(self) -> tuple[DataType, TensorFormat, tuple[int, ...]]:
+        """cudnnGetFilter4dDescriptor -> (dtype, format, (k, c, h, w))."""
+        dt, fmt = ctypes.c_int(), ctypes.c_int()
+        v = [ctypes.c_int() for _ in range(4)]
+        self._call("cudnnGetFilter4dDescriptor", ctypes.byref(dt), ctypes.byref(fmt),
+                   *map(ctypes.byref, v))
+        return DataType(dt.value), TensorFormat(fmt.value), tuple(x.value for x in v)
+
+    def get_nd(self, max_dims: int = DIM_MAX) -> tuple[DataType, TensorFormat, tuple[int, ...]]:
+        """cudnnGetFilterNdDescriptor -> (dtype, format, dims)."""
+        dt, fmt, nb = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        d = (ctypes.c_int * max_dims)()
+        self._call("cudnnGetFilterNdDescriptor", max_dims, ctypes.byref(dt), ctypes.byref(fmt),
+                   ctypes.byref(nb), d)
+        n = min(nb.value, max_dims)
+        return DataType(dt.value), TensorFormat(fmt.value), tuple(d[:n])
+
+    @property
+    def dtype(self) -> DataType:
+        return self.get_nd()[0]
+
+    @property
+    def format(self) -> TensorFormat:
+        return self.get_nd()[1]
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return self.get_nd()[2]
+
+    @property
+    def size_in_bytes(self) -> int:
+        """cudnnGetFilterSizeInBytes."""
+        size = ctypes.c_size_t()
+        self._call("cudnnGetFilterSizeInBytes", ctypes.byref(size))
+        return size.value
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "FilterDescriptor(<closed>)"
+        try:
+            dt, fmt, d = self.get_nd()
+            return f"FilterDescriptor(dims={d}, dtype={dt.name}, format={fmt.name})"
+        except CudnnError:
+            return "FilterDescriptor(<unset>)"
+
+
+# -- convolutions -------------------------------------------------------------------------
+
+class ConvolutionDescriptor(_Descriptor):
+    """cudnnConvolutionDescriptor_t.
+
+    ``ConvolutionDescriptor(padding, stride, dilation, mode=CROSS_CORRELATION,
+    compute_type="float32", groups=1, math_type="default")`` sets an Nd descriptor
+    (one value per spatial dimension). Cross-correlation is what every deep
+    learning framework (and :mod:`tests.reference`) calls convolution.
+    """
+
+    _kind = "convolution"
+    _ctype = cudnnConvolutionDescriptor_t
+    _create_fn = "cudnnCreateConvolutionDescriptor"
+    _destroy_fn = "cudnnDestroyConvolutionDescriptor"
+
+    def __init__(self, padding: Optional[Sequence[int]] = None,
+                 stride: Optional[Sequence[int]] = None,
+                 dilation: Optional[Sequence[int]] = None, *,
+                 mode: Any = ConvolutionMode.CROSS_CORRELATION, compute_type: Any = "float32",
+                 groups: int = 1, math_type: Any = "default") -> None:
+        super().__init__()
+        if padding is None and stride is None and dilation is None:
+            return
+        try:
+            nd = len(padding if padding is not None else stride if stride is not None
+                     else dilation)  # type: ignore[arg-type]
+            self.set_nd(padding if padding is not None else (0,) * nd,
+                        stride if stride is not None else (1,) * nd,
+                        dilation if dilation is not None else (1,) * nd,
+                        mode=mode, compute_type=compute_type)
+            if groups != 1:
+                self.group_count = groups
+            self.math_type = math_type
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def for_problem(cls, problem, math_type: Any = None) -> "ConvolutionDescriptor":
+        """Padding, stride, dilation, groups, compute type of ``problem``; math type
+        ``math_type`` (a cudnnMathType_t value or a ConvProblem math name), else
+        ``problem.math``."""
+        return cls(problem.padding, problem.stride, problem.dilation,
+                   mode=ConvolutionMode.CROSS_CORRELATION,
+                   compute_type=data_type(problem.compute_type), groups=problem.groups,
+                   math_type=problem.math if math_type is None else math_type)
+
+    def set_2d(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+               mode: Any = ConvolutionMode.CROSS_CORRELATION,
+               compute_type: Any = "float32") -> None:
+        """cudnnSetConvolution2dDescriptor."""
+        p = _ints("padding", padding, 2)
+        s = _ints("stride", stride, 2)
+        d = _ints("dilation", dilation, 2)
+        m, ct = ConvolutionMode(int(mode)), data_type(compute_type)
+        self._call("cudnnSetConvolution2dDescriptor", *p, *s, *d, m, ct,
+                   padding=p, stride=s, dilation=d, mode=m.name, compute_type=ct.name)
+
+    def set_nd(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+               mode: Any = ConvolutionMode.CROSS_CORRELATION,
+               compute_type: Any = "float32") -> None:
+        """cudnnSetConvolutionNdDescriptor."""
+        p = _ints("padding", padding)
+        s = _ints("stride", stride, len(p))
+        d = _ints("dilation", dilation, len(p))
+        m, ct = ConvolutionMode(int(mode)), data_type(compute_type)
+        self._call("cudnnSetConvolutionNdDescriptor", len(p), _carray(p), _carray(s),
+                   _carray(d), m, ct,
+                   padding=p, stride=s, dilation=d, mode=m.name, compute_type=ct.name)
+
+    def get_2d(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int],
+                              ConvolutionMode, DataType]:
+        """cudnnGetConvolution2dDescriptor -> (padding, stride, dilation, mode, compute_type)."""
+        v = [ctypes.c_int() for _ in range(6)]
+        m, ct = ctypes.c_int(), ctypes.c_int()
+        self._call("cudnnGetConvolution2dDescriptor", *map(ctypes.byref, v),
+                   ctypes.byref(m), ctypes.byref(ct))
+        x = [i.value for i in v]
+        return ((x[0], x[1]), (x[2], x[3]), (x[4], x[5]), ConvolutionMode(m.value),
+                DataType(ct.value))
+
+    def get_nd(self, max_dims: int = DIM_MAX - 2) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                          tuple[int, ...], ConvolutionMode,
+                                                          DataType]:
+        """cudnnGetConvolutionNdDescriptor -> (padding, stride, dilation, mode, compute_type)."""
+        n = ctypes.c_int()
+        p = (ctypes.c_int * max_dims)()
+        s = (ctypes.c_int * max_dims)()
+        d = (ctypes.c_int * max_dims)()
+        m, ct = ctypes.c_int(), ctypes.c_int()
+        self._call("cudnnGetConvolutionNdDescriptor", max_dims, ctypes.byref(n), p, s, d,
+                   ctypes.byref(m), ctypes.byref(ct))
+        k = min(n.value, max_dims)
+        return (tuple(p[:k]), tuple(s[:k]), tuple(d[:k]), ConvolutionMode(m.value),
+                DataType(ct.value))
+
+    @property
+    def group_count(self) -> int:
+        """cudnnGetConvolutionGroupCount / cudnnSetConvolutionGroupCount."""
+        g = ctypes.c_int()
+        self._call("cudnnGetConvolutionGroupCount", ctypes.byref(g))
+        return g.value
+
+    @group_count.setter
+    def group_count(self, groups: int) -> None:
+        self._call("cudnnSetConvolutionGroupCount", int(groups), groups=int(groups))
+
+    @property
+    def math_type(self) -> MathType:
+        """cudnnGetConvolutionMathType / cudnnSetConvolutionMathType; set with a
+        MathType, its int, or a ConvProblem math name ("fma", ...)."""
+        m = ctypes.c_int()
+        self._call("cudnnGetConvolutionMathType", ctypes.byref(m))
+        return MathType(m.value)
+
+    @math_type.setter
+    def math_type(self, value: Any) -> None:
+        m = _math_type(value)
+        self._call("cudnnSetConvolutionMathType", m, math_type=m.name)
+
+    def output_dims(self, x: TensorDescriptor, w: FilterDescriptor) -> tuple[int, ...]:
+        """cudnnGetConvolutionNdForwardOutputDim: y dims in canonical order."""
+        nb = len(x.dims)
+        out = (ctypes.c_int * nb)()
+        try:
+            lib.cudnnGetConvolutionNdForwardOutputDim(self, x, w, nb, out)
+        except CudnnError as exc:
+            exc.add_details(x=x.dims, w=w.dims)
+            raise
+        return tuple(out)
+
+    def output_dims_2d(self, x: TensorDescriptor, w: FilterDescriptor) -> tuple[int, int, int, int]:
+        """cudnnGetConvolution2dForwardOutputDim -> (n, c, h, w)."""
+        v = [ctypes.c_int() for _ in range(4)]
+        try:
+            lib.cudnnGetConvolution2dForwardOutputDim(self, x, w, *map(ctypes.byref, v))
+        except CudnnError as exc:
+            exc.add_details(x=x.dims, w=w.dims)
+            raise
+        return tuple(i.value for i in v)  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "ConvolutionDescriptor(<closed>)"
+        try:
+            p, s, d, m, ct = self.get_nd()
+            return (f"ConvolutionDescriptor(padding={p}, stride={s}, dilation={d}, mode={m.name}, "
+                    f"compute_type={ct.name}, groups={self.group_count}, "
+                    f"math_type={self.math_type.name})")
+        except CudnnError:
+            return "ConvolutionDescriptor(<unset>)"
+
+
+def output_dims(problem) -> tuple[int, ...]:
+    """cuDNN's own output dims (canonical order) for ``problem``."""
+    with TensorDescriptor.for_x(problem) as x, FilterDescriptor.for_w(problem) as w, \
+            ConvolutionDescriptor.for_problem(problem) as c:
+        return c.output_dims(x, w)
+
+

@@ -1,0 +1,188 @@
+"""The cuDNN handle (cudnnHandle_t): one per device, bound to a CUDA stream.
+
+``Handle(device=None, stream=None)`` creates a handle on ``device`` (the current
+device when None) and binds it to ``stream`` (a :class:`mucudnn.cuda.Stream`, a
+raw ``cudaStream_t`` int, anything with ``.handle``, ``.cuda_stream`` or
+``__cuda_stream__``; None = the device's :func:`mucudnn.cuda.default_stream`,
+which is what every mucudnn operation given ``stream=None`` uses).
+:func:`get_handle` caches one handle per device on that default stream.
+
+Without a GPU (or driver), ``Handle()`` raises :class:`mucudnn.cuda.NoDeviceError`
+before cuDNN is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import weakref
+from typing import Any, Iterator, Optional
+
+from .errors import CudnnError
+from .prototypes import lib
+from .structs import cudaStream_t, cudnnHandle_t
+
+__all__ = ["Handle", "get_handle", "stream_handle", "using_device", "live_handles"]
+
+log = logging.getLogger("mucudnn")
+
+_live_lock = threading.Lock()
+_live_handles = 0
+
+
+def live_handles() -> int:
+    """cuDNN handles created and not yet destroyed."""
+    return _live_handles
+
+
+def _count(delta: int) -> None:
+    global _live_handles
+    with _live_lock:
+        _live_handles += delta
+
+
+def stream_handle(stream: Any) -> Optional[int]:
+    """The raw ``cudaStream_t`` of ``stream`` as an int (None for the default stream)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream or None
+    for attr in ("handle", "cuda_stream"):
+        v = getattr(stream, attr, None)
+        if v is not None and not callable(v):
+            return int(v) or None
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        _, h = proto()
+        return int(h) or None
+    try:
+        return int(stream) or None
+    except TypeError:
+        raise TypeError(
+            f"stream: expected a mucudnn.cuda.Stream, an int cudaStream_t or None, "
+            f"got {type(stream).__name__}") from None
+
+
+@contextlib.contextmanager
+def using_device(device: Optional[int]) -> Iterator[int]:
+    """Make ``device`` current for the block (restoring the previous one)."""
+    from .. import cuda
+
+    prev = cuda.current_device()
+    if device is None or int(device) == prev:
+        yield prev
+        return
+    cuda.set_device(int(device))
+    try:
+        yield int(device)
+    finally:
+        cuda.set_device(prev)
+
+
+def _destroy(value: int) -> None:
+    try:
+        lib.cudnnDestroy(cudnnHandle_t(value))
+    except Exception as exc:  # pragma: no cover - interpreter teardown
+        log.debug("mucudnn: cudnnDestroy failed: %s", exc)
+    finally:
+        _count(-1)
+
+
+class Handle:
+    """A cuDNN handle on one device, bound to one stream."""
+
+    def __init__(self, device: Optional[int] = None, stream: Any = None) -> None:
+        from .. import cuda
+
+        cuda.require_device()  # NoDeviceError without a GPU or driver
+        with using_device(device) as dev:
+            self.device = int(dev)
+            h = cudnnHandle_t()
+            lib.cudnnCreate(ctypes.byref(h))
+        self._handle = h
+        _count(+1)
+        self._finalizer = weakref.finalize(self, _destroy, h.value)
+        self._stream: Any = None
+        try:
+            with using_device(self.device):
+                self.set_stream(stream)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def _as_parameter_(self) -> cudnnHandle_t:
+        if not self._finalizer.alive:
+            raise ValueError("Handle is closed")
+        return self._handle
+
+    @property
+    def handle(self) -> int:
+        return (self._handle.value or 0) if self._finalizer.alive else 0
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def set_stream(self, stream: Any) -> None:
+        """cudnnSetStream; keeps a reference to ``stream`` so it outlives the binding.
+        None means the device's :func:`mucudnn.cuda.default_stream`; 0 the legacy
+        default stream."""
+        if stream is None:
+            from .. import cuda
+
+            stream = cuda.default_stream(self.device)
+        raw = stream_handle(stream)
+        try:
+            lib.cudnnSetStream(self, cudaStream_t(raw))
+        except CudnnError as exc:
+            exc.add_details(stream=hex(raw or 0), device=self.device)
+            raise
+        self._stream = stream
+
+    @property
+    def stream(self) -> Any:
+        """The stream object this handle was bound to (None: the default stream)."""
+        return self._stream
+
+    @property
+    def stream_handle(self) -> int:
+        """cudnnGetStream, as an int (0 for the default stream)."""
+        s = cudaStream_t()
+        lib.cudnnGetStream(self, ctypes.byref(s))
+        return s.value or 0
+
+    def close(self) -> None:
+        """cudnnDestroy now (idempotent). cuDNN synchronises the device."""
+        self._finalizer()
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else hex(self.handle)
+        return f"Handle(device={self.device}, {state}, stream={hex(stream_handle(self._stream) or 0)})"
+
+
+_cache_lock = threading.Lock()
+_cache: dict[int, Handle] = {}
+
+
+def get_handle(device: Optional[int] = None) -> Handle:
+    """The process-wide handle of ``device`` (current device when None), bound to
+    :func:`mucudnn.cuda.default_stream`. Callers wanting their own stream create
+    their own Handle (a handle must not be re-bound while another user relies on it)."""
+    from .. import cuda
+
+    cuda.require_device()
+    dev = cuda.current_device() if device is None else int(device)
+    with _cache_lock:
+        h = _cache.get(dev)
+        if h is None or h.closed:
+            h = _cache[dev] = Handle(dev)
+        return h

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: environment, GPU tests, then the named benchmarks.
+# Full logs go under $OUT (or ./out); a short summary is printed last.
+#   bash tools/gpu_run.sh tests            # all `gpu` tests
+#   bash tools/gpu_run.sh tests bench      # tests, then AlexNet/ResNet-18 bench at 64 MiB
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
+export MUCUDNN_CACHE=${MUCUDNN_CACHE:-/tmp/mucudnn-bench.sqlite}
+summary=()
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+  python3 -c "import torch, numpy, cuda.bindings, mucudnn._cudnn as c; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'cuda-bindings', cuda.bindings.__version__, 'cudnn', c.get_version())"
+} > "$OUT/env.txt" 2>&1
+summary+=("env: $(tr '\n' ' ' < "$OUT/env.txt")")
+for stage in "$@"; do
+  case "$stage" in
+    tests)
+      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+        ${PYTEST_ARGS:-} tests > "$OUT/gpu-tests.log" 2>&1
+      summary+=("gpu tests (rc $?): $(tail -1 "$OUT/gpu-tests.log")")
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 > "$OUT/gpu-failures.txt"
+      ;;
+    bench)
+      for net in alexnet resnet18; do
+        timeout 300 python3 -m mucudnn bench --net "$net" --workspace 64MiB --no-progress \
+          --json "$OUT/bench-$net.json" > "$OUT/bench-$net.txt" 2>&1
+        summary+=("bench $net (rc $?): $(grep -E '^TOTAL|optimisation' "$OUT/bench-$net.txt" | tr -s ' ' | tr '\n' ' ')")
+      done
+      ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+echo "==== failures"; cat "$OUT/gpu-failures.txt" 2>/dev/null
+echo "==== summary"; printf '%s\n' "${summary[@]}"
