@@ -388,6 +388,7 @@ def test_graph_replay_equals_plain(be, torch):
     rng = np.random.default_rng(8)
     x, w, y = host(p, rng)
     tx, tw, ty = (torch.from_numpy(a).cuda() for a in (x, w, y))
+    tol = {Direction.FORWARD: 1e-6, Direction.BACKWARD_DATA: 1e-6, Direction.BACKWARD_FILTER: 1e-5}
     for d in Direction:
         plain = conv_for(p, plans={d: plan})
         graphed = conv_for(p, plans={d: plan}, graph=True)
@@ -401,16 +402,18 @@ def test_graph_replay_equals_plain(be, torch):
         for i in range(3):
             out.fill_(float("nan"))
             getattr(graphed, call)(*args, out)
-            np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-6, atol=1e-6)
+            # Note: graph and plain runs may differ by rounding where an algorithm
+            # is non-deterministic (atomics in backward passes); judge by norm.
+            assert rel_err(out.cpu().numpy(), want) < tol[d]
         g = graphed.kernel(d).graphs
         assert g.captures == 1 and g.replays == 3
         out2 = torch.empty_like(out)
         getattr(graphed, call)(*args, out2)  # new pointer: captured again
         assert g.captures == 2
-        np.testing.assert_allclose(out2.cpu().numpy(), want, rtol=1e-6, atol=1e-6)
+        assert rel_err(out2.cpu().numpy(), want) < tol[d]
         getattr(graphed, call)(*args, out, alpha=2.0)  # new alpha: captured again
         assert g.captures == 3
-        np.testing.assert_allclose(out.cpu().numpy(), 2 * want, rtol=1e-5, atol=1e-5)
+        assert rel_err(out.cpu().numpy(), 2 * want) < tol[d]
 
 
 def test_fallback_under_a_tiny_allocation_limit(be):
@@ -451,3 +454,30 @@ def test_conv2d_on_gpu_reuses_plans(be, torch):
     r2 = conv2d(tx, tw, padding=1, math="fma", backend="cudnn", workspace_limit=1 << 20)
     assert rel_err(r1.cpu().numpy(), reference(P, "forward", x, w, y)) < FMA_REF
     assert torch.equal(r1, r2)
+
+
+def test_bound_launchers_are_reused_and_correct(be, torch):
+    """A repeated call with the same pointers runs a launcher bound once;
+    new pointers or scalars bind a new one; every result stays right."""
+    p = ConvProblem((12, 16, 9, 9), (24, 16, 3, 3), padding=1, math="fma")
+    plan = make_plan([MicroBatch(0, 8, 1), MicroBatch(8, 4, 0)], undivided_time_ms=1,
+                     workspace_limit=None)
+    rng = np.random.default_rng(11)
+    x, w, y = host(p, rng)
+    tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+    conv = conv_for(p, plans={Direction.FORWARD: plan})
+    out = torch.empty(p.output_shape, device="cuda")
+    want = reference(p, Direction.FORWARD, x, w, y)
+    for i in range(3):
+        out.fill_(float("nan"))
+        conv.forward(tx, tw, out)
+        assert rel_err(out.cpu().numpy(), want) < FMA_REF
+    cache = conv.kernel(Direction.FORWARD)._launchers
+    assert cache is not None and len(cache) == 1
+    conv.forward(tx, tw, out, alpha=0.5, beta=1.0)  # new scalars: a second launcher
+    assert len(cache) == 2
+    assert rel_err(out.cpu().numpy(), 1.5 * want) < FMA_REF
+    out2 = torch.empty_like(out)
+    conv.forward(tx, tw, out2)  # new pointer: a third
+    assert len(cache) == 3
+    assert rel_err(out2.cpu().numpy(), want) < FMA_REF

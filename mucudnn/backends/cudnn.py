@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -357,6 +357,18 @@ class CudnnBackend:
         """One convolution on the backend's stream (asynchronous):
         forward ``y = alpha*conv(x, w) + beta*y``, backward-data writes ``tensors.x``,
         backward-filter writes ``tensors.w``."""
+        self.bind(direction, algo, math_type, tensors, alpha, beta, workspace)()
+
+    def bind(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
+             tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
+             workspace: Any = None) -> Callable[[], None]:
+        """Check one call once and return a launcher that only issues it.
+
+        The launcher holds device pointers (ints), the cached descriptors and
+        the scalars, never the arrays: calling it costs one ctypes call. The
+        engine caches launchers per (plan, pointers, scalars), so a repeated
+        call of a plan pays no Python checks per micro-batch.
+        """
         direction = Direction.parse(direction)
         p = tensors.problem
         algo = int(algo)
@@ -387,16 +399,24 @@ class CudnnBackend:
             args = (d.w, wp, d.y, yp, conv, algo, ws_ptr, ws_size, ctypes.byref(b), d.x, xp)
         else:
             args = (d.x, xp, d.y, yp, conv, algo, ws_ptr, ws_size, ctypes.byref(b), d.w, wp)
-        try:
-            if self._multi_device:
-                with using_device(self.device):
-                    fn(self.handle, ctypes.byref(a), *args)
-            else:
-                fn(self.handle, ctypes.byref(a), *args)
-        except CudnnError as exc:
-            exc.add_details(problem=p, direction=str(direction), algo=algo, math_type=math,
-                            workspace_bytes=ws_size)
-            raise
+        args = (self.handle, ctypes.byref(a)) + args
+        device = self.device if self._multi_device else None
+        keep = (a, b, d)  # the launcher keeps the scalars and descriptors alive
+
+        def launch() -> None:
+            try:
+                if device is not None:
+                    with using_device(device):
+                        fn(*args)
+                else:
+                    fn(*args)
+            except CudnnError as exc:
+                exc.add_details(problem=p, direction=str(direction), algo=algo, math_type=math,
+                                workspace_bytes=ws_size)
+                raise
+
+        launch.keep = keep  # type: ignore[attr-defined]
+        return launch
 
     # -- arrays ------------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: str):

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ..backends.base import Backend, ConvTensors
 
-__all__ = ["GraphCache", "supports_graphs", "pointer_of", "MAX_GRAPHS"]
+__all__ = ["GraphCache", "LaunchCache", "launch_key", "supports_graphs", "pointer_of", "MAX_GRAPHS"]
 
 log = logging.getLogger("mucudnn")
 
@@ -52,6 +52,57 @@ def pointer_of(array: Any) -> int:
     return int(ptr)
 
 
+def launch_key(backend: Backend, plan: Any, tensors: ConvTensors, workspace: Any,
+               alpha: float, beta: float) -> tuple:
+    """Everything a captured graph or a bound launcher bakes in: the plan,
+    every pointer, the workspace, the scalars and the stream."""
+    stream = getattr(backend, "stream", None)
+    return (id(plan), pointer_of(tensors.x), pointer_of(tensors.w), pointer_of(tensors.y),
+            pointer_of(workspace), getattr(workspace, "nbytes", 0) if workspace is not None else 0,
+            float(alpha), float(beta), getattr(stream, "handle", id(stream)))
+
+
+class LaunchCache:
+    """Bound launchers of one kernel (see :func:`~mucudnn.exec.runner.prepare`),
+    keyed like graphs, for backends that can ``bind`` a call ahead of time.
+
+    Note: a launcher holds pointers, not arrays. The key holds every pointer,
+    so a launcher only ever runs on the memory it was bound to; a freed and
+    re-allocated buffer at the same address is the same memory to cuDNN.
+    """
+
+    def __init__(self, backend: Backend, max_entries: int = MAX_GRAPHS) -> None:
+        self.backend = backend
+        self.max_entries = max_entries
+        self._launchers: "OrderedDict[tuple, tuple[Callable[[], None], Any]]" = OrderedDict()
+
+    def run(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float, beta: float,
+            make: Callable[[], Callable[[], None]]) -> None:
+        key = launch_key(self.backend, plan, tensors, workspace, alpha, beta)
+        entry = self._launchers.get(key)
+        if entry is None:
+            entry = (make(), plan)  # keep the plan alive so id(plan) is not reused
+            self._launchers[key] = entry
+            while len(self._launchers) > self.max_entries:
+                self._launchers.popitem(last=False)
+        else:
+            self._launchers.move_to_end(key)
+        try:
+            entry[0]()
+        except ValueError:
+            # A descriptor the launcher holds was evicted and closed by the
+            # backend's cache (it raises before any call is issued): rebind once.
+            launcher = make()
+            self._launchers[key] = (launcher, plan)
+            launcher()
+
+    def clear(self) -> None:
+        self._launchers.clear()
+
+    def __len__(self) -> int:
+        return len(self._launchers)
+
+
 class GraphCache:
     """Captured graphs of one kernel, keyed by everything a graph bakes in."""
 
@@ -65,10 +116,7 @@ class GraphCache:
 
     def key(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float,
             beta: float) -> tuple:
-        stream = getattr(self.backend, "stream", None)
-        return (id(plan), pointer_of(tensors.x), pointer_of(tensors.w), pointer_of(tensors.y),
-                pointer_of(workspace), getattr(workspace, "nbytes", 0) if workspace is not None else 0,
-                float(alpha), float(beta), getattr(stream, "handle", id(stream)))
+        return launch_key(self.backend, plan, tensors, workspace, alpha, beta)
 
     def run(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float, beta: float,
             body: Callable[[], None]) -> bool:

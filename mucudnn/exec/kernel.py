@@ -18,8 +18,8 @@ from typing import Any, Callable
 from ..backends.base import Backend, ConvTensors
 from ..problem import ConvProblem, Direction, Plan
 from .fallback import replan_under
-from .graph import GraphCache, supports_graphs
-from .runner import execute, nbytes_of, resolve_workspace
+from .graph import GraphCache, LaunchCache, supports_graphs
+from .runner import execute, nbytes_of, prepare, resolve_workspace
 from .views import check_micro_batches
 from .workspace import WorkspacePool, WorkspaceUnavailable, get_pool
 
@@ -56,6 +56,8 @@ class Kernel:
         self._plan: Plan | None = None
         self._preferred: Plan | None = None
         self._graphs: GraphCache | None = GraphCache(backend) if self.graph else None
+        self._launchers: LaunchCache | None = (
+            LaunchCache(backend) if getattr(backend, "bind", None) is not None else None)
         self._warned = False
         self._lock = threading.RLock()
         #: How many times a fallback plan was used (tests, logging).
@@ -96,6 +98,8 @@ class Kernel:
             self._plan = self._preferred = self._install(plan)
             if self._graphs is not None:
                 self._graphs.clear()
+            if self._launchers is not None:
+                self._launchers.clear()
 
     def reset(self) -> None:
         """Return from a fallback plan to the preferred one (tried on the next call)."""
@@ -155,6 +159,10 @@ class Kernel:
             self._graphs.run(plan, tensors, ws, alpha, beta,
                              lambda: execute(plan, self.backend, tensors, alpha, beta, ws,
                                              self.direction))
+        elif self._launchers is not None:
+            self._launchers.run(plan, tensors, ws, alpha, beta,
+                                lambda: prepare(plan, self.backend, tensors, alpha, beta, ws,
+                                                self.direction))
         else:
             execute(plan, self.backend, tensors, alpha, beta, ws, self.direction)
         return plan

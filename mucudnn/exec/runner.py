@@ -14,14 +14,15 @@ Alpha/beta follow DESIGN.md ("Semantics every direction keeps"):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from ..backends.base import Backend, ConvTensors
 from ..problem import Direction, Plan
 from .views import check_micro_batches, micro_batch_tensors
 
-__all__ = ["execute", "micro_batch_betas", "resolve_workspace", "nbytes_of"]
+__all__ = ["execute", "prepare", "micro_batch_betas", "resolve_workspace", "nbytes_of"]
 
 log = logging.getLogger("mucudnn")
 
@@ -49,6 +50,45 @@ def nbytes_of(workspace: Any) -> int:
     return int(n)
 
 
+def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1.0,
+            beta: float = 0.0, workspace: Any = None,
+            direction: Direction | None = None) -> Callable[[], None]:
+    """Check ``plan`` against ``tensors`` and ``workspace`` once; return a
+    launcher that issues every micro-batch, in order, on the backend's stream.
+
+    Backends with a ``bind`` method (the GPU backends) turn each micro-batch
+    into a pre-checked library call, so calling the launcher costs one ctypes
+    call per micro-batch and no Python checks; other backends get a launcher
+    that calls ``run`` per micro-batch. ``direction`` defaults to ``plan.direction``.
+    """
+    d = Direction.parse(direction if direction is not None else plan.direction)
+    if plan.direction is not None and direction is not None and plan.direction is not d:
+        raise ValueError(f"plan: built for {plan.direction}, asked to run {d}")
+    check_micro_batches(plan.micro_batches, tensors.problem.batch)
+    have = nbytes_of(workspace)
+    need = plan.workspace_bytes
+    if have < need:
+        raise ValueError(f"workspace: the plan needs {need} bytes, got {have}")
+    ws = workspace if have > 0 else None
+    betas = micro_batch_betas(d, len(plan.micro_batches), beta)
+    bind = getattr(backend, "bind", None)
+    calls = []
+    for mb, b in zip(plan.micro_batches, betas):
+        t = micro_batch_tensors(tensors, d, mb.offset, mb.size)
+        if bind is not None:
+            calls.append(bind(d, mb.algo, mb.math_type, t, float(alpha), b, ws))
+        else:
+            calls.append(functools.partial(backend.run, d, mb.algo, mb.math_type, t,
+                                           float(alpha), b, ws))
+    if len(calls) == 1:
+        return calls[0]
+
+    def launch() -> None:
+        for c in calls:
+            c()
+    return launch
+
+
 def execute(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1.0,
             beta: float = 0.0, workspace: Any = None,
             direction: Direction | None = None) -> None:
@@ -61,19 +101,7 @@ def execute(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
 
     ``direction`` defaults to ``plan.direction``.
     """
-    d = Direction.parse(direction if direction is not None else plan.direction)
-    if plan.direction is not None and direction is not None and plan.direction is not d:
-        raise ValueError(f"plan: built for {plan.direction}, asked to run {d}")
-    check_micro_batches(plan.micro_batches, tensors.problem.batch)
-    have = nbytes_of(workspace)
-    need = plan.workspace_bytes
-    if have < need:
-        raise ValueError(f"workspace: the plan needs {need} bytes, got {have}")
-    ws = workspace if have > 0 else None
-    betas = micro_batch_betas(d, len(plan.micro_batches), beta)
-    for mb, b in zip(plan.micro_batches, betas):
-        t = micro_batch_tensors(tensors, d, mb.offset, mb.size)
-        backend.run(d, mb.algo, mb.math_type, t, float(alpha), b, ws)
+    prepare(plan, backend, tensors, alpha, beta, workspace, direction)()
 
 
 def resolve_workspace(plan: Plan, backend: Backend, direction: Direction | None = None) -> Plan:
