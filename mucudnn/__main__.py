@@ -97,7 +97,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     total_workspace=args.total_workspace, backend=backend, repeat=repeat,
                     warmup=1 if backend == "numpy" else 3,
                     layers=args.layers.split(",") if args.layers else None,
-                    directions=args.directions.split(","), progress=not args.no_progress)
+                    directions=args.directions.split(","), progress=not args.no_progress,
+                    graph=args.graph)
     print(format_table(r))
     if args.json:
         save_json([r], args.json)
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=None,
                    help="timed runs per plan (median; default 10 on a GPU, 3 on NumPy)")
     b.add_argument("--json", default=None, help="write all numbers to this JSON file")
+    b.add_argument("--graph", action="store_true",
+                   help="time plans replayed as CUDA graphs (as Convolution(graph=True) runs)")
     b.set_defaults(func=cmd_bench)
     o = sub.add_parser("optimize", help="print or save the plans of a network as JSON")
     _common(o)

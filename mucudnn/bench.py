@@ -93,6 +93,7 @@ class NetworkResult:
     kernels: list[KernelResult] = field(default_factory=list)
     optimize_cold_s: float = float("nan")
     optimize_warm_s: float = float("nan")
+    graph: bool = False
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     def total(self, attr: str) -> float:
@@ -184,12 +185,15 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                 repeat: int = 10, warmup: int = 3, cache: Any = None,
                 layers: Sequence[str] | None = None,
                 directions: Iterable["Direction | str"] | None = None,
-                progress: bool = True, time_alone: bool = True) -> NetworkResult:
+                progress: bool = True, time_alone: bool = True,
+                graph: bool = False) -> NetworkResult:
     """Benchmark, optimise, execute and time every conv layer of ``net``.
 
     ``mode`` is "wr" (each kernel under ``workspace_limit``) or "wd" (one
     budget ``total_workspace`` for all kernels; default: the per-layer limit
     times the number of kernels). ``layers`` restricts to some layer names.
+    ``graph=True`` times each plan as ``Convolution(graph=True)`` runs it: its
+    micro-batch sequence captured once as a CUDA graph and replayed.
     Returns a :class:`NetworkResult`; :func:`format_table` prints it.
     """
     if mode not in ("wr", "wd"):
@@ -246,6 +250,8 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     result.optimize_warm_s = time.perf_counter() - t0
 
     timer = make_timer(be)
+    use_graph = graph and getattr(be, "stream", None) is not None
+    result.graph = use_graph
     bar = _progress(len(kernels), progress, f"{net}: executing")
     for i, (layer, names, p, d) in enumerate(kernels):
         perf = perfs[layer, d]
@@ -260,7 +266,16 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
         def timed(q: Plan, t: ConvTensors = tensors) -> float:
             # Note: timed as Convolution runs a repeated call: through a
             # launcher bound once (exec.prepare), so no Python checks per call.
-            return timer(prepare(q, be, t, 1.0, 0.0, ws, direction=d), warmup, repeat)
+            launch = prepare(q, be, t, 1.0, 0.0, ws, direction=d)
+            if not use_graph:
+                return timer(launch, warmup, repeat)
+            from .cuda import CudaGraph
+            with CudaGraph.capture(be.stream) as g:  # type: ignore[attr-defined]
+                launch()
+            try:
+                return timer(lambda: g.launch(be.stream), warmup, repeat)  # type: ignore
+            finally:
+                g.close()
 
         micro_ms = timed(plan)
         und_ms = timed(und) if und is not None else float("inf")
@@ -311,7 +326,8 @@ def format_table(r: NetworkResult) -> str:
     budget = (f"{_mib(r.total_workspace)} MiB total (WD)" if r.mode == "wd"
               else f"{_mib(r.workspace_limit)} MiB per kernel (WR)")
     head = (f"{r.net}, batch {r.batch}, {r.dtype}, {r.backend} {r.version} on {r.device}; "
-            f"workspace {budget}; policy {r.policy}")
+            f"workspace {budget}; policy {r.policy}"
+            f"{'; CUDA-graph replay' if r.graph else ''}")
     cols = ["layer", "direction", "x", "undiv<=lim ms", "micro ms", "speedup", "plan",
             "ws MiB", "unlimited ms"]
     rows = []

@@ -22,12 +22,23 @@ for stage in "$@"; do
       summary+=("gpu tests (rc $?): $(tail -1 "$OUT/gpu-tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 > "$OUT/gpu-failures.txt"
       ;;
-    bench)
-      for net in alexnet resnet18; do
-        timeout 300 python3 -m mucudnn bench --net "$net" --workspace 64MiB --no-progress \
-          --json "$OUT/bench-$net.json" > "$OUT/bench-$net.txt" 2>&1
-        summary+=("bench $net (rc $?): $(grep -E '^TOTAL|optimisation' "$OUT/bench-$net.txt" | tr -s ' ' | tr '\n' ' ')")
+    bench|bench-graph)
+      flag=""; [ "$stage" = bench-graph ] && flag="--graph"
+      for net in ${NETS:-alexnet resnet18}; do
+        timeout 300 python3 -m mucudnn bench --net "$net" --workspace 64MiB --no-progress $flag \
+          --json "$OUT/$stage-$net.json" > "$OUT/$stage-$net.txt" 2>&1
+        summary+=("$stage $net (rc $?): $(grep -E '^TOTAL|optimisation' "$OUT/$stage-$net.txt" | tr -s ' ' | tr '\n' ' ')")
       done
+      ;;
+    torch)
+      timeout 300 python3 tools/pytorch_anchor.py --net ${NETS:-alexnet resnet18} \
+        --json "$OUT/pytorch.json" > "$OUT/pytorch.txt" 2>&1
+      summary+=("pytorch (rc $?): $(tr '\n' ' ' < "$OUT/pytorch.txt")")
+      ;;
+    graph-replay)
+      timeout 300 python3 tools/bench_graph_replay.py --json "$OUT/graph-replay.json" \
+        > "$OUT/graph-replay.txt" 2>&1
+      summary+=("graph replay (rc $?): see graph-replay.txt")
       ;;
     *) echo "unknown stage $stage" ;;
   esac
