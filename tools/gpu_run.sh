@@ -5,7 +5,7 @@
 #   bash tools/gpu_run.sh tests bench      # tests, then AlexNet/ResNet-18 bench at 64 MiB
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
 export MUCUDNN_CACHE=${MUCUDNN_CACHE:-/tmp/mucudnn-bench.sqlite}
 summary=()
@@ -43,5 +43,7 @@ for stage in "$@"; do
     *) echo "unknown stage $stage" ;;
   esac
 done
-echo "==== failures"; cat "$OUT/gpu-failures.txt" 2>/dev/null
+printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+tar czf "$FINAL/logs.tgz" -C "$FINAL" logs && rm -rf "$OUT"
+echo "==== failures"; tar xzOf "$FINAL/logs.tgz" logs/gpu-failures.txt 2>/dev/null
 echo "==== summary"; printf '%s\n' "${summary[@]}"
