@@ -29,9 +29,12 @@ def main(argv=None) -> int:
     ap.add_argument("--nets", nargs="+", default=["alexnet", "resnet18", "resnet50", "vgg16"])
     ap.add_argument("--limits", nargs="+", type=parse_size,
                     default=[8 << 20, 64 << 20, 512 << 20])
-    ap.add_argument("--policies", nargs="+", default=["undivided", "powerOfTwo", "all"])
+    ap.add_argument("--policies", nargs="+", default=["undivided", "powerOfTwo", "all"],
+                    help="'undivided' is also every run's baseline column")
     ap.add_argument("--modes", nargs="+", default=["wr", "wd"])
     ap.add_argument("--backend", nargs="+", default=["cudnn"])
+    ap.add_argument("--batch", type=int, default=None,
+                    help="one batch for every net (default: the paper's per net)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--torch", action="store_true", help="add the PyTorch anchor")
@@ -40,12 +43,21 @@ def main(argv=None) -> int:
 
     rows, results, anchors = [], [], {}
     t_start = time.time()
+
+    def save() -> None:  # after every run, so a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"networks": [r.to_dict() for r in results], "pytorch": anchors}, f,
+                          indent=1)
+
     for net in args.nets:
-        batch = DEFAULT_BATCH[net]
+        tensors: dict = {}
+        batch = args.batch or DEFAULT_BATCH[net]
         if args.torch:
             sys.path.insert(0, __file__.rsplit("/", 1)[0])
             from pytorch_anchor import run as torch_run
             anchors[net] = torch_run(net, batch, args.dtype, args.repeat)
+            save()
         for backend in args.backend:
             for policy in args.policies:
                 for limit in args.limits:
@@ -55,8 +67,10 @@ def main(argv=None) -> int:
                         r = run_network(net, batch, dtype=args.dtype, workspace_limit=limit,
                                         policy=policy, mode=mode, backend=backend,
                                         repeat=args.repeat, progress=False,
-                                        time_alone=(mode == "wr" and policy == "powerOfTwo"))
+                                        time_alone=(mode == "wr" and policy == "powerOfTwo"),
+                                        tensors=tensors)
                         results.append(r)
+                        save()
                         rows.append((net, batch, backend, policy, limit >> 20, mode,
                                      r.total("undivided_ms"), r.total("micro_ms"), r.speedup,
                                      r.total("unlimited_ms"),
@@ -66,10 +80,8 @@ def main(argv=None) -> int:
                         print(f"[{time.time() - t_start:6.0f} s] {net} {backend} {policy} "
                               f"{limit >> 20} MiB {mode}: {r.total('micro_ms'):.2f} ms "
                               f"({r.speedup:.2f}x)", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"networks": [r.to_dict() for r in results], "pytorch": anchors}, f,
-                      indent=1)
+        del tensors
+    save()
     print("| net (batch) | backend | policy | limit MiB | mode | undivided ms | micro-batched ms "
           "| speedup | unlimited ms | PyTorch ms | optimise cold s | warm s | dispatch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

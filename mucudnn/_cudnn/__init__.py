@@ -9,6 +9,9 @@ micro-batching, planning and memory management are elsewhere.
 True
 """
 
+from .backend_api import (
+    BackendDescriptor, live_backend_descriptor_counts, live_backend_descriptors,
+)
 from .descriptors import (
     ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, live_descriptor_counts,
     live_descriptors, output_dims, tensor_format,
@@ -67,4 +70,8 @@ __all__ = [
     "Handle", "get_handle", "live_handles", "stream_handle", "TensorDescriptor",
     "FilterDescriptor", "ConvolutionDescriptor", "live_descriptors", "live_descriptor_counts",
     "output_dims", "tensor_format",
+    # backend (graph) API
+    "BackendDescriptor", "live_backend_descriptors", "live_backend_descriptor_counts",
+    "BackendDescriptorType", "BackendAttributeName", "BackendAttributeType", "BackendHeurMode",
+    "BackendNumericalNote", "BackendBehaviorNote", "BackendKnobType",
 ]

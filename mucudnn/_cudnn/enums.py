@@ -209,6 +209,269 @@ class LibraryPropertyType(enum.IntEnum):
     PATCH_LEVEL = 2
 
 
+# -- backend (graph) API enums (cudnn_graph.h) ------------------------------------
+# Only the families and members mucudnn's cudnn-graph backend needs; every
+# member exists in cuDNN 9.19 (the oldest the graph backend is tested on) unless
+# BACKEND_MIN_VERSION says otherwise.
+
+
+class BackendDescriptorType(enum.IntEnum):
+    """cudnnBackendDescriptorType_t (the ones the convolution graphs use)."""
+
+    POINTWISE_DESCRIPTOR = 0
+    CONVOLUTION_DESCRIPTOR = 1
+    ENGINE_DESCRIPTOR = 2
+    ENGINECFG_DESCRIPTOR = 3
+    ENGINEHEUR_DESCRIPTOR = 4
+    EXECUTION_PLAN_DESCRIPTOR = 5
+    INTERMEDIATE_INFO_DESCRIPTOR = 6
+    KNOB_CHOICE_DESCRIPTOR = 7
+    KNOB_INFO_DESCRIPTOR = 8
+    LAYOUT_INFO_DESCRIPTOR = 9
+    OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10
+    OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR = 11
+    OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR = 12
+    OPERATION_POINTWISE_DESCRIPTOR = 13
+    OPERATION_GEN_STATS_DESCRIPTOR = 14
+    OPERATIONGRAPH_DESCRIPTOR = 15
+    VARIANT_PACK_DESCRIPTOR = 16
+    TENSOR_DESCRIPTOR = 17
+
+
+class BackendAttributeName(enum.IntEnum):
+    """cudnnBackendAttributeName_t: the tensor, convolution, convolution-operation,
+    operation-graph, heuristics, engine, engine-config, knob, execution-plan and
+    variant-pack families."""
+
+    # convolution
+    CONVOLUTION_COMP_TYPE = 100
+    CONVOLUTION_CONV_MODE = 101
+    CONVOLUTION_DILATIONS = 102
+    CONVOLUTION_FILTER_STRIDES = 103
+    CONVOLUTION_POST_PADDINGS = 104
+    CONVOLUTION_PRE_PADDINGS = 105
+    CONVOLUTION_SPATIAL_DIMS = 106
+    # engine heuristics
+    ENGINEHEUR_MODE = 200
+    ENGINEHEUR_OPERATION_GRAPH = 201
+    ENGINEHEUR_RESULTS = 202
+    ENGINEHEUR_SM_COUNT_TARGET = 203
+    # engine config
+    ENGINECFG_ENGINE = 300
+    ENGINECFG_INTERMEDIATE_INFO = 301
+    ENGINECFG_KNOB_CHOICES = 302
+    ENGINECFG_WORKSPACE_SIZE = 303  # cuDNN 9.2
+    ENGINECFG_SHARED_MEMORY_USED = 304  # cuDNN 9.2
+    # execution plan
+    EXECUTION_PLAN_HANDLE = 400  # deprecated in later 9.x headers, still accepted
+    EXECUTION_PLAN_ENGINE_CONFIG = 401
+    EXECUTION_PLAN_WORKSPACE_SIZE = 402
+    EXECUTION_PLAN_COMPUTED_INTERMEDIATE_UIDS = 403
+    EXECUTION_PLAN_RUN_ONLY_INTERMEDIATE_UIDS = 404
+    EXECUTION_PLAN_JSON_REPRESENTATION = 405
+    # knob choice
+    KNOB_CHOICE_KNOB_TYPE = 600
+    KNOB_CHOICE_KNOB_VALUE = 601
+    # convolution operations
+    OPERATION_CONVOLUTION_FORWARD_ALPHA = 700
+    OPERATION_CONVOLUTION_FORWARD_BETA = 701
+    OPERATION_CONVOLUTION_FORWARD_CONV_DESC = 702
+    OPERATION_CONVOLUTION_FORWARD_W = 703
+    OPERATION_CONVOLUTION_FORWARD_X = 704
+    OPERATION_CONVOLUTION_FORWARD_Y = 705
+    OPERATION_CONVOLUTION_BWD_DATA_ALPHA = 706
+    OPERATION_CONVOLUTION_BWD_DATA_BETA = 707
+    OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC = 708
+    OPERATION_CONVOLUTION_BWD_DATA_W = 709
+    OPERATION_CONVOLUTION_BWD_DATA_DX = 710
+    OPERATION_CONVOLUTION_BWD_DATA_DY = 711
+    OPERATION_CONVOLUTION_BWD_FILTER_ALPHA = 712
+    OPERATION_CONVOLUTION_BWD_FILTER_BETA = 713
+    OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC = 714
+    OPERATION_CONVOLUTION_BWD_FILTER_DW = 715
+    OPERATION_CONVOLUTION_BWD_FILTER_X = 716
+    OPERATION_CONVOLUTION_BWD_FILTER_DY = 717
+    # operation graph
+    OPERATIONGRAPH_HANDLE = 800  # deprecated in later 9.x headers, still accepted
+    OPERATIONGRAPH_OPS = 801
+    OPERATIONGRAPH_ENGINE_GLOBAL_COUNT = 802
+    # tensor
+    TENSOR_BYTE_ALIGNMENT = 900
+    TENSOR_DATA_TYPE = 901
+    TENSOR_DIMENSIONS = 902
+    TENSOR_STRIDES = 903
+    TENSOR_VECTOR_COUNT = 904
+    TENSOR_VECTORIZED_DIMENSION = 905
+    TENSOR_UNIQUE_ID = 906
+    TENSOR_IS_VIRTUAL = 907
+    TENSOR_IS_BY_VALUE = 908
+    TENSOR_REORDERING_MODE = 909
+    # variant pack
+    VARIANT_PACK_UNIQUE_IDS = 1000
+    VARIANT_PACK_DATA_POINTERS = 1001
+    VARIANT_PACK_INTERMEDIATES = 1002
+    VARIANT_PACK_WORKSPACE = 1003
+    # layout info, knob info
+    LAYOUT_INFO_TENSOR_UID = 1100
+    LAYOUT_INFO_TYPES = 1101
+    KNOB_INFO_TYPE = 1200
+    KNOB_INFO_MAXIMUM_VALUE = 1201
+    KNOB_INFO_MINIMUM_VALUE = 1202
+    KNOB_INFO_STRIDE = 1203
+    # engine
+    ENGINE_OPERATION_GRAPH = 1300
+    ENGINE_GLOBAL_INDEX = 1301
+    ENGINE_KNOB_INFO = 1302
+    ENGINE_NUMERICAL_NOTE = 1303
+    ENGINE_LAYOUT_INFO = 1304
+    ENGINE_BEHAVIOR_NOTE = 1305
+    ENGINE_SM_COUNT_TARGET = 1306
+
+
+class BackendAttributeType(enum.IntEnum):
+    """cudnnBackendAttributeType_t."""
+
+    HANDLE = 0
+    DATA_TYPE = 1
+    BOOLEAN = 2
+    INT64 = 3
+    FLOAT = 4
+    DOUBLE = 5
+    VOID_PTR = 6
+    CONVOLUTION_MODE = 7
+    HEUR_MODE = 8
+    KNOB_TYPE = 9
+    NAN_PROPOGATION = 10  # sic (the header's spelling); deprecated
+    NUMERICAL_NOTE = 11
+    LAYOUT_TYPE = 12
+    ATTRIB_NAME = 13
+    POINTWISE_MODE = 14
+    BACKEND_DESCRIPTOR = 15
+    GENSTATS_MODE = 16
+    BN_FINALIZE_STATS_MODE = 17
+    REDUCTION_OPERATOR_TYPE = 18
+    BEHAVIOR_NOTE = 19
+    TENSOR_REORDERING_MODE = 20
+    RESAMPLE_MODE = 21
+    PADDING_MODE = 22
+    INT32 = 23
+    CHAR = 24
+    SIGNAL_MODE = 25
+    FRACTION = 26
+    NORM_MODE = 27
+    NORM_FWD_PHASE = 28
+    RNG_DISTRIBUTION = 29
+
+
+class BackendHeurMode(enum.IntEnum):
+    """cudnnBackendHeurMode_t. A is the decision-tree heuristic, B the neural-net one
+    (no 3-D, grouped or dilated convolutions), FALLBACK functional engines."""
+
+    INSTANT = 0
+    B = 1
+    FALLBACK = 2
+    A = 3
+
+
+class BackendNumericalNote(enum.IntEnum):
+    """cudnnBackendNumericalNote_t."""
+
+    TENSOR_CORE = 0
+    DOWN_CONVERT_INPUTS = 1
+    REDUCED_PRECISION_REDUCTION = 2
+    FFT = 3
+    NONDETERMINISTIC = 4
+    WINOGRAD = 5
+    WINOGRAD_TILE_4x4 = 6
+    WINOGRAD_TILE_6x6 = 7
+    WINOGRAD_TILE_13x13 = 8
+    STRICT_NAN_PROP = 9  # cuDNN 9.1
+
+
+class BackendBehaviorNote(enum.IntEnum):
+    """cudnnBackendBehaviorNote_t."""
+
+    RUNTIME_COMPILATION = 0
+    REQUIRES_FILTER_INT8x32_REORDER = 1
+    REQUIRES_BIAS_INT8x32_REORDER = 2
+    SUPPORTS_CUDA_GRAPH_NATIVE_API = 3  # cuDNN 9.5
+    CUBLASLT_DEPENDENCY = 4  # cuDNN 9.15
+
+
+class BackendKnobType(enum.IntEnum):
+    """cudnnBackendKnobType_t. Knob types read back from cuDNN are kept as ints
+    (a newer library may report types this enum does not list)."""
+
+    SPLIT_K = 0  # deprecated
+    SWIZZLE = 1
+    TILE_SIZE = 2
+    USE_TEX = 3  # deprecated
+    EDGE = 4
+    KBLOCK = 5  # deprecated
+    LDGA = 6  # deprecated
+    LDGB = 7  # deprecated
+    CHUNK_K = 8  # deprecated
+    SPLIT_H = 9  # deprecated
+    WINO_TILE = 10  # deprecated
+    MULTIPLY = 11
+    SPLIT_K_BUF = 12
+    TILEK = 13
+    STAGES = 14
+    REDUCTION_MODE = 15
+    CTA_SPLIT_K_MODE = 16  # deprecated
+    SPLIT_K_SLC = 17
+    IDX_MODE = 18  # cuDNN 9.7
+    SLICED = 19  # deprecated
+    SPLIT_RS = 20  # deprecated
+    SINGLEBUFFER = 21  # deprecated
+    LDGC = 22  # deprecated
+    SPECFILT = 23
+    KERNEL_CFG = 24
+    WORKSPACE = 25
+    TILE_CGA = 26  # deprecated
+    TILE_CGA_M = 27
+    TILE_CGA_N = 28
+    BLOCK_SIZE = 29
+    OCCUPANCY = 30
+    ARRAY_SIZE_PER_THREAD = 31
+    NUM_C_PER_BLOCK = 32  # deprecated
+    SPLIT_COLS = 33
+    TILE_ROWS = 34
+    TILE_COLS = 35
+    LOAD_SIZE = 36
+    CTA_COUNT = 37  # cuDNN 9.7
+    STREAM_K = 38  # cuDNN 9.7
+    SPLIT_P_SLC = 39  # cuDNN 9.7
+    TILE_M = 40  # cuDNN 9.7
+    TILE_N = 41  # cuDNN 9.7
+    WARP_SPEC_CFG = 42  # cuDNN 9.7
+    SWAP_AB = 43  # cuDNN 9.18
+    INPUT_TMA_ENABLE = 44  # cuDNN 9.22: newer than 9.19, only ever read back
+    OUTPUT_TMA_ENABLE = 45  # cuDNN 9.22: newer than 9.19, only ever read back
+
+
+#: Members added after cuDNN 9.0, by (enum, member name): the cuDNN version
+#: (cudnnGetVersion encoding) that introduced them. mucudnn sets none of the
+#: members newer than 9.19 (its oldest tested library).
+BACKEND_MIN_VERSION: dict[tuple[type, str], int] = {
+    (BackendAttributeName, "ENGINECFG_WORKSPACE_SIZE"): 90200,
+    (BackendAttributeName, "ENGINECFG_SHARED_MEMORY_USED"): 90200,
+    (BackendNumericalNote, "STRICT_NAN_PROP"): 90100,
+    (BackendBehaviorNote, "SUPPORTS_CUDA_GRAPH_NATIVE_API"): 90500,
+    (BackendBehaviorNote, "CUBLASLT_DEPENDENCY"): 91500,
+    (BackendKnobType, "IDX_MODE"): 90700,
+    (BackendKnobType, "CTA_COUNT"): 90700,
+    (BackendKnobType, "STREAM_K"): 90700,
+    (BackendKnobType, "SPLIT_P_SLC"): 90700,
+    (BackendKnobType, "TILE_M"): 90700,
+    (BackendKnobType, "TILE_N"): 90700,
+    (BackendKnobType, "WARP_SPEC_CFG"): 90700,
+    (BackendKnobType, "SWAP_AB"): 91800,
+    (BackendKnobType, "INPUT_TMA_ENABLE"): 92200,
+    (BackendKnobType, "OUTPUT_TMA_ENABLE"): 92200,
+}
+
+
 #: The C prefix of each enum's members.
 C_PREFIX: dict[type, str] = {
     Status: "CUDNN_STATUS_",
@@ -222,6 +485,13 @@ C_PREFIX: dict[type, str] = {
     ConvolutionBwdDataAlgo: "CUDNN_CONVOLUTION_BWD_DATA_ALGO_",
     ConvolutionBwdFilterAlgo: "CUDNN_CONVOLUTION_BWD_FILTER_ALGO_",
     LibraryPropertyType: "",
+    BackendDescriptorType: "CUDNN_BACKEND_",
+    BackendAttributeName: "CUDNN_ATTR_",
+    BackendAttributeType: "CUDNN_TYPE_",
+    BackendHeurMode: "CUDNN_HEUR_MODE_",
+    BackendNumericalNote: "CUDNN_NUMERICAL_NOTE_",
+    BackendBehaviorNote: "CUDNN_BEHAVIOR_NOTE_",
+    BackendKnobType: "CUDNN_KNOB_TYPE_",
 }
 
 

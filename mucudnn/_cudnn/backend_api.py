@@ -1,0 +1,375 @@
+"""cuDNN's backend (graph) API: one typed wrapper for every backend descriptor.
+
+:class:`BackendDescriptor` owns one ``cudnnBackendDescriptor_t``: created by
+type in ``__init__`` (``cudnnBackendCreateDescriptor``), destroyed by
+``close()``, by leaving a ``with`` block or (safety net) by ``weakref.finalize``.
+Attributes are set and read with typed helpers (int64 arrays, float/double
+scalars, enums, descriptor arrays, ``void *`` arrays, handles, booleans), all
+through the checked prototype table, so a bad attribute raises
+:class:`~mucudnn._cudnn.errors.BadParamError` carrying cuDNN's own message.
+
+A descriptor keeps a reference to every descriptor set into it, so Python never
+frees a tensor while an operation that was built from it is alive.
+
+:func:`live_backend_descriptors` counts descriptors created and not yet
+destroyed (for leak tests).
+
+Note (driver): creating descriptors and setting attributes needs only libcudnn;
+``cudnnBackendFinalize`` of any descriptor (even a tensor) loads cuDNN's engine
+sub-libraries, which link the CUDA driver library (libcuda.so.1), so it fails
+with ``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED`` on a machine without the driver.
+``cudnnBackendGetAttribute`` needs a finalized descriptor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import weakref
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from .enums import (
+    BackendAttributeName, BackendAttributeType, BackendDescriptorType, DataType, data_type,
+)
+from .errors import CudnnError
+from .prototypes import lib
+from .structs import cudnnBackendDescriptor_t, cudnnHandle_t
+
+__all__ = ["BackendDescriptor", "live_backend_descriptors", "live_backend_descriptor_counts",
+           "ATTRIBUTE_CTYPES"]
+
+log = logging.getLogger("mucudnn")
+
+Name = Union[BackendAttributeName, int]
+AType = Union[BackendAttributeType, int]
+
+_T = BackendAttributeType
+#: The C element type of each attribute type mucudnn reads or writes.
+ATTRIBUTE_CTYPES: dict[int, Any] = {
+    _T.HANDLE: ctypes.c_void_p,
+    _T.DATA_TYPE: ctypes.c_int,
+    _T.BOOLEAN: ctypes.c_bool,
+    _T.INT64: ctypes.c_int64,
+    _T.FLOAT: ctypes.c_float,
+    _T.DOUBLE: ctypes.c_double,
+    _T.VOID_PTR: ctypes.c_void_p,
+    _T.CONVOLUTION_MODE: ctypes.c_int,
+    _T.HEUR_MODE: ctypes.c_int,
+    _T.KNOB_TYPE: ctypes.c_int,
+    _T.NUMERICAL_NOTE: ctypes.c_int,
+    _T.LAYOUT_TYPE: ctypes.c_int,
+    _T.ATTRIB_NAME: ctypes.c_int,
+    _T.BACKEND_DESCRIPTOR: ctypes.c_void_p,
+    _T.BEHAVIOR_NOTE: ctypes.c_int,
+    _T.TENSOR_REORDERING_MODE: ctypes.c_int,
+    _T.INT32: ctypes.c_int32,
+    _T.CHAR: ctypes.c_char,
+}
+
+_live_lock = threading.Lock()
+_live: dict[str, int] = {}
+
+
+def live_backend_descriptors() -> int:
+    """Backend descriptors created and not yet destroyed, all types together."""
+    with _live_lock:
+        return sum(_live.values())
+
+
+def live_backend_descriptor_counts() -> dict[str, int]:
+    """Live backend descriptors by type name (only types ever created)."""
+    with _live_lock:
+        return {k: v for k, v in _live.items()}
+
+
+def _count(kind: str, delta: int) -> None:
+    with _live_lock:
+        _live[kind] = _live.get(kind, 0) + delta
+
+
+def _destroy(kind: str, value: int) -> None:
+    """Finalizer: never references the Python object, only the raw pointer."""
+    try:
+        lib.cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t(value))
+    except Exception as exc:  # pragma: no cover - interpreter teardown
+        log.debug("mucudnn: cudnnBackendDestroyDescriptor failed: %s", exc)
+    finally:
+        _count(kind, -1)
+
+
+def _type_name(t: int) -> str:
+    try:
+        return BackendDescriptorType(int(t)).name
+    except ValueError:
+        return f"DESCRIPTOR_TYPE_{int(t)}"
+
+
+def _name_str(name: Name) -> str:
+    try:
+        return BackendAttributeName(int(name)).name
+    except ValueError:
+        return str(int(name))
+
+
+def _atype_str(t: AType) -> str:
+    try:
+        return BackendAttributeType(int(t)).name
+    except ValueError:
+        return str(int(t))
+
+
+def _raw(d: Any) -> Optional[int]:
+    """The raw pointer of a descriptor (BackendDescriptor or int/None)."""
+    if d is None:
+        return None
+    if isinstance(d, BackendDescriptor):
+        return d._as_parameter_.value
+    return int(d)
+
+
+class BackendDescriptor:
+    """One cuDNN backend descriptor of type ``dtype`` (a
+    :class:`~mucudnn._cudnn.enums.BackendDescriptorType` or its value).
+
+    ``finalized`` says whether :meth:`finalize` succeeded (descriptors read out
+    of another descriptor, like heuristics results, come back finalized).
+    ``attributes`` records what was set from Python (name -> (type, values)).
+    """
+
+    __slots__ = ("type", "_handle", "_finalizer", "finalized", "attributes", "_refs",
+                 "__weakref__")
+
+    def __init__(self, dtype: Union[BackendDescriptorType, int]) -> None:
+        t = int(dtype)
+        self.type = BackendDescriptorType(t) if t in BackendDescriptorType._value2member_map_ \
+            else t
+        h = cudnnBackendDescriptor_t()
+        try:
+            lib.cudnnBackendCreateDescriptor(t, ctypes.byref(h))
+        except CudnnError as exc:
+            exc.add_details(descriptor_type=_type_name(t))
+            raise
+        self._handle = h
+        kind = _type_name(t)
+        _count(kind, +1)
+        self._finalizer = weakref.finalize(self, _destroy, kind, h.value)
+        self.finalized = False
+        self.attributes: dict[Any, tuple[Any, tuple]] = {}
+        self._refs: list[Any] = []
+
+    # -- identity and lifetime ---------------------------------------------------------
+    @property
+    def _as_parameter_(self) -> cudnnBackendDescriptor_t:
+        if not self._finalizer.alive:
+            raise ValueError(f"BackendDescriptor({_type_name(int(self.type))}) is closed")
+        return self._handle
+
+    @property
+    def handle(self) -> int:
+        """The raw descriptor pointer as an int (0 once closed)."""
+        return (self._handle.value or 0) if self._finalizer.alive else 0
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """cudnnBackendDestroyDescriptor now (idempotent). Descriptors set into
+        this one stay alive while something else references them."""
+        self._finalizer()
+        self._refs = []
+
+    def __enter__(self) -> "BackendDescriptor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("finalized" if self.finalized else "open")
+        return f"BackendDescriptor({_type_name(int(self.type))}, {state})"
+
+    # -- set ------------------------------------------------------------------------------
+    def set(self, name: Name, atype: AType, values: Sequence[Any]) -> "BackendDescriptor":
+        """cudnnBackendSetAttribute with ``values`` as an array of ``atype``'s C type."""
+        atype = int(atype)
+        ctype = ATTRIBUTE_CTYPES.get(atype)
+        if ctype is None:
+            raise ValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
+        vals = tuple(values)
+        arr = (ctype * max(1, len(vals)))(*vals)
+        self._set_raw(name, atype, len(vals), arr, vals)
+        return self
+
+    def _set_raw(self, name: Name, atype: int, count: int, arr: Any, record: tuple) -> None:
+        param = self._as_parameter_
+        try:
+            lib.cudnnBackendSetAttribute(param, int(name), int(atype), int(count),
+                                         ctypes.cast(arr, ctypes.c_void_p))
+        except CudnnError as exc:
+            exc.add_details(descriptor=_type_name(int(self.type)), attribute=_name_str(name),
+                            attribute_type=_atype_str(atype), values=record)
+            raise
+        key = BackendAttributeName(int(name)) if int(name) in BackendAttributeName._value2member_map_ \
+            else int(name)
+        self.attributes[key] = (BackendAttributeType(atype), record)
+
+    def set_int64(self, name: Name, values: Union[int, Iterable[int]]) -> "BackendDescriptor":
+        vals = (int(values),) if isinstance(values, int) else tuple(int(v) for v in values)
+        return self.set(name, _T.INT64, vals)
+
+    def set_int32(self, name: Name, value: int) -> "BackendDescriptor":
+        return self.set(name, _T.INT32, (int(value),))
+
+    def set_float(self, name: Name, value: float) -> "BackendDescriptor":
+        return self.set(name, _T.FLOAT, (float(value),))
+
+    def set_double(self, name: Name, value: float) -> "BackendDescriptor":
+        return self.set(name, _T.DOUBLE, (float(value),))
+
+    def set_bool(self, name: Name, value: bool) -> "BackendDescriptor":
+        return self.set(name, _T.BOOLEAN, (bool(value),))
+
+    def set_enum(self, name: Name, atype: AType, value: int) -> "BackendDescriptor":
+        """An enum-typed attribute (DATA_TYPE, CONVOLUTION_MODE, HEUR_MODE, KNOB_TYPE, ...)."""
+        return self.set(name, atype, (int(value),))
+
+    def set_data_type(self, name: Name, dtype: Any) -> "BackendDescriptor":
+        return self.set_enum(name, _T.DATA_TYPE, int(data_type(dtype)))
+
+    def set_descriptors(self, name: Name,
+                        descriptors: Sequence["BackendDescriptor"]) -> "BackendDescriptor":
+        """A CUDNN_TYPE_BACKEND_DESCRIPTOR array; keeps references to them."""
+        descs = list(descriptors)
+        for d in descs:
+            if not isinstance(d, BackendDescriptor):
+                raise TypeError(f"expected BackendDescriptors, got {type(d).__name__}")
+        self.set(name, _T.BACKEND_DESCRIPTOR, [_raw(d) for d in descs])
+        self._refs.extend(descs)
+        return self
+
+    def set_descriptor(self, name: Name, descriptor: "BackendDescriptor") -> "BackendDescriptor":
+        return self.set_descriptors(name, [descriptor])
+
+    def set_void_ptrs(self, name: Name, pointers: Sequence[Optional[int]]) -> "BackendDescriptor":
+        """A CUDNN_TYPE_VOID_PTR array (device pointers as ints; None is NULL)."""
+        return self.set(name, _T.VOID_PTR, [None if p is None else int(p) or None
+                                           for p in pointers])
+
+    def set_handle(self, name: Name, handle: Any) -> "BackendDescriptor":
+        """A CUDNN_TYPE_HANDLE attribute; keeps a reference to the handle object."""
+        param = getattr(handle, "_as_parameter_", handle)
+        raw = param.value if isinstance(param, ctypes.c_void_p) else int(param)
+        self.set(name, _T.HANDLE, (raw,))
+        self._refs.append(handle)
+        return self
+
+    # -- finalize -----------------------------------------------------------------------
+    def finalize(self) -> "BackendDescriptor":
+        """cudnnBackendFinalize; attributes are read-only afterwards."""
+        param = self._as_parameter_
+        try:
+            lib.cudnnBackendFinalize(param)
+        except CudnnError as exc:
+            exc.add_details(descriptor=_type_name(int(self.type)))
+            raise
+        self.finalized = True
+        return self
+
+    # -- get ------------------------------------------------------------------------------
+    def count(self, name: Name, atype: AType) -> int:
+        """How many elements attribute ``name`` holds (a query with no array)."""
+        n = ctypes.c_int64(0)
+        self._get_raw(name, atype, 0, n, None)
+        return int(n.value)
+
+    def _get_raw(self, name: Name, atype: AType, requested: int, n: ctypes.c_int64,
+                 arr: Any) -> None:
+        param = self._as_parameter_
+        try:
+            lib.cudnnBackendGetAttribute(param, int(name), int(atype), int(requested),
+                                         ctypes.byref(n),
+                                         None if arr is None else ctypes.cast(arr, ctypes.c_void_p))
+        except CudnnError as exc:
+            exc.add_details(descriptor=_type_name(int(self.type)), attribute=_name_str(name),
+                            attribute_type=_atype_str(atype))
+            raise
+
+    def get(self, name: Name, atype: AType, max_count: Optional[int] = None) -> tuple:
+        """cudnnBackendGetAttribute -> a tuple of up to ``max_count`` values
+        (default: as many as the attribute holds)."""
+        atype = int(atype)
+        ctype = ATTRIBUTE_CTYPES.get(atype)
+        if ctype is None:
+            raise ValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
+        if max_count is None:
+            max_count = self.count(name, atype)
+        if max_count <= 0:
+            return ()
+        arr = (ctype * max_count)()
+        n = ctypes.c_int64(0)
+        self._get_raw(name, atype, max_count, n, arr)
+        k = max(0, min(int(n.value), max_count))
+        return tuple(arr[:k])
+
+    def get_int64(self, name: Name, max_count: Optional[int] = None) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.get(name, _T.INT64, max_count))
+
+    def get_int64_scalar(self, name: Name) -> int:
+        vals = self.get_int64(name, 1)
+        if not vals:
+            raise ValueError(f"attribute {_name_str(name)} holds no value")
+        return vals[0]
+
+    def get_float(self, name: Name) -> float:
+        return float(self.get(name, _T.FLOAT, 1)[0])
+
+    def get_double(self, name: Name) -> float:
+        return float(self.get(name, _T.DOUBLE, 1)[0])
+
+    def get_enums(self, name: Name, atype: AType, max_count: Optional[int] = None) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.get(name, atype, max_count))
+
+    def get_data_type(self, name: Name) -> DataType:
+        return DataType(self.get_enums(name, _T.DATA_TYPE, 1)[0])
+
+    def get_descriptors(self, name: Name, dtype: Union[BackendDescriptorType, int],
+                        max_count: Optional[int] = None) -> list["BackendDescriptor"]:
+        """A CUDNN_TYPE_BACKEND_DESCRIPTOR array read into fresh descriptors of
+        type ``dtype`` (created here, as the API requires); extras are closed.
+        The returned descriptors are marked finalized."""
+        if max_count is None:
+            max_count = self.count(name, _T.BACKEND_DESCRIPTOR)
+        if max_count <= 0:
+            return []
+        out = [BackendDescriptor(dtype) for _ in range(max_count)]
+        try:
+            arr = (ctypes.c_void_p * max_count)(*[_raw(d) for d in out])
+            n = ctypes.c_int64(0)
+            self._get_raw(name, _T.BACKEND_DESCRIPTOR, max_count, n, arr)
+        except BaseException:
+            for d in out:
+                d.close()
+            raise
+        k = max(0, min(int(n.value), max_count))
+        for d in out[k:]:
+            d.close()
+        for d in out[:k]:
+            d.finalized = True
+        return out[:k]
+
+    def get_descriptor(self, name: Name,
+                       dtype: Union[BackendDescriptorType, int]) -> "BackendDescriptor":
+        got = self.get_descriptors(name, dtype, 1)
+        if not got:
+            raise ValueError(f"attribute {_name_str(name)} holds no descriptor")
+        return got[0]
+
+
+def handle_value(handle: Any) -> Optional[int]:
+    """The raw cudnnHandle_t of a Handle (or a raw pointer)."""
+    param = getattr(handle, "_as_parameter_", handle)
+    if isinstance(param, cudnnHandle_t):
+        return param.value
+    return None if param is None else int(param)

@@ -1,0 +1,499 @@
+"""Typed builders of the backend-API descriptors a convolution graph needs, and
+the stable engine-configuration id.
+
+Build order (each step finalizes what it builds):
+
+    tensor x3 -> convolution -> operation (forward / backward data / backward
+    filter, alpha and beta baked in) -> operation graph -> engine heuristics ->
+    engine configs -> [engine (global index) + knob choices -> engine config]
+    -> execution plan (needs a cuDNN handle, so a GPU) -> variant pack
+    (pointers) -> cudnnBackendExecute
+
+Groups are implied by the tensors (cudnn_graph.h, convolution forward operation
+notes): x is [N, G*C, ...], w is [G*K, C, ...], y is [N, G*K, ...]; the
+convolution descriptor has no group count.
+
+An engine configuration is named by :func:`format_engine_config_id`:
+``"e<global index>"`` followed by ``";k<knob type>=<value>"`` per knob choice,
+knob types ascending, e.g. ``"e12;k2=3;k14=1"``; :func:`parse_engine_config_id`
+reads it back, so a plan stored as JSON or in the SQLite cache can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from .backend_api import BackendDescriptor
+from .errors import CudnnError
+from .enums import (
+    BACKEND_MIN_VERSION, BackendKnobType, BackendAttributeName as A, BackendAttributeType as T, BackendBehaviorNote,
+    BackendDescriptorType as D, BackendHeurMode, BackendNumericalNote, ConvolutionMode,
+    data_type,
+)
+
+__all__ = [
+    "UID_X", "UID_W", "UID_Y", "EngineConfigInfo", "format_engine_config_id",
+    "parse_engine_config_id", "tensor", "convolution", "convolution_operation",
+    "operation_graph", "engine_heuristics", "heuristic_engine_configs", "engine", "knob_choice",
+    "engine_config", "engine_config_info", "engine_info", "execution_plan",
+    "plan_workspace_size", "variant_pack", "ConvGraph", "pointer_alignment", "MAX_ALIGNMENT",
+    "HEUR_MODE_NAMES",
+]
+
+#: Tensor unique ids, in forward naming (dx is "x", dw is "w", dy is "y").
+UID_X, UID_W, UID_Y = 1, 2, 3
+#: The largest byte alignment mucudnn declares for a tensor.
+MAX_ALIGNMENT = 16
+
+HEUR_MODE_NAMES = {"A": BackendHeurMode.A, "B": BackendHeurMode.B,
+                   "FALLBACK": BackendHeurMode.FALLBACK, "INSTANT": BackendHeurMode.INSTANT}
+
+
+# -- engine-configuration ids -----------------------------------------------------------
+
+_ID_RE = re.compile(r"e(\d+)((?:;k\d+=-?\d+)*)")
+_KNOB_RE = re.compile(r";k(\d+)=(-?\d+)")
+
+
+def format_engine_config_id(global_index: int, knobs: Iterable[tuple[int, int]] = ()) -> str:
+    """``"e<index>;k<type>=<value>..."`` with knob types ascending.
+
+    >>> format_engine_config_id(12, [(14, 1), (2, 3)])
+    'e12;k2=3;k14=1'
+    """
+    idx = int(global_index)
+    if idx < 0:
+        raise ValueError(f"global_index: expected >= 0, got {global_index}")
+    ks = sorted((int(t), int(v)) for t, v in knobs)
+    types = [t for t, _ in ks]
+    if len(set(types)) != len(types):
+        raise ValueError(f"knobs: a knob type appears twice in {ks}")
+    if any(t < 0 for t in types):
+        raise ValueError(f"knobs: knob types must be >= 0, got {types}")
+    return f"e{idx}" + "".join(f";k{t}={v}" for t, v in ks)
+
+
+def parse_engine_config_id(algo: Any) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """``"e12;k2=3;k14=1"`` -> ``(12, ((2, 3), (14, 1)))`` (knobs sorted by type).
+
+    Raises ValueError for anything else (legacy-API integer algorithms included).
+    """
+    if not isinstance(algo, str):
+        raise ValueError(
+            f"algo: expected a cudnn-graph engine-config id like 'e12;k2=3', got {algo!r} "
+            f"({type(algo).__name__}); legacy-API algorithm numbers do not name graph engines")
+    s = algo.strip().replace(" ", "")
+    m = _ID_RE.fullmatch(s)
+    if m is None:
+        raise ValueError(
+            f"algo: expected a cudnn-graph engine-config id like 'e12;k2=3', got {algo!r}")
+    knobs = tuple(sorted((int(t), int(v)) for t, v in _KNOB_RE.findall(m.group(2))))
+    types = [t for t, _ in knobs]
+    if len(set(types)) != len(types):
+        raise ValueError(f"algo: knob type repeated in {algo!r}")
+    return int(m.group(1)), knobs
+
+
+# -- builders -----------------------------------------------------------------------------
+
+def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in values)
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
+
+
+def tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: Any,
+           alignment: int = MAX_ALIGNMENT, virtual: bool = False,
+           finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_TENSOR_DESCRIPTOR: unique id, dims and strides (canonical
+    N, C, spatial... order, in elements), byte alignment of its pointers, data type."""
+    d, s = _ints("dims", dims), _ints("strides", strides)
+    if len(d) != len(s):
+        raise ValueError(f"strides: expected {len(d)} values, got {len(s)}")
+    t = BackendDescriptor(D.TENSOR_DESCRIPTOR)
+    try:
+        t.set_int64(A.TENSOR_UNIQUE_ID, int(uid))
+        t.set_data_type(A.TENSOR_DATA_TYPE, data_type(dtype))
+        t.set_int64(A.TENSOR_DIMENSIONS, d)
+        t.set_int64(A.TENSOR_STRIDES, s)
+        t.set_int64(A.TENSOR_BYTE_ALIGNMENT, int(alignment))
+        if virtual:
+            t.set_bool(A.TENSOR_IS_VIRTUAL, True)
+        if finalize:
+            t.finalize()
+    except BaseException:
+        t.close()
+        raise
+    return t
+
+
+def convolution(padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                compute_type: Any = "float32",
+                mode: Union[ConvolutionMode, int] = ConvolutionMode.CROSS_CORRELATION,
+                post_padding: Optional[Sequence[int]] = None,
+                finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR: spatial dims, compute type, mode,
+    dilations, filter strides, pre- and post-paddings (post defaults to pre)."""
+    p, s, dl = _ints("padding", padding), _ints("stride", stride), _ints("dilation", dilation)
+    post = p if post_padding is None else _ints("post_padding", post_padding)
+    if not (len(p) == len(s) == len(dl) == len(post)):
+        raise ValueError(f"padding/stride/dilation: expected equal lengths, got {p}, {s}, {dl}")
+    c = BackendDescriptor(D.CONVOLUTION_DESCRIPTOR)
+    try:
+        c.set_int64(A.CONVOLUTION_SPATIAL_DIMS, len(p))
+        c.set_data_type(A.CONVOLUTION_COMP_TYPE, data_type(compute_type))
+        c.set_enum(A.CONVOLUTION_CONV_MODE, T.CONVOLUTION_MODE, int(mode))
+        c.set_int64(A.CONVOLUTION_DILATIONS, dl)
+        c.set_int64(A.CONVOLUTION_FILTER_STRIDES, s)
+        c.set_int64(A.CONVOLUTION_PRE_PADDINGS, p)
+        c.set_int64(A.CONVOLUTION_POST_PADDINGS, post)
+        if finalize:
+            c.finalize()
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+#: Per direction: (descriptor type, X, W, Y, CONV_DESC, ALPHA, BETA attribute names),
+#: tensors in forward naming (backward data's DX is X, backward filter's DW is W).
+_OPERATION = {
+    "forward": (D.OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                A.OPERATION_CONVOLUTION_FORWARD_X, A.OPERATION_CONVOLUTION_FORWARD_W,
+                A.OPERATION_CONVOLUTION_FORWARD_Y, A.OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                A.OPERATION_CONVOLUTION_FORWARD_ALPHA, A.OPERATION_CONVOLUTION_FORWARD_BETA),
+    "backward_data": (D.OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                      A.OPERATION_CONVOLUTION_BWD_DATA_DX, A.OPERATION_CONVOLUTION_BWD_DATA_W,
+                      A.OPERATION_CONVOLUTION_BWD_DATA_DY,
+                      A.OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                      A.OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                      A.OPERATION_CONVOLUTION_BWD_DATA_BETA),
+    "backward_filter": (D.OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_X,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_DY,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_BETA),
+}
+
+
+def _direction_key(direction: Any) -> str:
+    key = getattr(direction, "value", direction)
+    if key not in _OPERATION:
+        from ..problem import Direction
+
+        key = Direction.parse(direction).value
+    return key
+
+
+def convolution_operation(direction: Any, x: BackendDescriptor, w: BackendDescriptor,
+                          y: BackendDescriptor, conv: BackendDescriptor, alpha: float = 1.0,
+                          beta: float = 0.0, double_scalars: bool = False,
+                          finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_OPERATION_CONVOLUTION_{FORWARD,BACKWARD_DATA,BACKWARD_FILTER}_DESCRIPTOR.
+
+    ``x, w, y`` in forward naming (dx, dw, dy for the backward passes). ``alpha``
+    and ``beta`` are set as CUDNN_TYPE_DOUBLE when ``double_scalars`` (float64
+    compute) else CUDNN_TYPE_FLOAT (the header allows either).
+    """
+    dtype, ax, aw, ay, ac, aa, ab = _OPERATION[_direction_key(direction)]
+    op = BackendDescriptor(dtype)
+    try:
+        op.set_descriptor(ax, x)
+        op.set_descriptor(aw, w)
+        op.set_descriptor(ay, y)
+        op.set_descriptor(ac, conv)
+        if double_scalars:
+            op.set_double(aa, alpha)
+            op.set_double(ab, beta)
+        else:
+            op.set_float(aa, alpha)
+            op.set_float(ab, beta)
+        if finalize:
+            op.finalize()
+    except BaseException:
+        op.close()
+        raise
+    return op
+
+
+def operation_graph(ops: Sequence[BackendDescriptor], handle: Any = None,
+                    finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR of ``ops``; ``handle`` (a cuDNN
+    Handle) is set when given (CUDNN_ATTR_OPERATIONGRAPH_HANDLE)."""
+    g = BackendDescriptor(D.OPERATIONGRAPH_DESCRIPTOR)
+    try:
+        g.set_descriptors(A.OPERATIONGRAPH_OPS, list(ops))
+        if handle is not None:
+            g.set_handle(A.OPERATIONGRAPH_HANDLE, handle)
+        if finalize:
+            g.finalize()
+    except BaseException:
+        g.close()
+        raise
+    return g
+
+
+def engine_heuristics(graph: BackendDescriptor, mode: Union[BackendHeurMode, int, str],
+                      finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR for ``graph`` in ``mode`` (A, B, FALLBACK...)."""
+    if isinstance(mode, str):
+        mode = HEUR_MODE_NAMES[mode.upper()]
+    h = BackendDescriptor(D.ENGINEHEUR_DESCRIPTOR)
+    try:
+        h.set_descriptor(A.ENGINEHEUR_OPERATION_GRAPH, graph)
+        h.set_enum(A.ENGINEHEUR_MODE, T.HEUR_MODE, int(mode))
+        if finalize:
+            h.finalize()
+    except BaseException:
+        h.close()
+        raise
+    return h
+
+
+def heuristic_engine_configs(heuristics: BackendDescriptor) -> list[BackendDescriptor]:
+    """CUDNN_ATTR_ENGINEHEUR_RESULTS: the engine configs, best first (finalized)."""
+    return heuristics.get_descriptors(A.ENGINEHEUR_RESULTS, D.ENGINECFG_DESCRIPTOR)
+
+
+def engine(graph: BackendDescriptor, global_index: int, finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_ENGINE_DESCRIPTOR: engine ``global_index`` of ``graph``."""
+    e = BackendDescriptor(D.ENGINE_DESCRIPTOR)
+    try:
+        e.set_descriptor(A.ENGINE_OPERATION_GRAPH, graph)
+        e.set_int64(A.ENGINE_GLOBAL_INDEX, int(global_index))
+        if finalize:
+            e.finalize()
+    except BaseException:
+        e.close()
+        raise
+    return e
+
+
+def knob_choice(knob_type: int, value: int, finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR: knob ``knob_type`` set to ``value``."""
+    k = BackendDescriptor(D.KNOB_CHOICE_DESCRIPTOR)
+    try:
+        k.set_enum(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, int(knob_type))
+        k.set_int64(A.KNOB_CHOICE_KNOB_VALUE, int(value))
+        if finalize:
+            k.finalize()
+    except BaseException:
+        k.close()
+        raise
+    return k
+
+
+def engine_config(eng: BackendDescriptor, knobs: Sequence[BackendDescriptor] = (),
+                  finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_ENGINECFG_DESCRIPTOR: ``eng`` with knob choices ``knobs``."""
+    c = BackendDescriptor(D.ENGINECFG_DESCRIPTOR)
+    try:
+        c.set_descriptor(A.ENGINECFG_ENGINE, eng)
+        if knobs:
+            c.set_descriptors(A.ENGINECFG_KNOB_CHOICES, list(knobs))
+        if finalize:
+            c.finalize()
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+@dataclass(frozen=True)
+class EngineConfigInfo:
+    """What an engine config is: its id parts and its engine's notes."""
+
+    global_index: int
+    knobs: tuple[tuple[int, int], ...]
+    numerical_notes: tuple[int, ...] = ()
+    behavior_notes: tuple[int, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return format_engine_config_id(self.global_index, self.knobs)
+
+    @property
+    def deterministic(self) -> bool:
+        return int(BackendNumericalNote.NONDETERMINISTIC) not in self.numerical_notes
+
+    def has_note(self, note: Union[BackendNumericalNote, BackendBehaviorNote]) -> bool:
+        if isinstance(note, BackendBehaviorNote):
+            return int(note) in self.behavior_notes
+        return int(note) in self.numerical_notes
+
+
+def _type_count(cls: type) -> int:
+    """``CUDNN_*_TYPE_COUNT(S)`` of the loaded library: one more than the largest
+    member of ``cls`` that exists in it (cuDNN numbers these enums densely)."""
+    from . import loader
+
+    v = loader.get_version()
+    return 1 + max(int(m) for name, m in cls.__members__.items()
+                   if BACKEND_MIN_VERSION.get((cls, name), 0) <= v)
+
+
+def _read_array(read, count_fn, requested: int):
+    """Read an array attribute the way cudnn-frontend does (ask for up to the
+    type count); where cuDNN refuses that, ask how many there are first."""
+    try:
+        return read(requested)
+    except CudnnError:
+        return read(count_fn())
+
+
+def engine_info(eng: BackendDescriptor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(global index, numerical notes, behaviour notes) of a finalized engine."""
+    idx = eng.get_int64_scalar(A.ENGINE_GLOBAL_INDEX)
+    notes = _read_array(lambda n: eng.get_enums(A.ENGINE_NUMERICAL_NOTE, T.NUMERICAL_NOTE, n),
+                        lambda: eng.count(A.ENGINE_NUMERICAL_NOTE, T.NUMERICAL_NOTE),
+                        _type_count(BackendNumericalNote))
+    try:
+        behavior = _read_array(
+            lambda n: eng.get_enums(A.ENGINE_BEHAVIOR_NOTE, T.BEHAVIOR_NOTE, n),
+            lambda: eng.count(A.ENGINE_BEHAVIOR_NOTE, T.BEHAVIOR_NOTE),
+            _type_count(BackendBehaviorNote))
+    except CudnnError:  # pragma: no cover - read-only extra, not needed to run
+        behavior = ()
+    return idx, tuple(sorted(set(notes))), tuple(sorted(set(behavior)))
+
+
+def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:
+    """Read a finalized engine config (e.g. a heuristics result): engine global
+    index, knob choices (sorted by type) and the engine's notes."""
+    with cfg.get_descriptor(A.ENGINECFG_ENGINE, D.ENGINE_DESCRIPTOR) as eng:
+        idx, notes, behavior = engine_info(eng)
+    choices = _read_array(
+        lambda n: cfg.get_descriptors(A.ENGINECFG_KNOB_CHOICES, D.KNOB_CHOICE_DESCRIPTOR, n),
+        lambda: cfg.count(A.ENGINECFG_KNOB_CHOICES, T.BACKEND_DESCRIPTOR),
+        _type_count(BackendKnobType))
+    knobs = []
+    for k in choices:
+        with k:
+            t = k.get_enums(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, 1)[0]
+            v = k.get_int64_scalar(A.KNOB_CHOICE_KNOB_VALUE)
+            knobs.append((int(t), int(v)))
+    return EngineConfigInfo(idx, tuple(sorted(knobs)), notes, behavior)
+
+
+def execution_plan(handle: Any, cfg: BackendDescriptor, finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR of ``cfg`` on ``handle``."""
+    p = BackendDescriptor(D.EXECUTION_PLAN_DESCRIPTOR)
+    try:
+        if handle is not None:
+            p.set_handle(A.EXECUTION_PLAN_HANDLE, handle)
+        p.set_descriptor(A.EXECUTION_PLAN_ENGINE_CONFIG, cfg)
+        if finalize:
+            p.finalize()
+    except BaseException:
+        p.close()
+        raise
+    return p
+
+
+def plan_workspace_size(plan: BackendDescriptor) -> int:
+    """CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of a finalized plan, in bytes."""
+    return int(plan.get_int64_scalar(A.EXECUTION_PLAN_WORKSPACE_SIZE))
+
+
+def variant_pack(uids: Sequence[int], pointers: Sequence[Optional[int]],
+                 workspace: Optional[int] = None, finalize: bool = True) -> BackendDescriptor:
+    """CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR: a device pointer per tensor uid and
+    the workspace pointer (None when the plan needs none)."""
+    u = _ints("uids", uids)
+    if len(u) != len(pointers):
+        raise ValueError(f"pointers: expected {len(u)} pointers, got {len(pointers)}")
+    v = BackendDescriptor(D.VARIANT_PACK_DESCRIPTOR)
+    try:
+        v.set_int64(A.VARIANT_PACK_UNIQUE_IDS, u)
+        v.set_void_ptrs(A.VARIANT_PACK_DATA_POINTERS, list(pointers))
+        v.set_void_ptrs(A.VARIANT_PACK_WORKSPACE, [workspace])
+        if finalize:
+            v.finalize()
+    except BaseException:
+        v.close()
+        raise
+    return v
+
+
+def pointer_alignment(ptr: int, itemsize: int = 1) -> int:
+    """The largest power of two (at most :data:`MAX_ALIGNMENT`) dividing ``ptr``
+    (:data:`MAX_ALIGNMENT` for 0). ValueError when below ``itemsize``.
+
+    >>> pointer_alignment(0x7f0000000104, 4)
+    4
+    """
+    p = int(ptr)
+    a = MAX_ALIGNMENT if p == 0 else min(MAX_ALIGNMENT, p & -p)
+    if a < int(itemsize):
+        raise ValueError(f"pointer {p:#x} is not aligned to its element size {itemsize}")
+    return a
+
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+class ConvGraph:
+    """The finalized operation graph of one convolution problem and direction:
+    x, w, y tensors (uids :data:`UID_X`, :data:`UID_W`, :data:`UID_Y`), the
+    convolution descriptor, the operation (alpha and beta baked in) and the
+    graph. ``alignments`` are the byte alignments declared for x, w, y.
+    """
+
+    def __init__(self, problem: Any, direction: Any, alpha: float = 1.0, beta: float = 0.0,
+                 alignments: Sequence[int] = (MAX_ALIGNMENT,) * 3, handle: Any = None) -> None:
+        from ..problem import packed_strides
+
+        self.problem = problem
+        self.direction = _direction_key(direction)
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.alignments = tuple(int(a) for a in alignments)
+        self.descriptors: list[BackendDescriptor] = []
+        try:
+            dims = (problem.x_dims, problem.w_dims, problem.y_dims)
+            for uid, d, al in zip((UID_X, UID_W, UID_Y), dims, self.alignments):
+                self.descriptors.append(tensor(uid, d, packed_strides(d, problem.layout),
+                                               problem.dtype, al))
+            self.x, self.w, self.y = self.descriptors
+            self.conv = convolution(problem.padding, problem.stride, problem.dilation,
+                                    problem.compute_type)
+            self.descriptors.append(self.conv)
+            self.op = convolution_operation(self.direction, self.x, self.w, self.y, self.conv,
+                                            self.alpha, self.beta,
+                                            double_scalars=problem.compute_type == "float64")
+            self.descriptors.append(self.op)
+            self.graph = operation_graph([self.op], handle)
+            self.descriptors.append(self.graph)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def itemsize(problem: Any) -> int:
+        return _ITEMSIZE[problem.dtype]
+
+    def engine_configs(self, mode: Union[BackendHeurMode, int, str]) -> list[BackendDescriptor]:
+        """The heuristics' engine configs in ``mode``, best first."""
+        with engine_heuristics(self.graph, mode) as h:
+            return heuristic_engine_configs(h)
+
+    def global_engine_count(self) -> int:
+        return self.graph.get_int64_scalar(A.OPERATIONGRAPH_ENGINE_GLOBAL_COUNT)
+
+    @property
+    def closed(self) -> bool:
+        return any(d.closed for d in self.descriptors) if self.descriptors else True
+
+    def close(self) -> None:
+        for d in reversed(self.descriptors):
+            d.close()
+
+    def __enter__(self) -> "ConvGraph":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
