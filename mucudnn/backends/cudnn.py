@@ -175,6 +175,10 @@ class CudnnBackend:
         self._lock = threading.RLock()
         self._multi_device = cuda.device_count() > 1
         self._rng = np.random.default_rng(0x6d75)
+        #: find()'s scratch: random inputs per dtype, an output buffer, a workspace.
+        self._find_src: dict[str, Any] = {}
+        self._find_out: Any = None
+        self._find_ws: Any = None
 
     def __repr__(self) -> str:
         return (f"CudnnBackend(device={self.device} {self.device_name!r}, cuDNN {self.version}, "
@@ -203,9 +207,19 @@ class CudnnBackend:
                 _, d = self._descs.popitem()
                 d.close()
 
+    def release_find_buffers(self) -> None:
+        """Free the device scratch find() keeps between calls (inputs, output, workspace)."""
+        bufs = [*self._find_src.values(), self._find_out, self._find_ws]
+        self._find_src, self._find_out, self._find_ws = {}, None, None
+        for b in bufs:
+            if b is not None:
+                b.close()
+
     def close(self) -> None:
-        """Release descriptors and the cuDNN handle (the stream is not ours to close)."""
+        """Release descriptors, find()'s scratch and the cuDNN handle (the stream
+        is not ours to close)."""
         self.clear_cache()
+        self.release_find_buffers()
         self.handle.close()
 
     def __enter__(self) -> "CudnnBackend":
@@ -226,6 +240,45 @@ class CudnnBackend:
         else:
             host = f.astype(dtype)
         return self._cuda.DeviceArray.from_numpy(host.reshape(shape), stream=self.stream)
+
+    def _find_pointers(self, problem: ConvProblem, direction: Direction) -> tuple[int, int, int]:
+        """Device pointers for x, w, y of ``problem`` in find(): the two inputs of
+        ``direction`` point into one random buffer per dtype (only read), the
+        output into a separate buffer (only written, beta = 0).
+
+        Note: kept between calls and grown on demand. A benchmark runs Find for
+        many batch sizes, largest first, so after the first call no allocation
+        and no host random numbers are needed; release_find_buffers() frees them.
+        """
+        item = 2 if problem.dtype in ("float16", "bfloat16") else np.dtype(problem.dtype).itemsize
+        nbytes = {name: int(np.prod(problem.shape_of(name))) * item for name in "xwy"}
+        out = {_FWD: "y", _BWD_DATA: "x", _BWD_FILTER: "w"}[direction]
+        src_need = max(n for k, n in nbytes.items() if k != out)
+        src = self._find_src.get(problem.dtype)
+        if src is None or src.nbytes < src_need:
+            if src is not None:
+                src.close()
+            src = self._random((max(src_need, 1 << 20) // item,), problem.dtype)
+            self._find_src[problem.dtype] = src
+        if self._find_out is None or self._find_out.nbytes < nbytes[out]:
+            if self._find_out is not None:
+                self._find_out.close()
+            self._find_out = self._cuda.DeviceArray((max(nbytes[out], 1 << 20),), "uint8",
+                                                    stream=self.stream)
+        return tuple(self._find_out.ptr if k == out else src.ptr for k in "xwy")  # type: ignore
+
+    def _find_workspace(self, nbytes: int) -> tuple[Optional[int], int]:
+        """(pointer, size) of a find workspace of up to ``nbytes``, kept between calls."""
+        if nbytes <= 0:
+            return None, 0
+        ws = self._find_ws
+        if ws is None or ws.nbytes < nbytes:
+            if ws is not None:
+                ws.close()
+            self._find_ws = ws = self._alloc_find_workspace(nbytes)
+        if ws is None:
+            return None, 0
+        return ws.ptr, min(ws.nbytes, nbytes)
 
     def find_workspace_cap(self) -> int:
         """The workspace ``find()`` may give cuDNN: ``find_workspace_limit`` when set,
@@ -269,35 +322,25 @@ class CudnnBackend:
             conv = d.conv(math)
             count = ctypes.c_int()
             getattr(lib, max_count_fn)(self.handle, ctypes.byref(count))
-            x = self._random(problem.x_shape, problem.dtype)
-            w = self._random(problem.w_shape, problem.dtype)
-            y = self._random(problem.output_shape, problem.dtype)
-            ws = None
+            xp, wp, yp = self._find_pointers(problem, direction)
+            cap = self.find_workspace_cap()
+            want = cap if limit is None else min(limit, cap)
+            ws_ptr, ws_size = self._find_workspace(want)
+            perf = (perf_t * max(1, count.value))()
+            returned = ctypes.c_int()
+            if direction is _FWD:
+                args = (d.x, xp, d.w, wp, conv, d.y, yp)
+            elif direction is _BWD_DATA:
+                args = (d.w, wp, d.y, yp, conv, d.x, xp)
+            else:
+                args = (d.x, xp, d.y, yp, conv, d.w, wp)
             try:
-                cap = self.find_workspace_cap()
-                want = cap if limit is None else min(limit, cap)
-                ws = self._alloc_find_workspace(want) if want > 0 else None
-                ws_ptr, ws_size = (None, 0) if ws is None else (ws.ptr, ws.nbytes)
-                perf = (perf_t * max(1, count.value))()
-                returned = ctypes.c_int()
-                if direction is _FWD:
-                    args = (d.x, x.ptr, d.w, w.ptr, conv, d.y, y.ptr)
-                elif direction is _BWD_DATA:
-                    args = (d.w, w.ptr, d.y, y.ptr, conv, d.x, x.ptr)
-                else:
-                    args = (d.x, x.ptr, d.y, y.ptr, conv, d.w, w.ptr)
-                try:
-                    getattr(lib, find_fn)(self.handle, *args, len(perf), ctypes.byref(returned),
-                                          perf, ws_ptr, ws_size)
-                except CudnnError as exc:
-                    exc.add_details(problem=problem, direction=str(direction),
-                                    workspace_bytes=ws_size)
-                    raise
-            finally:
-                for a in (x, w, y, ws):
-                    close = getattr(a, "close", None)
-                    if close is not None:
-                        close()
+                getattr(lib, find_fn)(self.handle, *args, len(perf), ctypes.byref(returned),
+                                      perf, ws_ptr, ws_size)
+            except CudnnError as exc:
+                exc.add_details(problem=problem, direction=str(direction),
+                                workspace_bytes=ws_size)
+                raise
         fma = problem.math == "fma"
         out = []
         for p in perf[:returned.value]:

@@ -141,6 +141,11 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     finally:
         if bar is not None:
             bar.close()
+        # Note: GPU backends keep Find's scratch (random inputs, workspace)
+        # across the sizes of one benchmark; hand it back once it is done.
+        release = getattr(be, "release_find_buffers", None)
+        if release is not None and hits < len(sizes):
+            release()
     log.debug("benchmark %s: %d sizes (%d from cache) in %.2f s", direction.value, len(sizes),
               hits, time.perf_counter() - t0)
     return out
