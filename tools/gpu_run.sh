@@ -22,8 +22,9 @@ for stage in "$@"; do
       summary+=("gpu tests (rc $?): $(tail -1 "$OUT/gpu-tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 > "$OUT/gpu-failures.txt"
       ;;
-    bench|bench-graph)
+    bench|bench-graph|gbench)
       flag=""; [ "$stage" = bench-graph ] && flag="--graph"
+      [ "$stage" = gbench ] && flag="--backend cudnn-graph"
       for net in ${NETS:-alexnet resnet18}; do
         timeout 300 python3 -m mucudnn bench --net "$net" --workspace 64MiB --no-progress $flag \
           --json "$OUT/$stage-$net.json" > "$OUT/$stage-$net.txt" 2>&1
@@ -34,6 +35,11 @@ for stage in "$@"; do
       timeout 300 python3 tools/pytorch_anchor.py --net ${NETS:-alexnet resnet18} \
         --json "$OUT/pytorch.json" > "$OUT/pytorch.txt" 2>&1
       summary+=("pytorch (rc $?): $(tr '\n' ' ' < "$OUT/pytorch.txt")")
+      ;;
+    paper)
+      timeout "${PAPER_TIMEOUT:-540}" python3 tools/paper_experiment.py ${PAPER_ARGS:-} \
+        --json "$OUT/paper.json" > "$OUT/paper.txt" 2>&1
+      summary+=("paper (rc $?): $(grep -c '^|' "$OUT/paper.txt") table rows; last: $(grep '^\[' "$OUT/paper.txt" | tail -1)")
       ;;
     graph-replay)
       timeout 300 python3 tools/bench_graph_replay.py --json "$OUT/graph-replay.json" \
