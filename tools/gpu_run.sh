@@ -7,7 +7,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
-export MUCUDNN_CACHE=${MUCUDNN_CACHE:-/tmp/mucudnn-bench.sqlite}
+# The benchmark cache comes back in logs.tgz; a copy placed at .carry/cache.sqlite
+# (and named in the run's carry) starts the next machine warm.
+export MUCUDNN_CACHE=$OUT/cache.sqlite
+[ -f .carry/cache.sqlite ] && cp .carry/cache.sqlite "$MUCUDNN_CACHE"
 summary=()
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader

@@ -459,6 +459,8 @@ class CudnnBackend:
                 raise
 
         launch.keep = keep  # type: ignore[attr-defined]
+        launch.alive = lambda: not (d.x.closed or d.w.closed or d.y.closed  # type: ignore
+                                    or conv.closed)
         return launch
 
     # -- arrays ------------------------------------------------------------------------------

@@ -494,6 +494,7 @@ class CudnnGraphBackend(CudnnBackend):
 
         launch.keep = (plan, pack)  # type: ignore[attr-defined]
         launch.algo = used  # type: ignore[attr-defined]
+        launch.alive = lambda: not (plan_d.closed or pack_d.closed)  # type: ignore
         return launch
 
     def close(self) -> None:

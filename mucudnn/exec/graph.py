@@ -16,6 +16,7 @@ says which is the case.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections import OrderedDict
 from typing import Any, Callable
@@ -80,6 +81,11 @@ class LaunchCache:
             make: Callable[[], Callable[[], None]]) -> None:
         key = launch_key(self.backend, plan, tensors, workspace, alpha, beta)
         entry = self._launchers.get(key)
+        if entry is not None and not getattr(entry[0], "alive", lambda: True)():
+            # Note: a descriptor a launcher holds was evicted and closed by the
+            # backend's cache. Checked before anything runs: a plan stopped
+            # half-way and run again would apply beta twice.
+            entry = None
         if entry is None:
             entry = (make(), plan)  # keep the plan alive so id(plan) is not reused
             self._launchers[key] = entry
@@ -89,9 +95,10 @@ class LaunchCache:
             self._launchers.move_to_end(key)
         try:
             entry[0]()
-        except ValueError:
-            # A descriptor the launcher holds was evicted and closed by the
-            # backend's cache (it raises before any call is issued): rebind once.
+        except (ValueError, ctypes.ArgumentError):
+            # Safety net for launchers without alive(): a closed descriptor's
+            # _as_parameter_ raises ValueError (wrapped by ctypes in
+            # ArgumentError) before that call is issued. Rebind once.
             launcher = make()
             self._launchers[key] = (launcher, plan)
             launcher()

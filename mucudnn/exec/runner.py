@@ -86,6 +86,10 @@ def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
     def launch() -> None:
         for c in calls:
             c()
+
+    checks = [c.alive for c in calls if hasattr(c, "alive")]
+    if checks:
+        launch.alive = lambda: all(check() for check in checks)  # type: ignore[attr-defined]
     return launch
 
 
