@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import sys
 from typing import Any, Sequence
@@ -61,28 +62,29 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--total-workspace", type=parse_size, default=None,
                    help="WD budget (default: --workspace x number of kernels)")
     p.add_argument("--backend", default=None, choices=["cudnn", "cudnn-graph", "numpy"],
-                   help="default: cudnn where a GPU is present, else numpy")
+                   help="default: $MUCUDNN_BACKEND, else cudnn-graph where a GPU is present, else numpy")
     p.add_argument("--layers", default=None, help="comma-separated layer names (default: all)")
     p.add_argument("--directions", default="forward,backward_data,backward_filter")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("-v", "--verbose", action="store_true", help="log each plan")
 
 
-def _resolve(args: argparse.Namespace) -> tuple[str, int, str | None]:
-    """Backend name, batch, and the first line to print when falling back to the CPU."""
+def _resolve(args: argparse.Namespace) -> tuple[str | None, int, str | None]:
+    """Backend name (None: the default), batch, and the first line to print when
+    falling back to the CPU."""
     from .cuda import device_count
     from .networks import DEFAULT_BATCH
 
     backend = args.backend
     batch = args.batch or DEFAULT_BATCH[args.net]
     note = None
-    if backend is None and device_count() == 0:
+    if backend is None and device_count() == 0 and not os.environ.get("MUCUDNN_BACKEND"):
         backend = "numpy"
         small = min(batch, CPU_BATCH) if args.batch is None else batch
         note = (f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
                 f"{'' if small == batch else f' instead of {batch}'} (pass --batch to choose)")
         batch = small
-    return backend or "cudnn", batch, note
+    return backend, batch, note
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -91,6 +93,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     backend, batch, note = _resolve(args)
     if note:
         print(note, flush=True)
+    from .backends import get_backend
+    backend = get_backend(backend).name
     repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)
     r = run_network(args.net, batch, dtype=args.dtype, layout=args.layout, math_mode=args.math,
                     workspace_limit=args.workspace, policy=args.policy, mode=args.mode,

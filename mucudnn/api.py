@@ -124,8 +124,9 @@ class Convolution:
         Micro-batch sizes considered: "powerOfTwo" (default), "all", "undivided",
         or an explicit list of sizes.
     backend
-        "numpy", "cudnn", a Backend instance, or None (cudnn where a GPU is
-        present, else numpy with a one-line notice).
+        "numpy", "cudnn", "cudnn-graph", a Backend instance, or None
+        (``$MUCUDNN_BACKEND`` if set, else cudnn-graph where a GPU is present,
+        else numpy with a one-line notice).
     graph
         Replay each direction's micro-batch sequence as a CUDA graph (a no-op
         on the NumPy backend).

@@ -76,3 +76,20 @@ def test_bad_arguments_exit_cleanly(capsys):
         main(["bench", "--net", "lenet"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_default_backend_choice(monkeypatch):
+    """No GPU: numpy; MUCUDNN_BACKEND overrides; a GPU picks the graph API."""
+    import mucudnn.backends as b
+    import mucudnn.cuda as cuda
+
+    monkeypatch.delenv("MUCUDNN_BACKEND", raising=False)
+    monkeypatch.setattr(cuda, "device_count", lambda: 0)
+    assert b._default_name() == "numpy"
+    monkeypatch.setattr(cuda, "device_count", lambda: 1)
+    assert b._default_name() == b.DEFAULT_GPU_BACKEND == "cudnn-graph"
+    monkeypatch.setenv("MUCUDNN_BACKEND", "cudnn")
+    assert b._default_name() == "cudnn"
+    monkeypatch.setenv("MUCUDNN_BACKEND", "tpu")
+    with pytest.raises(ValueError, match="MUCUDNN_BACKEND"):
+        b._default_name()

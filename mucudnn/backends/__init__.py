@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from typing import Any
 
@@ -29,12 +30,25 @@ def available_backends() -> list[str]:
     return list(_REGISTRY)
 
 
+#: The GPU backend get_backend() picks. Note: the graph API's engines ran every
+#: measured network faster than the legacy API's algorithms, under a 64 MiB cap
+#: and unlimited alike (docs/BENCHMARKS.md, H200, cuDNN 9.19); its cost is a
+#: slower first optimisation (it times every engine config the heuristics give).
+DEFAULT_GPU_BACKEND = "cudnn-graph"
+
+
 def _default_name() -> str:
     global _NOTICE_GIVEN
     from ..cuda import device_count
 
+    env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
+    if env:
+        if env not in _REGISTRY:
+            raise ValueError(
+                f"MUCUDNN_BACKEND: expected one of {list(_REGISTRY)}, got {env!r}")
+        return env
     if device_count() > 0:
-        return "cudnn"
+        return DEFAULT_GPU_BACKEND
     if not _NOTICE_GIVEN:
         _NOTICE_GIVEN = True
         log.warning("mucudnn: no CUDA device found; using the NumPy (CPU) backend")
@@ -43,7 +57,9 @@ def _default_name() -> str:
 
 def get_backend(name: "str | Backend | None" = None, **options: Any) -> Backend:
     """The backend called ``name`` ("numpy", "cudnn", "cudnn-graph"); with no
-    name, cudnn where a GPU is present, else numpy (with a one-line notice).
+    name, ``MUCUDNN_BACKEND`` if set, else cudnn-graph where a GPU is present
+    (the faster of the two GPU backends in docs/BENCHMARKS.md), else numpy
+    (with a one-line notice).
 
     A Backend instance is returned as it is. Backends without options are
     shared per process.
