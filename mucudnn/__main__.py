@@ -63,21 +63,29 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="WD budget (default: --workspace x number of kernels)")
     p.add_argument("--backend", default=None, choices=["cudnn", "cudnn-graph", "numpy"],
                    help="default: $MUCUDNN_BACKEND, else cudnn-graph where a GPU is present, else numpy")
+    p.add_argument("--offline", action="store_true",
+                   help="answer from the benchmark cache only (measurements made on a GPU "
+                        "elsewhere; set MUCUDNN_CACHE to that file); for optimize and plot")
     p.add_argument("--layers", default=None, help="comma-separated layer names (default: all)")
     p.add_argument("--directions", default="forward,backward_data,backward_filter")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("-v", "--verbose", action="store_true", help="log each plan")
 
 
-def _resolve(args: argparse.Namespace) -> tuple[str | None, int, str | None]:
-    """Backend name (None: the default), batch, and the first line to print when
-    falling back to the CPU."""
+def _resolve(args: argparse.Namespace) -> tuple[Any, int, str | None]:
+    """Backend (a name, None for the default, or the offline CachedBackend),
+    batch, and the first line to print when falling back to the CPU."""
     from .cuda import device_count
     from .networks import DEFAULT_BATCH
 
     backend = args.backend
     batch = args.batch or DEFAULT_BATCH[args.net]
     note = None
+    if getattr(args, "offline", False):
+        from .backends.cached import CachedBackend
+        be = CachedBackend(backend or "cudnn-graph")
+        return be, batch, (f"offline: plans from cached measurements of {be.name} on "
+                           f"{be.device_name} ({be.version})")
     if backend is None and device_count() == 0 and not os.environ.get("MUCUDNN_BACKEND"):
         backend = "numpy"
         small = min(batch, CPU_BATCH) if args.batch is None else batch
@@ -90,6 +98,8 @@ def _resolve(args: argparse.Namespace) -> tuple[str | None, int, str | None]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import format_table, run_network, save_json
 
+    if args.offline:
+        raise SystemExit("bench: --offline cannot execute plans; use optimize or plot offline")
     backend, batch, note = _resolve(args)
     if note:
         print(note, flush=True)

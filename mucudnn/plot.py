@@ -75,11 +75,13 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
     for ax, (p, names) in zip(axes.flat, groups.items()):
         for d in dirs:
             front = pareto_front(perfs[names[0], d], batch, policy)
-            ws = [max(q.workspace_bytes, 1) / MIB for q in front]
+            ws = [q.workspace_bytes / MIB for q in front]
             ax.step(ws, [q.time_ms for q in front], where="post", marker="o", ms=3,
                     label=d.value)
         ax.axvline(workspace_limit / MIB, color="grey", ls=":", lw=1)
-        ax.set_xscale("log")
+        # Note: symlog so the zero-workspace plan sits at 0, linear below 1 MiB.
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(left=0)
         ax.set_title(f"{names[0]}" + (f" (x{len(names)})" if len(names) > 1 else ""), fontsize=9)
         ax.set_xlabel("workspace (MiB)")
         ax.set_ylabel("time (ms)")
@@ -101,7 +103,8 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workspace limit per kernel (MiB)")
     ax.set_ylabel("speedup over undivided (predicted)")
-    ax.set_title(f"{net}, batch {batch}: speedup versus workspace limit", fontsize=10)
+    ax.set_title(f"{net}, batch {batch}, {dtype}: speedup versus workspace limit\n"
+                 f"({be.name} {be.version}, {be.device_name})", fontsize=10)
     ax.legend()
     fig.tight_layout()
     speed_png = os.path.join(out_dir, f"{net}-speedup.png")

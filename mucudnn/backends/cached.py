@@ -1,0 +1,89 @@
+"""A backend that only answers from a benchmark cache.
+
+Measurements made on a GPU (``python -m mucudnn bench`` fills the SQLite cache)
+can be optimised, compared and plotted later on any machine: :class:`CachedBackend`
+presents itself under the measured backend's name, device and library version,
+so the cache's keys match, and its ``find`` refuses anything the cache lacks.
+It cannot execute.
+
+>>> be = CachedBackend("cudnn", cache="h200.sqlite")          # doctest: +SKIP
+>>> mu.optimize(problem, "forward", 64 << 20, backend=be)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn, Union
+
+from ..problem import AlgoPerf, ConvProblem, Direction
+
+
+class CacheMissError(LookupError):
+    """A (problem, direction) the cache holds no measurement for."""
+
+
+class CachedBackend:
+    """Stands in for backend ``name`` as measured on ``device_name`` with
+    library ``version``, answering ``find`` from ``cache`` only.
+
+    ``device_name`` and ``version`` default to the only ones the cache holds
+    for ``name``; where it holds several, say which.
+    """
+
+    def __init__(self, name: str = "cudnn-graph", device_name: str | None = None,
+                 version: str | None = None, cache: Any = None) -> None:
+        from ..optimizer.benchmark import resolve_cache
+
+        self.cache = resolve_cache(cache)
+        if not self.cache.enabled:
+            raise ValueError("cache: the cached backend needs a benchmark cache "
+                             "(MUCUDNN_CACHE is 'off' or the file could not be opened)")
+        found = sorted({k[:3] for k in self.cache.keys() if k[0] == name})
+        if device_name is not None:
+            found = [f for f in found if f[1] == device_name]
+        if version is not None:
+            found = [f for f in found if f[2] == version]
+        if not found:
+            raise ValueError(
+                f"cache: no measurements of backend {name!r}"
+                f"{f' on {device_name!r}' if device_name else ''}"
+                f"{f' with version {version!r}' if version else ''} in {self.cache!r}")
+        if len(found) > 1:
+            raise ValueError(f"device_name/version: the cache holds {name!r} measurements of "
+                             f"several devices or versions {found}; choose one")
+        self.name, self.device_name, self.version = found[0]
+
+    def __repr__(self) -> str:
+        return f"CachedBackend({self.name!r}, {self.device_name!r}, {self.version!r})"
+
+    def find(self, problem: ConvProblem, direction: "Direction | str",
+             workspace_limit: int | None) -> list[AlgoPerf]:
+        raise CacheMissError(
+            f"{problem.key()} {Direction.parse(direction).value} (workspace cap "
+            f"{workspace_limit}) was never measured with {self.name} on {self.device_name} "
+            f"{self.version}; benchmark it there first (python -m mucudnn bench ...)")
+
+    def workspace_size(self, problem: ConvProblem, direction: "Direction | str",
+                       algo: Union[int, str], math_type: Union[int, str] = 0) -> int:
+        self._cannot("workspace_size")
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        self._cannot("run")
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        self._cannot("empty")
+
+    def from_host(self, array: Any) -> Any:
+        self._cannot("from_host")
+
+    def to_host(self, array: Any) -> Any:
+        self._cannot("to_host")
+
+    def alloc_workspace(self, nbytes: int) -> Any:
+        self._cannot("alloc_workspace")
+
+    def synchronize(self) -> None:
+        pass
+
+    def _cannot(self, what: str) -> NoReturn:
+        raise NotImplementedError(
+            f"{what}: {self!r} only replays measurements from the cache; it cannot execute")
