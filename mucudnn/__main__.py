@@ -121,15 +121,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from .networks import network
+    from .networks import select
     from .optimizer import optimize, optimize_network
 
     backend, batch, note = _resolve(args)
     if note:
         print(note, flush=True)
-    probs = network(args.net, batch, dtype=args.dtype, layout=args.layout, math=args.math)
-    if args.layers:
-        probs = {k: v for k, v in probs.items() if k in args.layers.split(",")}
+    probs = {l.name: l.problem(batch, dtype=args.dtype, layout=args.layout, math=args.math)
+             for l in select(args.net, args.layers.split(",") if args.layers else None)}
     dirs = args.directions.split(",")
     progress = not args.no_progress
     if args.mode == "wd":
@@ -193,10 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s")
-    return int(args.func(args) or 0)
+    from .backends.cached import CacheMissError
+
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, CacheMissError) as exc:  # bad arguments found past argparse: exit 2
+        parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
 
 
 if __name__ == "__main__":

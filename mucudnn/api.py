@@ -61,7 +61,8 @@ from .exec.arrays import ArrayInfo, framework_of, inspect_array, producer_stream
 from .exec.graph import supports_graphs
 from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, get_pool
-from .problem import ConvProblem, Direction, Plan
+from .optimizer.policies import normalize_policy
+from .problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, Plan
 
 __all__ = ["Convolution", "conv2d", "conv3d", "conv_backward_data", "conv_backward_filter",
            "clear_caches"]
@@ -163,7 +164,8 @@ class Convolution:
                 raise ValueError(f"workspace_limit: expected >= 0 bytes, got {workspace_limit}")
             workspace_limit = int(workspace_limit)
         self.workspace_limit = workspace_limit
-        self.policy = policy
+        # Note: normalised once, so a one-shot iterable of sizes is read once.
+        self.policy = normalize_policy(policy)
         self.cache = cache
         self.backend: Backend = get_backend(backend)
         self.graph = bool(graph)
@@ -212,7 +214,7 @@ class Convolution:
                 return hit[1]
         from .optimizer import optimize  # type: ignore[attr-defined]
 
-        limit = self.workspace_limit if self.workspace_limit is not None else 1 << 50
+        limit = self.workspace_limit if self.workspace_limit is not None else UNLIMITED_WORKSPACE
         plan = optimize(self.problem, direction, limit, self.policy, self.backend,
                         cache=self.cache)
         log.info("mucudnn: %s %s: plan %s, %d bytes workspace, %.3g ms (undivided %.3g ms)",

@@ -27,7 +27,7 @@ import numpy as np
 
 from .backends import Backend, ConvTensors, get_backend
 from .exec import prepare
-from .networks import layers as network_layers
+from .networks import select as select_layers
 from .networks import unique_problems
 from .optimizer import benchmark, optimize_wd, optimize_wr, pareto_front
 from .optimizer.benchmark import resolve_cache
@@ -206,9 +206,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     be = get_backend(backend)
     store = resolve_cache(cache)
     dirs = [Direction.parse(d) for d in (directions or ALL_DIRECTIONS)]
-    ls = [l for l in network_layers(net) if layers is None or l.name in layers]
-    if not ls:
-        raise ValueError(f"layers: none of {list(layers or [])} is a layer of {net}")
+    ls = select_layers(net, layers)
     probs = {l.name: l.problem(batch, dtype=dtype, layout=layout, math=math_mode) for l in ls}
     groups = unique_problems(probs)
     kernels = [(names[0], names, p, d) for p, names in groups.items() for d in dirs]

@@ -129,6 +129,25 @@ def layers(name: str) -> list[ConvLayer]:
     return NETWORKS[key]
 
 
+def select(name: str, names: "Iterable[str] | None" = None) -> list[ConvLayer]:
+    """The layers of network ``name`` called ``names`` (all when None), in
+    network order; an unknown name raises ValueError listing the valid ones.
+
+    >>> [l.name for l in select("alexnet", ["conv5", "conv2"])]
+    ['conv2', 'conv5']
+    """
+    ls = layers(name)
+    if names is None:
+        return ls
+    wanted = list(names)
+    known = {l.name for l in ls}
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise ValueError(f"layers: {unknown or wanted} not among the layers of {name}: "
+                         f"{', '.join(l.name for l in ls)}")
+    return [l for l in ls if l.name in wanted]
+
+
 def network(name: str, batch: int | None = None, *, dtype: str = "float32",
             layout: str = "NCHW", math: str = "default") -> dict[str, ConvProblem]:
     """``{layer name: ConvProblem}`` of network ``name`` at ``batch`` (default: the paper's)."""

@@ -10,7 +10,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from .backends import get_backend
-from .networks import layers as network_layers
+from .networks import select as select_layers
 from .networks import unique_problems
 from .optimizer import benchmark, optimize_wr, pareto_front
 from .optimizer.benchmark import resolve_cache
@@ -58,7 +58,7 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
     store = resolve_cache(None)
     dirs = [Direction.parse(d) for d in (directions or list(Direction))]
     probs = {l.name: l.problem(batch, dtype=dtype, layout=layout, math=math_mode)
-             for l in network_layers(net) if layers is None or l.name in layers}
+             for l in select_layers(net, layers)}
     groups = unique_problems(probs)
     perfs, counts = {}, {}
     for p, names in groups.items():

@@ -28,6 +28,8 @@ DTYPES: dict[str, str] = {
 #: "default" lets the library pick (TF32 tensor cores allowed for float32, as
 #: PyTorch does); "fma" forbids tensor cores; "tensor_op" asks for them.
 MATH_MODES = ("default", "fma", "tensor_op", "tensor_op_allow_conversion")
+#: The workspace limit that stands for "unlimited" where an API takes None (1 PiB).
+UNLIMITED_WORKSPACE = 1 << 50
 
 
 class Direction(str, enum.Enum):
@@ -64,11 +66,15 @@ def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ..
     if isinstance(value, int) or (hasattr(value, "__index__") and not hasattr(value, "__len__")):
         t = (int(value),) * nd
     else:
-        try:
-            t = tuple(int(v) for v in value)  # type: ignore[union-attr]
-        except TypeError:
+        # Note: each element must be an integer itself (not 2.9, "2" or True):
+        # int() would silently truncate or parse it.
+        items = list(value) if not isinstance(value, (str, bytes)) and \
+            hasattr(value, "__iter__") else None
+        if items is None or any(isinstance(v, bool) or not hasattr(v, "__index__")
+                                for v in items):
             raise TypeError(
-                f"{name}: expected an int or a tuple of {nd} ints, got {value!r}") from None
+                f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
+        t = tuple(int(v) for v in items)
         if len(t) != nd:
             raise ValueError(f"{name}: expected {nd} values (one per spatial dimension), got {value!r}")
     for v in t:

@@ -317,3 +317,15 @@ def test_plan_json_round_trip():
         assert back.undivided_time_ms == plan.undivided_time_ms
     ctx = _plan().with_context(p, Direction.FORWARD)
     assert ctx.problem == p and ctx.direction is Direction.FORWARD
+
+
+@pytest.mark.parametrize("kw", [dict(stride=(2.9, 2.9)), dict(padding=(0.5, 0.5)),
+                                dict(dilation=("2", "1")), dict(padding="12"),
+                                dict(stride=(True, 1))])
+def test_per_dimension_values_must_be_ints(kw):
+    """Each element is checked as a scalar is: int() must not truncate or parse."""
+    name = next(iter(kw))
+    with pytest.raises(TypeError, match=name):
+        ConvProblem((1, 1, 9, 9), (1, 1, 3, 3), **kw)
+    import numpy as np
+    assert ConvProblem((1, 1, 9, 9), (1, 1, 3, 3), stride=(np.int64(2), 1)).stride == (2, 1)

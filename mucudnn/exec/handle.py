@@ -38,7 +38,9 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends.base import Backend, ConvTensors
-from ..problem import ConvProblem, Direction, Plan, from_canonical, packed_strides, _dtype_name
+from ..problem import (UNLIMITED_WORKSPACE, ConvProblem, Direction, Plan, _dtype_name,
+                       from_canonical, packed_strides)
+from ..optimizer.policies import normalize_policy
 from .kernel import Kernel
 from .workspace import SegmentedWorkspace, get_pool
 
@@ -123,6 +125,16 @@ def _conv(desc: Any) -> dict:
     return out
 
 
+def _format_name(fmt: Any) -> str:
+    return str(getattr(fmt, "name", fmt)).upper()
+
+
+def _is_channels_last(fmt: Any) -> bool:
+    """True for cuDNN's NHWC tensor format (by name or its value, 1)."""
+    s = _format_name(fmt)
+    return "NHWC" in s or s in ("NDHWC", "1")
+
+
 def _layout_from(dims: tuple[int, ...], strides: tuple[int, ...] | None, fmt: Any) -> str:
     nd = len(dims) - 2
     cf, cl = ("NCHW", "NHWC") if nd == 2 else ("NCDHW", "NDHWC")
@@ -133,10 +145,8 @@ def _layout_from(dims: tuple[int, ...], strides: tuple[int, ...] | None, fmt: An
             return cl
         raise ValueError(f"descriptor: strides {strides} for dims {dims} are not a packed "
                          f"{cf} or {cl} tensor")
-    if fmt is not None:
-        s = str(getattr(fmt, "name", fmt)).upper()
-        if "NHWC" in s or s in ("NDHWC", "1"):
-            return cl
+    if fmt is not None and _is_channels_last(fmt):
+        return cl
     return cf
 
 
@@ -196,11 +206,22 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
                     stride=tup(c["stride"], 1), padding=tup(c["padding"], 0),
                     dilation=tup(c["dilation"], 1), groups=groups, dtype=dtype, layout=layout,
                     math=_math_of(c["math"]), compute_type=compute)
+    # Note: cuDNN accepts mixed layouts (say NHWC x with an NCHW-format filter
+    # or NCHW-strided y); a ConvProblem has one layout, so refuse them rather
+    # than compute in x's layout and write y in the wrong order.
+    if f["format"] is not None and _is_channels_last(f["format"]) != p.channels_last:
+        raise ValueError(f"w_desc: filter format {_format_name(f['format'])} does not match "
+                         f"x_desc's {layout} layout; mixed layouts are not supported")
     if y_desc is not None:
-        yd = _tensor(y_desc)["dims"]
+        yt = _tensor(y_desc)
+        yd = yt["dims"]
         if yd is not None and tuple(yd) != p.y_dims:
             raise ValueError(f"y_desc: dims {tuple(yd)} do not match the convolution's output "
                              f"dims {p.y_dims} (from x_desc, w_desc and conv_desc)")
+        if yt["strides"] is not None and tuple(yt["strides"]) != packed_strides(p.y_dims, layout):
+            raise ValueError(f"y_desc: strides {tuple(yt['strides'])} are not a packed {layout} "
+                             f"tensor like x_desc's (expected {packed_strides(p.y_dims, layout)}); "
+                             "mixed layouts are not supported")
     return p
 
 
@@ -235,7 +256,7 @@ class MicroBatchHandle:
                  graph: bool = False, cache: Any = None) -> None:
         self.backend: Backend = get_backend(backend)
         self.workspace_limit = workspace_limit
-        self.policy = policy
+        self.policy = normalize_policy(policy)  # a one-shot iterable is read once
         self.graph = graph
         self.cache = cache
         self._kernels: dict[str, Kernel] = {}
@@ -258,8 +279,9 @@ class MicroBatchHandle:
     def _plan_for(self, problem: ConvProblem, direction: Direction) -> Plan:
         from ..optimizer import optimize  # type: ignore[attr-defined]
 
-        return optimize(problem, direction, self.workspace_limit, self.policy, self.backend,
-                        cache=self.cache)
+        # None means unlimited, as for Convolution (the optimizer takes bytes).
+        limit = self.workspace_limit if self.workspace_limit is not None else UNLIMITED_WORKSPACE
+        return optimize(problem, direction, limit, self.policy, self.backend, cache=self.cache)
 
     def register(self, problem: ConvProblem, direction: "Direction | str",
                  layer_id: Any = None) -> Kernel:

@@ -154,6 +154,15 @@ class Kernel:
         naming). Returns the plan that ran. Asynchronous on GPU backends."""
         if tensors.problem != self.problem:
             raise ValueError(f"tensors: problem {tensors.problem} is not this kernel's {self.problem}")
+        if getattr(self.backend, "stream", None) is None:
+            # Note: a host backend computes in the pool's buffer while run()
+            # runs, so callers on other threads must wait for it; on a GPU the
+            # one stream orders every use of the shared buffer instead.
+            with self.pool.lock:
+                return self._run(tensors, alpha, beta, workspace)
+        return self._run(tensors, alpha, beta, workspace)
+
+    def _run(self, tensors: ConvTensors, alpha: float, beta: float, workspace: Any) -> Plan:
         plan, ws = self._workspace(self.plan, workspace)
         if self._graphs is not None:
             self._graphs.run(plan, tensors, ws, alpha, beta,

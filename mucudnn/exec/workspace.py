@@ -186,6 +186,11 @@ class WorkspacePool:
         self._size = size
         self.allocations += 1
 
+    @property
+    def lock(self) -> "threading.RLock":
+        """Held while a host backend computes in the pool's buffer (see Kernel.run)."""
+        return self._lock
+
     def release(self) -> None:
         """Free the buffer (pending work on the stream must not need it; the
         device backends' free waits for the device)."""

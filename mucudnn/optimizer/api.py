@@ -19,7 +19,7 @@ from ..problem import ConvProblem, Direction, Plan
 from .benchmark import benchmark, resolve_backend, resolve_cache
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
-from .policies import Policy, batch_sizes
+from .policies import Policy, batch_sizes, normalize_policy
 
 __all__ = ["optimize", "optimize_network", "DEFAULT_WORKSPACE_LIMIT"]
 
@@ -83,6 +83,7 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     ``direction``. A larger ``benchmark_cap`` makes the cache entries reusable
     for later, larger limits. Raises ValueError when no plan fits the limit.
     """
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
     limit = _check_bytes("workspace_limit", workspace_limit)
     cap = max(limit, _check_bytes("benchmark_cap", benchmark_cap or 0))
@@ -118,6 +119,7 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
     ``workspace_limit`` is its own workspace (the kernel's share of the budget).
     Raises ValueError when even the smallest plans do not fit together.
     """
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
     total = _check_bytes("total_workspace", total_workspace)
     items = list(problems.items()) if isinstance(problems, Mapping) else list(problems)
     dirs = [Direction.parse(d) for d in (ALL_DIRECTIONS if directions is None else directions)]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .cache import BenchmarkCache, default_cache
-from .policies import Policy, batch_sizes
+from .policies import Policy, batch_sizes, normalize_policy
 
 __all__ = ["benchmark", "resolve_cache", "resolve_backend"]
 
@@ -41,7 +41,7 @@ def resolve_backend(backend: Any) -> Any:
 
 
 def resolve_cache(cache: Any) -> BenchmarkCache:
-    """None -> the default cache (``MUCUDNN_CACHE``); False -> none; a path -> that file."""
+    """None -> the default cache (``MUCUDNN_CACHE``); False or "off" -> none; a path -> that file."""
     if cache is None or cache is True:
         return default_cache()
     if cache is False:
@@ -99,6 +99,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     when there are more than 8 sizes (and stderr is a terminal), True always,
     False never. ``on_size(size, results, from_cache)`` is called per size.
     """
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
     be = resolve_backend(backend)
     store = resolve_cache(cache)

@@ -153,8 +153,8 @@ class BenchmarkCache:
                  timeout: float = 30.0) -> None:
         if path is None or path is True:
             p = default_cache_path()
-        elif path is False:
-            p = None
+        elif path is False or (isinstance(path, str) and path.strip().lower() == "off"):
+            p = None  # "off" disables, as MUCUDNN_CACHE=off does
         else:
             p = pathlib.Path(path).expanduser()
         self.path: pathlib.Path | None = p

@@ -239,6 +239,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     >>> optimize_wr(perf, batch=4, workspace_limit=64, policy="powerOfTwo").describe()
     '2 x 2'
     """
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
     batch = _check_batch(batch)
     limit = _check_limit(workspace_limit)
     if method not in _SOLVERS:
@@ -272,6 +273,7 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
 
     Raises ValueError when no plan exists at any limit.
     """
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
     batch = _check_batch(batch)
     if method not in _SOLVERS:
         raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
