@@ -72,27 +72,32 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log each plan")
 
 
-def _resolve(args: argparse.Namespace) -> tuple[Any, int, str | None]:
-    """Backend (a name, None for the default, or the offline CachedBackend),
-    batch, and the first line to print when falling back to the CPU."""
+def _layers(args: argparse.Namespace) -> list[str] | None:
+    return args.layers.split(",") if args.layers else None
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
+    """Backend (a name, None for the default, or the offline CachedBackend) and
+    batch; prints first a line saying so when offline or falling back to the CPU."""
     from .cuda import device_count
     from .networks import DEFAULT_BATCH
 
     backend = args.backend
     batch = args.batch or DEFAULT_BATCH[args.net]
-    note = None
     if getattr(args, "offline", False):
         from .backends.cached import CachedBackend
         be = CachedBackend(backend or "cudnn-graph")
-        return be, batch, (f"offline: plans from cached measurements of {be.name} on "
-                           f"{be.device_name} ({be.version})")
+        print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
+              f"({be.version})", flush=True)
+        return be, batch
     if backend is None and device_count() == 0 and not os.environ.get("MUCUDNN_BACKEND"):
         backend = "numpy"
         small = min(batch, CPU_BATCH) if args.batch is None else batch
-        note = (f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
-                f"{'' if small == batch else f' instead of {batch}'} (pass --batch to choose)")
+        print(f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
+              f"{'' if small == batch else f' instead of {batch}'} (pass --batch to choose)",
+              flush=True)
         batch = small
-    return backend, batch, note
+    return backend, batch
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -100,9 +105,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.offline:
         raise SystemExit("bench: --offline cannot execute plans; use optimize or plot offline")
-    backend, batch, note = _resolve(args)
-    if note:
-        print(note, flush=True)
+    backend, batch = _resolve(args)
     from .backends import get_backend
     backend = get_backend(backend).name
     repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)
@@ -110,7 +113,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     workspace_limit=args.workspace, policy=args.policy, mode=args.mode,
                     total_workspace=args.total_workspace, backend=backend, repeat=repeat,
                     warmup=1 if backend == "numpy" else 3,
-                    layers=args.layers.split(",") if args.layers else None,
+                    layers=_layers(args),
                     directions=args.directions.split(","), progress=not args.no_progress,
                     graph=args.graph)
     print(format_table(r))
@@ -124,11 +127,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from .networks import select
     from .optimizer import optimize, optimize_network
 
-    backend, batch, note = _resolve(args)
-    if note:
-        print(note, flush=True)
+    backend, batch = _resolve(args)
     probs = {l.name: l.problem(batch, dtype=args.dtype, layout=args.layout, math=args.math)
-             for l in select(args.net, args.layers.split(",") if args.layers else None)}
+             for l in select(args.net, _layers(args))}
     dirs = args.directions.split(",")
     progress = not args.no_progress
     if args.mode == "wd":
@@ -155,13 +156,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot_network
 
-    backend, batch, note = _resolve(args)
-    if note:
-        print(note, flush=True)
+    backend, batch = _resolve(args)
     files = plot_network(args.net, batch, out_dir=args.out, dtype=args.dtype,
                          layout=args.layout, math_mode=args.math, policy=args.policy,
                          backend=backend, workspace_limit=args.workspace,
-                         layers=args.layers.split(",") if args.layers else None,
+                         layers=_layers(args),
                          directions=args.directions.split(","), progress=not args.no_progress)
     for f in files:
         print(f"wrote {f}")

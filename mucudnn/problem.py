@@ -59,6 +59,11 @@ class Direction(str, enum.Enum):
             f"direction: expected one of {[d.value for d in cls]}, got {value!r}")
 
 
+def _is_int(v: Any) -> bool:
+    """An integer value (int, NumPy integer), not a bool, float or string."""
+    return not isinstance(v, bool) and hasattr(v, "__index__")
+
+
 def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ...]:
     """Expand an int or per-dimension sequence into an nd-tuple of ints >= minimum."""
     if isinstance(value, bool):
@@ -70,8 +75,7 @@ def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ..
         # int() would silently truncate or parse it.
         items = list(value) if not isinstance(value, (str, bytes)) and \
             hasattr(value, "__iter__") else None
-        if items is None or any(isinstance(v, bool) or not hasattr(v, "__index__")
-                                for v in items):
+        if items is None or not all(_is_int(v) for v in items):
             raise TypeError(
                 f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
         t = tuple(int(v) for v in items)
@@ -89,7 +93,7 @@ def _shape(name: str, value: Sequence[int]) -> tuple[int, ...]:
     except TypeError:
         raise TypeError(f"{name}: expected a sequence of ints, got {value!r}") from None
     for v in t:
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
+        if not _is_int(v):
             raise TypeError(f"{name}: expected a sequence of ints, got {value!r}")
     t = tuple(int(v) for v in t)
     if any(v <= 0 for v in t):
@@ -180,7 +184,7 @@ class ConvProblem:
                 f"compute_type: expected 'float16', 'float32' or 'float64', got {compute_type!r}")
         if not isinstance(math, str) or math.lower() not in MATH_MODES:
             raise ValueError(f"math: expected one of {list(MATH_MODES)}, got {math!r}")
-        if isinstance(groups, bool) or not hasattr(groups, "__index__"):
+        if not _is_int(groups):
             raise TypeError(f"groups: expected a positive int, got {groups!r}")
         groups = int(groups)
         if groups < 1:
@@ -276,7 +280,7 @@ class ConvProblem:
     # -- derived problems and keys ---------------------------------------------
     def with_batch(self, n: int) -> "ConvProblem":
         """The same problem with batch size ``n``."""
-        if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1:
+        if not _is_int(n) or int(n) < 1:
             raise ValueError(f"n: expected a positive batch size, got {n!r}")
         if int(n) == self.batch:
             return self

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 import mucudnn._cudnn as cd
+from cudnn_headers import header_dir
 from mucudnn._cudnn import enums, errors, loader, prototypes, structs
 from mucudnn._cudnn.descriptors import (
     ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, live_descriptor_counts,
@@ -36,22 +37,7 @@ from conftest import HAVE_GPU
 
 # -- headers ----------------------------------------------------------------------------
 
-def _header_dir() -> Path | None:
-    """The include/ directory next to the loaded library (the wheel's), if any."""
-    candidates = [Path(loader.library_path()).resolve().parent.parent / "include"]
-    try:
-        spec = loader._find_spec("nvidia.cudnn")
-    except ImportError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "include" for p in spec.submodule_search_locations]
-    for c in candidates:
-        if (c / "cudnn_graph.h").exists():
-            return c
-    return None
-
-
-HEADERS = _header_dir()
+HEADERS = header_dir()
 needs_headers = pytest.mark.skipif(HEADERS is None, reason="cuDNN headers not installed")
 HEADER_NAMES = ("cudnn_graph.h", "cudnn_ops.h", "cudnn_cnn.h")
 

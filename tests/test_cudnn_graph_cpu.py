@@ -23,11 +23,11 @@ from __future__ import annotations
 import ctypes
 import gc
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
 
+from cudnn_headers import header_dir
 from mucudnn._cudnn import enums, errors, graph_descriptors as gd, loader
 from mucudnn._cudnn.backend_api import (
     BackendDescriptor, live_backend_descriptor_counts, live_backend_descriptors,
@@ -51,21 +51,8 @@ NEW_ENUMS = (D, A, T, BackendHeurMode, BackendNumericalNote, BackendBehaviorNote
 
 # -- headers ---------------------------------------------------------------------------------
 
-def _header_path() -> Path | None:
-    candidates = [Path(loader.library_path()).resolve().parent.parent / "include"]
-    try:
-        spec = loader._find_spec("nvidia.cudnn")
-    except ImportError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "include" for p in spec.submodule_search_locations]
-    for c in candidates:
-        if (c / "cudnn_graph.h").exists():
-            return c / "cudnn_graph.h"
-    return None
-
-
-HEADER = _header_path()
+_INCLUDE = header_dir()
+HEADER = _INCLUDE / "cudnn_graph.h" if _INCLUDE is not None else None
 needs_header = pytest.mark.skipif(HEADER is None, reason="cuDNN headers not installed")
 
 _ENUMERATOR = re.compile(
