@@ -296,7 +296,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
             alone = 0.0
             for mb in plan.micro_batches:
                 one = dataclasses.replace(plan, micro_batches=(dataclasses.replace(mb, offset=0),))
-                sub = ConvTensors(p.with_batch(mb.size), *_rows(data, d, mb.size))
+                sub = ConvTensors(p.with_batch(mb.size), *_rows(data, mb.size))
                 alone += timed(one, sub)
         result.kernels.append(KernelResult(layer, names, d, p, plan, und, unl, micro_ms, und_ms,
                                            unl_ms, alone))
@@ -308,7 +308,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     return result
 
 
-def _rows(t: ConvTensors, d: Direction, size: int) -> tuple[Any, Any, Any]:
+def _rows(t: ConvTensors, size: int) -> tuple[Any, Any, Any]:
     """x, w, y restricted to the first ``size`` samples (w is whole)."""
     return t.x[0:size], t.w, t.y[0:size]
 

@@ -10,6 +10,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from .backends import get_backend
+from .bench import single_call_plan
 from .networks import select as select_layers
 from .networks import unique_problems
 from .optimizer import benchmark, optimize_wr, pareto_front
@@ -38,10 +39,8 @@ def speedup_curve(perfs: dict, counts: dict, batch: int, limits: Sequence[int],
         for key, perf in perfs.items():
             n = counts[key]
             micro += n * optimize_wr(perf, batch, lim, policy).time_ms
-            try:
-                und += n * optimize_wr(perf, batch, lim, "undivided").time_ms
-            except ValueError:
-                und = math.inf
+            single = single_call_plan(perf, batch, lim)
+            und += n * single.time_ms if single is not None else math.inf
         out.append(und / micro if micro > 0 else math.nan)
     return out
 

@@ -25,9 +25,6 @@ class ConvTensors:
     w: Any
     y: Any
 
-    def output_name(self, direction: Direction) -> str:
-        return OUTPUT_OF[direction]
-
 
 #: Which tensor each direction writes.
 OUTPUT_OF = {Direction.FORWARD: "y", Direction.BACKWARD_DATA: "x",
