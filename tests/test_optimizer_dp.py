@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 
 import networkx as nx
+import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -127,6 +127,27 @@ def test_networkx_and_numpy_give_the_same_plan(table, policy):
             continue
         b = optimize_wr(perf, batch, limit, policy, method="numpy")
         assert a == b
+
+
+@given(st.integers(1, 80), st.data())
+def test_scalar_and_vector_recurrences_agree(batch, data):
+    """The two loops behind method="numpy" (Python floats for few sizes, NumPy
+    vectors for many) give the same split, ties included: times are drawn from
+    a few values so that equal totals are common."""
+    from mucudnn.optimizer import dp
+    sizes = sorted(data.draw(st.sets(st.integers(1, batch), min_size=1)))
+    tv = np.full(batch + 1, np.inf)
+    for s in sizes:
+        tv[s] = data.draw(st.sampled_from([0.25, 0.5, 1.0])) * s + data.draw(
+            st.sampled_from([0.0, 0.5, 1.0]))
+    S = np.array(sizes)
+    a = dp._recur_scalar(sizes, tv[S].tolist(), batch)
+    b = dp._recur_vector(S, tv[S], batch)
+    if a is None:
+        assert b is None
+        return
+    assert b is not None
+    assert list(a) == b.tolist()
 
 
 @given(perf_tables(), policies)
@@ -358,13 +379,14 @@ def test_alexnet_power_of_two_beats_undivided_at_64mib(config, layer, direction)
         assert plan.speedup > 1.3
 
 
-def test_pareto_front_on_all_sizes_is_fast_and_sane():
+def test_pareto_front_on_all_sizes():
     perf = _allsizes("alexnet.conv2", "bwd_data")
-    t0 = time.perf_counter()
     front = pareto_front(perf, 256, "all")
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 5.0  # ~1 s on a 2-core CI machine
     assert front[0].workspace_bytes == 0
     assert front[-1].time_ms == pytest.approx(_simple_dp(perf, 256, 1 << 62, range(1, 257)))
-    wr64 = optimize_wr(perf, 256, 64 << 20, "all", method="numpy")
-    assert min(p.time_ms for p in front if p.workspace_bytes <= 64 << 20) == wr64.time_ms
+    for a, b in zip(front, front[1:]):
+        assert a.workspace_bytes < b.workspace_bytes and a.time_ms > b.time_ms
+    # Complete: at any limit the best plan of the front that fits is WR's optimum.
+    for limit in (0, 1 << 20, 16 << 20, 64 << 20, 300 << 20, 1 << 30):
+        wr = optimize_wr(perf, 256, limit, "all", method="numpy")
+        assert min(p.time_ms for p in front if p.workspace_bytes <= limit) == wr.time_ms

@@ -95,6 +95,11 @@ def _allowed_sizes(perf: dict[int, list[AlgoPerf]], batch: int, policy: Policy) 
 
 # -- the two solvers ------------------------------------------------------------------
 
+#: Up to this many usable sizes the recurrence runs on Python floats; above it,
+#: on NumPy vectors (per-call overhead beats the arithmetic on short vectors).
+_SCALAR_MAX_SIZES = 24
+
+
 def _solve_numpy(tv: np.ndarray, batch: int) -> list[int] | None:
     """Sizes of the best split (unordered), or None when batch is unreachable.
 
@@ -103,16 +108,64 @@ def _solve_numpy(tv: np.ndarray, batch: int) -> list[int] | None:
     sizes = np.flatnonzero(np.isfinite(tv[1:])) + 1  # ascending
     if sizes.size == 0:
         return None
+    if sizes.size <= _SCALAR_MAX_SIZES:
+        choice = _recur_scalar(sizes.tolist(), tv[sizes].tolist(), batch)
+    else:
+        choice = _recur_vector(sizes, tv[sizes], batch)
+    if choice is None:
+        return None
+    out = []
+    n = batch
+    while n > 0:
+        out.append(int(choice[n]))
+        n -= int(choice[n])
+    return out
+
+
+def _recur_scalar(sizes: list[int], ts: list[float], batch: int) -> list[int] | None:
+    """The recurrence on Python floats; returns choice[n] (the last step of n)."""
+    inf = math.inf
+    T = [inf] * (batch + 1)
+    T[0] = 0.0
+    cnt = [0] * (batch + 1)
+    choice = [0] * (batch + 1)
+    for n in range(sizes[0], batch + 1):
+        m = inf
+        for s, t in zip(sizes, ts):
+            if s > n:
+                break
+            c = T[n - s] + t
+            if c < m:
+                m = c
+        if m == inf:
+            continue
+        lim = _tie(m)
+        best_s = best_c = 0
+        best_v = inf
+        for s, t in zip(sizes, ts):  # ascending: a later equal count is a larger size
+            if s > n:
+                break
+            c = T[n - s] + t
+            if c <= lim and (best_s == 0 or cnt[n - s] <= best_c):
+                best_s, best_c, best_v = s, cnt[n - s], c
+        T[n] = best_v
+        cnt[n] = best_c + 1
+        choice[n] = best_s
+    return choice if T[batch] < inf else None
+
+
+def _recur_vector(sizes: np.ndarray, tvs: np.ndarray, batch: int) -> np.ndarray | None:
+    """The same recurrence on NumPy vectors over the sizes."""
     T = np.full(batch + 1, np.inf)
     T[0] = 0.0
     cnt = np.zeros(batch + 1, dtype=np.int64)
     choice = np.zeros(batch + 1, dtype=np.int64)
-    tvs = tv[sizes]
+    ks = np.searchsorted(sizes, np.arange(batch + 1), side="right")
     for n in range(int(sizes[0]), batch + 1):
-        k = int(np.searchsorted(sizes, n, side="right"))
+        k = int(ks[n])
         S = sizes[:k]
         cand = T[n - S] + tvs[:k]
-        j = int(np.argmin(cand))
+        j = int(cand.argmin())
         m = cand[j]
         if not math.isfinite(m):
             continue
@@ -125,14 +178,22 @@ def _solve_numpy(tv: np.ndarray, batch: int) -> list[int] | None:
         T[n] = cand[j]
         cnt[n] = cnt[n - s] + 1
         choice[n] = s
-    if not math.isfinite(T[batch]):
-        return None
-    out = []
-    n = batch
-    while n > 0:
-        out.append(int(choice[n]))
-        n -= int(choice[n])
-    return out
+    return choice if math.isfinite(T[batch]) else None
+
+
+def _lower(T: np.ndarray, s: int, t: float) -> None:
+    """Update the best-time table ``T`` in place after t(s) fell to ``t``.
+
+    With the old table optimal for the old times, the new optimum of n either
+    uses no size-s micro-batch (then it is at least the old T(n)) or is the new
+    optimum of n - s plus one size-s micro-batch: T(n) = min(T(n), T(n-s) + t),
+    relaxed for n = s, s+1, ... in blocks of s (each block reads the block
+    before it, already updated).
+    """
+    n = T.size - 1
+    for k in range(s, n + 1, s):
+        blk = T[k:k + s]
+        np.minimum(blk, T[k - s:k - s + blk.size] + t, out=blk)
 
 
 def wr_graph(tv: Mapping[int, float], batch: int):
@@ -288,18 +349,31 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
     choice: dict[int, AlgoPerf] = {}
     front: list[Plan] = []
     solver = _SOLVERS[method]
+    # Note: the sweep keeps T(n), the best time of n samples with the sizes
+    # seen so far, up to date incrementally (_lower); the exact solver, which
+    # breaks ties and returns the split, runs only where T(batch) beats the
+    # front. On the 'all' policy (256 sizes, ~1000 workspace values) that is
+    # the difference between seconds and milliseconds per kernel.
+    T = np.full(batch + 1, np.inf)
+    T[0] = 0.0
     i = 0
     while i < len(entries):
         limit = entries[i][0]
-        changed = False
+        changed: set[int] = set()
         while i < len(entries) and entries[i][0] == limit:
             _, s, _, e = entries[i]
             cur = choice.get(s)
             if cur is None or e.time_ms < cur.time_ms:
                 choice[s] = e
-                changed = True
+                changed.add(s)
             i += 1
-        if not changed:
+        for s in sorted(changed):
+            _lower(T, s, choice[s].time_ms)
+        if not changed or not math.isfinite(T[batch]):
+            continue
+        # Half the tie tolerance: the exact total may differ from T in the last
+        # bits, and a plan within the tolerance is not appended anyway.
+        if front and T[batch] >= front[-1].time_ms * (1 - _REL_TIE / 2):
             continue
         split = solver(_tvec(choice, batch), batch)
         if split is None:
