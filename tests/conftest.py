@@ -8,6 +8,10 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, settings
 
+# conv_support holds helpers with asserts that used to live in test files: keep
+# pytest's assertion messages for them (must run before anything imports it).
+pytest.register_assert_rewrite("conv_support")
+
 settings.register_profile(
     "ci", max_examples=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

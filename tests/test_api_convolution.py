@@ -4,6 +4,7 @@ before any backend call; the functional helpers."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -18,6 +19,7 @@ from mucudnn.backends import get_backend
 from mucudnn.exec import WorkspaceFallbackWarning
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, from_canonical, make_plan
 
+from conv_support import convolution_for, normal_tensors, run_direction
 from reference import reference, rel_err
 from test_exec_engine import Spy
 
@@ -81,32 +83,7 @@ def forced_plans(draw, batch, direction):
 SCALARS = st.sampled_from([(1.0, 0.0), (2.0, 0.0), (0.5, 1.0), (-1.5, 0.25), (1.0, 1.0)])
 
 
-def data_for(p, rng):
-    return (rng.standard_normal(p.x_shape).astype(np.float32),
-            rng.standard_normal(p.w_shape).astype(np.float32),
-            rng.standard_normal(p.output_shape).astype(np.float32))
-
-
-def run_direction(conv, d, x, w, y, alpha, beta, poison=False):
-    """Run ``d`` with the written tensor pre-filled (or NaN-poisoned when beta == 0)."""
-    out = {Direction.FORWARD: y, Direction.BACKWARD_DATA: x, Direction.BACKWARD_FILTER: w}[d]
-    out = out.copy()
-    if poison and beta == 0:
-        out[...] = np.nan
-    if d is Direction.FORWARD:
-        r = conv.forward(x, w, out, alpha=alpha, beta=beta)
-    elif d is Direction.BACKWARD_DATA:
-        r = conv.backward_data(y, w, out, alpha=alpha, beta=beta)
-    else:
-        r = conv.backward_filter(x, y, out, alpha=alpha, beta=beta)
-    assert r is out
-    return r
-
-
-def conv_for(p, **kw):
-    return Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
-                       dilation=p.dilation, groups=p.groups, layout=p.layout, backend="numpy",
-                       **kw)
+conv_for = functools.partial(convolution_for, backend="numpy")
 
 
 # -- properties -------------------------------------------------------------------------------
@@ -120,7 +97,7 @@ def test_forced_plans_equal_unsplit_and_reference(data):
     alpha, beta = data.draw(SCALARS)
     seed = data.draw(st.integers(0, 2**31))
     rng = np.random.default_rng(seed)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     micro = run_direction(conv_for(p, plans={d: plan}), d, x, w, y, alpha, beta, poison=True)
     whole = make_plan([MicroBatch(0, p.batch, data.draw(st.sampled_from(ALGOS)))],
                       undivided_time_ms=1.0, workspace_limit=None)
@@ -140,7 +117,7 @@ def test_big_and_odd_batches(batch, data):
     plan = data.draw(forced_plans(batch, d))
     alpha, beta = data.draw(SCALARS)
     rng = np.random.default_rng(batch)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     micro = run_direction(conv_for(p, plans={d: plan}), d, x, w, y, alpha, beta, poison=True)
     assert rel_err(micro, reference(p, d, x, w, y, alpha, beta)) < 1e-5
 
@@ -153,7 +130,7 @@ def test_lazily_optimised_plans(batch):
     conv = conv_for(p, workspace_limit=limit, policy="powerOfTwo")
     assert conv.plans == {}
     rng = np.random.default_rng(11)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     for d in Direction:
         out = run_direction(conv, d, x, w, y, 1.0, 0.0, poison=True)
         plan = conv.plans[d]
@@ -170,7 +147,7 @@ def test_defaults_and_returned_kinds():
     p = ConvProblem((4, 2, 5, 5), (3, 2, 3, 3), padding=1)
     conv = conv_for(p)
     rng = np.random.default_rng(12)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     y1 = conv.forward(x, w)
     assert isinstance(y1, np.ndarray) and y1.shape == p.output_shape and y1.dtype == np.float32
     assert rel_err(y1, reference(p, "forward", x, w, y)) < 1e-5
@@ -198,7 +175,7 @@ def test_graph_true_is_a_no_op_on_numpy():
     conv = conv_for(p, graph=True)
     assert not conv.graph_active
     rng = np.random.default_rng(14)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     assert rel_err(conv.forward(x, w), reference(p, "forward", x, w, y)) < 1e-5
 
 
@@ -208,7 +185,7 @@ def test_fallback_through_the_api(monkeypatch):
                            workspace_limit=None) for d in Direction}
     conv = conv_for(p, plans=forced)
     rng = np.random.default_rng(15)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     monkeypatch.setenv("MUCUDNN_WORKSPACE_LIMIT", "64")
     for d in Direction:
         with pytest.warns(WorkspaceFallbackWarning):
@@ -237,7 +214,7 @@ P = ConvProblem((4, 2, 5, 5), (2, 2, 3, 3), padding=1)  # y has x's shape
 
 def _args():
     rng = np.random.default_rng(16)
-    return data_for(P, rng)
+    return normal_tensors(P, rng)
 
 
 def _bad_cases():
@@ -315,7 +292,7 @@ def test_conv2d_matches_reference_and_reuses_its_convolution():
     spy = Spy()
     rng = np.random.default_rng(17)
     p = ConvProblem((6, 4, 7, 7), (6, 2, 3, 3), stride=2, padding=1, dilation=1, groups=2)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     y1 = conv2d(x, w, stride=2, padding=1, groups=2, backend=spy, workspace_limit=1 << 20)
     assert rel_err(y1, reference(p, "forward", x, w, y)) < 1e-5
     finds = spy.names().count("find")
@@ -335,11 +312,11 @@ def test_conv2d_matches_reference_and_reuses_its_convolution():
 def test_conv2d_nhwc_and_conv3d():
     rng = np.random.default_rng(18)
     p = ConvProblem((3, 5, 6, 4), (2, 3, 3, 4), padding=(1, 0), layout="NHWC")
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     r = conv2d(x, w, padding=(1, 0), layout="NHWC", backend="numpy")
     assert rel_err(r, reference(p, "forward", x, w, y)) < 1e-5
     p3 = ConvProblem((2, 2, 4, 4, 4), (3, 2, 2, 2, 2), stride=2, layout="NCDHW")
-    x, w, y = data_for(p3, rng)
+    x, w, y = normal_tensors(p3, rng)
     assert rel_err(conv3d(x, w, stride=2, backend="numpy"),
                    reference(p3, "forward", x, w, y)) < 1e-5
 
@@ -347,12 +324,12 @@ def test_conv2d_nhwc_and_conv3d():
 def test_functional_backward_helpers():
     rng = np.random.default_rng(19)
     p = ConvProblem((5, 4, 6, 6), (4, 2, 3, 3), padding=1, dilation=2, groups=2)
-    x, w, y = data_for(p, rng)
+    x, w, y = normal_tensors(p, rng)
     dx = conv_backward_data(y, w, p.x_shape, padding=1, dilation=2, groups=2, backend="numpy")
     assert rel_err(dx, reference(p, "backward_data", x, w, y)) < 1e-5
     dw = conv_backward_filter(x, y, p.w_shape, padding=1, dilation=2, groups=2, backend="numpy")
     assert rel_err(dw, reference(p, "backward_filter", x, w, y)) < 1e-5
     p3 = ConvProblem((2, 3, 3, 3, 2), (2, 2, 2, 2, 2), layout="NDHWC")
-    x, w, y = data_for(p3, rng)
+    x, w, y = normal_tensors(p3, rng)
     dw = conv_backward_filter(x, y, p3.w_shape, layout="NDHWC", backend="numpy")
     assert rel_err(dw, reference(p3, "backward_filter", x, w, y)) < 1e-5

@@ -21,44 +21,22 @@ import numpy as np
 import pytest
 
 import mucudnn.cuda as mc
-from mucudnn import Backend, ConvProblem, Direction
+from mucudnn import Backend, Direction
 from mucudnn._cudnn import (
     ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo, ConvolutionDescriptor,
     ConvolutionFwdAlgo, FilterDescriptor, Handle, MathType, TensorDescriptor, get_handle,
     live_descriptors, live_handles,
 )
-from mucudnn.backends.base import OUTPUT_OF, ConvTensors
+from mucudnn.backends.base import ConvTensors
 from mucudnn.backends.cudnn import CudnnBackend
+from conv_support import (CASES, CONFIGS, DIRECTIONS, MiB, FindMemo, backend_fixture,
+                          problem, run_algo, torch_or_skip, torch_result, uniform_tensors)
 from reference import reference, rel_err, to_canonical_array
 
 pytestmark = pytest.mark.gpu
 
-MiB = 1 << 20
 FIND_LIMIT = 512 * MiB
-DIRECTIONS = list(Direction)
 
-# name -> (x shape, w shape, options); shapes in the layout's own order
-CASES = {
-    "2d-nchw": ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1)),
-    "2d-nhwc-stride2": ((3, 17, 19, 16), (24, 3, 3, 16), dict(padding=1, stride=2, layout="NHWC")),
-    "2d-grouped-dilated": ((2, 24, 15, 15), (12, 6, 3, 3), dict(padding=2, dilation=2, groups=4)),
-    "2d-nhwc-grouped-5x5": ((2, 12, 12, 32), (16, 5, 5, 8),
-                            dict(padding=2, stride=(1, 2), dilation=(2, 1), groups=4,
-                                 layout="NHWC")),
-    "2d-1x1-stride2": ((4, 8, 9, 11), (16, 8, 1, 1), dict(stride=2)),
-    "2d-7x7-asym": ((2, 3, 23, 23), (8, 3, 7, 7), dict(stride=3, padding=(3, 1))),
-    "3d-ncdhw": ((2, 8, 6, 7, 8), (8, 8, 3, 3, 3), dict(padding=1, stride=(1, 2, 1),
-                                                       layout="NCDHW")),
-    "3d-ndhwc-grouped-dilated": ((2, 6, 7, 8, 8), (8, 3, 3, 3, 4),
-                                 dict(padding=(1, 2, 1), dilation=(1, 2, 1), groups=2,
-                                      layout="NDHWC")),
-}
-# (dtype, math, tolerance vs the float64 reference)
-CONFIGS = {
-    "f32-fma": ("float32", "fma", 1e-5),
-    "f32-default": ("float32", "default", 5e-3),
-    "f16-default": ("float16", "default", 1e-2),
-}
 # Transform-based algorithms round differently from the GEMM/direct ones; with
 # FMA math in float32 they get 1e-4 instead of 1e-5 (measured errors are printed).
 _TRANSFORM_ALGOS = {
@@ -78,85 +56,8 @@ def _tolerance(direction, algo, dtype, math, tol):
     return tol
 
 
-@pytest.fixture(scope="module")
-def be():
-    b = CudnnBackend(find_workspace_limit=FIND_LIMIT)
-    yield b
-    b.close()
-
-
-_FOUND: dict = {}
-
-
-def _find(be, p, direction, limit=FIND_LIMIT):
-    """be.find, memoised for this module (Find is the slow part of these tests)."""
-    key = (p.key(), str(direction), limit)
-    if key not in _FOUND:
-        _FOUND[key] = be.find(p, direction, limit)
-    return _FOUND[key]
-
-
-def _problem(case, dtype="float32", math="default"):
-    x, w, opts = CASES[case]
-    return ConvProblem(x, w, dtype=dtype, math=math, **opts)
-
-
-def _host(p, rng):
-    def r(shape):
-        return rng.uniform(-1, 1, size=shape).astype(p.dtype)
-    return r(p.x_shape), r(p.w_shape), r(p.output_shape)
-
-
-def _workspace(be, nbytes):
-    return be.alloc_workspace(nbytes) if nbytes > 0 else None
-
-
-def _run(be, p, direction, perf, hx, hw, hy, alpha=1.0, beta=0.0, workspace=None):
-    """Run one algorithm on fresh device copies; the written tensor is NaN-poisoned
-    when beta == 0. Returns the written tensor on the host."""
-    x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
-    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
-    if beta == 0:
-        out.fill_nan(stream=be.stream)
-    need = be.workspace_size(p, direction, perf.algo, perf.math_type)
-    ws = workspace if workspace is not None else _workspace(be, need)
-    be.run(direction, perf.algo, perf.math_type, ConvTensors(p, x, w, y), alpha, beta, ws)
-    result = be.to_host(out)
-    for a in (x, w, y) + (() if workspace is not None or ws is None else (ws,)):
-        a.close()
-    return result
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
-    return torch
-
-
-def _torch_result(p, direction, hx, hw, hy, math):
-    """The same convolution computed by torch on the device, canonical layout, float64."""
-    torch = _torch()
-    import torch.nn.functional as F
-    from torch.nn import grad as G
-
-    torch.backends.cudnn.allow_tf32 = math != "fma"  # TF32 only where we allow it too
-    dev = torch.device("cuda", mc.current_device())
-
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(to_canonical_array(a, p.layout))).to(dev)
-
-    x, w, dy = t(hx), t(hw), t(hy)
-    kw = dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups)
-    conv = F.conv2d if p.nd == 2 else F.conv3d
-    if direction is Direction.FORWARD:
-        r = conv(x, w, **kw)
-    elif direction is Direction.BACKWARD_DATA:
-        r = (G.conv2d_input if p.nd == 2 else G.conv3d_input)(p.x_dims, w, dy, **kw)
-    else:
-        r = (G.conv2d_weight if p.nd == 2 else G.conv3d_weight)(x, p.w_dims, dy, **kw)
-    torch.cuda.synchronize()
-    return r.double().cpu().numpy()
+be = backend_fixture(CudnnBackend, FIND_LIMIT)
+_find = FindMemo(FIND_LIMIT)
 
 
 # -- the backend ------------------------------------------------------------------------
@@ -176,19 +77,19 @@ def test_backend_identity(be):
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_every_found_algorithm_is_correct(be, case, config, direction):
     dtype, math, tol = CONFIGS[config]
-    p = _problem(case, dtype, math)
+    p = problem(case, dtype, math)
     perfs = _find(be, p, direction)
     assert perfs, f"cuDNN found no algorithm for {p} {direction}"
     assert [a.time_ms for a in perfs] == sorted(a.time_ms for a in perfs)
     rng = np.random.default_rng(zlib.crc32(f"{case}/{config}/{direction}".encode()))
-    hx, hw, hy = _host(p, rng)
+    hx, hw, hy = uniform_tensors(p, rng)
     truth = reference(p, direction, hx, hw, hy)
     errs = []
     for perf in perfs:
         assert perf.workspace_bytes <= FIND_LIMIT
         if math == "fma":
             assert perf.math_type == MathType.FMA_MATH
-        got = _run(be, p, direction, perf, hx, hw, hy)
+        got = run_algo(be, p, direction, perf.algo, perf.math_type, hx, hw, hy)
         assert not np.isnan(got.astype(np.float64)).any(), (perf, "NaN poison survived")
         err = rel_err(got, truth)
         errs.append((perf.algo, perf.math_type, err))
@@ -196,10 +97,11 @@ def test_every_found_algorithm_is_correct(be, case, config, direction):
     print(f"{case} {config} {direction}: (algo, math, rel err) {errs}")
     # the fastest algorithm against torch on the device
     try:
-        theirs = _torch_result(p, direction, hx, hw, hy, math)
+        theirs = torch_result(p, direction, hx, hw, hy, math)
     except pytest.skip.Exception:
         return
-    ours = to_canonical_array(_run(be, p, direction, perfs[0], hx, hw, hy), p.layout)
+    ours = to_canonical_array(
+        run_algo(be, p, direction, perfs[0].algo, perfs[0].math_type, hx, hw, hy), p.layout)
     t = _tolerance(direction, perfs[0].algo, dtype, math, tol)
     assert rel_err(ours, theirs) < 2 * t
     assert rel_err(theirs, to_canonical_array(truth, p.layout)) < 2 * t
@@ -207,14 +109,15 @@ def test_every_found_algorithm_is_correct(be, case, config, direction):
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_float64_uses_double_scalars(be, direction):
-    p = _problem("2d-grouped-dilated", "float64", "default")
+    p = problem("2d-grouped-dilated", "float64", "default")
     perfs = be.find(p, direction, FIND_LIMIT)
     if not perfs:
         pytest.skip("no float64 algorithm for this problem")
     rng = np.random.default_rng(64)
-    hx, hw, hy = _host(p, rng)
+    hx, hw, hy = uniform_tensors(p, rng)
     for perf in perfs:
-        got = _run(be, p, direction, perf, hx, hw, hy, alpha=2.5, beta=-1.25)
+        got = run_algo(be, p, direction, perf.algo, perf.math_type, hx, hw, hy,
+                       alpha=2.5, beta=-1.25)
         truth = reference(p, direction, hx, hw, hy, alpha=2.5, beta=-1.25)
         assert rel_err(got, truth) < 1e-12, perf
 
@@ -223,18 +126,19 @@ def test_float64_uses_double_scalars(be, direction):
 @pytest.mark.parametrize("case", ["2d-nchw", "2d-nhwc-grouped-5x5", "3d-ndhwc-grouped-dilated"])
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_alpha_beta_with_prefilled_output(be, case, direction, alpha, beta):
-    p = _problem(case, "float32", "fma")
+    p = problem(case, "float32", "fma")
     perfs = _find(be, p, direction)
     rng = np.random.default_rng(7)
-    hx, hw, hy = _host(p, rng)  # the written tensor's prior value is random, not zero
+    hx, hw, hy = uniform_tensors(p, rng)  # the written tensor's prior value is random, not zero
     truth = reference(p, direction, hx, hw, hy, alpha=alpha, beta=beta)
     for perf in perfs[:2]:
-        got = _run(be, p, direction, perf, hx, hw, hy, alpha=alpha, beta=beta)
+        got = run_algo(be, p, direction, perf.algo, perf.math_type, hx, hw, hy,
+                       alpha=alpha, beta=beta)
         assert rel_err(got, truth) < _tolerance(direction, perf.algo, "float32", "fma", 1e-5)
 
 
 def test_find_respects_the_limit_and_math(be):
-    p = _problem("2d-nchw", "float32", "default")
+    p = problem("2d-nchw", "float32", "default")
     for direction in DIRECTIONS:
         everything = be.find(p, direction, FIND_LIMIT)
         none = be.find(p, direction, 0)
@@ -243,7 +147,7 @@ def test_find_respects_the_limit_and_math(be):
                                                          for a in everything}
         for a in everything:
             assert a.determinism in (0, 1) and a.time_ms >= 0
-    fma = be.find(_problem("2d-nchw", "float32", "fma"), Direction.FORWARD, FIND_LIMIT)
+    fma = be.find(problem("2d-nchw", "float32", "fma"), Direction.FORWARD, FIND_LIMIT)
     assert fma and all(a.math_type == MathType.FMA_MATH for a in fma)
 
 
@@ -253,7 +157,7 @@ def test_find_workspace_is_enough_to_run(be, case):
     for: a plan sized from Find's numbers can run."""
     for config in ("f32-fma", "f16-default"):
         dtype, math, _ = CONFIGS[config]
-        p = _problem(case, dtype, math)
+        p = problem(case, dtype, math)
         for direction in DIRECTIONS:
             for a in _find(be, p, direction):
                 need = be.workspace_size(p, direction, a.algo, a.math_type)
@@ -261,9 +165,9 @@ def test_find_workspace_is_enough_to_run(be, case):
 
 
 def test_too_small_workspace_raises_value_error(be):
-    p = _problem("2d-nchw", "float32", "fma")
+    p = problem("2d-nchw", "float32", "fma")
     rng = np.random.default_rng(3)
-    hx, hw, hy = _host(p, rng)
+    hx, hw, hy = uniform_tensors(p, rng)
     tensors = ConvTensors(p, be.empty(p.x_shape, p.dtype), be.empty(p.w_shape, p.dtype),
                           be.empty(p.output_shape, p.dtype))
     for direction in DIRECTIONS:
@@ -279,7 +183,7 @@ def test_too_small_workspace_raises_value_error(be):
         with pytest.raises(ValueError, match="workspace"):
             be.run(direction, a.algo, a.math_type, tensors, 1.0, 0.0, None)
         enough = be.alloc_workspace(need)
-        got = _run(be, p, direction, a, hx, hw, hy, workspace=enough)
+        got = run_algo(be, p, direction, a.algo, a.math_type, hx, hw, hy, workspace=enough)
         assert rel_err(got, reference(p, direction, hx, hw, hy)) < 1e-4
         small.close()
         enough.close()
@@ -288,7 +192,7 @@ def test_too_small_workspace_raises_value_error(be):
 
 
 def test_wrong_tensors_raise(be):
-    p = _problem("2d-nchw", "float32", "fma")
+    p = problem("2d-nchw", "float32", "fma")
     q = p.with_batch(2)
     good = ConvTensors(p, be.empty(p.x_shape, "float32"), be.empty(p.w_shape, "float32"),
                        be.empty(p.output_shape, "float32"))
@@ -305,8 +209,8 @@ def test_wrong_tensors_raise(be):
 
 def test_micro_batch_views_and_zero_copy_torch(be):
     """Leading-axis views (micro-batches) and torch tensors used in place."""
-    torch = _torch()
-    p = _problem("2d-nchw", "float32", "fma")
+    torch = torch_or_skip()
+    p = problem("2d-nchw", "float32", "fma")
     dev = torch.device("cuda", be.device)
     gen = torch.Generator(device=dev).manual_seed(5)
     x = torch.rand(p.x_shape, device=dev, generator=gen) * 2 - 1
@@ -348,7 +252,7 @@ def test_handle_stream_binding_and_cache():
 
 
 def test_descriptor_cycles_leak_nothing():
-    p = _problem("3d-ndhwc-grouped-dilated", "float16", "fma")
+    p = problem("3d-ndhwc-grouped-dilated", "float16", "fma")
     gc.collect()
     mc.synchronize()
     free0, _ = mc.mem_get_info()
@@ -364,9 +268,9 @@ def test_descriptor_cycles_leak_nothing():
 
 
 def test_a_thousand_convolutions_leak_nothing(be):
-    p = _problem("2d-nchw", "float32", "fma")
+    p = problem("2d-nchw", "float32", "fma")
     rng = np.random.default_rng(11)
-    hx, hw, hy = _host(p, rng)
+    hx, hw, hy = uniform_tensors(p, rng)
     x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
     dx, dw, out = be.empty(p.x_shape, "float32"), be.from_host(hw), be.empty(p.output_shape,
                                                                            "float32")
@@ -402,7 +306,7 @@ def test_descriptor_cache_is_bounded_and_closed():
     gc.collect()
     live0 = live_descriptors()
     with CudnnBackend(descriptor_cache_size=2, find_workspace_limit=16 * MiB) as b:
-        problems = [_problem("2d-1x1-stride2", "float32", "fma").with_batch(n)
+        problems = [problem("2d-1x1-stride2", "float32", "fma").with_batch(n)
                     for n in (1, 2, 3, 4, 5)]
         for _ in range(3):
             for q in problems:

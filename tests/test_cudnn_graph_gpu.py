@@ -18,7 +18,7 @@ Kept small so that the whole file runs in well under three minutes on an H200:
 from __future__ import annotations
 
 import ctypes
-
+import functools
 import gc
 import re
 import zlib
@@ -35,36 +35,15 @@ from mucudnn._cudnn.enums import BackendNumericalNote as Note
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.problem import MicroBatch, make_plan
+from conv_support import (CONFIGS, DIRECTIONS, MiB, FindMemo, backend_fixture,
+                          convolution_for, normal_tensors, problem, run_algo, run_direction,
+                          torch_result, uniform_tensors)
 from reference import reference, rel_err, to_canonical_array
 
 pytestmark = pytest.mark.gpu
 
-MiB = 1 << 20
 FIND_LIMIT = 256 * MiB
-DIRECTIONS = list(Direction)
-
-# name -> (x shape, w shape, options); shapes in the layout's own order
-CASES = {
-    "2d-nchw": ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1)),
-    "2d-nhwc-stride2": ((3, 17, 19, 16), (24, 3, 3, 16), dict(padding=1, stride=2, layout="NHWC")),
-    "2d-grouped-dilated": ((2, 24, 15, 15), (12, 6, 3, 3), dict(padding=2, dilation=2, groups=4)),
-    "2d-nhwc-grouped-5x5": ((2, 12, 12, 32), (16, 5, 5, 8),
-                            dict(padding=2, stride=(1, 2), dilation=(2, 1), groups=4,
-                                 layout="NHWC")),
-    "2d-1x1-stride2": ((4, 8, 9, 11), (16, 8, 1, 1), dict(stride=2)),
-    "3d-ncdhw": ((2, 8, 6, 7, 8), (8, 8, 3, 3, 3), dict(padding=1, stride=(1, 2, 1),
-                                                       layout="NCDHW")),
-    "3d-ndhwc-grouped-dilated": ((2, 6, 7, 8, 8), (8, 3, 3, 3, 4),
-                                 dict(padding=(1, 2, 1), dilation=(1, 2, 1), groups=2,
-                                      layout="NDHWC")),
-}
-# (dtype, math, tolerance vs the float64 reference)
-CONFIGS = {
-    "f32-fma": ("float32", "fma", 1e-5),
-    "f32-default": ("float32", "default", 5e-3),
-    "f16-default": ("float16", "default", 1e-2),
-    "bf16-default": ("bfloat16", "default", 1e-2),
-}
+CONFIGS = {**CONFIGS, "bf16-default": ("bfloat16", "default", 1e-2)}
 # every case, every config at least twice, every layout and 2-D/3-D with fma and a half type
 MATRIX = [
     ("2d-nchw", "f32-fma"), ("2d-nchw", "f32-default"), ("2d-nchw", "bf16-default"),
@@ -78,50 +57,11 @@ MATRIX = [
 ]
 
 
-@pytest.fixture(scope="module")
-def be():
-    b = CudnnGraphBackend(find_workspace_limit=FIND_LIMIT)
-    yield b
-    b.close()
-
-
-_FOUND: dict = {}
-
-
-def _find(be, p, direction, limit=FIND_LIMIT):
-    key = (p.key(), str(direction), limit)
-    if key not in _FOUND:
-        _FOUND[key] = be.find(p, direction, limit)
-    return _FOUND[key]
-
-
-def _problem(case, dtype="float32", math="default"):
-    x, w, opts = CASES[case]
-    return ConvProblem(x, w, dtype=dtype, math=math, **opts)
-
-
-def _host(p, rng):
-    dt = mc.normalize_dtype(p.dtype)
-
-    def r(shape):
-        return rng.uniform(-1, 1, size=shape).astype(np.float32).astype(dt)
-    return r(p.x_shape), r(p.w_shape), r(p.output_shape)
-
-
-def _run(be, p, direction, algo, hx, hw, hy, alpha=1.0, beta=0.0, workspace=None):
-    """Run one engine config on fresh device copies; the written tensor is NaN-poisoned
-    when beta == 0. Returns the written tensor on the host."""
-    x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
-    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
-    if beta == 0:
-        out.fill_nan(stream=be.stream)
-    need = be.workspace_size(p, direction, algo)
-    ws = workspace if workspace is not None else (be.alloc_workspace(need) if need else None)
-    be.run(direction, algo, 0, ConvTensors(p, x, w, y), alpha, beta, ws)
-    result = be.to_host(out)
-    for a in (x, w, y) + (() if workspace is not None or ws is None else (ws,)):
-        a.close()
-    return result
+be = backend_fixture(CudnnGraphBackend, FIND_LIMIT)
+_find = FindMemo(FIND_LIMIT)
+# host data rounded through float32 in every dtype (bfloat16 too), given to torch as float32
+_host = functools.partial(uniform_tensors, via_float32=True)
+_torch_result = functools.partial(torch_result, via_float32=True)
 
 
 def _notes(be, p, direction):
@@ -134,39 +74,6 @@ def _tolerance(notes, dtype, math, tol):
     if dtype == "float32" and math == "fma" and notes & transform:
         return max(tol, 1e-4)  # transform-based engines round differently (as in the legacy API)
     return tol
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
-    return torch
-
-
-def _torch_result(p, direction, hx, hw, hy, math):
-    torch = _torch()
-    import torch.nn.functional as F
-    from torch.nn import grad as G
-
-    torch.backends.cudnn.allow_tf32 = math != "fma"
-    dev = torch.device("cuda", mc.current_device())
-    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[p.dtype]
-
-    def t(a):
-        c = np.ascontiguousarray(to_canonical_array(a, p.layout)).astype(np.float32)
-        return torch.from_numpy(c).to(dev).to(tdt)
-
-    x, w, dy = t(hx), t(hw), t(hy)
-    kw = dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups)
-    conv = F.conv2d if p.nd == 2 else F.conv3d
-    if direction is Direction.FORWARD:
-        r = conv(x, w, **kw)
-    elif direction is Direction.BACKWARD_DATA:
-        r = (G.conv2d_input if p.nd == 2 else G.conv3d_input)(p.x_dims, w, dy, **kw)
-    else:
-        r = (G.conv2d_weight if p.nd == 2 else G.conv3d_weight)(x, p.w_dims, dy, **kw)
-    torch.cuda.synchronize()
-    return r.double().cpu().numpy()
 
 
 # -- the backend ------------------------------------------------------------------------------
@@ -188,7 +95,7 @@ def test_backend_identity(be):
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_every_found_engine_is_correct(be, case, config, direction):
     dtype, math, tol = CONFIGS[config]
-    p = _problem(case, dtype, math)
+    p = problem(case, dtype, math)
     perfs = _find(be, p, direction)
     assert perfs, f"no engine config ran for {p} {direction}"
     assert [a.time_ms for a in perfs] == sorted(a.time_ms for a in perfs)
@@ -208,7 +115,7 @@ def test_every_found_engine_is_correct(be, case, config, direction):
             assert int(Note.TENSOR_CORE) not in n, perf
         assert (perf.determinism == 0) == (int(Note.NONDETERMINISTIC) in n)
         assert be.workspace_size(p, direction, perf.algo) == perf.workspace_bytes
-        got = _run(be, p, direction, perf.algo, hx, hw, hy)
+        got = run_algo(be, p, direction, perf.algo, 0, hx, hw, hy)
         assert not np.isnan(got.astype(np.float64)).any(), (perf, "NaN poison survived")
         err = rel_err(got, truth)
         errs.append((perf.algo, err))
@@ -218,7 +125,7 @@ def test_every_found_engine_is_correct(be, case, config, direction):
         theirs = _torch_result(p, direction, hx, hw, hy, math)
     except pytest.skip.Exception:
         return
-    ours = to_canonical_array(_run(be, p, direction, perfs[0].algo, hx, hw, hy), p.layout)
+    ours = to_canonical_array(run_algo(be, p, direction, perfs[0].algo, 0, hx, hw, hy), p.layout)
     t = _tolerance(notes[perfs[0].algo], dtype, math, tol)
     assert rel_err(ours, theirs) < 2 * t
     assert rel_err(theirs, to_canonical_array(truth, p.layout)) < 2 * t
@@ -226,7 +133,7 @@ def test_every_found_engine_is_correct(be, case, config, direction):
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_float64_uses_double_scalars(be, direction):
-    p = _problem("2d-grouped-dilated", "float64", "default")
+    p = problem("2d-grouped-dilated", "float64", "default")
     perfs = be.find(p, direction, FIND_LIMIT)
     if not perfs:
         pytest.skip("no float64 engine for this problem")
@@ -234,7 +141,7 @@ def test_float64_uses_double_scalars(be, direction):
     hx, hw, hy = _host(p, rng)
     truth = reference(p, direction, hx, hw, hy, alpha=2.5, beta=-1.25)
     for perf in perfs:
-        got = _run(be, p, direction, perf.algo, hx, hw, hy, alpha=2.5, beta=-1.25)
+        got = run_algo(be, p, direction, perf.algo, 0, hx, hw, hy, alpha=2.5, beta=-1.25)
         assert rel_err(got, truth) < 1e-12, perf
 
 
@@ -242,19 +149,19 @@ def test_float64_uses_double_scalars(be, direction):
 @pytest.mark.parametrize("case", ["2d-nchw", "2d-nhwc-grouped-5x5", "3d-ndhwc-grouped-dilated"])
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_alpha_beta_with_prefilled_output(be, case, direction, alpha, beta):
-    p = _problem(case, "float32", "fma")
+    p = problem(case, "float32", "fma")
     perfs = _find(be, p, direction)
     notes = _notes(be, p, direction)
     rng = np.random.default_rng(7)
     hx, hw, hy = _host(p, rng)  # the written tensor's prior value is random, not zero
     truth = reference(p, direction, hx, hw, hy, alpha=alpha, beta=beta)
     for perf in perfs[:2]:
-        got = _run(be, p, direction, perf.algo, hx, hw, hy, alpha=alpha, beta=beta)
+        got = run_algo(be, p, direction, perf.algo, 0, hx, hw, hy, alpha=alpha, beta=beta)
         assert rel_err(got, truth) < _tolerance(notes[perf.algo], "float32", "fma", 1e-5)
 
 
 def test_alpha_beta_are_part_of_the_plan_key(be):
-    p = _problem("2d-1x1-stride2", "float32", "fma")
+    p = problem("2d-1x1-stride2", "float32", "fma")
     a = _find(be, p, Direction.FORWARD)[0].algo
     rng = np.random.default_rng(9)
     hx, hw, hy = _host(p, rng)
@@ -275,7 +182,7 @@ def test_alpha_beta_are_part_of_the_plan_key(be):
 
 
 def test_find_respects_the_limit(be):
-    p = _problem("2d-nchw", "float32", "default")
+    p = problem("2d-nchw", "float32", "default")
     for direction in DIRECTIONS:
         everything = _find(be, p, direction)
         none = be.find(p, direction, 0)
@@ -289,7 +196,7 @@ def test_find_respects_the_limit(be):
 
 
 def test_too_small_workspace_and_wrong_arguments_raise(be):
-    p = _problem("2d-nchw", "float32", "fma")
+    p = problem("2d-nchw", "float32", "fma")
     rng = np.random.default_rng(3)
     hx, hw, hy = _host(p, rng)
     tensors = ConvTensors(p, be.from_host(hx), be.from_host(hw), be.empty(p.output_shape, p.dtype))
@@ -349,23 +256,8 @@ def test_micro_batch_views_below_16_byte_alignment(be, direction, dtype, tol):
 
 # -- through the engine: micro-batched == unsplit ----------------------------------------------
 
-def _conv(p, **kw):
-    from mucudnn.api import Convolution
-
-    return Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
-                       dilation=p.dilation, groups=p.groups, layout=p.layout, math=p.math,
-                       backend="cudnn-graph", **kw)
-
-
-def _call(conv, d, x, w, y, alpha=1.0, beta=0.0, poison=False):
-    out = {Direction.FORWARD: y, Direction.BACKWARD_DATA: x, Direction.BACKWARD_FILTER: w}[d].copy()
-    if poison and beta == 0:
-        out[...] = np.nan
-    if d is Direction.FORWARD:
-        return conv.forward(x, w, out, alpha=alpha, beta=beta)
-    if d is Direction.BACKWARD_DATA:
-        return conv.backward_data(y, w, out, alpha=alpha, beta=beta)
-    return conv.backward_filter(x, y, out, alpha=alpha, beta=beta)
+_conv = functools.partial(convolution_for, backend="cudnn-graph")
+_call = functools.partial(run_direction, assert_returns_out=False)
 
 
 @pytest.fixture
@@ -405,8 +297,7 @@ def test_micro_batched_equals_unsplit_and_reference(be, _cache, data):
         common &= set(_engines_at(be, p, d, s))
     alpha, beta = data.draw(st.sampled_from([(1.0, 0.0), (2.0, 0.0), (0.5, 1.0), (-1.5, 0.25)]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    x, w, y = (rng.standard_normal(s).astype(np.float32)
-               for s in (p.x_shape, p.w_shape, p.output_shape))
+    x, w, y = normal_tensors(p, rng)
     truth = reference(p, d, x, w, y, alpha, beta)
     if common:
         algo = data.draw(st.sampled_from(sorted(common)))
@@ -440,8 +331,7 @@ def test_backward_filter_accumulates_across_micro_batches(be, _cache, beta):
     plan = make_plan([MicroBatch(0, 8, a8[0]), MicroBatch(8, 4, a4[-1]),
                       MicroBatch(12, 4, a4[0])], undivided_time_ms=1, workspace_limit=None)
     rng = np.random.default_rng(2)
-    x, w, y = (rng.standard_normal(s).astype(np.float32)
-               for s in (p.x_shape, p.w_shape, p.output_shape))
+    x, w, y = normal_tensors(p, rng)
     dw = _call(_conv(p, plans={d: plan}), d, x, w, y, 1.5, beta, poison=True)
     assert np.isfinite(dw).all()
     assert rel_err(dw, reference(p, d, x, w, y, 1.5, beta)) < 1e-4
@@ -451,8 +341,7 @@ def test_optimised_plans_under_a_limit(be, _cache):
     p = ConvProblem((24, 8, 10, 10), (16, 8, 3, 3), padding=1, math="fma")
     conv = _conv(p, workspace_limit=1 << 20, policy="powerOfTwo")
     rng = np.random.default_rng(4)
-    x, w, y = (rng.standard_normal(s).astype(np.float32)
-               for s in (p.x_shape, p.w_shape, p.output_shape))
+    x, w, y = normal_tensors(p, rng)
     for d in DIRECTIONS:
         out = _call(conv, d, x, w, y, 1.0, 0.0, poison=True)
         assert conv.plans[d].batch == 24 and conv.plans[d].workspace_bytes <= 1 << 20
@@ -463,7 +352,7 @@ def test_optimised_plans_under_a_limit(be, _cache):
 # -- caches and leaks ----------------------------------------------------------------------------
 
 def test_ten_thousand_executions_leak_nothing(be):
-    p = _problem("2d-nchw", "float32", "fma")
+    p = problem("2d-nchw", "float32", "fma")
     rng = np.random.default_rng(11)
     hx, hw, hy = _host(p, rng)
     x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)

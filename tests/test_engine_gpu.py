@@ -12,6 +12,7 @@ Run: ``HYPOTHESIS_PROFILE=gpu python -m pytest -q -m gpu tests/test_engine_gpu.p
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -19,12 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mucudnn.api import Convolution, conv2d
+from mucudnn.api import conv2d
 from mucudnn.backends import get_backend
 from mucudnn.exec import (MicroBatchHandle, WorkspaceFallbackWarning, get_pool,
                           problem_from_descriptors)
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, from_canonical, make_plan
 
+from conv_support import convolution_for, normal_tensors, run_direction
 from reference import reference, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -51,31 +53,7 @@ def torch():
     return pytest.importorskip("torch")
 
 
-def host(p, rng):
-    return (rng.standard_normal(p.x_shape).astype(np.float32),
-            rng.standard_normal(p.w_shape).astype(np.float32),
-            rng.standard_normal(p.output_shape).astype(np.float32))
-
-
-def conv_for(p, **kw):
-    kw.setdefault("backend", "cudnn")
-    return Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
-                       dilation=p.dilation, groups=p.groups, layout=p.layout, math=p.math, **kw)
-
-
-def run(conv, d, x, w, y, alpha=1.0, beta=0.0, poison=False):
-    """NumPy in, NumPy out (copied through the device); the written tensor pre-filled."""
-    out = {Direction.FORWARD: y, Direction.BACKWARD_DATA: x, Direction.BACKWARD_FILTER: w}[d].copy()
-    if poison and beta == 0:
-        out[...] = np.nan
-    if d is Direction.FORWARD:
-        r = conv.forward(x, w, out, alpha=alpha, beta=beta)
-    elif d is Direction.BACKWARD_DATA:
-        r = conv.backward_data(y, w, out, alpha=alpha, beta=beta)
-    else:
-        r = conv.backward_filter(x, y, out, alpha=alpha, beta=beta)
-    assert r is out
-    return r
+conv_for = functools.partial(convolution_for, backend="cudnn")
 
 
 _ALGOS: dict = {}
@@ -147,9 +125,9 @@ def test_same_algo_split_equals_unsplit_and_reference(be, data):
                       workspace_limit=None)
     alpha, beta = data.draw(SCALARS)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    x, w, y = host(p, rng)
-    micro = run(conv_for(p, plans={d: plan}), d, x, w, y, alpha, beta, poison=True)
-    unsplit = run(conv_for(p, plans={d: whole}), d, x, w, y, alpha, beta)
+    x, w, y = normal_tensors(p, rng)
+    micro = run_direction(conv_for(p, plans={d: plan}), d, x, w, y, alpha, beta, poison=True)
+    unsplit = run_direction(conv_for(p, plans={d: whole}), d, x, w, y, alpha, beta)
     assert rel_err(micro, unsplit) < FMA_SPLIT[d], (p, d, algo, sizes)
     assert rel_err(micro, reference(p, d, x, w, y, alpha, beta)) < FMA_REF, (p, d, algo)
 
@@ -168,9 +146,9 @@ def test_mixed_algorithms_equal_reference(be, data):
         off += s
     alpha, beta = data.draw(SCALARS)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     plan = make_plan(mbs, undivided_time_ms=1, workspace_limit=None)
-    micro = run(conv_for(p, plans={d: plan}), d, x, w, y, alpha, beta, poison=True)
+    micro = run_direction(conv_for(p, plans={d: plan}), d, x, w, y, alpha, beta, poison=True)
     assert np.isfinite(micro).all()
     assert rel_err(micro, reference(p, d, x, w, y, alpha, beta)) < FMA_REF, (p, d, mbs)
 
@@ -180,9 +158,9 @@ def test_batch_sizes_with_optimised_plans(be, batch):
     p = ConvProblem((batch, 8, 6, 6), (8, 8, 3, 3), padding=1, math="fma")
     conv = conv_for(p, workspace_limit=1 << 20, policy="powerOfTwo")
     rng = np.random.default_rng(batch)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     for d in Direction:
-        out = run(conv, d, x, w, y, 1.0, 0.0, poison=True)
+        out = run_direction(conv, d, x, w, y, 1.0, 0.0, poison=True)
         assert conv.plans[d].batch == batch and conv.plans[d].workspace_bytes <= 1 << 20
         assert rel_err(out, reference(p, d, x, w, y)) < FMA_REF
 
@@ -191,10 +169,10 @@ def test_default_math_against_reference(be):
     p = ConvProblem((32, 16, 9, 9), (32, 16, 3, 3), padding=1)
     conv = conv_for(p, workspace_limit=4 << 20)
     rng = np.random.default_rng(1)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     for d in Direction:
-        assert rel_err(run(conv, d, x, w, y, 0.5, 1.0), reference(p, d, x, w, y, 0.5, 1.0)) \
-            < DEFAULT_REF
+        assert rel_err(run_direction(conv, d, x, w, y, 0.5, 1.0),
+                       reference(p, d, x, w, y, 0.5, 1.0)) < DEFAULT_REF
 
 
 def test_backward_filter_beta_zero_with_nan_dw(be):
@@ -203,8 +181,8 @@ def test_backward_filter_beta_zero_with_nan_dw(be):
                      undivided_time_ms=1, workspace_limit=None)
     conv = conv_for(p, plans={Direction.BACKWARD_FILTER: plan})
     rng = np.random.default_rng(2)
-    x, w, y = host(p, rng)
-    dw = run(conv, Direction.BACKWARD_FILTER, x, w, y, 1.0, 0.0, poison=True)
+    x, w, y = normal_tensors(p, rng)
+    dw = run_direction(conv, Direction.BACKWARD_FILTER, x, w, y, 1.0, 0.0, poison=True)
     assert np.isfinite(dw).all()
     assert rel_err(dw, reference(p, Direction.BACKWARD_FILTER, x, w, y)) < FMA_REF
 
@@ -216,7 +194,7 @@ P = ConvProblem((12, 8, 10, 10), (16, 8, 3, 3), padding=1, math="fma")
 
 def test_torch_round_trip_is_zero_copy(be, torch):
     rng = np.random.default_rng(3)
-    x, w, y = host(P, rng)
+    x, w, y = normal_tensors(P, rng)
     conv = conv_for(P, workspace_limit=1 << 20)
     tx, tw, ty = (torch.from_numpy(a).cuda() for a in (x, w, y))
     out = torch.full(P.output_shape, float("nan"), device="cuda")
@@ -258,7 +236,7 @@ class CupyLike:
 @pytest.mark.parametrize("version", [2, 3])
 def test_cupy_style_round_trip(be, torch, version):
     rng = np.random.default_rng(4)
-    x, w, y = host(P, rng)
+    x, w, y = normal_tensors(P, rng)
     conv = conv_for(P, workspace_limit=1 << 20)
     tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
     ty = torch.empty(P.output_shape, device="cuda")
@@ -277,7 +255,7 @@ def test_device_arrays_and_numpy_on_gpu(be):
     from mucudnn.cuda import DeviceArray
 
     rng = np.random.default_rng(5)
-    x, w, y = host(P, rng)
+    x, w, y = normal_tensors(P, rng)
     conv = conv_for(P, workspace_limit=1 << 20)
     dx, dw = DeviceArray.from_numpy(x), DeviceArray.from_numpy(w)
     r = conv.forward(dx, dw)
@@ -326,7 +304,7 @@ def test_handle_with_descriptors_and_pointers(be, torch, p):
     assert problem_from_descriptors(xd, wd, cd, yd) == p
     h = MicroBatchHandle("cudnn", workspace_limit=1 << 20)
     rng = np.random.default_rng(6)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     tx, tw, ty = (torch.from_numpy(a).cuda() for a in (x, w, y))
     need = h.get_convolution_forward_workspace_size(xd, wd, cd, yd, 0, layer_id="L")
     assert need == h.plans["L/forward"].workspace_bytes <= 1 << 20
@@ -367,7 +345,7 @@ def test_handle_wd(be, torch):
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     p = ps["b"]
     rng = np.random.default_rng(7)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
     out = torch.empty(p.output_shape, device="cuda")
     xd, wd = TensorDescriptor.for_x(p), FilterDescriptor.for_w(p)
@@ -386,7 +364,7 @@ def test_graph_replay_equals_plain(be, torch):
     plan = make_plan([MicroBatch(0, 8, 1), MicroBatch(8, 4, 0), MicroBatch(12, 4, 1)],
                      undivided_time_ms=1, workspace_limit=None)
     rng = np.random.default_rng(8)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     tx, tw, ty = (torch.from_numpy(a).cuda() for a in (x, w, y))
     tol = {Direction.FORWARD: 1e-6, Direction.BACKWARD_DATA: 1e-6, Direction.BACKWARD_FILTER: 1e-5}
     for d in Direction:
@@ -419,7 +397,7 @@ def test_graph_replay_equals_plain(be, torch):
 def test_fallback_under_a_tiny_allocation_limit(be):
     p = ConvProblem((16, 16, 12, 12), (32, 16, 3, 3), padding=1, math="fma")
     rng = np.random.default_rng(9)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     forced = {}
     for d in Direction:
         needy = [a for a in algos_at(be, p, d, 16)
@@ -435,12 +413,12 @@ def test_fallback_under_a_tiny_allocation_limit(be):
     try:
         for d in forced:
             with pytest.warns(WorkspaceFallbackWarning):
-                out = run(conv, d, x, w, y, 1.0, 0.0, poison=True)
+                out = run_direction(conv, d, x, w, y, 1.0, 0.0, poison=True)
             assert conv.plans[d].workspace_bytes <= 4096
             assert rel_err(out, reference(p, d, x, w, y)) < FMA_REF
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                out = run(conv, d, x, w, y, 1.0, 0.0)
+                out = run_direction(conv, d, x, w, y, 1.0, 0.0)
             assert rel_err(out, reference(p, d, x, w, y)) < FMA_REF
     finally:
         pool.limit_bytes = old
@@ -448,7 +426,7 @@ def test_fallback_under_a_tiny_allocation_limit(be):
 
 def test_conv2d_on_gpu_reuses_plans(be, torch):
     rng = np.random.default_rng(10)
-    x, w, y = host(P, rng)
+    x, w, y = normal_tensors(P, rng)
     tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
     r1 = conv2d(tx, tw, padding=1, math="fma", backend="cudnn", workspace_limit=1 << 20)
     r2 = conv2d(tx, tw, padding=1, math="fma", backend="cudnn", workspace_limit=1 << 20)
@@ -463,7 +441,7 @@ def test_bound_launchers_are_reused_and_correct(be, torch):
     plan = make_plan([MicroBatch(0, 8, 1), MicroBatch(8, 4, 0)], undivided_time_ms=1,
                      workspace_limit=None)
     rng = np.random.default_rng(11)
-    x, w, y = host(p, rng)
+    x, w, y = normal_tensors(p, rng)
     tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
     conv = conv_for(p, plans={Direction.FORWARD: plan})
     out = torch.empty(p.output_shape, device="cuda")

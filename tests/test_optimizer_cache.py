@@ -94,6 +94,15 @@ def _aside(tmp_path):
     return [p for p in tmp_path.glob("c.sqlite.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
 
 
+def _execute(path, *statements):
+    """Run ``statements`` on the SQLite file at ``path`` behind the cache's back, then commit."""
+    con = sqlite3.connect(path)
+    for sql in statements:
+        con.execute(sql)
+    con.commit()
+    con.close()
+
+
 def test_four_processes_lose_nothing(tmp_path):
     path = str(tmp_path / "shared.sqlite")
     probs = [ConvProblem((6, c, 5, 5), (2, c, 3, 3)) for c in range(1, 13)]
@@ -131,11 +140,7 @@ def test_corrupt_file_is_moved_aside_and_rebuilt(tmp_path):
 
 def test_foreign_sqlite_file_is_moved_aside(tmp_path):
     path = tmp_path / "c.sqlite"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE users (name TEXT)")
-    con.execute("INSERT INTO users VALUES ('alice')")
-    con.commit()
-    con.close()
+    _execute(path, "CREATE TABLE users (name TEXT)", "INSERT INTO users VALUES ('alice')")
     cache = BenchmarkCache(path)
     with pytest.warns(CacheWarning, match="foreign tables"):
         cache.put(BE, P, Direction.FORWARD, RESULTS, 0)
@@ -147,10 +152,7 @@ def test_foreign_sqlite_file_is_moved_aside(tmp_path):
 def test_our_tables_plus_foreign_ones_are_moved_aside(tmp_path):
     path = tmp_path / "c.sqlite"
     BenchmarkCache(path).put(BE, P, Direction.FORWARD, RESULTS, 0)
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE extra (x)")
-    con.commit()
-    con.close()
+    _execute(path, "CREATE TABLE extra (x)")
     with pytest.warns(CacheWarning, match="foreign"):
         assert BenchmarkCache(path).get(BE, P, Direction.FORWARD) is None
     assert len(_aside(tmp_path)) == 1
@@ -158,13 +160,11 @@ def test_our_tables_plus_foreign_ones_are_moved_aside(tmp_path):
 
 def test_old_schema_version_is_rebuilt(tmp_path):
     path = tmp_path / "c.sqlite"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE mucudnn_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    con.execute("INSERT INTO mucudnn_meta VALUES ('schema_version', '1')")
-    con.execute("CREATE TABLE benchmarks (k TEXT PRIMARY KEY, v TEXT)")
-    con.execute("INSERT INTO benchmarks VALUES ('x', 'y')")
-    con.commit()
-    con.close()
+    _execute(path,
+             "CREATE TABLE mucudnn_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+             "INSERT INTO mucudnn_meta VALUES ('schema_version', '1')",
+             "CREATE TABLE benchmarks (k TEXT PRIMARY KEY, v TEXT)",
+             "INSERT INTO benchmarks VALUES ('x', 'y')")
     cache = BenchmarkCache(path)
     with pytest.warns(CacheWarning, match="schema version 1 is old"):
         cache.put(BE, P, Direction.FORWARD, RESULTS, 0)
@@ -178,11 +178,9 @@ def test_old_schema_version_is_rebuilt(tmp_path):
 
 def test_newer_schema_version_is_left_alone(tmp_path):
     path = tmp_path / "c.sqlite"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE mucudnn_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    con.execute("INSERT INTO mucudnn_meta VALUES ('schema_version', '999')")
-    con.commit()
-    con.close()
+    _execute(path,
+             "CREATE TABLE mucudnn_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+             "INSERT INTO mucudnn_meta VALUES ('schema_version', '999')")
     before = path.read_bytes()
     cache = BenchmarkCache(path)
     with pytest.warns(CacheWarning, match="disabled"):

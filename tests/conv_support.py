@@ -1,0 +1,182 @@
+"""Helpers shared by the convolution tests (imported like ``reference``).
+
+Two parts: running one direction through a :class:`mucudnn.Convolution` (the
+NumPy-backend API tests and the GPU engine tests), and the problems, runners and
+torch cross-check of the two cuDNN backend test files (``cudnn``: the legacy
+API, ``cudnn-graph``: the backend API). Importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mucudnn.cuda as mc
+from mucudnn.api import Convolution
+from mucudnn.backends.base import OUTPUT_OF, ConvTensors
+from mucudnn.problem import ConvProblem, Direction
+from reference import to_canonical_array
+
+# -- one direction through a Convolution -------------------------------------------------------
+
+
+def normal_tensors(p, rng):
+    """x, w and y of ``p``: standard normal float32 in the problem's layout."""
+    return (rng.standard_normal(p.x_shape).astype(np.float32),
+            rng.standard_normal(p.w_shape).astype(np.float32),
+            rng.standard_normal(p.output_shape).astype(np.float32))
+
+
+def convolution_for(p, **kw):
+    """A Convolution with ``p``'s geometry, layout and math (``backend`` among ``kw``)."""
+    return Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
+                       dilation=p.dilation, groups=p.groups, layout=p.layout, math=p.math, **kw)
+
+
+def run_direction(conv, d, x, w, y, alpha=1.0, beta=0.0, poison=False, *,
+                  assert_returns_out=True):
+    """Run ``d`` with the written tensor pre-filled (or NaN-poisoned when beta == 0):
+    NumPy in, NumPy out. With ``assert_returns_out`` the call must return that tensor."""
+    out = {Direction.FORWARD: y, Direction.BACKWARD_DATA: x, Direction.BACKWARD_FILTER: w}[d].copy()
+    if poison and beta == 0:
+        out[...] = np.nan
+    if d is Direction.FORWARD:
+        r = conv.forward(x, w, out, alpha=alpha, beta=beta)
+    elif d is Direction.BACKWARD_DATA:
+        r = conv.backward_data(y, w, out, alpha=alpha, beta=beta)
+    else:
+        r = conv.backward_filter(x, y, out, alpha=alpha, beta=beta)
+    if assert_returns_out:
+        assert r is out
+    return r
+
+
+# -- the cuDNN backends on a GPU (test_cudnn_backend_gpu.py, test_cudnn_graph_gpu.py) -----------
+
+MiB = 1 << 20
+DIRECTIONS = list(Direction)
+
+# name -> (x shape, w shape, options); shapes in the layout's own order
+CASES = {
+    "2d-nchw": ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1)),
+    "2d-nhwc-stride2": ((3, 17, 19, 16), (24, 3, 3, 16), dict(padding=1, stride=2, layout="NHWC")),
+    "2d-grouped-dilated": ((2, 24, 15, 15), (12, 6, 3, 3), dict(padding=2, dilation=2, groups=4)),
+    "2d-nhwc-grouped-5x5": ((2, 12, 12, 32), (16, 5, 5, 8),
+                            dict(padding=2, stride=(1, 2), dilation=(2, 1), groups=4,
+                                 layout="NHWC")),
+    "2d-1x1-stride2": ((4, 8, 9, 11), (16, 8, 1, 1), dict(stride=2)),
+    "2d-7x7-asym": ((2, 3, 23, 23), (8, 3, 7, 7), dict(stride=3, padding=(3, 1))),
+    "3d-ncdhw": ((2, 8, 6, 7, 8), (8, 8, 3, 3, 3), dict(padding=1, stride=(1, 2, 1),
+                                                       layout="NCDHW")),
+    "3d-ndhwc-grouped-dilated": ((2, 6, 7, 8, 8), (8, 3, 3, 3, 4),
+                                 dict(padding=(1, 2, 1), dilation=(1, 2, 1), groups=2,
+                                      layout="NDHWC")),
+}
+# (dtype, math, tolerance vs the float64 reference)
+CONFIGS = {
+    "f32-fma": ("float32", "fma", 1e-5),
+    "f32-default": ("float32", "default", 5e-3),
+    "f16-default": ("float16", "default", 1e-2),
+}
+
+
+def problem(case, dtype="float32", math="default"):
+    x, w, opts = CASES[case]
+    return ConvProblem(x, w, dtype=dtype, math=math, **opts)
+
+
+def backend_fixture(backend_class, find_limit):
+    """A module-scoped fixture: one ``backend_class(find_workspace_limit=find_limit)``,
+    closed after the module."""
+    @pytest.fixture(scope="module")
+    def be():
+        b = backend_class(find_workspace_limit=find_limit)
+        yield b
+        b.close()
+    return be
+
+
+class FindMemo:
+    """``be.find`` with a fixed workspace limit, memoised for one test module (Find is
+    the slow part of these tests): ``_find = FindMemo(FIND_LIMIT)``, then
+    ``_find(be, p, direction)``."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self._found: dict = {}
+
+    def __call__(self, be, p, direction):
+        key = (p.key(), str(direction), self.limit)
+        if key not in self._found:
+            self._found[key] = be.find(p, direction, self.limit)
+        return self._found[key]
+
+
+def uniform_tensors(p, rng, via_float32=False):
+    """x, w and y of ``p``: uniform in [-1, 1), in ``p.dtype``. With ``via_float32`` the
+    float64 draws are rounded to float32 first (the cudnn-graph tests: float32-exact data
+    in every dtype, bfloat16 included)."""
+    dt = mc.normalize_dtype(p.dtype)
+
+    def r(shape):
+        a = rng.uniform(-1, 1, size=shape)
+        return (a.astype(np.float32) if via_float32 else a).astype(dt)
+    return r(p.x_shape), r(p.w_shape), r(p.output_shape)
+
+
+def run_algo(be, p, direction, algo, math_type, hx, hw, hy, alpha=1.0, beta=0.0,
+             workspace=None):
+    """Run one algorithm (legacy API) or engine config (``cudnn-graph``, math_type 0) on
+    fresh device copies; the written tensor is NaN-poisoned when beta == 0. Returns the
+    written tensor on the host."""
+    x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
+    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
+    if beta == 0:
+        out.fill_nan(stream=be.stream)
+    need = be.workspace_size(p, direction, algo, math_type)
+    ws = workspace if workspace is not None else (be.alloc_workspace(need) if need > 0 else None)
+    be.run(direction, algo, math_type, ConvTensors(p, x, w, y), alpha, beta, ws)
+    result = be.to_host(out)
+    for a in (x, w, y) + (() if workspace is not None or ws is None else (ws,)):
+        a.close()
+    return result
+
+
+def torch_or_skip():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    return torch
+
+
+def torch_result(p, direction, hx, hw, hy, math, via_float32=False):
+    """The same convolution computed by torch on the device, canonical layout, float64.
+    With ``via_float32`` the host arrays go to torch as float32 and are cast to
+    ``p.dtype`` on the device (torch.from_numpy takes no bfloat16)."""
+    torch = torch_or_skip()
+    import torch.nn.functional as F
+    from torch.nn import grad as G
+
+    torch.backends.cudnn.allow_tf32 = math != "fma"  # TF32 only where we allow it too
+    dev = torch.device("cuda", mc.current_device())
+    if via_float32:
+        tdt = {"float32": torch.float32, "float16": torch.float16,
+               "bfloat16": torch.bfloat16}[p.dtype]
+
+    def t(a):
+        c = np.ascontiguousarray(to_canonical_array(a, p.layout))
+        if via_float32:
+            return torch.from_numpy(c.astype(np.float32)).to(dev).to(tdt)
+        return torch.from_numpy(c).to(dev)
+
+    x, w, dy = t(hx), t(hw), t(hy)
+    kw = dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups)
+    conv = F.conv2d if p.nd == 2 else F.conv3d
+    if direction is Direction.FORWARD:
+        r = conv(x, w, **kw)
+    elif direction is Direction.BACKWARD_DATA:
+        r = (G.conv2d_input if p.nd == 2 else G.conv3d_input)(p.x_dims, w, dy, **kw)
+    else:
+        r = (G.conv2d_weight if p.nd == 2 else G.conv3d_weight)(x, p.w_dims, dy, **kw)
+    torch.cuda.synchronize()
+    return r.double().cpu().numpy()
