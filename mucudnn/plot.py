@@ -31,14 +31,18 @@ def _pyplot() -> Any:
 
 
 def speedup_curve(perfs: dict, counts: dict, batch: int, limits: Sequence[int],
-                  policy: Any) -> list[float]:
-    """Predicted network speedup of WR over the best undivided calls, per limit."""
+                  policy: Any, quanta: "dict | None" = None) -> list[float]:
+    """Predicted network speedup of WR over the best undivided calls, per limit.
+
+    ``quanta`` maps a key of ``perfs`` to its ``ConvProblem.batch_quantum()``
+    (default 1)."""
     out = []
     for lim in limits:
         micro = und = 0.0
         for key, perf in perfs.items():
             n = counts[key]
-            micro += n * optimize_wr(perf, batch, lim, policy).time_ms
+            q = (quanta or {}).get(key, 1)
+            micro += n * optimize_wr(perf, batch, lim, policy, quantum=q).time_ms
             single = single_call_plan(perf, batch, lim)
             und += n * single.time_ms if single is not None else math.inf
         out.append(und / micro if micro > 0 else math.nan)
@@ -59,9 +63,10 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
     probs = {l.name: l.problem(batch, dtype=dtype, layout=layout, math=math_mode)
              for l in select_layers(net, layers)}
     groups = unique_problems(probs)
-    perfs, counts = {}, {}
+    perfs, counts, quanta = {}, {}, {}
     for p, names in groups.items():
         for d in dirs:
+            quanta[names[0], d] = p.batch_quantum()
             perfs[names[0], d] = benchmark(be, p, d, policy, 1 << 40, cache=store,
                                            progress=progress)
             counts[names[0], d] = len(names)
@@ -73,7 +78,8 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     for ax, (p, names) in zip(axes.flat, groups.items()):
         for d in dirs:
-            front = pareto_front(perfs[names[0], d], batch, policy)
+            front = pareto_front(perfs[names[0], d], batch, policy,
+                                 quantum=quanta[names[0], d])
             ws = [q.workspace_bytes / MIB for q in front]
             ax.step(ws, [q.time_ms for q in front], where="post", marker="o", ms=3,
                     label=d.value)
@@ -96,8 +102,8 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
 
     limits = [1 << k for k in range(20, 34)]  # 1 MiB .. 8 GiB
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([l / MIB for l in limits], speedup_curve(perfs, counts, batch, limits, policy),
-            marker="o", label=f"WR, {policy}")
+    curve = speedup_curve(perfs, counts, batch, limits, policy, quanta)
+    ax.plot([l / MIB for l in limits], curve, marker="o", label=f"WR, {policy}")
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workspace limit per kernel (MiB)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, Union
 
@@ -24,6 +25,10 @@ DTYPES: dict[str, str] = {
     "bfloat16": "float32",
     "float64": "float64",
 }
+#: Bytes per element of each data type.
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+#: The pointer alignment (bytes) micro-batch offsets keep; see ConvProblem.batch_quantum.
+MICRO_BATCH_ALIGNMENT = 16
 #: Math modes, named after cuDNN's cudnnMathType_t without the prefix.
 #: "default" lets the library pick (TF32 tensor cores allowed for float32, as
 #: PyTorch does); "fma" forbids tensor cores; "tensor_op" asks for them.
@@ -276,6 +281,42 @@ class ConvProblem:
         for v in w[1:]:
             n *= v
         return 2 * n
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of ``dtype``."""
+        return ITEMSIZE[self.dtype]
+
+    def batch_quantum(self, alignment: int = MICRO_BATCH_ALIGNMENT) -> int:
+        """The smallest number of samples whose x and y both span a multiple of
+        ``alignment`` bytes.
+
+        A micro-batch at row ``k`` starts ``k`` samples into x and y; if every
+        offset is a multiple of this quantum, every micro-batch's pointers are
+        as aligned as the whole tensors' (up to ``alignment``).
+
+        Note: cuDNN's kernels can be far slower on pointers aligned to less
+        than 16 bytes, and Find times aligned buffers, so a plan with such
+        offsets runs slower than predicted. Measured on the H200 (cuDNN 9.19,
+        ``tools/bench_alignment.py``): AlexNet conv1 (3 x 227 x 227 float32 =
+        618348 bytes a sample, 4 mod 16), backward-data algorithm 1 at 36
+        samples takes 0.31 ms at an offset of 0 or 4 samples and 126 ms at an
+        offset of 1, 2 or 3; backward-filter algorithm 1, 0.30 vs 0.88 ms.
+
+        >>> ConvProblem((256, 3, 227, 227), (96, 3, 11, 11), stride=4).batch_quantum()
+        4
+        >>> ConvProblem((8, 64, 56, 56), (64, 64, 3, 3), padding=1).batch_quantum()
+        1
+        """
+        if not _is_int(alignment) or int(alignment) < 1:
+            raise ValueError(f"alignment: expected a positive int (bytes), got {alignment!r}")
+        a = int(alignment)
+        q = 1
+        for shape in (self.x_shape, self.output_shape):
+            per_sample = self.itemsize * math.prod(shape[1:])
+            step = a // math.gcd(per_sample, a)
+            q = q * step // math.gcd(q, step)
+        return q
 
     # -- derived problems and keys ---------------------------------------------
     def with_batch(self, n: int) -> "ConvProblem":

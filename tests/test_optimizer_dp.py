@@ -129,8 +129,8 @@ def test_networkx_and_numpy_give_the_same_plan(table, policy):
         assert a == b
 
 
-@given(st.integers(1, 80), st.data())
-def test_scalar_and_vector_recurrences_agree(batch, data):
+@given(st.integers(1, 80), st.sampled_from([1, 1, 2, 3, 4]), st.data())
+def test_scalar_and_vector_recurrences_agree(batch, quantum, data):
     """The two loops behind method="numpy" (Python floats for few sizes, NumPy
     vectors for many) give the same split, ties included: times are drawn from
     a few values so that equal totals are common."""
@@ -141,13 +141,109 @@ def test_scalar_and_vector_recurrences_agree(batch, data):
         tv[s] = data.draw(st.sampled_from([0.25, 0.5, 1.0])) * s + data.draw(
             st.sampled_from([0.0, 0.5, 1.0]))
     S = np.array(sizes)
-    a = dp._recur_scalar(sizes, tv[S].tolist(), batch)
-    b = dp._recur_vector(S, tv[S], batch)
+    a = dp._recur_scalar(sizes, tv[S].tolist(), batch, quantum)
+    b = dp._recur_vector(S, tv[S], batch, quantum)
     if a is None:
         assert b is None
         return
     assert b is not None
     assert list(a) == b.tolist()
+
+
+# -- the alignment quantum -------------------------------------------------------------
+
+def brute_force_quantum(perf, batch, limit, policy, quantum):
+    """Like brute_force, over the compositions whose parts but the last are
+    multiples of quantum."""
+    allowed = set(batch_sizes(policy, batch)) & set(perf)
+    best_t = {s: min(a.time_ms for a in perf[s] if limit is None or a.workspace_bytes <= limit)
+              for s in allowed
+              if any(limit is None or a.workspace_bytes <= limit for a in perf[s])}
+    best = math.inf
+    for comp in compositions(batch):
+        if all(p in best_t for p in comp) and all(p % quantum == 0 for p in comp[:-1]):
+            best = min(best, sum(best_t[p] for p in comp))
+    return best
+
+
+quanta = st.sampled_from([2, 3, 4])
+
+
+@given(perf_tables(), st.one_of(st.none(), st.sampled_from(WS_VALUES + [5, 1000])), policies,
+       quanta)
+def test_wr_with_quantum_equals_brute_force(table, limit, policy, quantum):
+    perf, batch = table
+    expect = brute_force_quantum(perf, batch, limit, policy, quantum)
+    aligned = math.isfinite(expect)
+    if not aligned:  # no aligned plan: the unconstrained optimum, or no plan at all
+        expect = brute_force(perf, batch, limit, policy)
+    if math.isinf(expect):
+        with pytest.raises(ValueError, match="no plan"):
+            optimize_wr(perf, batch, limit, policy, quantum=quantum)
+        return
+    plans = [optimize_wr(perf, batch, limit, policy, method=m, quantum=quantum)
+             for m in ("networkx", "numpy")]
+    assert plans[0] == plans[1]
+    plan = plans[0]
+    assert plan.time_ms == pytest.approx(expect, rel=1e-9)
+    if aligned:
+        assert all(m.offset % quantum == 0 for m in plan.micro_batches)
+    mbs = plan.micro_batches
+    off = [m for m in mbs if m.size % quantum]
+    assert len(off) <= 1 or not aligned
+    if off and aligned:
+        assert mbs[-1] is off[0]  # the one size off the quantum comes last
+    body = [m.size for m in mbs if m.size % quantum == 0]
+    assert body == sorted(body, reverse=True)
+
+
+@given(perf_tables(), policies, quanta)
+def test_front_with_quantum_is_complete(table, policy, quantum):
+    perf, batch = table
+    if math.isinf(brute_force(perf, batch, None, policy)):
+        return
+    front = pareto_front(perf, batch, policy, quantum=quantum)
+    assert front == pareto_front(perf, batch, policy, method="networkx", quantum=quantum)
+    for a, b in zip(front, front[1:]):
+        assert a.workspace_bytes < b.workspace_bytes and a.time_ms > b.time_ms
+    if math.isinf(brute_force_quantum(perf, batch, None, policy, quantum)):
+        assert front == pareto_front(perf, batch, policy)  # the unconstrained front
+        return
+    for p in front:
+        assert all(m.offset % quantum == 0 for m in p.micro_batches)
+    for limit in sorted({a.workspace_bytes for v in perf.values() for a in v} | {5, 1000}):
+        expect = brute_force_quantum(perf, batch, limit, policy, quantum)
+        fits = [p.time_ms for p in front if p.workspace_bytes <= limit]
+        if math.isinf(expect):
+            assert not fits
+        else:
+            assert min(fits) == pytest.approx(expect, rel=1e-9)
+
+
+def test_quantum_on_the_alexnet_conv1_case():
+    """The measured case (tools/bench_alignment.py): 64 MiB, every size; the
+    unconstrained plan puts micro-batches at odd offsets, the quantum of 4
+    keeps every offset a multiple of 4 at a predicted cost of a few percent."""
+    from mucudnn.problem import ConvProblem
+    q = ConvProblem((256, 3, 227, 227), (96, 3, 11, 11), stride=4).batch_quantum()
+    assert q == 4
+    perf = {b: [AlgoPerf(0, 0.05 + 0.0105 * b, 0), AlgoPerf(1, 0.04 + 0.0081 * b, 1744 * 1024 * b)]
+            for b in range(1, 257)}
+    free = optimize_wr(perf, 256, 64 << 20, "all")
+    assert any(m.offset % 4 for m in free.micro_batches)
+    plan = optimize_wr(perf, 256, 64 << 20, "all", quantum=4)
+    assert all(m.offset % 4 == 0 for m in plan.micro_batches)
+    assert all(m.workspace_bytes <= 64 << 20 for m in plan.micro_batches)
+    assert plan.time_ms <= free.time_ms * 1.05
+
+
+def test_quantum_must_be_a_positive_int():
+    perf = {2: [AlgoPerf(0, 1.0, 0)]}
+    for bad in (0, -1, 1.5, True, "4"):
+        with pytest.raises(ValueError, match="quantum"):
+            optimize_wr(perf, 2, None, quantum=bad)
+        with pytest.raises(ValueError, match="quantum"):
+            pareto_front(perf, 2, quantum=bad)
 
 
 @given(perf_tables(), policies)

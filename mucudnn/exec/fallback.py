@@ -57,7 +57,8 @@ def replan_under(problem: ConvProblem, direction: Direction, backend: Backend, a
     if benchmark is not None and optimize_wr is not None:
         try:
             perf = benchmark(backend, problem, direction, policy, cap, cache=cache)
-            plan = optimize_wr(perf, problem.batch, cap, policy)
+            plan = optimize_wr(perf, problem.batch, cap, policy,
+                               quantum=problem.batch_quantum())
             plan = resolve_workspace(plan.with_context(problem, direction), backend, direction)
             if plan.workspace_bytes <= available:
                 return plan

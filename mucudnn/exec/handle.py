@@ -328,7 +328,8 @@ class MicroBatchHandle:
             for name, k in self._kernels.items():
                 perf = benchmark(self.backend, k.problem, k.direction, self.policy, total,
                                  cache=self.cache)
-                fronts[name] = pareto_front(perf, k.problem.batch, self.policy)
+                fronts[name] = pareto_front(perf, k.problem.batch, self.policy,
+                                            quantum=k.problem.batch_quantum())
             chosen = optimize_wd(fronts, total)
             self._segments = None  # free the old segments first
             for name, plan in chosen.items():

@@ -93,7 +93,7 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
                      retime=retime, progress=progress)
     t1 = time.perf_counter()
-    plan = optimize_wr(perf, problem.batch, limit, policy)
+    plan = optimize_wr(perf, problem.batch, limit, policy, quantum=problem.batch_quantum())
     t2 = time.perf_counter()
     plan = dataclasses.replace(plan, problem=problem, direction=direction,
                                extra={**plan.extra, "benchmark_s": t1 - t0,
@@ -142,7 +142,8 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
                 perf = benchmark(be, p, d, policy, total, cache=store, retime=retime,
                                  progress=progress)
                 t1 = time.perf_counter()
-                seen[(p, d)] = (perf, pareto_front(perf, p.batch, policy))
+                seen[(p, d)] = (perf, pareto_front(perf, p.batch, policy,
+                                                  quantum=p.batch_quantum()))
             else:
                 t1 = t0
             perfs[(name, d)], fronts[(name, d)] = seen[(p, d)]

@@ -17,6 +17,7 @@ then to the one listed first.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +27,8 @@ from ..problem import AlgoPerf, MicroBatch, Plan, make_plan
 from .policies import Policy, batch_sizes, normalize_policy
 
 __all__ = ["optimize_wr", "pareto_front", "best_algo"]
+
+log = logging.getLogger("mucudnn")
 
 Perf = Mapping[int, Sequence[AlgoPerf]]
 
@@ -100,18 +103,21 @@ def _allowed_sizes(perf: dict[int, list[AlgoPerf]], batch: int, policy: Policy) 
 _SCALAR_MAX_SIZES = 24
 
 
-def _solve_numpy(tv: np.ndarray, batch: int) -> list[int] | None:
-    """Sizes of the best split (unordered), or None when batch is unreachable.
+def _solve_numpy(tv: np.ndarray, batch: int, quantum: int = 1) -> list[int] | None:
+    """Sizes of the best split, the last micro-batch first, or None when batch
+    is unreachable.
 
-    ``tv[s]`` is t(s) (inf where size s is unusable), length batch + 1.
+    ``tv[s]`` is t(s) (inf where size s is unusable), length batch + 1. Every
+    micro-batch but the last has a size that is a multiple of ``quantum``
+    (the recurrence visits only n = multiples of quantum, and batch).
     """
     sizes = np.flatnonzero(np.isfinite(tv[1:])) + 1  # ascending
     if sizes.size == 0:
         return None
     if sizes.size <= _SCALAR_MAX_SIZES:
-        choice = _recur_scalar(sizes.tolist(), tv[sizes].tolist(), batch)
+        choice = _recur_scalar(sizes.tolist(), tv[sizes].tolist(), batch, quantum)
     else:
-        choice = _recur_vector(sizes, tv[sizes], batch)
+        choice = _recur_vector(sizes, tv[sizes], batch, quantum)
     if choice is None:
         return None
     out = []
@@ -122,7 +128,8 @@ def _solve_numpy(tv: np.ndarray, batch: int) -> list[int] | None:
     return out
 
 
-def _recur_scalar(sizes: list[int], ts: list[float], batch: int) -> list[int] | None:
+def _recur_scalar(sizes: list[int], ts: list[float], batch: int,
+                  quantum: int = 1) -> list[int] | None:
     """The recurrence on Python floats; returns choice[n] (the last step of n)."""
     inf = math.inf
     T = [inf] * (batch + 1)
@@ -130,6 +137,8 @@ def _recur_scalar(sizes: list[int], ts: list[float], batch: int) -> list[int] | 
     cnt = [0] * (batch + 1)
     choice = [0] * (batch + 1)
     for n in range(sizes[0], batch + 1):
+        if n % quantum and n != batch:
+            continue  # T(n) stays inf: no micro-batch may end off the quantum
         m = inf
         for s, t in zip(sizes, ts):
             if s > n:
@@ -154,7 +163,8 @@ def _recur_scalar(sizes: list[int], ts: list[float], batch: int) -> list[int] | 
     return choice if T[batch] < inf else None
 
 
-def _recur_vector(sizes: np.ndarray, tvs: np.ndarray, batch: int) -> np.ndarray | None:
+def _recur_vector(sizes: np.ndarray, tvs: np.ndarray, batch: int,
+                  quantum: int = 1) -> np.ndarray | None:
     """The same recurrence on NumPy vectors over the sizes."""
     T = np.full(batch + 1, np.inf)
     T[0] = 0.0
@@ -162,6 +172,8 @@ def _recur_vector(sizes: np.ndarray, tvs: np.ndarray, batch: int) -> np.ndarray 
     choice = np.zeros(batch + 1, dtype=np.int64)
     ks = np.searchsorted(sizes, np.arange(batch + 1), side="right")
     for n in range(int(sizes[0]), batch + 1):
+        if n % quantum and n != batch:
+            continue
         k = int(ks[n])
         S = sizes[:k]
         cand = T[n - S] + tvs[:k]
@@ -196,24 +208,26 @@ def _lower(T: np.ndarray, s: int, t: float) -> None:
         np.minimum(blk, T[k - s:k - s + blk.size] + t, out=blk)
 
 
-def wr_graph(tv: Mapping[int, float], batch: int):
+def wr_graph(tv: Mapping[int, float], batch: int, quantum: int = 1):
     """The WR DAG as a ``networkx.DiGraph``: nodes 0..batch, an edge n -> n + s
-    with ``weight`` t(s) and ``size`` s for every usable size s."""
+    with ``weight`` t(s) and ``size`` s for every usable size s, from every
+    node n that is a multiple of ``quantum`` to one that is, or to batch."""
     import networkx as nx
 
     g = nx.DiGraph()
     g.add_nodes_from(range(batch + 1))
     usable = sorted(s for s, t in tv.items() if math.isfinite(t) and 1 <= s <= batch)
     g.add_edges_from((n, n + s, {"weight": float(tv[s]), "size": s})
-                     for s in usable for n in range(batch + 1 - s))
+                     for s in usable for n in range(0, batch + 1 - s, quantum)
+                     if (n + s) % quantum == 0 or n + s == batch)
     return g
 
 
-def _solve_networkx(tv: np.ndarray, batch: int) -> list[int] | None:
+def _solve_networkx(tv: np.ndarray, batch: int, quantum: int = 1) -> list[int] | None:
     """Shortest path 0 -> batch over the networkx DAG, relaxed in topological order."""
     import networkx as nx
 
-    g = wr_graph({s: float(tv[s]) for s in range(1, batch + 1)}, batch)
+    g = wr_graph({s: float(tv[s]) for s in range(1, batch + 1)}, batch, quantum)
     INF = math.inf
     T = {0: 0.0}
     cnt = {0: 0}
@@ -258,10 +272,14 @@ def _no_plan_message(perf: dict[int, list[AlgoPerf]], sizes: list[int], batch: i
 
 
 def _build_plan(split: list[int], choice: dict[int, AlgoPerf], undivided: float,
-                limit: int | None, policy: Any) -> Plan:
+                limit: int | None, policy: Any, quantum: int = 1) -> Plan:
+    # Largest first, except that a size off the quantum (at most one: the
+    # solver's last step) stays last, so that every offset is on the quantum.
+    order = sorted((s for s in split if s % quantum == 0), reverse=True)
+    order += [s for s in split if s % quantum]
     mbs = []
     off = 0
-    for s in sorted(split, reverse=True):
+    for s in order:
         a = choice[s]
         mbs.append(MicroBatch(offset=off, size=s, algo=a.algo, math_type=a.math_type,
                               workspace_bytes=int(a.workspace_bytes), time_ms=float(a.time_ms)))
@@ -276,8 +294,15 @@ def _tvec(choice: dict[int, AlgoPerf], batch: int) -> np.ndarray:
     return tv
 
 
+def _check_quantum(quantum: Any) -> int:
+    if isinstance(quantum, bool) or not hasattr(quantum, "__index__") or int(quantum) < 1:
+        raise ValueError(f"quantum: expected a positive int (samples), got {quantum!r}")
+    return int(quantum)
+
+
 def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
-                policy: Policy = "all", *, method: str = "networkx") -> Plan:
+                policy: Policy = "all", *, method: str = "networkx",
+                quantum: int = 1) -> Plan:
     """The fastest micro-batch plan of one kernel under a per-kernel workspace limit.
 
     ``perf`` maps micro-batch size -> the algorithms measured at that size
@@ -285,12 +310,19 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     sizes allowed by ``policy`` (see :func:`batch_sizes`) *and* present in
     ``perf`` are used. ``workspace_limit`` is in bytes (None: unlimited).
 
+    ``quantum`` (samples): every micro-batch but the last has a size that is
+    a multiple of it, so that every offset is (pass
+    ``ConvProblem.batch_quantum()`` to keep the micro-batches' pointers
+    aligned). When no plan fits the limit that way, the best plan without
+    the constraint is returned.
+
     Returns a :class:`Plan` with ``problem=None``, ``direction=None``,
-    micro-batches largest first and contiguous from offset 0, ``time_ms`` the
-    sum and ``workspace_bytes`` the max of the micro-batches', and
-    ``undivided_time_ms`` the best single call of size ``batch`` under the
-    same limit (``inf`` if none fits). ``method`` is "networkx" (shortest path
-    over the DAG, the reference) or "numpy" (the same recurrence, vectorised).
+    micro-batches largest first (a size off the quantum last) and contiguous
+    from offset 0, ``time_ms`` the sum and ``workspace_bytes`` the max of the
+    micro-batches', and ``undivided_time_ms`` the best single call of size
+    ``batch`` under the same limit (``inf`` if none fits). ``method`` is
+    "networkx" (shortest path over the DAG, the reference) or "numpy" (the
+    same recurrence, vectorised).
 
     Raises ValueError when no combination of sizes fits the limit.
 
@@ -303,6 +335,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     policy = normalize_policy(policy)  # a one-shot iterable is read once
     batch = _check_batch(batch)
     limit = _check_limit(workspace_limit)
+    q = _check_quantum(quantum)
     if method not in _SOLVERS:
         raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
     table = _as_perf(perf)
@@ -315,14 +348,21 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
             choice[s] = a
     und = best_algo(table.get(batch, ()), limit)
     undivided = und.time_ms if und is not None else math.inf
-    split = _SOLVERS[method](_tvec(choice, batch), batch) if choice else None
+    solver = _SOLVERS[method]
+    split = solver(_tvec(choice, batch), batch, q) if choice else None
+    if split is None and choice and q > 1:
+        log.info("no plan for batch %d under %s bytes keeps micro-batch offsets on "
+                 "multiples of %d samples; planning without that constraint",
+                 batch, limit, q)
+        q = 1
+        split = solver(_tvec(choice, batch), batch, q)
     if split is None:
         raise ValueError(_no_plan_message(table, sizes, batch, limit, policy))
-    return _build_plan(split, choice, undivided, limit, pol)
+    return _build_plan(split, choice, undivided, limit, pol, q)
 
 
 def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
-                 method: str = "numpy") -> list[Plan]:
+                 method: str = "numpy", quantum: int = 1) -> list[Plan]:
     """Every Pareto-optimal plan of one kernel in (time, workspace).
 
     WR is solved at every distinct workspace value occurring in ``perf`` (for
@@ -330,12 +370,15 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
     ascending workspace with strictly decreasing time. Each plan's
     ``workspace_limit`` is the limit it was solved under, which equals its
     ``workspace_bytes``. The first plan is the best zero-workspace plan where
-    one exists; the last is the unlimited optimum.
+    one exists; the last is the unlimited optimum. ``quantum`` is as in
+    :func:`optimize_wr` (when no plan at all keeps to it, the front is that
+    of plans without the constraint).
 
     Raises ValueError when no plan exists at any limit.
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
     batch = _check_batch(batch)
+    q = _check_quantum(quantum)
     if method not in _SOLVERS:
         raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
     table = _as_perf(perf)
@@ -349,13 +392,17 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
     choice: dict[int, AlgoPerf] = {}
     front: list[Plan] = []
     solver = _SOLVERS[method]
-    # Note: the sweep keeps T(n), the best time of n samples with the sizes
-    # seen so far, up to date incrementally (_lower); the exact solver, which
-    # breaks ties and returns the split, runs only where T(batch) beats the
-    # front. On the 'all' policy (256 sizes, ~1000 workspace values) that is
-    # the difference between seconds and milliseconds per kernel.
-    T = np.full(batch + 1, np.inf)
-    T[0] = 0.0
+    # Note: the sweep keeps Tq(m), the best time of m * q samples from sizes
+    # on the quantum seen so far, up to date incrementally (_lower), and from
+    # it the best time of the batch (a last step of any size that lands on
+    # it). The exact solver, which breaks ties and returns the split, runs
+    # only where that time beats the front. On the 'all' policy (256 sizes,
+    # ~1000 workspace values) that is the difference between seconds and
+    # milliseconds per kernel.
+    Tq = np.full(batch // q + 1, np.inf)
+    Tq[0] = 0.0
+    tv = np.full(batch + 1, np.inf)
+    last = np.arange(batch % q or q, batch + 1, q)  # sizes a last step can have
     i = 0
     while i < len(entries):
         limit = entries[i][0]
@@ -367,24 +414,33 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
                 choice[s] = e
                 changed.add(s)
             i += 1
+        if not changed:
+            continue
         for s in sorted(changed):
-            _lower(T, s, choice[s].time_ms)
-        if not changed or not math.isfinite(T[batch]):
+            tv[s] = choice[s].time_ms
+            if s % q == 0:
+                _lower(Tq, s // q, tv[s])
+        best = float(np.min(Tq[(batch - last) // q] + tv[last]))
+        if not math.isfinite(best):
             continue
         # Half the tie tolerance: the exact total may differ from T in the last
         # bits, and a plan within the tolerance is not appended anyway.
-        if front and T[batch] >= front[-1].time_ms * (1 - _REL_TIE / 2):
+        if front and best >= front[-1].time_ms * (1 - _REL_TIE / 2):
             continue
-        split = solver(_tvec(choice, batch), batch)
+        split = solver(tv, batch, q)
         if split is None:
             continue
         und = best_algo(und_entries, limit)
         plan = _build_plan(split, choice, und.time_ms if und is not None else math.inf,
-                           limit, pol)
+                           limit, pol, q)
         if not front or plan.time_ms < front[-1].time_ms * (1 - _REL_TIE):
             if front and plan.workspace_bytes <= front[-1].workspace_bytes:
                 front.pop()  # cannot happen for exact WR; guards float ties
             front.append(plan)
+    if not front and q > 1 and entries:
+        log.info("no plan for batch %d keeps micro-batch offsets on multiples of %d "
+                 "samples; the front is that of plans without the constraint", batch, q)
+        return pareto_front(table, batch, pol, method=method)
     if not front:
         raise ValueError(_no_plan_message(table, sizes, batch, None, policy))
     return front
