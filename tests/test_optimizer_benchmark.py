@@ -161,6 +161,25 @@ def test_optimize_network_with_fake_backend(cache):
         optimize_network(layers, 10, policy="undivided", backend=_NoZero(), cache=cache)
 
 
+def test_planners_keep_offsets_on_the_alignment_quantum(cache):
+    """A sample of x spans 3 x 7 x 7 x 4 = 588 bytes (4 mod 16), so offsets must be
+    multiples of 4 samples; under 700 B, algo 1 fits sizes up to 7 and the
+    unconstrained best (7 + 7 + 7 + 7 + 2) would put micro-batches at 7, 14, 21."""
+    p = ConvProblem((30, 3, 7, 7), (4, 3, 3, 3))
+    assert p.batch_quantum() == 4
+    be = CountingBackend()
+    plan = optimize(p, Direction.FORWARD, workspace_limit=700, policy="all", backend=be,
+                    cache=cache)
+    # six micro-batches of 4, then the one size off the quantum (6) last
+    assert [(m.offset, m.size) for m in plan.micro_batches] == \
+        [(0, 4), (4, 4), (8, 4), (12, 4), (16, 4), (20, 4), (24, 6)]
+    assert plan.time_ms == pytest.approx(3.0 + 7 * 0.05)
+    plans = optimize_network({"a": p}, total_workspace=3 * 700, policy="all", backend=be,
+                             cache=cache)
+    for q in plans.values():
+        assert all(m.offset % 4 == 0 for m in q.micro_batches)
+
+
 # -- the real NumPy backend ------------------------------------------------------------------
 
 class Counting:
