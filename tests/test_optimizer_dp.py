@@ -475,6 +475,20 @@ def test_alexnet_power_of_two_beats_undivided_at_64mib(config, layer, direction)
         assert plan.speedup > 1.3
 
 
+@pytest.mark.parametrize("policy", ["all", "powerOfTwo"])
+def test_auto_method_gives_the_networkx_plan(policy):
+    """method="auto" (the default) hands the 'all' policy's 33k-edge DAG to the
+    NumPy recurrence and keeps networkx for small DAGs; the plan is the same."""
+    perf = _allsizes("alexnet.conv2", "bwd_data")
+    for limit in (0, 64 << 20, None):
+        ref = optimize_wr(perf, 256, limit, policy, method="networkx")
+        assert optimize_wr(perf, 256, limit, policy) == ref
+        assert optimize_wr(perf, 256, limit, policy, quantum=4) == optimize_wr(
+            perf, 256, limit, policy, method="networkx", quantum=4)
+    with pytest.raises(ValueError, match="auto"):
+        optimize_wr(perf, 256, None, policy, method="fast")
+
+
 def test_pareto_front_on_all_sizes():
     perf = _allsizes("alexnet.conv2", "bwd_data")
     front = pareto_front(perf, 256, "all")

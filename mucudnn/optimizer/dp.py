@@ -257,6 +257,8 @@ def _solve_networkx(tv: np.ndarray, batch: int, quantum: int = 1) -> list[int] |
 
 
 _SOLVERS = {"numpy": _solve_numpy, "networkx": _solve_networkx}
+#: optimize_wr(method="auto") builds the networkx DAG up to this many edges.
+NETWORKX_MAX_EDGES = 4096
 
 
 def _no_plan_message(perf: dict[int, list[AlgoPerf]], sizes: list[int], batch: int,
@@ -301,7 +303,7 @@ def _check_quantum(quantum: Any) -> int:
 
 
 def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
-                policy: Policy = "all", *, method: str = "networkx",
+                policy: Policy = "all", *, method: str = "auto",
                 quantum: int = 1) -> Plan:
     """The fastest micro-batch plan of one kernel under a per-kernel workspace limit.
 
@@ -321,8 +323,9 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     from offset 0, ``time_ms`` the sum and ``workspace_bytes`` the max of the
     micro-batches', and ``undivided_time_ms`` the best single call of size
     ``batch`` under the same limit (``inf`` if none fits). ``method`` is
-    "networkx" (shortest path over the DAG, the reference) or "numpy" (the
-    same recurrence, vectorised).
+    "networkx" (shortest path over the DAG, the reference), "numpy" (the
+    same recurrence, vectorised; the same plan, tie-breaking included) or
+    "auto" (networkx up to ``NETWORKX_MAX_EDGES`` edges, else numpy).
 
     Raises ValueError when no combination of sizes fits the limit.
 
@@ -336,11 +339,17 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     batch = _check_batch(batch)
     limit = _check_limit(workspace_limit)
     q = _check_quantum(quantum)
-    if method not in _SOLVERS:
-        raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
+    if method not in _SOLVERS and method != "auto":
+        raise ValueError(f"method: expected one of {list(_SOLVERS) + ['auto']}, got {method!r}")
     table = _as_perf(perf)
     sizes = _allowed_sizes(table, batch, policy)
     pol = normalize_policy(policy)
+    if method == "auto":
+        # Note: the DAG of the 'all' policy has ~N^2/2 edges (33k at N = 256,
+        # 0.1 s in networkx per kernel, seconds per network); the NumPy
+        # recurrence solves it in ~2 ms. powerOfTwo's DAG stays small.
+        edges = sum(batch + 1 - s for s in sizes)
+        method = "networkx" if edges <= NETWORKX_MAX_EDGES else "numpy"
     choice = {}
     for s in sizes:
         a = best_algo(table[s], limit)
