@@ -137,9 +137,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
                                  progress=progress)
     else:
-        plans = {(name, d): optimize(p, d, args.workspace, args.policy, backend,
-                                     progress=progress)
-                 for name, p in probs.items() for d in dirs}
+        memo: dict = {}  # a repeated layer (same problem) shares its plan
+        plans = {}
+        for name, p in probs.items():
+            for d in dirs:
+                if (p, d) not in memo:
+                    memo[p, d] = optimize(p, d, args.workspace, args.policy, backend,
+                                          progress=progress)
+                plans[name, d] = memo[p, d]
     out = []
     for (name, d), plan in plans.items():
         out.append({"layer": name, "direction": str(d), **plan.to_dict()})
