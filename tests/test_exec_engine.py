@@ -495,3 +495,30 @@ def test_handle_optimize_wd_gives_disjoint_segments():
     out = np.empty(p.output_shape, np.float32)
     h.convolution_forward(1.0, xd, x, wd, w, cd, 0, None, 0, 0.0, yd, out, layer_id="a")
     assert rel_err(out, reference(p, "forward", x, w, y)) < 1e-5
+
+
+def test_graph_cache_keeps_the_newest_and_closes_the_evicted(monkeypatch):
+    import mucudnn.cuda as mcuda
+    from mucudnn.exec.graph import GraphCache
+
+    monkeypatch.setattr(mcuda, "CudaGraph", FakeGraph, raising=False)
+    be = StreamSpy()
+    p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
+    plan = make_plan([MicroBatch(0, 2, 0)], undivided_time_ms=1, workspace_limit=None,
+                     problem=p, direction=Direction.FORWARD)
+    cache = GraphCache(be, max_graphs=2)
+    rng = np.random.default_rng(0)
+    x, w, y = tensors_for(p, rng)
+    ts = [ConvTensors(p, x, w, np.empty_like(y)) for _ in range(3)]
+    ran = []
+    for i, t in enumerate(ts):
+        assert cache.run(plan, t, None, 1.0, 0.0, lambda i=i: ran.append(i)) is True
+    graphs = [g for g, _ in cache._graphs._entries.values()]
+    assert len(cache) == 2 and ran == [0, 1, 2]
+    # the oldest (first pointers) was evicted: running it again captures anew
+    assert cache.run(plan, ts[0], None, 1.0, 0.0, lambda: ran.append(0)) is True
+    assert graphs[0].closed and not graphs[1].closed  # ts[1]'s graph went next
+    assert cache.run(plan, ts[0], None, 1.0, 0.0, lambda: ran.append(9)) is False
+    assert ran[-1] == 0 and cache.captures == 4 and cache.replays == 5
+    cache.clear()
+    assert len(cache) == 0

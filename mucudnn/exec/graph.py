@@ -63,6 +63,47 @@ def launch_key(backend: Backend, plan: Any, tensors: ConvTensors, workspace: Any
             float(alpha), float(beta), getattr(stream, "handle", id(stream)))
 
 
+class _PlanLru:
+    """An LRU map from :func:`launch_key` keys to ``(value, plan)``.
+
+    Holding the plan keeps it alive, so ``id(plan)`` in a key cannot be reused
+    by another plan while the entry exists. ``on_evict(value)`` runs for each
+    value dropped (over ``max_entries``, or by :meth:`clear`).
+    """
+
+    def __init__(self, max_entries: int, on_evict: Callable[[Any], None] | None = None) -> None:
+        self.max_entries = max_entries
+        self._on_evict = on_evict
+        self._entries: "OrderedDict[tuple, tuple[Any, Any]]" = OrderedDict()
+
+    def get(self, key: tuple) -> Any:
+        """The value for ``key`` (now the most recent), or None."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry[0]
+
+    def put(self, key: tuple, value: Any, plan: Any) -> None:
+        self._entries[key] = (value, plan)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            _, (old, _) = self._entries.popitem(last=False)
+            self._evict(old)
+
+    def clear(self) -> None:
+        while self._entries:
+            _, (old, _) = self._entries.popitem()
+            self._evict(old)
+
+    def _evict(self, value: Any) -> None:
+        if self._on_evict is not None:
+            self._on_evict(value)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class LaunchCache:
     """Bound launchers of one kernel (see :func:`~mucudnn.exec.runner.prepare`),
     keyed like graphs, for backends that can ``bind`` a call ahead of time.
@@ -74,33 +115,32 @@ class LaunchCache:
 
     def __init__(self, backend: Backend, max_entries: int = MAX_GRAPHS) -> None:
         self.backend = backend
-        self.max_entries = max_entries
-        self._launchers: "OrderedDict[tuple, tuple[Callable[[], None], Any]]" = OrderedDict()
+        self._launchers = _PlanLru(max_entries)
+
+    @property
+    def max_entries(self) -> int:
+        return self._launchers.max_entries
 
     def run(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float, beta: float,
             make: Callable[[], Callable[[], None]]) -> None:
         key = launch_key(self.backend, plan, tensors, workspace, alpha, beta)
-        entry = self._launchers.get(key)
-        if entry is not None and not getattr(entry[0], "alive", lambda: True)():
+        launcher = self._launchers.get(key)
+        if launcher is not None and not getattr(launcher, "alive", lambda: True)():
             # Note: a descriptor a launcher holds was evicted and closed by the
             # backend's cache. Checked before anything runs: a plan stopped
             # half-way and run again would apply beta twice.
-            entry = None
-        if entry is None:
-            entry = (make(), plan)  # keep the plan alive so id(plan) is not reused
-            self._launchers[key] = entry
-            while len(self._launchers) > self.max_entries:
-                self._launchers.popitem(last=False)
-        else:
-            self._launchers.move_to_end(key)
+            launcher = None
+        if launcher is None:
+            launcher = make()
+            self._launchers.put(key, launcher, plan)
         try:
-            entry[0]()
+            launcher()
         except (ValueError, ctypes.ArgumentError):
             # Safety net for launchers without alive(): a closed descriptor's
             # _as_parameter_ raises ValueError (wrapped by ctypes in
             # ArgumentError) before that call is issued. Rebind once.
             launcher = make()
-            self._launchers[key] = (launcher, plan)
+            self._launchers.put(key, launcher, plan)
             launcher()
 
     def clear(self) -> None:
@@ -115,11 +155,14 @@ class GraphCache:
 
     def __init__(self, backend: Backend, max_graphs: int = MAX_GRAPHS) -> None:
         self.backend = backend
-        self.max_graphs = max_graphs
-        self._graphs: "OrderedDict[tuple, tuple[Any, Any]]" = OrderedDict()
+        self._graphs = _PlanLru(max_graphs, on_evict=_close)
         #: Counters for tests and the benchmark: captures and replays.
         self.captures = 0
         self.replays = 0
+
+    @property
+    def max_graphs(self) -> int:
+        return self._graphs.max_entries
 
     def key(self, plan: Any, tensors: ConvTensors, workspace: Any, alpha: float,
             beta: float) -> tuple:
@@ -133,32 +176,22 @@ class GraphCache:
 
         stream = self.backend.stream  # type: ignore[attr-defined]
         key = self.key(plan, tensors, workspace, alpha, beta)
-        entry = self._graphs.get(key)
-        captured = False
-        if entry is None:
+        g = self._graphs.get(key)
+        captured = g is None
+        if g is None:
             with CudaGraph.capture(stream) as g:
                 body()
-            # Keep the plan alive so id(plan) in the key cannot be reused.
-            entry = (g, plan)
-            self._graphs[key] = entry
+            self._graphs.put(key, g, plan)
             self.captures += 1
-            captured = True
             log.debug("mucudnn: captured a CUDA graph of %d micro-batches",
                       len(getattr(plan, "micro_batches", ())))
-            while len(self._graphs) > self.max_graphs:
-                _, (old, _) = self._graphs.popitem(last=False)
-                _close(old)
-        else:
-            self._graphs.move_to_end(key)
-        entry[0].launch(stream)
+        g.launch(stream)
         self.replays += 1
         return captured
 
     def clear(self) -> None:
         """Close every captured graph."""
-        while self._graphs:
-            _, (g, _) = self._graphs.popitem()
-            _close(g)
+        self._graphs.clear()
 
     def __len__(self) -> int:
         return len(self._graphs)
