@@ -24,11 +24,9 @@ with ``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED`` on a machine without the driver.
 from __future__ import annotations
 
 import ctypes
-import logging
-import threading
-import weakref
 from typing import Any, Iterable, Optional, Sequence, Union
 
+from ._lifetime import CudnnObject, LiveCount
 from .enums import (
     BackendAttributeName, BackendAttributeType, BackendDescriptorType, DataType, data_type,
 )
@@ -38,8 +36,6 @@ from .structs import cudnnBackendDescriptor_t, cudnnHandle_t
 
 __all__ = ["BackendDescriptor", "live_backend_descriptors", "live_backend_descriptor_counts",
            "ATTRIBUTE_CTYPES"]
-
-log = logging.getLogger("mucudnn")
 
 Name = Union[BackendAttributeName, int]
 AType = Union[BackendAttributeType, int]
@@ -67,35 +63,17 @@ ATTRIBUTE_CTYPES: dict[int, Any] = {
     _T.CHAR: ctypes.c_char,
 }
 
-_live_lock = threading.Lock()
-_live: dict[str, int] = {}
+_live = LiveCount()
 
 
 def live_backend_descriptors() -> int:
     """Backend descriptors created and not yet destroyed, all types together."""
-    with _live_lock:
-        return sum(_live.values())
+    return _live.total()
 
 
 def live_backend_descriptor_counts() -> dict[str, int]:
     """Live backend descriptors by type name (only types ever created)."""
-    with _live_lock:
-        return {k: v for k, v in _live.items()}
-
-
-def _count(kind: str, delta: int) -> None:
-    with _live_lock:
-        _live[kind] = _live.get(kind, 0) + delta
-
-
-def _destroy(kind: str, value: int) -> None:
-    """Finalizer: never references the Python object, only the raw pointer."""
-    try:
-        lib.cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t(value))
-    except Exception as exc:  # pragma: no cover - interpreter teardown
-        log.debug("mucudnn: cudnnBackendDestroyDescriptor failed: %s", exc)
-    finally:
-        _count(kind, -1)
+    return _live.by_kind()
 
 
 def _type_name(t: int) -> str:
@@ -128,7 +106,7 @@ def _raw(d: Any) -> Optional[int]:
     return int(d)
 
 
-class BackendDescriptor:
+class BackendDescriptor(CudnnObject):
     """One cuDNN backend descriptor of type ``dtype`` (a
     :class:`~mucudnn._cudnn.enums.BackendDescriptorType` or its value).
 
@@ -137,54 +115,35 @@ class BackendDescriptor:
     ``attributes`` records what was set from Python (name -> (type, values)).
     """
 
-    __slots__ = ("type", "_handle", "_finalizer", "finalized", "attributes", "_refs",
-                 "__weakref__")
+    __slots__ = ("type", "finalized", "attributes", "_refs")
+
+    _ctype = cudnnBackendDescriptor_t
+    _create_fn = "cudnnBackendCreateDescriptor"
+    _destroy_fn = "cudnnBackendDestroyDescriptor"
+    _live = _live
 
     def __init__(self, dtype: Union[BackendDescriptorType, int]) -> None:
         t = int(dtype)
         self.type = BackendDescriptorType(t) if t in BackendDescriptorType._value2member_map_ \
             else t
-        h = cudnnBackendDescriptor_t()
         try:
-            lib.cudnnBackendCreateDescriptor(t, ctypes.byref(h))
+            self._create(_type_name(t), t)
         except CudnnError as exc:
             exc.add_details(descriptor_type=_type_name(t))
             raise
-        self._handle = h
-        kind = _type_name(t)
-        _count(kind, +1)
-        self._finalizer = weakref.finalize(self, _destroy, kind, h.value)
         self.finalized = False
         self.attributes: dict[Any, tuple[Any, tuple]] = {}
         self._refs: list[Any] = []
 
-    # -- identity and lifetime ---------------------------------------------------------
-    @property
-    def _as_parameter_(self) -> cudnnBackendDescriptor_t:
-        if not self._finalizer.alive:
-            raise ValueError(f"BackendDescriptor({_type_name(int(self.type))}) is closed")
-        return self._handle
-
-    @property
-    def handle(self) -> int:
-        """The raw descriptor pointer as an int (0 once closed)."""
-        return (self._handle.value or 0) if self._finalizer.alive else 0
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
+    # -- identity and lifetime (the rest: CudnnObject) ---------------------------------
+    def _label(self) -> str:
+        return f"BackendDescriptor({_type_name(int(self.type))})"
 
     def close(self) -> None:
         """cudnnBackendDestroyDescriptor now (idempotent). Descriptors set into
         this one stay alive while something else references them."""
-        self._finalizer()
+        super().close()
         self._refs = []
-
-    def __enter__(self) -> "BackendDescriptor":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("finalized" if self.finalized else "open")

@@ -18,11 +18,9 @@ leak tests).
 from __future__ import annotations
 
 import ctypes
-import logging
-import threading
-import weakref
 from typing import Any, Optional, Sequence, Union
 
+from ._lifetime import CudnnObject, LiveCount
 from .enums import (
     ConvolutionMode, DataType, MathType, TensorFormat,
     data_type, math_type as _math_type,
@@ -30,48 +28,27 @@ from .enums import (
 from .errors import CudnnError
 from .prototypes import lib
 from .structs import (
-    OpaqueHandle, cudnnConvolutionDescriptor_t, cudnnFilterDescriptor_t,
-    cudnnTensorDescriptor_t,
+    cudnnConvolutionDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t,
 )
 
 __all__ = ["TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor",
            "live_descriptors", "live_descriptor_counts", "tensor_format", "output_dims",
            "DIM_MAX"]
 
-log = logging.getLogger("mucudnn")
-
 #: CUDNN_DIM_MAX (cudnn_graph.h).
 DIM_MAX = 8
 
-_live_lock = threading.Lock()
-_live: dict[str, int] = {"tensor": 0, "filter": 0, "convolution": 0}
+_live = LiveCount("tensor", "filter", "convolution")
 
 
 def live_descriptors() -> int:
     """Descriptors created and not yet destroyed, all kinds together."""
-    with _live_lock:
-        return sum(_live.values())
+    return _live.total()
 
 
 def live_descriptor_counts() -> dict[str, int]:
     """Live descriptors by kind: ``{"tensor": .., "filter": .., "convolution": ..}``."""
-    with _live_lock:
-        return dict(_live)
-
-
-def _count(kind: str, delta: int) -> None:
-    with _live_lock:
-        _live[kind] += delta
-
-
-def _destroy(kind: str, destroy_name: str, ctype: type, value: int) -> None:
-    """Finalizer: never references the Python object, only the raw handle."""
-    try:
-        getattr(lib, destroy_name)(ctype(value))
-    except Exception as exc:  # pragma: no cover - only at interpreter teardown
-        log.debug("mucudnn: %s failed: %s", destroy_name, exc)
-    finally:
-        _count(kind, -1)
+    return _live.by_kind()
 
 
 def tensor_format(fmt: Union[str, int, TensorFormat, None]) -> TensorFormat:
@@ -112,46 +89,28 @@ def _packed(dims: Sequence[int], fmt: TensorFormat) -> tuple[int, ...]:
     return packed_strides(dims, "NHWC" if fmt == TensorFormat.NHWC else "NCHW")
 
 
-class _Descriptor:
-    """Owns one cuDNN descriptor."""
+def _nd_field(index: int, doc: str) -> Any:
+    """A read-only property: item ``index`` of ``self.get_nd()``."""
+    return property(lambda self: self.get_nd()[index], doc=doc)
+
+
+def _size_in_bytes(fn: str) -> Any:
+    """A read-only property: the size_t that ``fn`` reports, in bytes."""
+    def get(self: "_Descriptor") -> int:
+        size = ctypes.c_size_t()
+        self._call(fn, ctypes.byref(size))
+        return size.value
+    return property(get, doc=f"{fn}.")
+
+
+class _Descriptor(CudnnObject):
+    """Owns one legacy-API cuDNN descriptor (lifetime: :class:`CudnnObject`)."""
 
     _kind = ""
-    _ctype: type = OpaqueHandle
-    _create_fn = ""
-    _destroy_fn = ""
+    _live = _live
 
     def __init__(self) -> None:
-        handle = self._ctype()
-        getattr(lib, self._create_fn)(ctypes.byref(handle))
-        self._handle = handle
-        _count(self._kind, +1)
-        self._finalizer = weakref.finalize(
-            self, _destroy, self._kind, self._destroy_fn, self._ctype, handle.value)
-
-    @property
-    def _as_parameter_(self):
-        if not self._finalizer.alive:
-            raise ValueError(f"{type(self).__name__} is closed")
-        return self._handle
-
-    @property
-    def handle(self) -> int:
-        """The raw descriptor pointer as an int (0 once closed)."""
-        return (self._handle.value or 0) if self._finalizer.alive else 0
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        """Destroy the cuDNN descriptor now (idempotent)."""
-        self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self._create(self._kind)
 
     def _call(self, fn: str, *args: Any, **details: Any) -> None:
         param = self._as_parameter_  # ValueError when closed
@@ -160,6 +119,19 @@ class _Descriptor:
         except CudnnError as exc:
             exc.add_details(**details)
             raise
+
+    def _describe(self) -> str:
+        """The fields shown by ``repr`` (CudnnError when the descriptor is unset)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self.closed:
+            return f"{name}(<closed>)"
+        try:
+            return f"{name}({self._describe()})"
+        except CudnnError:
+            return f"{name}(<unset>)"
 
 
 # -- tensors --------------------------------------------------------------------------
@@ -256,33 +228,14 @@ class TensorDescriptor(_Descriptor):
         n = min(nb.value, max_dims)
         return DataType(dt.value), tuple(d[:n]), tuple(s[:n])
 
-    @property
-    def dtype(self) -> DataType:
-        return self.get_nd()[0]
+    dtype = _nd_field(0, "The DataType (cudnnGetTensorNdDescriptor).")
+    dims = _nd_field(1, "Dims in canonical order (cudnnGetTensorNdDescriptor).")
+    strides = _nd_field(2, "Strides in dims order (cudnnGetTensorNdDescriptor).")
+    size_in_bytes = _size_in_bytes("cudnnGetTensorSizeInBytes")
 
-    @property
-    def dims(self) -> tuple[int, ...]:
-        return self.get_nd()[1]
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return self.get_nd()[2]
-
-    @property
-    def size_in_bytes(self) -> int:
-        """cudnnGetTensorSizeInBytes."""
-        size = ctypes.c_size_t()
-        self._call("cudnnGetTensorSizeInBytes", ctypes.byref(size))
-        return size.value
-
-    def __repr__(self) -> str:
-        if self.closed:
-            return "TensorDescriptor(<closed>)"
-        try:
-            dt, d, s = self.get_nd()
-            return f"TensorDescriptor(dims={d}, strides={s}, dtype={dt.name})"
-        except CudnnError:
-            return "TensorDescriptor(<unset>)"
+    def _describe(self) -> str:
+        dt, d, s = self.get_nd()
+        return f"dims={d}, strides={s}, dtype={dt.name}"
 
 
 # -- filters ----------------------------------------------------------------------------
@@ -346,33 +299,14 @@ class FilterDescriptor(_Descriptor):
         n = min(nb.value, max_dims)
         return DataType(dt.value), TensorFormat(fmt.value), tuple(d[:n])
 
-    @property
-    def dtype(self) -> DataType:
-        return self.get_nd()[0]
+    dtype = _nd_field(0, "The DataType (cudnnGetFilterNdDescriptor).")
+    format = _nd_field(1, "The TensorFormat (cudnnGetFilterNdDescriptor).")
+    dims = _nd_field(2, "Dims in (K, C/groups, spatial...) order (cudnnGetFilterNdDescriptor).")
+    size_in_bytes = _size_in_bytes("cudnnGetFilterSizeInBytes")
 
-    @property
-    def format(self) -> TensorFormat:
-        return self.get_nd()[1]
-
-    @property
-    def dims(self) -> tuple[int, ...]:
-        return self.get_nd()[2]
-
-    @property
-    def size_in_bytes(self) -> int:
-        """cudnnGetFilterSizeInBytes."""
-        size = ctypes.c_size_t()
-        self._call("cudnnGetFilterSizeInBytes", ctypes.byref(size))
-        return size.value
-
-    def __repr__(self) -> str:
-        if self.closed:
-            return "FilterDescriptor(<closed>)"
-        try:
-            dt, fmt, d = self.get_nd()
-            return f"FilterDescriptor(dims={d}, dtype={dt.name}, format={fmt.name})"
-        except CudnnError:
-            return "FilterDescriptor(<unset>)"
+    def _describe(self) -> str:
+        dt, fmt, d = self.get_nd()
+        return f"dims={d}, dtype={dt.name}, format={fmt.name}"
 
 
 # -- convolutions -------------------------------------------------------------------------
@@ -517,16 +451,11 @@ class ConvolutionDescriptor(_Descriptor):
             raise
         return tuple(i.value for i in v)  # type: ignore[return-value]
 
-    def __repr__(self) -> str:
-        if self.closed:
-            return "ConvolutionDescriptor(<closed>)"
-        try:
-            p, s, d, m, ct = self.get_nd()
-            return (f"ConvolutionDescriptor(padding={p}, stride={s}, dilation={d}, mode={m.name}, "
-                    f"compute_type={ct.name}, groups={self.group_count}, "
-                    f"math_type={self.math_type.name})")
-        except CudnnError:
-            return "ConvolutionDescriptor(<unset>)"
+    def _describe(self) -> str:
+        p, s, d, m, ct = self.get_nd()
+        return (f"padding={p}, stride={s}, dilation={d}, mode={m.name}, "
+                f"compute_type={ct.name}, groups={self.group_count}, "
+                f"math_type={self.math_type.name}")
 
 
 def output_dims(problem) -> tuple[int, ...]:

@@ -21,9 +21,10 @@ reads it back, so a plan stored as JSON or in the SQLite cache can be rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from .backend_api import BackendDescriptor
 from .errors import CudnnError
@@ -98,6 +99,20 @@ def parse_engine_config_id(algo: Any) -> tuple[int, tuple[tuple[int, int], ...]]
 
 # -- builders -----------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _building(dtype: Any, finalize: bool) -> Iterator[BackendDescriptor]:
+    """A new descriptor of type ``dtype`` for the block to set attributes on;
+    finalized after the block when ``finalize``; closed if anything raises."""
+    d = BackendDescriptor(dtype)
+    try:
+        yield d
+        if finalize:
+            d.finalize()
+    except BaseException:
+        d.close()
+        raise
+
+
 def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in values)
@@ -113,8 +128,7 @@ def tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: Any,
     d, s = _ints("dims", dims), _ints("strides", strides)
     if len(d) != len(s):
         raise ValueError(f"strides: expected {len(d)} values, got {len(s)}")
-    t = BackendDescriptor(D.TENSOR_DESCRIPTOR)
-    try:
+    with _building(D.TENSOR_DESCRIPTOR, finalize) as t:
         t.set_int64(A.TENSOR_UNIQUE_ID, int(uid))
         t.set_data_type(A.TENSOR_DATA_TYPE, data_type(dtype))
         t.set_int64(A.TENSOR_DIMENSIONS, d)
@@ -122,11 +136,6 @@ def tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: Any,
         t.set_int64(A.TENSOR_BYTE_ALIGNMENT, int(alignment))
         if virtual:
             t.set_bool(A.TENSOR_IS_VIRTUAL, True)
-        if finalize:
-            t.finalize()
-    except BaseException:
-        t.close()
-        raise
     return t
 
 
@@ -141,8 +150,7 @@ def convolution(padding: Sequence[int], stride: Sequence[int], dilation: Sequenc
     post = p if post_padding is None else _ints("post_padding", post_padding)
     if not (len(p) == len(s) == len(dl) == len(post)):
         raise ValueError(f"padding/stride/dilation: expected equal lengths, got {p}, {s}, {dl}")
-    c = BackendDescriptor(D.CONVOLUTION_DESCRIPTOR)
-    try:
+    with _building(D.CONVOLUTION_DESCRIPTOR, finalize) as c:
         c.set_int64(A.CONVOLUTION_SPATIAL_DIMS, len(p))
         c.set_data_type(A.CONVOLUTION_COMP_TYPE, data_type(compute_type))
         c.set_enum(A.CONVOLUTION_CONV_MODE, T.CONVOLUTION_MODE, int(mode))
@@ -150,11 +158,6 @@ def convolution(padding: Sequence[int], stride: Sequence[int], dilation: Sequenc
         c.set_int64(A.CONVOLUTION_FILTER_STRIDES, s)
         c.set_int64(A.CONVOLUTION_PRE_PADDINGS, p)
         c.set_int64(A.CONVOLUTION_POST_PADDINGS, post)
-        if finalize:
-            c.finalize()
-    except BaseException:
-        c.close()
-        raise
     return c
 
 
@@ -201,8 +204,7 @@ def convolution_operation(direction: Any, x: BackendDescriptor, w: BackendDescri
     compute) else CUDNN_TYPE_FLOAT (the header allows either).
     """
     dtype, ax, aw, ay, ac, aa, ab = _OPERATION[_direction_key(direction)]
-    op = BackendDescriptor(dtype)
-    try:
+    with _building(dtype, finalize) as op:
         op.set_descriptor(ax, x)
         op.set_descriptor(aw, w)
         op.set_descriptor(ay, y)
@@ -213,11 +215,6 @@ def convolution_operation(direction: Any, x: BackendDescriptor, w: BackendDescri
         else:
             op.set_float(aa, alpha)
             op.set_float(ab, beta)
-        if finalize:
-            op.finalize()
-    except BaseException:
-        op.close()
-        raise
     return op
 
 
@@ -225,16 +222,10 @@ def operation_graph(ops: Sequence[BackendDescriptor], handle: Any = None,
                     finalize: bool = True) -> BackendDescriptor:
     """CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR of ``ops``; ``handle`` (a cuDNN
     Handle) is set when given (CUDNN_ATTR_OPERATIONGRAPH_HANDLE)."""
-    g = BackendDescriptor(D.OPERATIONGRAPH_DESCRIPTOR)
-    try:
+    with _building(D.OPERATIONGRAPH_DESCRIPTOR, finalize) as g:
         g.set_descriptors(A.OPERATIONGRAPH_OPS, list(ops))
         if handle is not None:
             g.set_handle(A.OPERATIONGRAPH_HANDLE, handle)
-        if finalize:
-            g.finalize()
-    except BaseException:
-        g.close()
-        raise
     return g
 
 
@@ -243,15 +234,9 @@ def engine_heuristics(graph: BackendDescriptor, mode: Union[BackendHeurMode, int
     """CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR for ``graph`` in ``mode`` (A, B, FALLBACK...)."""
     if isinstance(mode, str):
         mode = HEUR_MODE_NAMES[mode.upper()]
-    h = BackendDescriptor(D.ENGINEHEUR_DESCRIPTOR)
-    try:
+    with _building(D.ENGINEHEUR_DESCRIPTOR, finalize) as h:
         h.set_descriptor(A.ENGINEHEUR_OPERATION_GRAPH, graph)
         h.set_enum(A.ENGINEHEUR_MODE, T.HEUR_MODE, int(mode))
-        if finalize:
-            h.finalize()
-    except BaseException:
-        h.close()
-        raise
     return h
 
 
@@ -262,45 +247,27 @@ def heuristic_engine_configs(heuristics: BackendDescriptor) -> list[BackendDescr
 
 def engine(graph: BackendDescriptor, global_index: int, finalize: bool = True) -> BackendDescriptor:
     """CUDNN_BACKEND_ENGINE_DESCRIPTOR: engine ``global_index`` of ``graph``."""
-    e = BackendDescriptor(D.ENGINE_DESCRIPTOR)
-    try:
+    with _building(D.ENGINE_DESCRIPTOR, finalize) as e:
         e.set_descriptor(A.ENGINE_OPERATION_GRAPH, graph)
         e.set_int64(A.ENGINE_GLOBAL_INDEX, int(global_index))
-        if finalize:
-            e.finalize()
-    except BaseException:
-        e.close()
-        raise
     return e
 
 
 def knob_choice(knob_type: int, value: int, finalize: bool = True) -> BackendDescriptor:
     """CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR: knob ``knob_type`` set to ``value``."""
-    k = BackendDescriptor(D.KNOB_CHOICE_DESCRIPTOR)
-    try:
+    with _building(D.KNOB_CHOICE_DESCRIPTOR, finalize) as k:
         k.set_enum(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, int(knob_type))
         k.set_int64(A.KNOB_CHOICE_KNOB_VALUE, int(value))
-        if finalize:
-            k.finalize()
-    except BaseException:
-        k.close()
-        raise
     return k
 
 
 def engine_config(eng: BackendDescriptor, knobs: Sequence[BackendDescriptor] = (),
                   finalize: bool = True) -> BackendDescriptor:
     """CUDNN_BACKEND_ENGINECFG_DESCRIPTOR: ``eng`` with knob choices ``knobs``."""
-    c = BackendDescriptor(D.ENGINECFG_DESCRIPTOR)
-    try:
+    with _building(D.ENGINECFG_DESCRIPTOR, finalize) as c:
         c.set_descriptor(A.ENGINECFG_ENGINE, eng)
         if knobs:
             c.set_descriptors(A.ENGINECFG_KNOB_CHOICES, list(knobs))
-        if finalize:
-            c.finalize()
-    except BaseException:
-        c.close()
-        raise
     return c
 
 
@@ -382,16 +349,10 @@ def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:
 
 def execution_plan(handle: Any, cfg: BackendDescriptor, finalize: bool = True) -> BackendDescriptor:
     """CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR of ``cfg`` on ``handle``."""
-    p = BackendDescriptor(D.EXECUTION_PLAN_DESCRIPTOR)
-    try:
+    with _building(D.EXECUTION_PLAN_DESCRIPTOR, finalize) as p:
         if handle is not None:
             p.set_handle(A.EXECUTION_PLAN_HANDLE, handle)
         p.set_descriptor(A.EXECUTION_PLAN_ENGINE_CONFIG, cfg)
-        if finalize:
-            p.finalize()
-    except BaseException:
-        p.close()
-        raise
     return p
 
 
@@ -407,16 +368,10 @@ def variant_pack(uids: Sequence[int], pointers: Sequence[Optional[int]],
     u = _ints("uids", uids)
     if len(u) != len(pointers):
         raise ValueError(f"pointers: expected {len(u)} pointers, got {len(pointers)}")
-    v = BackendDescriptor(D.VARIANT_PACK_DESCRIPTOR)
-    try:
+    with _building(D.VARIANT_PACK_DESCRIPTOR, finalize) as v:
         v.set_int64(A.VARIANT_PACK_UNIQUE_IDS, u)
         v.set_void_ptrs(A.VARIANT_PACK_DATA_POINTERS, list(pointers))
         v.set_void_ptrs(A.VARIANT_PACK_WORKSPACE, [workspace])
-        if finalize:
-            v.finalize()
-    except BaseException:
-        v.close()
-        raise
     return v
 
 

@@ -15,32 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import threading
-import weakref
 from typing import Any, Iterator, Optional
 
+from ._lifetime import CudnnObject, LiveCount
 from .errors import CudnnError
 from .prototypes import lib
 from .structs import cudaStream_t, cudnnHandle_t
 
 __all__ = ["Handle", "get_handle", "stream_handle", "using_device", "live_handles"]
 
-log = logging.getLogger("mucudnn")
-
-_live_lock = threading.Lock()
-_live_handles = 0
+_live = LiveCount("handle")
 
 
 def live_handles() -> int:
     """cuDNN handles created and not yet destroyed."""
-    return _live_handles
-
-
-def _count(delta: int) -> None:
-    global _live_handles
-    with _live_lock:
-        _live_handles += delta
+    return _live.total()
 
 
 def stream_handle(stream: Any) -> Optional[int]:
@@ -81,17 +71,14 @@ def using_device(device: Optional[int]) -> Iterator[int]:
         cuda.set_device(prev)
 
 
-def _destroy(value: int) -> None:
-    try:
-        lib.cudnnDestroy(cudnnHandle_t(value))
-    except Exception as exc:  # pragma: no cover - interpreter teardown
-        log.debug("mucudnn: cudnnDestroy failed: %s", exc)
-    finally:
-        _count(-1)
+class Handle(CudnnObject):
+    """A cuDNN handle on one device, bound to one stream. ``close()`` calls
+    cudnnDestroy now (idempotent); cuDNN synchronises the device."""
 
-
-class Handle:
-    """A cuDNN handle on one device, bound to one stream."""
+    _ctype = cudnnHandle_t
+    _create_fn = "cudnnCreate"
+    _destroy_fn = "cudnnDestroy"
+    _live = _live
 
     def __init__(self, device: Optional[int] = None, stream: Any = None) -> None:
         from .. import cuda
@@ -99,11 +86,7 @@ class Handle:
         cuda.require_device()  # NoDeviceError without a GPU or driver
         with using_device(device) as dev:
             self.device = int(dev)
-            h = cudnnHandle_t()
-            lib.cudnnCreate(ctypes.byref(h))
-        self._handle = h
-        _count(+1)
-        self._finalizer = weakref.finalize(self, _destroy, h.value)
+            self._create("handle")
         self._stream: Any = None
         try:
             with using_device(self.device):
@@ -111,20 +94,6 @@ class Handle:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def _as_parameter_(self) -> cudnnHandle_t:
-        if not self._finalizer.alive:
-            raise ValueError("Handle is closed")
-        return self._handle
-
-    @property
-    def handle(self) -> int:
-        return (self._handle.value or 0) if self._finalizer.alive else 0
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
 
     def set_stream(self, stream: Any) -> None:
         """cudnnSetStream; keeps a reference to ``stream`` so it outlives the binding.
@@ -153,16 +122,6 @@ class Handle:
         s = cudaStream_t()
         lib.cudnnGetStream(self, ctypes.byref(s))
         return s.value or 0
-
-    def close(self) -> None:
-        """cudnnDestroy now (idempotent). cuDNN synchronises the device."""
-        self._finalizer()
-
-    def __enter__(self) -> "Handle":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else hex(self.handle)
