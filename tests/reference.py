@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from mucudnn.problem import ConvProblem, Direction, from_canonical, to_canonical
+from mucudnn.problem import ConvProblem, Direction
 
 
 def _taps(p: ConvProblem):

@@ -389,9 +389,6 @@ def pointer_alignment(ptr: int, itemsize: int = 1) -> int:
     return a
 
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-
-
 class ConvGraph:
     """The finalized operation graph of one convolution problem and direction:
     x, w, y tensors (uids :data:`UID_X`, :data:`UID_W`, :data:`UID_Y`), the
@@ -426,10 +423,6 @@ class ConvGraph:
         except BaseException:
             self.close()
             raise
-
-    @staticmethod
-    def itemsize(problem: Any) -> int:
-        return _ITEMSIZE[problem.dtype]
 
     def engine_configs(self, mode: Union[BackendHeurMode, int, str]) -> list[BackendDescriptor]:
         """The heuristics' engine configs in ``mode``, best first."""

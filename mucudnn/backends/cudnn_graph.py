@@ -36,10 +36,8 @@ the same convolution.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import statistics
-import threading
 from collections import OrderedDict
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -455,8 +453,7 @@ class CudnnGraphBackend(CudnnBackend):
         xp = _array_ptr("x", tensors.x, p.x_shape, p.dtype)
         wp = _array_ptr("w", tensors.w, p.w_shape, p.dtype)
         yp = _array_ptr("y", tensors.y, p.output_shape, p.dtype)
-        item = gd.ConvGraph.itemsize(p)
-        aligns = tuple(gd.pointer_alignment(q, item) for q in (xp, wp, yp))
+        aligns = tuple(gd.pointer_alignment(q, p.itemsize) for q in (xp, wp, yp))
         with self._lock:
             # the contract: workspace_size() (16-byte aligned, alpha 1, beta 0) is enough
             need = self._plan(p, direction, algo_id, 1.0, 0.0, _FULL).workspace_bytes

@@ -14,7 +14,7 @@ from . import _lifetime, _runtime
 from .device import current_device, mem_get_info, require_device
 from .dtypes import dtype_from_typestr, dtype_name, is_bfloat16, normalize_dtype, typestr
 from .errors import CudaOutOfMemoryError, check
-from .stream import Stream, as_stream, default_stream, stream_handle
+from .stream import as_stream, default_stream, stream_handle
 
 __all__ = ["DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
            "allocation_count", "cuda_array_interface", "parse_cuda_array_interface"]
