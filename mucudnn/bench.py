@@ -210,7 +210,6 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     probs = {l.name: l.problem(batch, dtype=dtype, layout=layout, math=math_mode) for l in ls}
     groups = unique_problems(probs)
     kernels = [(names[0], names, p, d) for p, names in groups.items() for d in dirs]
-    quanta = {names[0]: p.batch_quantum() for p, names in groups.items()}
     if mode == "wd" and total_workspace is None:
         total_workspace = workspace_limit * len(ls) * len(dirs)
     result = NetworkResult(net=net, batch=batch, dtype=dtype, backend=be.name,
@@ -227,15 +226,15 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
             if bar is not None:
                 bar.update(1)
         if mode == "wr":
-            for (layer, d), perf in perfs.items():
-                plans[layer, d] = optimize_wr(perf, batch, workspace_limit, policy,
-                                              quantum=quanta[layer])
+            for layer, names, p, d in kernels:
+                plans[layer, d] = optimize_wr(perfs[layer, d], batch, workspace_limit, policy,
+                                              quantum=p.batch_quantum())
         else:
             # Note: a layer that occurs k times needs k segments; WD gets one
             # front per occurrence, so repeated layers may take different plans.
             fronts = {}
             for layer, names, p, d in kernels:
-                front = pareto_front(perfs[layer, d], batch, policy, quantum=quanta[layer])
+                front = pareto_front(perfs[layer, d], batch, policy, quantum=p.batch_quantum())
                 for n in names:
                     fronts[n, d] = front
             chosen = optimize_wd(fronts, total_workspace)

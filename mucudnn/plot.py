@@ -78,8 +78,7 @@ def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "floa
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     for ax, (p, names) in zip(axes.flat, groups.items()):
         for d in dirs:
-            front = pareto_front(perfs[names[0], d], batch, policy,
-                                 quantum=quanta[names[0], d])
+            front = pareto_front(perfs[names[0], d], batch, policy, quantum=p.batch_quantum())
             ws = [q.workspace_bytes / MIB for q in front]
             ax.step(ws, [q.time_ms for q in front], where="post", marker="o", ms=3,
                     label=d.value)

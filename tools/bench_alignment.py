@@ -61,7 +61,8 @@ def main(argv=None) -> int:
                     for n, s in (("x", full.x_shape), ("w", full.w_shape),
                                  ("y", full.y_shape))}
             t = ConvTensors(full, *(be.from_host(host[n]) for n in ("x", "w", "y")))
-            sample = {n: int(np.prod(getattr(full, f"{n}_shape")[1:])) * 4 for n in ("x", "y")}
+            sample = {n: int(np.prod(getattr(full, f"{n}_shape")[1:])) * full.itemsize
+                      for n in ("x", "y")}
             for d in Direction:
                 mp = full.with_batch(args.size)
                 for a in be.find(mp, d, args.cap):

@@ -40,10 +40,10 @@ def _tie(m: float) -> float:
     return m + _REL_TIE * abs(m) + 1e-300
 
 
-def _check_batch(batch: Any) -> int:
-    if isinstance(batch, bool) or not hasattr(batch, "__index__") or int(batch) < 1:
-        raise ValueError(f"batch: expected a positive int, got {batch!r}")
-    return int(batch)
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
 
 
 def _check_limit(limit: Any) -> int | None:
@@ -296,12 +296,6 @@ def _tvec(choice: dict[int, AlgoPerf], batch: int) -> np.ndarray:
     return tv
 
 
-def _check_quantum(quantum: Any) -> int:
-    if isinstance(quantum, bool) or not hasattr(quantum, "__index__") or int(quantum) < 1:
-        raise ValueError(f"quantum: expected a positive int (samples), got {quantum!r}")
-    return int(quantum)
-
-
 def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
                 policy: Policy = "all", *, method: str = "auto",
                 quantum: int = 1) -> Plan:
@@ -336,9 +330,9 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     '2 x 2'
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
-    batch = _check_batch(batch)
+    batch = _positive_int("batch", batch)
     limit = _check_limit(workspace_limit)
-    q = _check_quantum(quantum)
+    q = _positive_int("quantum", quantum)
     if method not in _SOLVERS and method != "auto":
         raise ValueError(f"method: expected one of {list(_SOLVERS) + ['auto']}, got {method!r}")
     table = _as_perf(perf)
@@ -386,8 +380,8 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
     Raises ValueError when no plan exists at any limit.
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
-    batch = _check_batch(batch)
-    q = _check_quantum(quantum)
+    batch = _positive_int("batch", batch)
+    q = _positive_int("quantum", quantum)
     if method not in _SOLVERS:
         raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
     table = _as_perf(perf)
