@@ -16,25 +16,22 @@ import re
 import sys
 from typing import Any, Sequence
 
-SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
-              "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-              "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+from .units import parse_bytes
+
 #: Batch used on the NumPy backend when no GPU is there (keeps a network under a minute).
 CPU_BATCH = 2
 
 
 def parse_size(text: str) -> int:
-    """A human size in bytes: ``"64MiB"``, ``"1GiB"``, ``"512k"``, ``"1e6"``, ``"0"``.
+    """A size argument in bytes (units as :func:`mucudnn.units.parse_bytes` reads them).
 
     >>> parse_size("64MiB"), parse_size("1.5GiB"), parse_size("100")
     (67108864, 1610612736, 100)
     """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in SIZE_UNITS:
-        raise argparse.ArgumentTypeError(
-            f"expected a size such as 64MiB, 1GiB, 512k or a number of bytes, got {text!r}")
-    return int(float(m.group(1)) * SIZE_UNITS[unit])
+    try:
+        return parse_bytes(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("size: ")) from None
 
 
 def _policy(text: str) -> Any:
@@ -85,7 +82,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
     backend = args.backend
     batch = args.batch or DEFAULT_BATCH[args.net]
     if getattr(args, "offline", False):
-        from .backends.cached import CachedBackend
+        from .optimizer.offline import CachedBackend
         be = CachedBackend(backend or "cudnn-graph")
         print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
               f"({be.version})", flush=True)
@@ -200,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s")
-    from .backends.cached import CacheMissError
+    from .optimizer.offline import CacheMissError
 
     try:
         return int(args.func(args) or 0)

@@ -14,6 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, Union
 
+from .dtypes import dtype_name
+from .errors import UnsupportedDtypeError
+
 IntOrTuple = Union[int, Sequence[int]]
 
 #: Layouts by number of spatial dimensions; the channels-first form comes first.
@@ -181,9 +184,9 @@ class ConvProblem:
         if len(w) != nd + 2:
             raise ValueError(
                 f"w_shape: layout {layout} needs {nd + 2} dimensions, got {len(w)} ({w})")
-        dtype_name = _dtype_name(dtype)
+        dtype_name_ = conv_dtype(dtype)
         if compute_type is None:
-            compute_type = DTYPES[dtype_name]
+            compute_type = DTYPES[dtype_name_]
         elif compute_type not in ("float32", "float64", "float16"):
             raise ValueError(
                 f"compute_type: expected 'float16', 'float32' or 'float64', got {compute_type!r}")
@@ -214,7 +217,7 @@ class ConvProblem:
         set_(self, "padding", padding_t)
         set_(self, "dilation", dilation_t)
         set_(self, "groups", groups)
-        set_(self, "dtype", dtype_name)
+        set_(self, "dtype", dtype_name_)
         set_(self, "layout", layout)
         set_(self, "math", math.lower())
         set_(self, "compute_type", compute_type)
@@ -355,18 +358,17 @@ class ConvProblem:
                 f"dtype={self.dtype!r}, layout={self.layout!r}, math={self.math!r})")
 
 
-def _dtype_name(dtype: Any) -> str:
-    """Normalise 'float32', numpy dtypes, torch dtypes (by name) to our names."""
-    if isinstance(dtype, type):  # scalar types: np.float32, ml_dtypes.bfloat16
-        name = dtype.__name__
-    else:
-        name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
-    name = str(name).replace("torch.", "").lower()
-    name = {"half": "float16", "float": "float32", "double": "float64", "f4": "float32",
-            "f8": "float64", "f2": "float16", "bf16": "bfloat16"}.get(name, name)
-    if name not in DTYPES:
-        raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
-    return name
+def conv_dtype(dtype: Any, name: str = "dtype") -> str:
+    """The name of a convolution data type (one of :data:`DTYPES`) from anything
+    :func:`mucudnn.dtypes.dtype_name` reads; UnsupportedDtypeError naming ``name`` otherwise.
+
+    >>> conv_dtype("half"), conv_dtype("f4")
+    ('float16', 'float32')
+    """
+    n = dtype_name(dtype, name)
+    if n not in DTYPES:
+        raise UnsupportedDtypeError(f"{name}: expected one of {list(DTYPES)}, got {dtype!r}")
+    return n
 
 
 @dataclass(frozen=True)

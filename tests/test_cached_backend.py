@@ -7,7 +7,7 @@ import pytest
 
 import mucudnn as mu
 from mucudnn.__main__ import main
-from mucudnn.backends.cached import CachedBackend, CacheMissError
+from mucudnn.optimizer.offline import CachedBackend, CacheMissError
 from mucudnn.networks import network
 from mucudnn.optimizer import BenchmarkCache, optimize_wr
 from mucudnn.problem import AlgoPerf, Direction

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mucudnn.cuda as mc
-from mucudnn.cuda import dtypes as mdt
+from mucudnn import dtypes as mdt
 from mucudnn.cuda import memory as mm
 from mucudnn.cuda.errors import NO_DEVICE_MESSAGE
 

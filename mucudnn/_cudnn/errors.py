@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..errors import MucudnnError
 from .enums import Status, status_category, status_name
 
 __all__ = [
@@ -21,7 +22,7 @@ __all__ = [
 ]
 
 
-class CudnnError(RuntimeError):
+class CudnnError(MucudnnError, RuntimeError):
     """A cuDNN call returned a non-success status.
 
     Attributes: ``function`` (the C name, e.g. ``"cudnnSetTensorNdDescriptor"``),
@@ -142,7 +143,7 @@ def raise_for_status(status: int, function: str, message: str = "",
 
 # -- loading ---------------------------------------------------------------------
 
-class CudnnLibraryError(OSError):
+class CudnnLibraryError(MucudnnError, OSError):
     """libcudnn could not be used."""
 
     def __reduce__(self):

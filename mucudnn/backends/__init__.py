@@ -19,7 +19,6 @@ _REGISTRY: dict[str, str] = {
     "numpy": "mucudnn.backends.numpy:NumpyBackend",
     "cudnn": "mucudnn.backends.cudnn:CudnnBackend",
     "cudnn-graph": "mucudnn.backends.cudnn_graph:CudnnGraphBackend",
-    "cached": "mucudnn.backends.cached:CachedBackend",
 }
 _INSTANCES: dict[str, Backend] = {}
 _LOCK = threading.Lock()
@@ -57,8 +56,8 @@ def _default_name() -> str:
 
 
 def get_backend(name: "str | Backend | None" = None, **options: Any) -> Backend:
-    """The backend called ``name`` ("numpy", "cudnn", "cudnn-graph", or "cached":
-    measurements replayed from the benchmark cache); with no
+    """The backend called ``name`` ("numpy", "cudnn", "cudnn-graph"; measurements
+    replayed from a benchmark cache are :class:`mucudnn.optimizer.CachedBackend`); with no
     name, ``MUCUDNN_BACKEND`` if set, else cudnn-graph where a GPU is present
     (the faster of the two GPU backends in docs/BENCHMARKS.md), else numpy
     (with a one-line notice).

@@ -52,7 +52,7 @@ from typing import Any, Iterator, Sequence, Union
 
 import numpy as np
 
-from ..problem import AlgoPerf, ConvProblem, Direction, _dtype_name
+from ..problem import AlgoPerf, ConvProblem, Direction, conv_dtype
 from .base import OUTPUT_OF, ConvTensors
 
 __all__ = ["NumpyAlgo", "NumpyBackend"]
@@ -85,7 +85,7 @@ def _bfloat16() -> np.dtype:
 
 def _np_dtype(name: Any) -> np.dtype:
     """NumPy dtype of one of the problem's dtype names ('float32', 'bfloat16', ...)."""
-    name = _dtype_name(name)
+    name = conv_dtype(name)
     if name == "bfloat16":
         return _bfloat16()
     return np.dtype(name)

@@ -9,7 +9,7 @@ cuda-bindings; the first real device use raises :class:`NoDeviceError`
 
 from .device import (current_device, device_count, device_name, device_properties,
                      mem_get_info, require_device, set_device, synchronize, using_device)
-from .dtypes import BFLOAT16, SUPPORTED_DTYPES, dtype_name, normalize_dtype, typestr
+from ..dtypes import BFLOAT16, SUPPORTED_DTYPES, dtype_name, normalize_dtype, typestr
 from .errors import CudaError, CudaOutOfMemoryError, NoDeviceError, check
 from .graph import CudaGraph
 from .memory import (DeviceArray, allocation_count, as_device_array, is_device_array_like,

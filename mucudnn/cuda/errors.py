@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import MucudnnError
 from . import _runtime
 
 __all__ = ["CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check", "NO_DEVICE_MESSAGE"]
@@ -20,7 +21,7 @@ NO_DEVICE_ERRORS = frozenset({
 OUT_OF_MEMORY_ERRORS = frozenset({"cudaErrorMemoryAllocation"})
 
 
-class CudaError(Exception):
+class CudaError(MucudnnError):
     """A CUDA runtime call failed.
 
     ``function`` is the runtime function (``"cudaMalloc"``), ``error_name`` the
@@ -41,7 +42,7 @@ class CudaError(Exception):
         return (type(self), (self.function, self.error_name, self.message))
 
 
-class CudaOutOfMemoryError(CudaError):
+class CudaOutOfMemoryError(CudaError, MemoryError):
     """cudaErrorMemoryAllocation: the device has not enough free memory."""
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _lifetime, _runtime
 from .device import current_device, mem_get_info, require_device
-from .dtypes import dtype_from_typestr, dtype_name, is_bfloat16, normalize_dtype, typestr
+from ..dtypes import dtype_from_typestr, dtype_name, is_bfloat16, normalize_dtype, typestr
 from .errors import CudaOutOfMemoryError, check
 from .stream import as_stream, default_stream, stream_handle
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..problem import _dtype_name
+from ..problem import conv_dtype
 
 __all__ = ["ArrayInfo", "inspect_array", "framework_of", "producer_stream"]
 
@@ -47,7 +47,7 @@ def _is_device_array(obj: Any) -> bool:
 
 def _dtype_or_none(d: Any) -> str | None:
     try:
-        return _dtype_name(d)
+        return conv_dtype(d)
     except (ValueError, TypeError):
         return None
 

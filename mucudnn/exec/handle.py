@@ -38,7 +38,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends.base import Backend, ConvTensors
-from ..problem import (UNLIMITED_WORKSPACE, ConvProblem, Direction, Plan, _dtype_name,
+from ..problem import (UNLIMITED_WORKSPACE, ConvProblem, Direction, Plan, conv_dtype,
                        from_canonical, packed_strides)
 from ..optimizer.policies import normalize_policy
 from .kernel import Kernel
@@ -79,7 +79,7 @@ def _dtype_of(v: Any) -> str | None:
         return None
     name = getattr(v, "name", v)  # enums: DataType.FLOAT
     try:
-        return _dtype_name(name)
+        return conv_dtype(name)
     except ValueError:
         pass
     s = str(name).upper().replace("CUDNN_DATA_", "").replace("DATATYPE.", "")

@@ -10,8 +10,8 @@
 
 An allocation limit provokes the run-time fallback on purpose (tests, or to
 keep headroom for a framework): ``pool.limit_bytes = n`` or the environment
-variable ``MUCUDNN_WORKSPACE_LIMIT`` (bytes, with an optional K/M/G suffix,
-e.g. ``64M``). A request over the limit raises :class:`WorkspaceUnavailable`
+variable ``MUCUDNN_WORKSPACE_LIMIT`` (a size as :func:`mucudnn.units.parse_bytes`
+reads it, e.g. ``64MiB``). A request over the limit raises :class:`WorkspaceUnavailable`
 without allocating, as does an out-of-memory error from the backend.
 """
 
@@ -23,6 +23,8 @@ import threading
 from typing import Any, Mapping
 
 from ..backends.base import Backend
+from ..errors import WorkspaceUnavailable
+from ..units import parse_bytes
 
 __all__ = ["ALIGN", "WorkspaceUnavailable", "WorkspacePool", "get_pool", "carve_segments",
            "SegmentedWorkspace", "env_workspace_limit", "out_of_memory_errors"]
@@ -32,19 +34,6 @@ log = logging.getLogger("mucudnn")
 #: Alignment of WD segment offsets (cuDNN wants 16; 256 matches cudaMalloc).
 ALIGN = 256
 ENV_LIMIT = "MUCUDNN_WORKSPACE_LIMIT"
-
-
-class WorkspaceUnavailable(MemoryError):
-    """A workspace request could not be met (over the pool limit, or out of memory).
-
-    ``requested`` is what was asked for, ``available`` a best guess of what
-    could be had now (bytes).
-    """
-
-    def __init__(self, message: str, requested: int, available: int) -> None:
-        super().__init__(message)
-        self.requested = requested
-        self.available = available
 
 
 def out_of_memory_errors() -> tuple[type[BaseException], ...]:
@@ -58,28 +47,12 @@ def out_of_memory_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
-def _parse_bytes(text: str) -> int:
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = 1
-    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if t.endswith(suffix):
-            t, mult = t[:-1], m
-            break
-    return int(float(t) * mult)
-
-
 def env_workspace_limit() -> int | None:
     """``MUCUDNN_WORKSPACE_LIMIT`` in bytes, or None when unset/empty."""
     v = os.environ.get(ENV_LIMIT, "").strip()
     if not v or v.lower() in ("none", "off", "inf"):
         return None
-    try:
-        n = _parse_bytes(v)
-    except ValueError:
-        raise ValueError(f"{ENV_LIMIT}: expected bytes like 67108864 or 64M, got {v!r}") from None
-    if n < 0:
-        raise ValueError(f"{ENV_LIMIT}: expected a non-negative size, got {v!r}")
-    return n
+    return parse_bytes(v, ENV_LIMIT)
 
 
 def _device_free_bytes(backend: Backend) -> int | None:

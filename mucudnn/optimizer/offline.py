@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any, NoReturn, Union
 
+from ..errors import MucudnnError
 from ..problem import AlgoPerf, ConvProblem, Direction
+from .benchmark import resolve_cache
 
 
-class CacheMissError(LookupError):
+class CacheMissError(MucudnnError, LookupError):
     """A (problem, direction) the cache holds no measurement for."""
 
 
@@ -31,8 +33,6 @@ class CachedBackend:
 
     def __init__(self, name: str = "cudnn-graph", device_name: str | None = None,
                  version: str | None = None, cache: Any = None) -> None:
-        from ..optimizer.benchmark import resolve_cache
-
         self.cache = resolve_cache(cache)
         if not self.cache.enabled:
             raise ValueError("cache: the cached backend needs a benchmark cache "

@@ -1,0 +1,83 @@
+"""The one exception base of mucudnn and the errors that belong to no single room.
+
+Every exception mucudnn raises derives from :class:`MucudnnError` and also from
+the builtin it has always derived from (``ValueError``, ``MemoryError``,
+``RuntimeError``, ...), so existing ``except`` clauses keep working while
+``except mu.MucudnnError`` catches everything of ours::
+
+    MucudnnError
+    ├── CudaError (cuda/)                   ├── CudnnError (_cudnn/, RuntimeError)
+    │   ├── CudaOutOfMemoryError            │   ├── BadParamError (ValueError), NotSupportedError, ...
+    │   └── NoDeviceError                   │   └── AllocationFailedError (MemoryError)
+    ├── CudnnLibraryError (OSError)         ├── WorkspaceUnavailable (MemoryError)
+    ├── UnsupportedDtypeError (TypeError, ValueError)
+    ├── UnsupportedConfigError (ValueError) ├── PlanningInCaptureError (RuntimeError)
+    └── CacheError (cache files), CacheMissError (offline backend)
+
+Rooms define their own subclasses next to the code that raises them; this
+module holds the base and the errors several rooms share. All of them pickle.
+
+>>> issubclass(UnsupportedDtypeError, (MucudnnError, TypeError, ValueError))
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MucudnnError", "UnsupportedDtypeError", "UnsupportedConfigError",
+           "WorkspaceUnavailable", "PlanningInCaptureError"]
+
+
+class MucudnnError(Exception):
+    """Base class of every exception mucudnn raises."""
+
+
+class UnsupportedDtypeError(MucudnnError, TypeError, ValueError):
+    """An element type mucudnn does not know or does not support where it was given.
+
+    A TypeError (the type of the data is wrong) and a ValueError (the argument's
+    value names no supported dtype), so code catching either keeps working.
+    """
+
+
+class UnsupportedConfigError(MucudnnError, ValueError):
+    """A backend cannot run one configuration (an algorithm or engine config at
+    these pointer alignments, scalars or workspace). Backends raise it instead
+    of substituting another configuration; the engine then asks the planner for
+    a plan without it (see ``exec/kernel.py``).
+
+    ``algo`` names the configuration that cannot run, ``reason`` says why.
+    """
+
+    def __init__(self, message: str, algo: Any = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.algo = algo
+        self.reason = reason
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.args[0] if self.args else "", self.algo, self.reason))
+
+
+class WorkspaceUnavailable(MucudnnError, MemoryError):
+    """A workspace request could not be met (over the pool limit, or out of memory).
+
+    ``requested`` is what was asked for, ``available`` a best guess of what
+    could be had now (bytes).
+    """
+
+    def __init__(self, message: str, requested: int, available: int) -> None:
+        super().__init__(message)
+        self.requested = int(requested)
+        self.available = int(available)
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.args[0] if self.args else "", self.requested, self.available))
+
+
+class PlanningInCaptureError(MucudnnError, RuntimeError):
+    """A call inside CUDA-graph capture would have to plan, benchmark or allocate.
+
+    Run the same calls once before capturing (a warm-up step), so that every
+    plan and workspace exists; inside capture only launches are allowed.
+    """
