@@ -6,19 +6,41 @@
 (8, 4, 9, 9)
 """
 
-from .api import Convolution, conv2d, conv3d, conv_backward_data, conv_backward_filter
-from .backends import Backend, ConvTensors, available_backends, get_backend
-from .exec import MicroBatchHandle, WorkspaceFallbackWarning
-from .optimizer import (BenchmarkCache, CacheWarning, batch_sizes, benchmark, optimize,
-                        optimize_network, optimize_wd, optimize_wr, pareto_front)
+from ._cudnn.errors import (AllocationFailedError, BadParamError, CudnnError, CudnnLibraryError,
+                            CudnnLibraryNotFoundError, CudnnVersionError, ExecutionFailedError,
+                            InternalError, NotInitializedError, NotSupportedError)
+from .api import (Convolution, MicroBatchHandle, clear_caches, conv2d, conv3d, conv_backward_data,
+                  conv_backward_filter)
+from .backends import Backend, BackendBase, ConvTensors, available_backends, get_backend
+from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
+from .errors import (MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
+                     UnsupportedDtypeError, WorkspaceUnavailable)
+from .exec import FallbackWarning, WorkspaceFallbackWarning
+from .optimizer import (BenchmarkCache, CachedBackend, CacheMissError, CacheWarning, Planner,
+                        batch_sizes, benchmark, optimize, optimize_network, optimize_wd,
+                        optimize_wr, pareto_front)
 from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan
+from .units import parse_bytes
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlgoPerf", "Backend", "BenchmarkCache", "CacheWarning", "ConvProblem", "ConvTensors", "Convolution",
-    "Direction", "MicroBatch", "MicroBatchHandle", "Plan", "WorkspaceFallbackWarning",
-    "available_backends", "batch_sizes", "benchmark", "conv2d", "conv3d", "conv_backward_data",
-    "conv_backward_filter", "get_backend", "optimize", "optimize_network", "optimize_wd",
-    "optimize_wr", "pareto_front",
+    # values
+    "AlgoPerf", "ConvProblem", "Direction", "MicroBatch", "Plan",
+    # running convolutions
+    "Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
+    "conv_backward_filter", "clear_caches",
+    # backends
+    "Backend", "BackendBase", "ConvTensors", "available_backends", "get_backend",
+    "CachedBackend",
+    # planning
+    "BenchmarkCache", "Planner", "batch_sizes", "benchmark", "optimize", "optimize_network",
+    "optimize_wd", "optimize_wr", "pareto_front", "parse_bytes",
+    # errors and warnings
+    "MucudnnError", "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "CudnnError",
+    "NotInitializedError", "BadParamError", "NotSupportedError", "InternalError",
+    "AllocationFailedError", "ExecutionFailedError", "CudnnLibraryError",
+    "CudnnLibraryNotFoundError", "CudnnVersionError", "UnsupportedDtypeError",
+    "UnsupportedConfigError", "WorkspaceUnavailable", "PlanningInCaptureError",
+    "CacheMissError", "CacheWarning", "FallbackWarning", "WorkspaceFallbackWarning",
 ]

@@ -16,6 +16,13 @@ import re
 import sys
 from typing import Any, Sequence
 
+from .backends import get_backend
+from .bench import format_table, run_network, save_json
+from .cuda import device_count
+from .networks import DEFAULT_BATCH, NETWORKS, select
+from .optimizer import optimize, optimize_network
+from .optimizer.offline import CachedBackend, CacheMissError
+from .plot import plot_network
 from .units import parse_bytes
 
 #: Batch used on the NumPy backend when no GPU is there (keeps a network under a minute).
@@ -41,7 +48,6 @@ def _policy(text: str) -> Any:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from .networks import NETWORKS
     p.add_argument("--net", required=True, choices=sorted(NETWORKS), help="network")
     p.add_argument("--batch", type=int, default=None,
                    help="mini-batch size (default: the paper's: alexnet 256, resnet 128, vgg16 64)")
@@ -76,13 +82,9 @@ def _layers(args: argparse.Namespace) -> list[str] | None:
 def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
     """Backend (a name, None for the default, or the offline CachedBackend) and
     batch; prints first a line saying so when offline or falling back to the CPU."""
-    from .cuda import device_count
-    from .networks import DEFAULT_BATCH
-
     backend = args.backend
     batch = args.batch or DEFAULT_BATCH[args.net]
     if getattr(args, "offline", False):
-        from .optimizer.offline import CachedBackend
         be = CachedBackend(backend or "cudnn-graph")
         print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
               f"({be.version})", flush=True)
@@ -98,12 +100,9 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import format_table, run_network, save_json
-
     if args.offline:
         raise SystemExit("bench: --offline cannot execute plans; use optimize or plot offline")
     backend, batch = _resolve(args)
-    from .backends import get_backend
     backend = get_backend(backend).name
     repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)
     r = run_network(args.net, batch, dtype=args.dtype, layout=args.layout, math_mode=args.math,
@@ -121,9 +120,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from .networks import select
-    from .optimizer import optimize, optimize_network
-
     backend, batch = _resolve(args)
     probs = {l.name: l.problem(batch, dtype=args.dtype, layout=args.layout, math=args.math)
              for l in select(args.net, _layers(args))}
@@ -156,8 +152,6 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .plot import plot_network
-
     backend, batch = _resolve(args)
     files = plot_network(args.net, batch, out_dir=args.out, dtype=args.dtype,
                          layout=args.layout, math_mode=args.math, policy=args.policy,
@@ -197,8 +191,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s")
-    from .optimizer.offline import CacheMissError
-
     try:
         return int(args.func(args) or 0)
     except (ValueError, CacheMissError) as exc:  # bad arguments found past argparse: exit 2

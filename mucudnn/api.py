@@ -22,19 +22,34 @@ Arrays
   Non-contiguous NumPy *inputs* are copied (``np.ascontiguousarray``); a
   non-contiguous NumPy *output* is a ValueError (it could not be written in place).
 * :class:`mucudnn.cuda.DeviceArray` (GPU backends): used in place; a result
-  allocated for you is a DeviceArray. The call is asynchronous on the
-  backend's stream (``conv.backend.stream``); ``to_numpy``/``backend.synchronize()`` wait.
-* Any object with ``__cuda_array_interface__`` (PyTorch, CuPy, Numba): used
-  zero-copy. A given output is written in place and returned. With no output
-  given, a torch input gets a ``torch.empty`` tensor on the same device and a
-  CuPy input a ``cupy.empty`` array; other producers get a DeviceArray. The
-  backend's stream is ordered after the producer's stream (torch's or CuPy's
-  current stream, a DeviceArray's stream, the interface's v3 ``stream``)
-  before the call, and that stream after ours afterwards (events, no host
-  wait); for a producer whose stream is unknown (interface v2, not torch or
-  CuPy) the device is synchronised before the call and the backend's stream
-  before returning. Device arrays
-  must be C-contiguous (no copy is made) and on the backend's device.
+  allocated for you is a DeviceArray. The call runs on the array's stream
+  (``x.stream``, else the backend's home stream ``conv.backend.stream``),
+  asynchronously; ``to_numpy``/``backend.synchronize()`` wait.
+* CUDA torch tensors, CuPy arrays and any other object with
+  ``__cuda_array_interface__`` (Numba, ...): used zero-copy. A given output is
+  written in place and returned. With no output given, a torch input gets a
+  ``torch.empty`` tensor on the same device and a CuPy input a ``cupy.empty``
+  array; other producers get a DeviceArray.
+
+Streams (Note [streams] in ``backends/_device.py``): a call runs on the
+stream its inputs' producer orders work on, as a native library call does:
+torch's current stream, CuPy's current stream, a DeviceArray's stream, the v3
+``stream`` field of ``__cuda_array_interface__``. No event and no host wait is
+added. For a producer whose stream is unknown (interface v2) the device is
+synchronised before the call and the call's stream before returning. Device
+arrays must be C-contiguous (no copy is made) and on the backend's device.
+
+Workspace: calls with torch tensors or CuPy arrays take their workspace from
+that framework's allocator for the duration of the call (so it is counted in
+``torch.cuda.memory_allocated`` while in use, and CUDA-graph capture by
+torch works); every other call, and every call with ``graph=True``, uses the
+backend's workspace pool for the stream (``conv.pool``), which is never more
+than the plan's workspace and is freed by ``conv.pool.release()``.
+
+The warm path: a call whose arguments have the kinds, shapes, dtypes, device
+and contiguity of the previous call's goes straight to the bound launchers
+(for torch tensors a handful of attribute reads); anything that differs takes
+the full validation below, so every change is noticed.
 
 Every argument is validated before any device work (planning included):
 wrong shapes, dtypes, kinds, devices, contiguity, ``beta != 0`` without an
@@ -48,69 +63,53 @@ backend it is a documented no-op (:attr:`Convolution.graph_active` is False).
 from __future__ import annotations
 
 import logging
+import math
 import numbers
+import sys
 import threading
-from collections import OrderedDict
 from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-from .backends import get_backend
-from .backends.base import Backend, ConvTensors
-from .exec.arrays import ArrayInfo, framework_of, inspect_array, producer_stream
-from .exec.graph import supports_graphs
+from .backends import Backend, get_backend
+from .caches import LRU, clear_all
+from .cuda import Event, Stream, synchronize as device_synchronize
+from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, Framework, framework_for, inspect_array, \
+    torch_workspace
+from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
-from .exec.workspace import WorkspacePool, get_pool
-from .optimizer.policies import normalize_policy
-from .problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, Plan
+from .exec.workspace import WorkspacePool, pool_for
+from .optimizer.planner import Planner
+from .problem import ConvProblem, Direction, Plan
 
-__all__ = ["Convolution", "conv2d", "conv3d", "conv_backward_data", "conv_backward_filter",
-           "clear_caches"]
+__all__ = ["Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
+           "conv_backward_filter", "clear_caches"]
 
 log = logging.getLogger("mucudnn")
 
 IntOrTuple = Union[int, Sequence[int]]
 
-#: (role in forward naming, is output) of each argument, per direction.
+#: Per direction: (input 1, input 2, output) as (argument name, forward role).
 _ARGS: dict[Direction, tuple[tuple[str, str], tuple[str, str], tuple[str, str]]] = {
-    # (input 1, input 2, output): (argument name, forward role)
     Direction.FORWARD: (("x", "x"), ("w", "w"), ("y", "y")),
     Direction.BACKWARD_DATA: (("dy", "y"), ("w", "w"), ("dx", "x")),
     Direction.BACKWARD_FILTER: (("x", "x"), ("dy", "y"), ("dw", "w")),
 }
-
-# Plans shared between Convolution objects of one process (the SQLite cache
-# below it is shared between processes): key -> (backend, plan).
-_PLAN_MEMO: dict[tuple, tuple[Backend, Plan]] = {}
-_MEMO_LOCK = threading.Lock()
-
-
-def _policy_key(policy: Any) -> Any:
-    if isinstance(policy, str) or policy is None:
-        return policy
-    try:
-        return tuple(int(v) for v in policy)
-    except TypeError:
-        return repr(policy)
+#: Per direction: where x, w, y (forward roles) sit among (input 1, input 2, output).
+_PERM: dict[Direction, tuple[int, int, int]] = {
+    Direction.FORWARD: (0, 1, 2),
+    Direction.BACKWARD_DATA: (2, 1, 0),
+    Direction.BACKWARD_FILTER: (0, 2, 1),
+}
 
 
 def _scalar(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {v!r}")
-    return float(v)
-
-
-def _host_backend(backend: Backend) -> bool:
-    """True for backends that take NumPy arrays (numpy, or any without a CUDA stream)."""
-    return backend.name == "numpy" or not hasattr(backend, "stream")
-
-
-def _backend_device(backend: Backend) -> int | None:
-    for attr in ("device", "device_id", "device_index"):
-        v = getattr(backend, attr, None)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"{name}: expected a finite number, got {v!r}")
+    return f
 
 
 class Convolution:
@@ -120,7 +119,8 @@ class Convolution:
     layout's own order) plus:
 
     workspace_limit
-        Per-kernel workspace limit in bytes for planning (default 64 MiB).
+        Per-kernel workspace limit (default 64 MiB): bytes, a size string such
+        as ``"64MiB"``, or None for unlimited.
     policy
         Micro-batch sizes considered: "powerOfTwo" (default), "all", "undivided",
         or an explicit list of sizes.
@@ -133,13 +133,15 @@ class Convolution:
         on the NumPy backend).
     plans
         Optional ``{Direction: Plan}`` forcing plans (e.g. hand-made mixes of
-        sizes and algorithms); other directions are optimised as usual. A
-        forced plan's workspace is raised to what the backend reports.
+        sizes and algorithms, or plans loaded from JSON); other directions are
+        optimised as usual. A forced plan's workspace is raised to what the
+        backend reports, and must fit ``workspace_limit``.
     cache
         Benchmark cache passed to the optimizer (None: the default SQLite file,
-        or ``MUCUDNN_CACHE``; "off" disables it there).
+        or ``MUCUDNN_CACHE``; False or "off" disables it).
 
-    Each direction is optimised on first use (in-memory and SQLite cache), so
+    Each direction is planned on first use (by :class:`mucudnn.optimizer.Planner`,
+    which remembers plans per process and reads the SQLite cache), so
     constructing a Convolution is cheap.
 
     >>> conv = Convolution((4, 2, 5, 5), (3, 2, 3, 3), backend="numpy", policy="undivided")
@@ -150,35 +152,32 @@ class Convolution:
     def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], *,
                  stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
                  groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
-                 math: str = "default", workspace_limit: int | None = 64 << 20,
+                 math: str = "default", workspace_limit: Any = 64 << 20,
                  policy: Any = "powerOfTwo", backend: "str | Backend | None" = None,
                  graph: bool = False, plans: Mapping[Any, Plan] | None = None,
                  cache: Any = None) -> None:
         self.problem = ConvProblem(x_shape, w_shape, stride=stride, padding=padding,
                                    dilation=dilation, groups=groups, dtype=dtype, layout=layout,
                                    math=math)
-        if workspace_limit is not None:
-            if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, numbers.Integral):
-                raise TypeError(f"workspace_limit: expected an int (bytes) or None, got {workspace_limit!r}")
-            if workspace_limit < 0:
-                raise ValueError(f"workspace_limit: expected >= 0 bytes, got {workspace_limit}")
-            workspace_limit = int(workspace_limit)
-        self.workspace_limit = workspace_limit
-        # Note: normalised once, so a one-shot iterable of sizes is read once.
-        self.policy = normalize_policy(policy)
-        self.cache = cache
-        self.backend: Backend = get_backend(backend)
-        self.graph = bool(graph)
+        if not isinstance(graph, bool):
+            raise TypeError(f"graph: expected True or False, got {graph!r}")
         forced: dict[Direction, Plan] = {}
         for k, v in (plans or {}).items():
             d = Direction.parse(k)
             if not isinstance(v, Plan):
                 raise TypeError(f"plans[{d.value}]: expected a Plan, got {type(v).__name__}")
             forced[d] = v
+        self.backend: Backend = get_backend(backend)
+        self.planner = Planner(self.backend, workspace_limit, policy, cache)
+        self.workspace_limit = self.planner.workspace_limit
+        self.policy = self.planner.policy
+        self.cache = cache
+        self.graph = graph
         self._forced = forced
         self._kernels: dict[Direction, Kernel] = {}
+        self._fast: dict[Direction, Any] = {}
         self._lock = threading.RLock()
-        if self.graph and not supports_graphs(self.backend):
+        if self.graph and not self.backend.supports_graphs:
             log.info("mucudnn: graph=True has no effect on the %s backend (no CUDA stream)",
                      self.backend.name)
 
@@ -191,50 +190,31 @@ class Convolution:
     @property
     def graph_active(self) -> bool:
         """True when graph replay is on and the backend supports it."""
-        return self.graph and supports_graphs(self.backend)
+        return self.graph and bool(self.backend.supports_graphs)
 
     @property
     def pool(self) -> WorkspacePool:
-        """The backend's workspace pool (shared with every other user of the backend)."""
-        return get_pool(self.backend)
+        """The backend's workspace pool on its home stream (shared with every
+        other user of the backend on that stream)."""
+        return pool_for(self.backend, None)
 
     def __repr__(self) -> str:
         return (f"Convolution({self.problem!r}, workspace_limit={self.workspace_limit}, "
                 f"policy={self.policy!r}, backend={self.backend.name!r}, graph={self.graph})")
 
     # -- plans ------------------------------------------------------------------------
-    def _optimize(self, direction: Direction) -> Plan:
-        if direction in self._forced:
-            return self._forced[direction]
-        key = (id(self.backend), self.problem.key(), direction.value, self.workspace_limit,
-               _policy_key(self.policy), id(self.cache) if self.cache is not None else None)
-        with _MEMO_LOCK:
-            hit = _PLAN_MEMO.get(key)
-            if hit is not None and hit[0] is self.backend:
-                return hit[1]
-        from .optimizer import optimize  # type: ignore[attr-defined]
-
-        limit = self.workspace_limit if self.workspace_limit is not None else UNLIMITED_WORKSPACE
-        plan = optimize(self.problem, direction, limit, self.policy, self.backend,
-                        cache=self.cache)
-        log.info("mucudnn: %s %s: plan %s, %d bytes workspace, %.3g ms (undivided %.3g ms)",
-                 self.problem.key(), direction, plan.describe(), plan.workspace_bytes,
-                 plan.time_ms, plan.undivided_time_ms)
-        with _MEMO_LOCK:
-            _PLAN_MEMO[key] = (self.backend, plan)
-        return plan
-
     def kernel(self, direction: "Direction | str") -> Kernel:
-        """The execution state of one direction (plan, workspace, graphs)."""
+        """The execution state of one direction (plan, bindings, graphs)."""
         d = Direction.parse(direction)
-        with self._lock:
-            k = self._kernels.get(d)
-            if k is None:
-                k = Kernel(self.backend, self.problem, d, lambda: self._optimize(d),
-                           policy=self.policy, workspace_limit=self.workspace_limit,
-                           cache=self.cache, graph=self.graph)
-                self._kernels[d] = k
-            return k
+        k = self._kernels.get(d)
+        if k is None:
+            with self._lock:
+                k = self._kernels.get(d)
+                if k is None:
+                    k = Kernel(self.backend, self.problem, d, self.planner, graph=self.graph,
+                               plan=self._forced.get(d))
+                    self._kernels[d] = k
+        return k
 
     def plan(self, direction: "Direction | str") -> Plan:
         """The plan of ``direction``, optimising it now if needed."""
@@ -254,11 +234,21 @@ class Convolution:
         >>> float(conv.forward(np.ones((2, 1, 3, 3), np.float32), np.ones((1, 1, 3, 3), np.float32))[1, 0, 0, 0])
         9.0
         """
+        fast = self._fast.get(Direction.FORWARD)
+        if fast is not None:
+            r = fast(x, w, y, alpha, beta)
+            if r is not None:
+                return r
         return self._call(Direction.FORWARD, x, w, y, alpha, beta)
 
     def backward_data(self, dy: Any, w: Any, dx: Any = None, alpha: float = 1.0,
                       beta: float = 0.0) -> Any:
         """``dx = alpha * conv_backward_data(w, dy) + beta * dx``; returns dx."""
+        fast = self._fast.get(Direction.BACKWARD_DATA)
+        if fast is not None:
+            r = fast(dy, w, dx, alpha, beta)
+            if r is not None:
+                return r
         return self._call(Direction.BACKWARD_DATA, dy, w, dx, alpha, beta)
 
     def backward_filter(self, x: Any, dy: Any, dw: Any = None, alpha: float = 1.0,
@@ -267,11 +257,16 @@ class Convolution:
 
         With ``beta = 0`` the prior dw is never read (it may hold NaN).
         """
+        fast = self._fast.get(Direction.BACKWARD_FILTER)
+        if fast is not None:
+            r = fast(x, dy, dw, alpha, beta)
+            if r is not None:
+                return r
         return self._call(Direction.BACKWARD_FILTER, x, dy, dw, alpha, beta)
 
     __call__ = forward
 
-    # -- validation and dispatch -------------------------------------------------------
+    # -- validation and dispatch (the full path) ---------------------------------------
     def _validate(self, direction: Direction, a: Any, b: Any, out: Any, alpha: Any,
                   beta: Any) -> tuple[list[ArrayInfo], ArrayInfo | None, float, float, str]:
         """Check every argument; return (input infos, output info, alpha, beta, mode).
@@ -305,8 +300,7 @@ class Convolution:
                 f"{host[0].name} is a NumPy array but {dev[0].name} is a device array; "
                 "pass all inputs as NumPy arrays or all as device arrays")
         mode = "host" if host else "device"
-        on_gpu = not _host_backend(self.backend)
-        if mode == "device" and not on_gpu:
+        if mode == "device" and self.backend.is_host:
             raise TypeError(
                 f"{dev[0].name}: the {self.backend.name} backend takes NumPy arrays, got "
                 f"{type(dev[0].obj).__name__}; copy it to the host or use a GPU backend")
@@ -328,7 +322,7 @@ class Convolution:
                     f"{info.name}: expected a C-contiguous device array (no copy is made); "
                     "call .contiguous() / make a packed copy first")
         if mode == "device":
-            want_dev = _backend_device(self.backend)
+            want_dev = self.backend.device
             for info in infos + ([oinfo] if oinfo else []):
                 if want_dev is not None and info.device is not None and info.device != want_dev:
                     raise ValueError(
@@ -345,109 +339,170 @@ class Convolution:
               beta: Any) -> Any:
         infos, oinfo, alpha, beta, mode = self._validate(direction, a, b, out, alpha, beta)
         p = self.problem
-        (n1, r1), (n2, r2), (no, ro) = _ARGS[direction]
+        ro = _ARGS[direction][2][1]
+        i0, i1, i2 = _PERM[direction]
         kernel = self.kernel(direction)
         be = self.backend
         if mode == "host":
             arrs = [np.ascontiguousarray(i.obj) for i in infos]
-            if _host_backend(be):
+            if be.is_host:
                 res = out if out is not None else be.empty(p.shape_of(ro), p.dtype)
-                roles = {r1: arrs[0], r2: arrs[1], ro: res}
-                kernel.run(ConvTensors(p, roles["x"], roles["w"], roles["y"]), alpha, beta)
+                t = (arrs[0], arrs[1], res)
+                kernel.launch(t[i0], t[i1], t[i2], alpha, beta)
                 return res
             dev = [be.from_host(a_) for a_ in arrs]
             dout = be.from_host(out) if (out is not None and beta != 0) else be.empty(
                 p.shape_of(ro), p.dtype)
-            roles = {r1: dev[0], r2: dev[1], ro: dout}
-            kernel.run(ConvTensors(p, roles["x"], roles["w"], roles["y"]), alpha, beta)
+            t = (be.address(dev[0]), be.address(dev[1]), be.address(dout))
+            kernel.launch(t[i0], t[i1], t[i2], alpha, beta, None)
             host = be.to_host(dout)
             if out is not None:
                 np.copyto(out, host)
                 return out
             return host
         # device mode
-        from .cuda import Stream, as_device_array  # type: ignore[attr-defined]
-
-        result = out if out is not None else self._alloc_like(infos, p.shape_of(ro))
-        everything = infos + [oinfo if oinfo is not None else inspect_array(no, result)]
-        ours = int(getattr(be.stream, "handle", 0) or 0)  # type: ignore[attr-defined]
-        producers, unknown = set(), False
-        for i in everything:
-            h = producer_stream(i)
-            if h is not None and h != ours:
-                producers.add(h)
-            elif h is None and i.kind == "cai":
-                unknown = True
-        dev = [_wrap(as_device_array, i.name, i.obj) for i in infos]
-        dout = _wrap(as_device_array, no, result)
-        roles = {r1: dev[0], r2: dev[1], ro: dout}
-        # Order our stream after the producers' (events, no host wait) and theirs after ours.
+        fw = framework_for(infos[0])
+        stream = fw.stream(infos[0])
+        unknown = stream == UNKNOWN_STREAM
         if unknown:  # a producer whose stream we cannot know: let its work finish first
-            from .cuda import synchronize as device_synchronize  # type: ignore[attr-defined]
-
-            device_synchronize(_backend_device(be))
-        for h in sorted(producers):
-            be.stream.wait_stream(Stream.wrap(h))  # type: ignore[attr-defined]
-        kernel.run(ConvTensors(p, roles["x"], roles["w"], roles["y"]), alpha, beta)
-        for h in sorted(producers):
-            Stream.wrap(h).wait_stream(be.stream)  # type: ignore[attr-defined]
-        if unknown:  # a producer whose stream we cannot know: finish before returning
+            device_synchronize(be.device)
+            stream = None
+        result = out if out is not None else fw.empty(infos[0], p.shape_of(ro), p.dtype, be)
+        rinfo = oinfo if oinfo is not None else inspect_array(_ARGS[direction][2][0], result)
+        self._order_producers(infos + [rinfo], stream)
+        t = (infos[0].ptr, infos[1].ptr, rinfo.ptr)
+        kernel.launch(t[i0], t[i1], t[i2], alpha, beta, stream, fw.workspace(infos[0]))
+        if unknown:  # ... and finish before returning
             be.synchronize()
+        elif infos[0].framework == "torch" and all(i.framework == "torch" for i in infos) \
+                and rinfo.framework == "torch":
+            self._fast[direction] = _TorchFast(self, direction, infos[0].obj)
         return result
 
-    def _alloc_like(self, infos: list[ArrayInfo], shape: tuple[int, ...]) -> Any:
-        """A new output of the kind of the first foreign input (torch/CuPy), else a DeviceArray."""
-        for i in infos:
-            if i.kind != "cai":
+    def _order_producers(self, infos: list[ArrayInfo], stream: int | None) -> None:
+        """Make ``stream`` wait for arguments produced on other known streams
+        (DeviceArrays on several streams, say): events, no host wait."""
+        target = self.backend.stream.handle if stream is None else stream
+        others = set()
+        for i in infos[1:]:
+            if i.framework == infos[0].framework:
                 continue
-            fw = framework_of(i.obj)
-            if fw == "torch":
-                import torch  # type: ignore[import-not-found]
-
-                return torch.empty(shape, dtype=i.obj.dtype, device=i.obj.device)
-            if fw == "cupy":
-                import cupy  # type: ignore[import-not-found]
-
-                with i.obj.device:
-                    return cupy.empty(shape, dtype=i.obj.dtype)
-        return self.backend.empty(shape, self.problem.dtype)
-
-
-def _wrap(as_device_array: Any, name: str, obj: Any) -> Any:
-    try:
-        return as_device_array(obj, sync=False)  # streams are ordered by _call
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    except TypeError as exc:
-        raise TypeError(f"{name}: {exc}") from None
+            s = framework_for(i).stream(i)
+            s = self.backend.stream.handle if s is None else s
+            if s not in (target, UNKNOWN_STREAM):
+                others.add(s)
+        for s in sorted(others):
+            with Event(timing=False) as ev:
+                ev.record(s)
+                Stream.wrap(target).wait_event(ev)
 
 
 def _overlap(a: ArrayInfo, b: ArrayInfo) -> bool:
     if a.kind == "numpy" and b.kind == "numpy":
-        return bool(np.may_share_memory(a.obj, b.obj)) if (a.contiguous and b.contiguous) \
-            else bool(np.shares_memory(a.obj, b.obj, max_work=10_000)) if _cheap(a, b) else False
+        if a.contiguous and b.contiguous:
+            return bool(np.may_share_memory(a.obj, b.obj))
+        return bool(np.shares_memory(a.obj, b.obj, max_work=10_000)) \
+            if a.nbytes + b.nbytes < (1 << 26) else False
     if a.kind != "numpy" and b.kind != "numpy" and a.ptr and b.ptr:
         return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
     return False
 
 
-def _cheap(a: ArrayInfo, b: ArrayInfo) -> bool:
-    return a.nbytes + b.nbytes < (1 << 26)
+class _TorchFast:
+    """The warm path for CUDA torch tensors (installed after a full call succeeded).
+
+    Returns None, without side effects, whenever anything differs from what
+    the full path established (kind, shape, dtype, device, contiguity, scalar
+    types, an output that overlaps an input); the caller then takes the full
+    path, which validates and raises. The stream is torch's current stream,
+    read per call; the workspace comes from torch's caching allocator.
+    """
+
+    __slots__ = ("launch", "sa", "sb", "so", "dtype", "dev", "tdev", "perm", "na", "nb", "no",
+                 "empty", "stream_of", "ws")
+
+    def __init__(self, conv: Convolution, direction: Direction, like: Any) -> None:
+        torch = sys.modules["torch"]
+        p = conv.problem
+        (_, r1), (_, r2), (_, ro) = _ARGS[direction]
+        self.launch = conv.kernel(direction).launch
+        self.sa, self.sb, self.so = (torch.Size(p.shape_of(r)) for r in (r1, r2, ro))
+        self.dtype = like.dtype
+        self.dev = like.get_device()
+        self.tdev = like.device
+        self.perm = _PERM[direction]
+        item = like.element_size()
+        self.na, self.nb, self.no = (math.prod(p.shape_of(r)) * item for r in (r1, r2, ro))
+        self.empty = torch.empty
+        self.stream_of = torch._C._cuda_getCurrentRawStream
+        self.ws = torch_workspace(self.tdev)
+
+    def __call__(self, a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
+        dt, dev = self.dtype, self.dev
+        try:
+            if (a.dtype is not dt or b.dtype is not dt or a.shape != self.sa
+                    or b.shape != self.sb or a.get_device() != dev or b.get_device() != dev
+                    or not a.is_contiguous() or not b.is_contiguous()
+                    or alpha.__class__ is not float or beta.__class__ is not float):
+                return None
+            pa, pb = a.data_ptr(), b.data_ptr()
+            if out is None:
+                if beta != 0.0:
+                    return None
+                out = self.empty(self.so, dtype=dt, device=self.tdev)
+                po = out.data_ptr()
+            else:
+                if (out.dtype is not dt or out.shape != self.so or out.get_device() != dev
+                        or not out.is_contiguous()):
+                    return None
+                po, no = out.data_ptr(), self.no
+                if (po < pa + self.na and pa < po + no) or (po < pb + self.nb and pb < po + no):
+                    return None
+        except AttributeError:  # not a torch tensor
+            return None
+        t = (pa, pb, po)
+        i, j, k = self.perm
+        self.launch(t[i], t[j], t[k], alpha, beta, self.stream_of(dev), self.ws)
+        return out
+
+
+class MicroBatchHandle(HandleEngine):
+    """cuDNN-handle-shaped entry point whose convolutions run micro-batched
+    (see :mod:`mucudnn.exec.handle` for the calls it answers).
+
+    ``backend``: a name ("cudnn-graph", "cudnn", "numpy"), a Backend, or None
+    (the default: cudnn-graph where a GPU is present, else numpy). On "numpy",
+    pass NumPy arrays where cuDNN takes pointers (tests).
+    ``workspace_limit``/``policy``/``cache``/``graph`` as for :class:`Convolution`.
+
+    >>> h = MicroBatchHandle("numpy", workspace_limit="1MiB")
+    >>> h.workspace_limit
+    1048576
+    """
+
+    def __init__(self, backend: "str | Backend | None" = None, *,
+                 workspace_limit: Any = 64 << 20, policy: Any = "powerOfTwo",
+                 graph: bool = False, cache: Any = None) -> None:
+        be = get_backend(backend)
+        super().__init__(be, Planner(be, workspace_limit, policy, cache), graph=graph)
+        self.policy = self.planner.policy
+        self.cache = cache
 
 
 # -- functional helpers -----------------------------------------------------------------
-_CONV_CACHE: "OrderedDict[tuple, Convolution]" = OrderedDict()
-_CONV_CACHE_SIZE = 128
-_CONV_LOCK = threading.Lock()
+#: The functional helpers' Convolution objects (their plans live in the planner's memo).
+_CONVS: LRU[tuple, Convolution] = LRU("api.functional_convolutions", 128)
 
 
 def clear_caches() -> None:
-    """Forget the functional helpers' Convolution objects and the in-memory plans
-    (the SQLite benchmark cache is untouched)."""
-    with _CONV_LOCK:
-        _CONV_CACHE.clear()
-    with _MEMO_LOCK:
-        _PLAN_MEMO.clear()
+    """Empty every in-memory cache of mucudnn: plans, the functional helpers'
+    Convolution objects, bound launchers, descriptors, execution plans, graphs
+    and workspace pools (docs/DESIGN.md lists them). The SQLite benchmark cache
+    on disk is untouched (``mucudnn.BenchmarkCache().clear()`` empties it).
+
+    >>> clear_caches()
+    """
+    clear_all()
 
 
 def _array_dtype(name: str, obj: Any) -> str:
@@ -463,24 +518,19 @@ def _shape_of(name: str, obj: Any) -> tuple[int, ...]:
 
 def _get_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any, padding: Any,
               dilation: Any, groups: int, dtype: str, layout: str, math: str,
-              workspace_limit: int | None, policy: Any, backend: Any, graph: bool) -> Convolution:
+              workspace_limit: Any, policy: Any, backend: Any, graph: bool) -> Convolution:
     be = get_backend(backend)
     p = ConvProblem(x_shape, w_shape, stride=stride, padding=padding, dilation=dilation,
                     groups=groups, dtype=dtype, layout=layout, math=math)
-    key = (p.key(), workspace_limit, _policy_key(policy), id(be), bool(graph))
-    with _CONV_LOCK:
-        conv = _CONV_CACHE.get(key)
-        if conv is not None and conv.backend is be:
-            _CONV_CACHE.move_to_end(key)
-            return conv
-    conv = Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
-                       dilation=p.dilation, groups=p.groups, dtype=p.dtype, layout=p.layout,
-                       math=p.math, workspace_limit=workspace_limit, policy=policy, backend=be,
-                       graph=graph)
-    with _CONV_LOCK:
-        _CONV_CACHE[key] = conv
-        while len(_CONV_CACHE) > _CONV_CACHE_SIZE:
-            _CONV_CACHE.popitem(last=False)
+    planner = Planner(be, workspace_limit, policy, False)  # validates the options
+    key = (p, planner.workspace_limit, planner.policy, id(be), bool(graph))
+    conv = _CONVS.get(key)
+    if conv is None or conv.backend is not be:
+        conv = Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
+                           dilation=p.dilation, groups=p.groups, dtype=p.dtype,
+                           layout=p.layout, math=p.math, workspace_limit=workspace_limit,
+                           policy=policy, backend=be, graph=graph)
+        _CONVS.put(key, conv)
     return conv
 
 

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from .backends import Backend, ConvTensors, get_backend
+from .cuda import CudaGraph, time_on_stream
+from .dtypes import normalize_dtype
 from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
@@ -128,13 +131,11 @@ def _finite(v: float) -> float | None:
 def make_timer(backend: Backend) -> Callable[[Callable[[], None], int, int], float]:
     """A function ``timer(fn, warmup, repeat) -> median ms`` for the backend.
 
-    GPU backends (those with a ``stream``) time with CUDA events on that
-    stream; the NumPy backend with ``time.perf_counter``.
+    GPU backends time with CUDA events on their home stream; host backends
+    (NumPy) with ``time.perf_counter``.
     """
-    stream = getattr(backend, "stream", None)
-    if stream is not None:
-        from .cuda import time_on_stream
-
+    stream = backend.stream
+    if not backend.is_host:
         def gpu_timer(fn: Callable[[], None], warmup: int, repeat: int) -> float:
             return statistics.median(time_on_stream(fn, stream, warmup=warmup, repeat=repeat))
         return gpu_timer
@@ -161,11 +162,7 @@ def random_tensors(backend: Backend, problem: ConvProblem, seed: int = 0) -> Con
 
     def arr(shape: tuple[int, ...]) -> Any:
         a = np.resize(block, shape)
-        if problem.dtype == "bfloat16":
-            import ml_dtypes
-            a = a.astype(ml_dtypes.bfloat16)
-        else:
-            a = a.astype(problem.dtype, copy=False)
+        a = a.astype(normalize_dtype(problem.dtype), copy=False)
         return backend.from_host(a)
 
     return ConvTensors(problem, arr(problem.x_shape), arr(problem.w_shape),
@@ -255,7 +252,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
 
     timer = make_timer(be)
     tensors_cache = tensors if tensors is not None else {}
-    use_graph = graph and getattr(be, "stream", None) is not None
+    use_graph = graph and bool(be.supports_graphs)
     result.graph = use_graph
     bar = _progress(len(kernels), progress, f"{net}: executing")
     for i, (layer, names, p, d) in enumerate(kernels):
@@ -278,16 +275,16 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
         def timed(q: Plan, t: ConvTensors = data) -> float:
             # Note: timed as Convolution runs a repeated call: through a
             # launcher bound once (exec.prepare), so no Python checks per call.
-            launch = prepare(q, be, t, 1.0, 0.0, ws, direction=d)
-            if not use_graph:
-                return timer(launch, warmup, repeat)
-            from .cuda import CudaGraph
-            with CudaGraph.capture(be.stream) as g:  # type: ignore[attr-defined]
-                launch()
-            try:
-                return timer(lambda: g.launch(be.stream), warmup, repeat)  # type: ignore
-            finally:
-                g.close()
+            with be.on_home_stream():
+                launch = prepare(q, be, t, 1.0, 0.0, ws, direction=d)
+                if not use_graph:
+                    return timer(launch, warmup, repeat)
+                with CudaGraph.capture(be.stream) as g:
+                    launch()
+                try:
+                    return timer(lambda: g.launch(be.stream), warmup, repeat)
+                finally:
+                    g.close()
 
         micro_ms = timed(plan)
         und_ms = timed(und) if und is not None else float("inf")
@@ -316,10 +313,6 @@ def _rows(t: ConvTensors, size: int) -> tuple[Any, Any, Any]:
 
 def _progress(total: int, enabled: bool, desc: str) -> Any:
     if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
         return None
     return tqdm(total=total, desc=desc, leave=False)
 

@@ -10,12 +10,51 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 import mucudnn.cuda as mc
 from mucudnn.api import Convolution
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
-from mucudnn.problem import ConvProblem, Direction
+from mucudnn.problem import ConvProblem, Direction, from_canonical
 from reference import to_canonical_array
+
+# -- random problems --------------------------------------------------------------------------
+
+@st.composite
+def problems(draw, batch=None, math="fma"):
+    """A small random problem: 2-D or 3-D, either layout, groups, dilation, padding,
+    stride, odd sizes."""
+    nd = draw(st.sampled_from([2, 2, 2, 3]))
+    cl = draw(st.booleans())
+    layout = {(2, False): "NCHW", (2, True): "NHWC", (3, False): "NCDHW", (3, True): "NDHWC"}[(nd, cl)]
+    n = batch if batch is not None else draw(st.sampled_from([1, 2, 5, 8, 13]))
+    big = n > 16
+    groups = draw(st.integers(1, 1 if big else 2))
+    cg = draw(st.integers(1, 4 if big else 8))
+    kg = draw(st.integers(1, 4 if big else 8))
+    r = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    dil = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    pad = tuple(draw(st.integers(0, 2)) for _ in range(nd))
+    stride = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    smax = (6 if big else 10) if nd == 2 else 5
+    spatial = []
+    for ri, di, pi in zip(r, dil, pad):
+        lo = max(1, di * (ri - 1) + 1 - 2 * pi)
+        spatial.append(draw(st.integers(lo, max(lo, smax))))
+    return ConvProblem(from_canonical((n, groups * cg) + tuple(spatial), layout),
+                       from_canonical((groups * kg, cg) + r, layout), stride=stride,
+                       padding=pad, dilation=dil, groups=groups, layout=layout, math=math)
+
+
+def composition(draw, n, parts=4):
+    """Sizes (at most ``parts``) that sum to ``n``."""
+    out, left = [], n
+    while left:
+        s = left if len(out) == parts - 1 else draw(st.integers(1, left))
+        out.append(s)
+        left -= s
+    return out
+
 
 # -- one direction through a Convolution -------------------------------------------------------
 
@@ -96,6 +135,47 @@ def backend_fixture(backend_class, find_limit):
     return be
 
 
+#: Every backend, each a pytest param (the GPU ones carry the gpu marker).
+BACKENDS = [pytest.param("numpy", id="numpy"),
+            pytest.param("cudnn", id="cudnn", marks=pytest.mark.gpu),
+            pytest.param("cudnn-graph", id="cudnn-graph", marks=pytest.mark.gpu)]
+
+
+def make_backend(name, find_limit):
+    """A fresh backend of ``name`` (GPU ones with a Find workspace limit)."""
+    if name == "numpy":
+        from mucudnn.backends import get_backend
+        return get_backend("numpy")
+    from mucudnn.backends import CudnnBackend, CudnnGraphBackend
+    cls = CudnnBackend if name == "cudnn" else CudnnGraphBackend
+    return cls(find_workspace_limit=find_limit)
+
+
+def transform_based(be, p, direction, algo):
+    """Whether ``algo`` is FFT- or Winograd-based (they round differently)."""
+    from mucudnn._cudnn import (ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo,
+                                ConvolutionFwdAlgo)
+    from mucudnn._cudnn.enums import BackendNumericalNote as Note
+    if be.name == "numpy":
+        return int(algo) == 2
+    if be.name == "cudnn":
+        names = {"FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"}
+        enum = {Direction.FORWARD: ConvolutionFwdAlgo, Direction.BACKWARD_DATA:
+                ConvolutionBwdDataAlgo, Direction.BACKWARD_FILTER: ConvolutionBwdFilterAlgo}
+        return enum[direction](int(algo)).name in names
+    notes = {i.id: set(i.numerical_notes) for i in be.engine_configs(p, direction)}
+    transform = {int(Note.FFT), int(Note.WINOGRAD), int(Note.WINOGRAD_TILE_4x4),
+                 int(Note.WINOGRAD_TILE_6x6), int(Note.WINOGRAD_TILE_13x13)}
+    return bool(notes.get(algo, set()) & transform)
+
+
+def tolerance(be, p, direction, algo, tol):
+    """``tol``, widened to 1e-4 for transform-based algorithms in float32 FMA math."""
+    if p.dtype == "float32" and p.math == "fma" and transform_based(be, p, direction, algo):
+        return max(tol, 1e-4)
+    return tol
+
+
 class FindMemo:
     """``be.find`` with a fixed workspace limit, memoised for one test module (Find is
     the slow part of these tests): ``_find = FindMemo(FIND_LIMIT)``, then
@@ -124,26 +204,41 @@ def uniform_tensors(p, rng, via_float32=False):
     return r(p.x_shape), r(p.w_shape), r(p.output_shape)
 
 
+def poison(be, a):
+    """Fill an array of ``be``'s kind with NaN (asynchronously on a GPU backend)."""
+    if be.is_host:
+        a[...] = np.nan
+    else:
+        a.fill_nan(stream=be.stream)
+
+
+def release(*arrays):
+    """Free device arrays now (host arrays need nothing)."""
+    for a in arrays:
+        close = getattr(a, "close", None)
+        if close is not None:
+            close()
+
+
 def run_algo(be, p, direction, algo, math_type, hx, hw, hy, alpha=1.0, beta=0.0,
              workspace=None):
-    """Run one algorithm (legacy API) or engine config (``cudnn-graph``, math_type 0) on
-    fresh device copies; the written tensor is NaN-poisoned when beta == 0. Returns the
-    written tensor on the host."""
+    """Run one algorithm (NumPy, legacy API) or engine config (``cudnn-graph``) on fresh
+    copies; the written tensor is NaN-poisoned when beta == 0. Returns the written
+    tensor on the host."""
     x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
     out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
     if beta == 0:
-        out.fill_nan(stream=be.stream)
+        poison(be, out)
     need = be.workspace_size(p, direction, algo, math_type)
     ws = workspace if workspace is not None else (be.alloc_workspace(need) if need > 0 else None)
     be.run(direction, algo, math_type, ConvTensors(p, x, w, y), alpha, beta, ws)
     result = be.to_host(out)
-    for a in (x, w, y) + (() if workspace is not None or ws is None else (ws,)):
-        a.close()
+    release(x, w, y, *(() if workspace is not None or ws is None else (ws,)))
     return result
 
 
 def torch_or_skip():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")  # noqa: F811
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
     return torch

@@ -84,9 +84,9 @@ def test_default_backend_choice(monkeypatch):
     import mucudnn.cuda as cuda
 
     monkeypatch.delenv("MUCUDNN_BACKEND", raising=False)
-    monkeypatch.setattr(cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(b, "device_count", lambda: 0)
     assert b._default_name() == "numpy"
-    monkeypatch.setattr(cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(b, "device_count", lambda: 1)
     assert b._default_name() == b.DEFAULT_GPU_BACKEND == "cudnn-graph"
     monkeypatch.setenv("MUCUDNN_BACKEND", "cudnn")
     assert b._default_name() == "cudnn"

@@ -736,11 +736,14 @@ def test_stream_handle_conversion():
     class Ours:
         handle = 0x9abc
 
-    assert cd.stream_handle(None) is None
-    assert cd.stream_handle(0) is None
-    assert cd.stream_handle(0x42) == 0x42
-    assert cd.stream_handle(TorchLike()) == 0x1234
-    assert cd.stream_handle(CudaCoreLike()) == 0x5678
-    assert cd.stream_handle(Ours()) == 0x9abc
+    from mucudnn.cuda import stream_handle  # the one stream reader (cuDNN's Handle uses it)
+
+    assert stream_handle(0) == 0
+    assert stream_handle(0x42) == 0x42
+    assert stream_handle(TorchLike()) == 0x1234
+    assert stream_handle(CudaCoreLike()) == 0x5678
+    assert stream_handle(Ours()) == 0x9abc
     with pytest.raises(TypeError, match="stream"):
-        cd.stream_handle(object())
+        stream_handle(object())
+    with pytest.raises(ValueError, match="stream"):
+        stream_handle(-1)

@@ -12,13 +12,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mucudnn.backends import get_backend
+import mucudnn.exec.graph as exec_graph
+import mucudnn.exec.kernel as exec_kernel
+from mucudnn import MicroBatchHandle
+from mucudnn.backends import adapt, get_backend
 from mucudnn.backends.base import ConvTensors
 from mucudnn.exec import (
-    ALIGN, Kernel, MicroBatchHandle, SegmentedWorkspace, WorkspaceFallbackWarning,
-    WorkspacePool, WorkspaceUnavailable, carve_segments, execute, get_pool, micro_batch_betas,
+    ALIGN, Kernel, SegmentedWorkspace, WorkspaceFallbackWarning, WorkspacePool,
+    WorkspaceUnavailable, carve_segments, execute, get_pool, micro_batch_betas,
     micro_batch_tensors, problem_from_descriptors, resolve_workspace,
 )
+from mucudnn.optimizer import Planner
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, make_plan
 
 from reference import reference, rel_err
@@ -144,9 +148,10 @@ def test_execute_calls_each_micro_batch_without_sync(direction):
                                        problem=p, direction=direction), NP)
     ws = NP.alloc_workspace(plan.workspace_bytes)
     spy.calls.clear()
-    execute(plan, spy, ConvTensors(p, x, w, y), 1.5, 0.0, ws)
+    execute(plan, adapt(spy), ConvTensors(p, x, w, y), 1.5, 0.0, ws)
     runs = [c for c in spy.calls if c[0] == "run"]
-    assert spy.names() == ["run"] * 4  # no synchronize, no allocation between micro-batches
+    # no synchronize, no allocation between micro-batches (binding asks workspace sizes)
+    assert [n for n in spy.names() if n != "workspace_size"] == ["run"] * 4
     assert [c[2] for c in runs] == algos and [c[3] for c in runs] == sizes
     want_betas = [0.0, 1.0, 1.0, 1.0] if direction is Direction.BACKWARD_FILTER else [0.0] * 4
     assert [c[7] for c in runs] == want_betas
@@ -233,15 +238,18 @@ def test_pool_turns_memory_error_into_unavailable():
                 raise MemoryError("no")
             return super().alloc_workspace(n)
 
-    pool = WorkspacePool(Stingy())
+    pool = WorkspacePool(adapt(Stingy()))
     assert pool.get(4000).nbytes == 4000
     with pytest.raises(WorkspaceUnavailable):
         pool.get(10_000)
 
 
-def test_get_pool_is_per_backend():
+def test_get_pool_is_per_backend_and_stream():
+    spy = adapt(Spy())
     assert get_pool(NP) is get_pool(NP)
-    assert get_pool(Spy()) is not get_pool(NP)
+    assert get_pool(spy) is not get_pool(NP) and adapt(spy) is spy
+    from mucudnn.exec import pool_for
+    assert pool_for(spy, 5) is pool_for(spy, 5) and pool_for(spy, 5) is not get_pool(spy)
 
 
 @given(st.dictionaries(st.text("abcdef", min_size=1, max_size=4),
@@ -282,7 +290,7 @@ def test_wd_segments_respect_the_pool_limit(pool_limit):
 # -- fallback -----------------------------------------------------------------------------------
 
 def _kernel(p, d, plan, **kw):
-    return Kernel(NP, p, d, lambda: plan, workspace_limit=1 << 30, **kw)
+    return Kernel(NP, p, d, Planner(NP, 1 << 30, cache=False), plan=plan, **kw)
 
 
 @pytest.mark.parametrize("direction", list(Direction))
@@ -341,6 +349,7 @@ class FakeGraph:
     def __init__(self):
         self.ops = []
         self.closed = False
+        self.kept = []
 
     @classmethod
     @contextlib.contextmanager
@@ -352,6 +361,10 @@ class FakeGraph:
         finally:
             FakeGraph.recording = None
 
+    def keep(self, *objs):
+        self.kept.extend(objs)
+        return self
+
     def launch(self, stream):
         for op in self.ops:
             op()
@@ -361,6 +374,11 @@ class FakeGraph:
 
 
 class StreamSpy(Spy):
+    """A host backend that pretends to have a stream and graphs (FakeGraph)."""
+
+    is_host = True
+    supports_graphs = True
+
     def __init__(self):
         super().__init__()
         self.stream = types.SimpleNamespace(handle=7)
@@ -372,15 +390,18 @@ class StreamSpy(Spy):
             Spy.run(self, *args)
 
 
-def test_graph_cache_captures_once_per_pointer_set(monkeypatch):
-    import mucudnn.cuda as mcuda
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    monkeypatch.setattr(exec_graph, "CudaGraph", FakeGraph)
+    monkeypatch.setattr(exec_kernel, "is_capturing", lambda stream: False)
 
-    monkeypatch.setattr(mcuda, "CudaGraph", FakeGraph, raising=False)
-    be = StreamSpy()
+
+def test_graph_cache_captures_once_per_pointer_set(fake_graphs):
+    be = adapt(StreamSpy())
     p = ConvProblem((6, 2, 4, 4), (3, 2, 3, 3), padding=1)
     plan = make_plan([MicroBatch(0, 4, 0), MicroBatch(4, 2, 0)], undivided_time_ms=1,
                      workspace_limit=None, problem=p, direction=Direction.FORWARD)
-    k = Kernel(be, p, Direction.FORWARD, lambda: plan, graph=True)
+    k = Kernel(be, p, Direction.FORWARD, Planner(be, None, cache=False), plan=plan, graph=True)
     assert k.graph and k.graphs is not None
     rng = np.random.default_rng(6)
     x, w, y = tensors_for(p, rng)
@@ -392,7 +413,8 @@ def test_graph_cache_captures_once_per_pointer_set(monkeypatch):
     k.run(t)
     assert (k.graphs.captures, k.graphs.replays) == (1, 2)
     assert rel_err(y, ref) < 1e-5
-    assert len([c for c in be.calls if c[0] == "run"]) == 4  # 2 launches x 2 micro-batches
+    runs = [c for c in be._inner.calls if c[0] == "run"]
+    assert len(runs) == 4  # 2 launches x 2 micro-batches
     k.run(t, alpha=2.0)  # new scalars: new graph
     assert k.graphs.captures == 2
     y2 = np.empty_like(y)
@@ -407,8 +429,12 @@ def test_graph_is_a_no_op_on_numpy():
     p = ConvProblem((3, 2, 4, 4), (2, 2, 3, 3))
     plan = make_plan([MicroBatch(0, 3, 0)], undivided_time_ms=1, workspace_limit=None,
                      problem=p, direction=Direction.FORWARD)
-    k = Kernel(NP, p, Direction.FORWARD, lambda: plan, graph=True)
+    k = _kernel(p, Direction.FORWARD, plan, graph=True)
+    rng = np.random.default_rng(7)
+    x, w, y = tensors_for(p, rng)
+    k.run(ConvTensors(p, x, w, y))
     assert not k.graph and k.graphs is None
+    assert rel_err(y, reference(p, Direction.FORWARD, x, w, y)) < 1e-5
 
 
 # -- MicroBatchHandle on the NumPy backend (descriptors read through getters) -----------------
@@ -497,28 +523,29 @@ def test_handle_optimize_wd_gives_disjoint_segments():
     assert rel_err(out, reference(p, "forward", x, w, y)) < 1e-5
 
 
-def test_graph_cache_keeps_the_newest_and_closes_the_evicted(monkeypatch):
-    import mucudnn.cuda as mcuda
+def test_graph_cache_keeps_the_newest_and_closes_the_evicted(fake_graphs):
+    from mucudnn.exec import bind_plan
     from mucudnn.exec.graph import GraphCache
 
-    monkeypatch.setattr(mcuda, "CudaGraph", FakeGraph, raising=False)
-    be = StreamSpy()
+    be = adapt(StreamSpy())
     p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
     plan = make_plan([MicroBatch(0, 2, 0)], undivided_time_ms=1, workspace_limit=None,
                      problem=p, direction=Direction.FORWARD)
+    bound = bind_plan(plan, be)
     cache = GraphCache(be, max_graphs=2)
     rng = np.random.default_rng(0)
     x, w, y = tensors_for(p, rng)
-    ts = [ConvTensors(p, x, w, np.empty_like(y)) for _ in range(3)]
-    ran = []
-    for i, t in enumerate(ts):
-        assert cache.run(plan, t, None, 1.0, 0.0, lambda i=i: ran.append(i)) is True
-    graphs = [g for g, _ in cache._graphs._entries.values()]
-    assert len(cache) == 2 and ran == [0, 1, 2]
+    ys = [np.empty_like(y) for _ in range(3)]
+    for out in ys:
+        assert cache.run(bound, x, w, out, None, 0, 7) is True
+    graphs = cache._graphs.values()
+    assert len(cache) == 2
+    ref = reference(p, Direction.FORWARD, x, w, y)
+    assert all(rel_err(out, ref) < 1e-5 for out in ys)
     # the oldest (first pointers) was evicted: running it again captures anew
-    assert cache.run(plan, ts[0], None, 1.0, 0.0, lambda: ran.append(0)) is True
-    assert graphs[0].closed and not graphs[1].closed  # ts[1]'s graph went next
-    assert cache.run(plan, ts[0], None, 1.0, 0.0, lambda: ran.append(9)) is False
-    assert ran[-1] == 0 and cache.captures == 4 and cache.replays == 5
+    assert cache.run(bound, x, w, ys[0], None, 0, 7) is True
+    assert graphs[0].closed and not graphs[1].closed  # ys[1]'s graph went next
+    assert cache.run(bound, x, w, ys[0], None, 0, 7) is False
+    assert cache.captures == 4 and cache.replays == 5
     cache.clear()
     assert len(cache) == 0

@@ -1,37 +1,69 @@
-"""Bound launchers (exec.prepare and the per-kernel LaunchCache) with a backend that binds."""
+"""Bound launchers: bind_plan/prepare bind once, a kernel rebinds only when scalars or
+alignment change, and a refused configuration is re-planned by the planner (never
+swapped in silently by the backend)."""
 
-import ctypes
+import warnings
 
 import numpy as np
+import pytest
 
-from mucudnn.backends import ConvTensors, get_backend
-from mucudnn.exec import LaunchCache, prepare
+import mucudnn as mu
+from mucudnn.backends import BackendBase, ConvTensors, get_backend
+from mucudnn.errors import UnsupportedConfigError
+from mucudnn.exec import FallbackWarning, Kernel, bind_plan, prepare
+from mucudnn.optimizer import Planner
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, make_plan
 
 from reference import reference, rel_err
 
 
-class BindingBackend:
-    """The NumPy backend plus a bind() that counts bindings, like the GPU backends."""
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch):
+    monkeypatch.setenv("MUCUDNN_CACHE", "off")
 
-    def __init__(self):
+
+class BindingBackend(BackendBase):
+    """The NumPy backend, counting bindings; algorithms in ``refuse`` raise
+    UnsupportedConfigError at bind time, as a GPU backend does for a config that
+    cannot run at some alignment."""
+
+    name = "binding"
+
+    def __init__(self, refuse=()):
         self._np = get_backend("numpy")
+        self.device_name, self.version = "cpu", "1"
         self.binds = 0
-        self.stale = False
-        for n in ("name", "device_name", "version", "find", "workspace_size", "run", "empty",
-                  "from_host", "to_host", "alloc_workspace", "synchronize"):
-            setattr(self, n, getattr(self._np, n))
+        self.refuse = set(refuse)
 
-    def bind(self, direction, algo, math_type, tensors, alpha, beta, workspace):
+    def find(self, problem, direction, workspace_limit):
+        return self._np.find(problem, direction, workspace_limit)
+
+    def workspace_size(self, problem, direction, algo, math_type=0):
+        return self._np.workspace_size(problem, direction, algo, math_type)
+
+    def run(self, *args):
+        self._np.run(*args)
+
+    def bind(self, direction, algo, math_type, problem, offset, size, alpha, beta, aligns):
         self.binds += 1
-        args = (direction, algo, math_type, tensors, alpha, beta, workspace)
+        if algo in self.refuse:
+            raise UnsupportedConfigError(f"algo: {algo} refused here", algo=algo, reason="test")
+        return super().bind(direction, algo, math_type, problem, offset, size, alpha, beta, aligns)
 
-        def launch():
-            if self.stale:  # what a closed descriptor does inside a ctypes call
-                self.stale = False
-                raise ctypes.ArgumentError("argument 1: ValueError: TensorDescriptor is closed")
-            self._np.run(*args)
-        return launch
+    def empty(self, shape, dtype):
+        return self._np.empty(shape, dtype)
+
+    def from_host(self, a):
+        return self._np.from_host(a)
+
+    def to_host(self, a):
+        return self._np.to_host(a)
+
+    def alloc_workspace(self, n):
+        return self._np.alloc_workspace(n)
+
+    def synchronize(self):
+        pass
 
 
 def _setup():
@@ -58,47 +90,69 @@ def test_prepare_binds_each_micro_batch_once_and_is_correct():
     assert be.binds == 2
 
 
-def test_launch_cache_checks_liveness_before_running():
-    """A plan whose second micro-batch went stale is rebound before anything
-    runs, so beta is applied once (a half-run plan run again would apply it twice)."""
+def test_a_bound_plan_serves_any_buffers():
+    """A launcher takes addresses: the same bound plan runs on new buffers unbound."""
     be = BindingBackend()
     p, x, w, y, plan = _setup()
-    ws = be.alloc_workspace(1 << 20)
-    t = ConvTensors(p, x, w, y.copy())
-    dead = []
-    orig = be.bind
+    bound = bind_plan(plan, be)
+    ws = be.alloc_workspace(bound.workspace_bytes)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        xs = rng.standard_normal(p.x_shape).astype(np.float32)
+        out = np.full(p.output_shape, np.nan, np.float32)
+        bound(xs, w, out, ws, ws.nbytes)
+        assert rel_err(out, reference(p, Direction.FORWARD, xs, w, None)) < 1e-5
+    assert be.binds == 2
 
-    def bind(*a):
-        launch = orig(*a)
-        n = be.binds
-        launch.alive = lambda: n not in dead
-        return launch
-    be.bind = bind
-    cache = LaunchCache(be)
-    make = lambda: prepare(plan, be, t, 1.0, 0.5, ws)  # noqa: E731
-    prior = t.y.copy()
-    cache.run(plan, t, ws, 1.0, 0.5, make)
-    dead.append(2)  # the second micro-batch's launcher is now stale
-    t.y[...] = prior
-    cache.run(plan, t, ws, 1.0, 0.5, make)
+
+def test_kernel_rebinds_only_when_scalars_change():
+    be = BindingBackend()
+    p, x, w, y, plan = _setup()
+    k = Kernel(be, p, Direction.FORWARD, Planner(be, None, cache=False), plan=plan)
+    for i in range(3):
+        out = np.empty(p.output_shape, np.float32)
+        k.run(ConvTensors(p, x, w, out))
+        assert rel_err(out, reference(p, Direction.FORWARD, x, w, None)) < 1e-5
+    assert be.binds == 2
+    prior = np.random.default_rng(9).standard_normal(p.output_shape).astype(np.float32)
+    out = prior.copy()
+    k.run(ConvTensors(p, x, w, out), 2.0, 0.5)  # new scalars: bound anew, once
     assert be.binds == 4
-    assert rel_err(t.y, reference(p, Direction.FORWARD, x, w, prior, 1.0, 0.5)) < 1e-5
+    assert rel_err(out, reference(p, Direction.FORWARD, x, w, prior, 2.0, 0.5)) < 1e-5
 
 
-def test_launch_cache_reuses_and_rebinds_a_stale_launcher():
-    be = BindingBackend()
+@pytest.mark.parametrize("direction", list(Direction))
+def test_a_refused_configuration_is_replanned_by_the_planner(direction):
+    """The backend raises instead of substituting; the kernel asks the planner for
+    a plan without that algorithm, warns once, and conv.plans names what ran."""
+    be = BindingBackend(refuse={1})
+    p = ConvProblem((8, 3, 6, 6), (4, 3, 3, 3), padding=1)
+    forced = make_plan([MicroBatch(0, 4, 1), MicroBatch(4, 4, 1)], undivided_time_ms=1.0,
+                       workspace_limit=None, problem=p, direction=direction)
+    conv = mu.Convolution(p.x_shape, p.w_shape, padding=1, backend=be, cache=False,
+                          plans={direction: forced})
+    rng = np.random.default_rng(4)
+    x, w, y = (rng.standard_normal(s).astype(np.float32) for s in
+               (p.x_shape, p.w_shape, p.output_shape))
+    run = {Direction.FORWARD: lambda: conv.forward(x, w),
+           Direction.BACKWARD_DATA: lambda: conv.backward_data(y, w),
+           Direction.BACKWARD_FILTER: lambda: conv.backward_filter(x, y)}[direction]
+    with pytest.warns(FallbackWarning, match="refused"):
+        out = run()
+    ran = conv.plans[direction]
+    assert all(m.algo != 1 for m in ran.micro_batches)
+    assert rel_err(out, reference(p, direction, x, w, y)) < 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run()  # warned once; the re-planned plan is bound now
+    assert rel_err(out, reference(p, direction, x, w, y)) < 1e-5
+
+
+def test_nothing_left_to_run_is_an_error():
+    be = BindingBackend(refuse={0, 1, 2})
     p, x, w, y, plan = _setup()
-    ws = be.alloc_workspace(1 << 20)
-    t = ConvTensors(p, x, w, y.copy())
-    cache = LaunchCache(be)
-    make = lambda: prepare(plan, be, t, 1.0, 0.0, ws)  # noqa: E731
-    cache.run(plan, t, ws, 1.0, 0.0, make)
-    cache.run(plan, t, ws, 1.0, 0.0, make)
-    assert be.binds == 2 and len(cache) == 1
-    be.stale = True  # the first micro-batch's launcher now fails before doing anything
-    t.y[...] = np.nan
-    cache.run(plan, t, ws, 1.0, 0.0, make)
-    assert be.binds == 4 and len(cache) == 1
-    assert rel_err(t.y, reference(p, Direction.FORWARD, x, w, y)) < 1e-5
-    cache.run(plan, t, ws, 0.5, 0.0, make)  # new scalars: a new entry
-    assert len(cache) == 2
+    k = Kernel(be, p, Direction.FORWARD, Planner(be, None, cache=False), plan=plan)
+    with pytest.raises(UnsupportedConfigError):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            k.run(ConvTensors(p, x, w, y))

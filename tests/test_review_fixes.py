@@ -8,7 +8,7 @@ import pytest
 import mucudnn as mu
 from mucudnn.__main__ import main
 from mucudnn._cudnn import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
-from mucudnn.exec import MicroBatchHandle
+from mucudnn import MicroBatchHandle
 from mucudnn.optimizer import BenchmarkCache, optimize_wr
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction, MicroBatch, make_plan, packed_strides
 

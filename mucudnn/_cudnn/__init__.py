@@ -9,6 +9,8 @@ micro-batching, planning and memory management are elsewhere.
 True
 """
 
+import ctypes
+
 from .backend_api import (
     BackendDescriptor, live_backend_descriptor_counts, live_backend_descriptors,
 )
@@ -26,7 +28,7 @@ from .errors import (
     CudnnLibraryNotFoundError, CudnnVersionError, ExecutionFailedError, InternalError,
     NotInitializedError, NotSupportedError, from_status, raise_for_status,
 )
-from .handle import Handle, get_handle, live_handles, stream_handle
+from .handle import Handle, get_handle, live_handles
 from .loader import (
     get_cudart_version, get_version, library, library_path, library_source, version_string,
     version_tuple,
@@ -40,8 +42,6 @@ from .structs import (
 
 def get_property(which: "LibraryPropertyType | str | int") -> int:
     """cudnnGetProperty: MAJOR_VERSION, MINOR_VERSION or PATCH_LEVEL."""
-    import ctypes
-
     if isinstance(which, str):
         which = LibraryPropertyType[which.upper()]
     v = ctypes.c_int()
@@ -67,7 +67,7 @@ __all__ = [
     "cudnnConvolutionFwdAlgoPerf_t", "cudnnConvolutionBwdDataAlgoPerf_t",
     "cudnnConvolutionBwdFilterAlgoPerf_t",
     # objects
-    "Handle", "get_handle", "live_handles", "stream_handle", "TensorDescriptor",
+    "Handle", "get_handle", "live_handles", "TensorDescriptor",
     "FilterDescriptor", "ConvolutionDescriptor", "live_descriptors", "live_descriptor_counts",
     "output_dims", "tensor_format",
     # backend (graph) API

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Optional, Sequence, Union
 
+from ..problem import packed_strides
 from ._lifetime import CudnnObject, LiveCount
 from .enums import (
     ConvolutionMode, DataType, MathType, TensorFormat,
@@ -84,8 +85,6 @@ def _carray(values: Sequence[int]):
 
 
 def _packed(dims: Sequence[int], fmt: TensorFormat) -> tuple[int, ...]:
-    from ..problem import packed_strides
-
     return packed_strides(dims, "NHWC" if fmt == TensorFormat.NHWC else "NCHW")
 
 
@@ -176,8 +175,6 @@ class TensorDescriptor(_Descriptor):
 
     @classmethod
     def _for(cls, problem, dims: Sequence[int]) -> "TensorDescriptor":
-        from ..problem import packed_strides
-
         return cls(dims, packed_strides(dims, problem.layout), problem.dtype)
 
     # setters

@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
+from ..problem import Direction, packed_strides
+from . import loader
 from .backend_api import BackendDescriptor
 from .errors import CudnnError
 from .enums import (
@@ -187,8 +189,6 @@ _OPERATION = {
 def _direction_key(direction: Any) -> str:
     key = getattr(direction, "value", direction)
     if key not in _OPERATION:
-        from ..problem import Direction
-
         key = Direction.parse(direction).value
     return key
 
@@ -297,8 +297,6 @@ class EngineConfigInfo:
 def _type_count(cls: type) -> int:
     """``CUDNN_*_TYPE_COUNT(S)`` of the loaded library: one more than the largest
     member of ``cls`` that exists in it (cuDNN numbers these enums densely)."""
-    from . import loader
-
     v = loader.get_version()
     return 1 + max(int(m) for name, m in cls.__members__.items()
                    if BACKEND_MIN_VERSION.get((cls, name), 0) <= v)
@@ -398,8 +396,6 @@ class ConvGraph:
 
     def __init__(self, problem: Any, direction: Any, alpha: float = 1.0, beta: float = 0.0,
                  alignments: Sequence[int] = (MAX_ALIGNMENT,) * 3, handle: Any = None) -> None:
-        from ..problem import packed_strides
-
         self.problem = problem
         self.direction = _direction_key(direction)
         self.alpha, self.beta = float(alpha), float(beta)

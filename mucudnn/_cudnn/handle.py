@@ -13,17 +13,17 @@ before cuDNN is touched.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
+from ..cuda import current_device, default_stream, require_device, stream_handle, using_device
 from ._lifetime import CudnnObject, LiveCount
 from .errors import CudnnError
 from .prototypes import lib
 from .structs import cudaStream_t, cudnnHandle_t
 
-__all__ = ["Handle", "get_handle", "stream_handle", "using_device", "live_handles"]
+__all__ = ["Handle", "get_handle", "live_handles"]
 
 _live = LiveCount("handle")
 
@@ -31,44 +31,6 @@ _live = LiveCount("handle")
 def live_handles() -> int:
     """cuDNN handles created and not yet destroyed."""
     return _live.total()
-
-
-def stream_handle(stream: Any) -> Optional[int]:
-    """The raw ``cudaStream_t`` of ``stream`` as an int (None for the default stream)."""
-    if stream is None:
-        return None
-    if isinstance(stream, int):
-        return stream or None
-    for attr in ("handle", "cuda_stream"):
-        v = getattr(stream, attr, None)
-        if v is not None and not callable(v):
-            return int(v) or None
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:
-        _, h = proto()
-        return int(h) or None
-    try:
-        return int(stream) or None
-    except TypeError:
-        raise TypeError(
-            f"stream: expected a mucudnn.cuda.Stream, an int cudaStream_t or None, "
-            f"got {type(stream).__name__}") from None
-
-
-@contextlib.contextmanager
-def using_device(device: Optional[int]) -> Iterator[int]:
-    """Make ``device`` current for the block (restoring the previous one)."""
-    from .. import cuda
-
-    prev = cuda.current_device()
-    if device is None or int(device) == prev:
-        yield prev
-        return
-    cuda.set_device(int(device))
-    try:
-        yield int(device)
-    finally:
-        cuda.set_device(prev)
 
 
 class Handle(CudnnObject):
@@ -81,11 +43,9 @@ class Handle(CudnnObject):
     _live = _live
 
     def __init__(self, device: Optional[int] = None, stream: Any = None) -> None:
-        from .. import cuda
-
-        cuda.require_device()  # NoDeviceError without a GPU or driver
-        with using_device(device) as dev:
-            self.device = int(dev)
+        require_device()  # NoDeviceError without a GPU or driver
+        with using_device(device):
+            self.device = current_device()
             self._create("handle")
         self._stream: Any = None
         try:
@@ -100,10 +60,8 @@ class Handle(CudnnObject):
         None means the device's :func:`mucudnn.cuda.default_stream`; 0 the legacy
         default stream."""
         if stream is None:
-            from .. import cuda
-
-            stream = cuda.default_stream(self.device)
-        raw = stream_handle(stream)
+            stream = default_stream(self.device)
+        raw = stream_handle(stream, self.device)
         try:
             lib.cudnnSetStream(self, cudaStream_t(raw))
         except CudnnError as exc:
@@ -125,7 +83,7 @@ class Handle(CudnnObject):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else hex(self.handle)
-        return f"Handle(device={self.device}, {state}, stream={hex(stream_handle(self._stream) or 0)})"
+        return f"Handle(device={self.device}, {state}, stream={hex(stream_handle(self._stream, self.device))})"
 
 
 _cache_lock = threading.Lock()
@@ -136,10 +94,8 @@ def get_handle(device: Optional[int] = None) -> Handle:
     """The process-wide handle of ``device`` (current device when None), bound to
     :func:`mucudnn.cuda.default_stream`. Callers wanting their own stream create
     their own Handle (a handle must not be re-bound while another user relies on it)."""
-    from .. import cuda
-
-    cuda.require_device()
-    dev = cuda.current_device() if device is None else int(device)
+    require_device()
+    dev = current_device() if device is None else int(device)
     with _cache_lock:
         h = _cache.get(dev)
         if h is None or h.closed:

@@ -33,7 +33,7 @@ from .structs import (
 )
 
 __all__ = ["Prototype", "STATUS", "PROTOTYPES", "lib", "register", "last_error_string",
-           "error_string", "Library"]
+           "error_string", "raise_status", "Library"]
 
 
 class _StatusType:
@@ -211,12 +211,23 @@ def error_string(status: int) -> str:
     return lib.cudnnGetErrorString(int(status)).decode("ascii", "replace")
 
 
+def raise_status(status: int, name: str, **details: Any) -> None:
+    """Raise the CudnnError for a non-zero ``status`` of ``name`` (with cuDNN's
+    last-error text and ``details``); the check behind every call."""
+    raise from_status(status)(name, status, last_error_string(), details)
+
+
 def _make_errcheck(name: str):
     def errcheck(result, func, args):
         if result != 0:
-            raise from_status(result)(name, result, last_error_string())
+            raise_status(result, name)
         return None
     return errcheck
+
+
+def _erase(t: Any) -> Any:
+    """The argument type a raw binding uses: typed opaque handles become c_void_p."""
+    return c_void_p if isinstance(t, type) and issubclass(t, c_void_p) else t
 
 
 class Library:
@@ -263,6 +274,28 @@ class Library:
         fn.__name__ = proto.name
         return fn
 
+    def raw(self, name: str):
+        """A second binding of ``name`` for hot paths (bound launchers): typed
+        opaque handles are plain ``c_void_p`` (pass their ``.value``, checked
+        when the launcher was bound), and the status comes back as an int for
+        the caller to hand to :func:`raise_status`. Cached per name.
+
+        Note [raw bindings]: argument conversion through the typed handles'
+        Python-level ``from_param`` costs about a microsecond per handle; a
+        warm convolution call passes five of them. The launcher checks every
+        handle's kind once, when it is bound, and keeps the objects alive.
+        """
+        key = "__raw__" + name
+        fn = self.__dict__.get(key)
+        if fn is None:
+            proto = self._table[name]
+            self._bind(proto)  # version and export checks
+            fn = loader.library()[proto.name]
+            fn.argtypes = [_erase(t) for t in proto.argtypes]
+            fn.restype = c_int if proto.restype is STATUS else proto.restype
+            self.__dict__[key] = fn
+        return fn
+
     def bind_all(self) -> list[str]:
         """Bind every row now; returns the names (tests use this)."""
         for name in list(self._table):
@@ -272,7 +305,7 @@ class Library:
     def reset(self) -> None:
         """Forget every binding (they are rebuilt on next use)."""
         for name in list(self.__dict__):
-            if name in self._table:
+            if name in self._table or name.startswith("__raw__"):
                 del self.__dict__[name]
 
     def __dir__(self) -> Sequence[str]:

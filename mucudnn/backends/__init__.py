@@ -1,34 +1,39 @@
-"""Backends: the Backend protocol and its implementations (numpy, cudnn, cudnn-graph)."""
+"""Backends: the Backend protocol and its implementations (numpy, cudnn, cudnn-graph).
+
+>>> get_backend("numpy").name
+'numpy'
+"""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
 from typing import Any
 
-from .base import OUTPUT_OF, Backend, ConvTensors
+from ..cuda import current_device, device_count
+from .base import OUTPUT_OF, Backend, BackendBase, ConvTensors, Launcher, adapt
+from .cudnn import CudnnBackend
+from .cudnn_graph import CudnnGraphBackend
+from .numpy import NumpyBackend
 
-__all__ = ["Backend", "ConvTensors", "OUTPUT_OF", "get_backend", "available_backends"]
+__all__ = ["Backend", "BackendBase", "ConvTensors", "CudnnBackend", "CudnnGraphBackend", "Launcher",
+           "NumpyBackend", "OUTPUT_OF", "adapt",
+           "available_backends", "get_backend", "DEFAULT_GPU_BACKEND"]
 
 log = logging.getLogger("mucudnn")
 
-#: name -> "module:factory"; modules are imported on first use only.
-_REGISTRY: dict[str, str] = {
-    "numpy": "mucudnn.backends.numpy:NumpyBackend",
-    "cudnn": "mucudnn.backends.cudnn:CudnnBackend",
-    "cudnn-graph": "mucudnn.backends.cudnn_graph:CudnnGraphBackend",
+#: name -> class.
+_REGISTRY: dict[str, type] = {
+    "numpy": NumpyBackend,
+    "cudnn": CudnnBackend,
+    "cudnn-graph": CudnnGraphBackend,
 }
-_INSTANCES: dict[str, Backend] = {}
+#: (name, device) -> the shared instance. Bounded by names x devices; backends
+#: hold handles and device memory, so they live as long as the process.
+_INSTANCES: dict[tuple[str, int | None], Backend] = {}
 _LOCK = threading.Lock()
 _NOTICE_GIVEN = False
-
-
-def available_backends() -> list[str]:
-    """Names get_backend accepts."""
-    return list(_REGISTRY)
-
 
 #: The GPU backend get_backend() picks. Note: the graph API's engines ran every
 #: measured network faster than the legacy API's algorithms, under a 64 MiB cap
@@ -37,10 +42,13 @@ def available_backends() -> list[str]:
 DEFAULT_GPU_BACKEND = "cudnn-graph"
 
 
+def available_backends() -> list[str]:
+    """Names get_backend accepts."""
+    return list(_REGISTRY)
+
+
 def _default_name() -> str:
     global _NOTICE_GIVEN
-    from ..cuda import device_count
-
     env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
     if env:
         if env not in _REGISTRY:
@@ -55,42 +63,44 @@ def _default_name() -> str:
     return "numpy"
 
 
-def get_backend(name: "str | Backend | None" = None, **options: Any) -> Backend:
-    """The backend called ``name`` ("numpy", "cudnn", "cudnn-graph"; measurements
-    replayed from a benchmark cache are :class:`mucudnn.optimizer.CachedBackend`); with no
+def get_backend(name: "str | Backend | None" = None, *, device: int | None = None,
+                **options: Any) -> Backend:
+    """The backend called ``name`` ("numpy", "cudnn", "cudnn-graph"); with no
     name, ``MUCUDNN_BACKEND`` if set, else cudnn-graph where a GPU is present
     (the faster of the two GPU backends in docs/BENCHMARKS.md), else numpy
-    (with a one-line notice).
+    (with a one-line notice). Measurements replayed from a benchmark cache are
+    :class:`mucudnn.optimizer.CachedBackend`.
 
-    A Backend instance is returned as it is. Backends without options are
-    shared per process.
+    ``device``: the CUDA device of a GPU backend (default: the current device).
+    Backends without options are shared per (name, device). A Backend
+    instance (or any object :func:`~mucudnn.backends.base.adapt` accepts) is
+    returned as a complete Backend.
 
-    >>> get_backend("numpy").name
-    'numpy'
+    >>> get_backend("numpy") is get_backend("numpy")
+    True
     """
     if name is not None and not isinstance(name, str):
-        if isinstance(name, Backend):
-            return name
-        raise TypeError(f"backend: expected a name or a Backend, got {type(name).__name__}")
+        if options or device is not None:
+            raise TypeError("backend: options and device= apply to backend names only")
+        return adapt(name)
     if name is None:
         name = _default_name()
     key = name.lower()
-    if key not in _REGISTRY:
+    cls = _REGISTRY.get(key)
+    if cls is None:
         raise ValueError(f"backend: expected one of {list(_REGISTRY)}, got {name!r}")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+        raise TypeError(f"device: expected a CUDA device ordinal (int) or None, got {device!r}")
+    if cls is NumpyBackend:
+        if device is not None:
+            raise ValueError(f"device: the numpy backend runs on the host, got device={device}")
+    elif device is None:
+        device = current_device() if device_count() > 0 else None
     if options:
-        return _make(key, **options)
+        return cls(**options) if device is None else cls(device=device, **options)
     with _LOCK:
-        if key not in _INSTANCES:
-            _INSTANCES[key] = _make(key)
-        return _INSTANCES[key]
-
-
-def _make(key: str, **options: Any) -> Backend:
-    module, _, attr = _REGISTRY[key].partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            raise NotImplementedError(f"backend {key!r} is not available in this build") from None
-        raise
-    return getattr(mod, attr)(**options)
+        inst = _INSTANCES.get((key, device))
+        if inst is None:
+            inst = cls() if device is None else cls(device=device)
+            _INSTANCES[(key, device)] = inst
+        return inst

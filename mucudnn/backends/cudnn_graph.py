@@ -27,29 +27,33 @@ plan. ``bind()`` returns a launcher that only calls
 ``cudnnBackendExecute(handle, plan, variant_pack)``.
 
 The workspace contract is :meth:`workspace_size` (the plan with 16-byte
-aligned tensors, alpha 1, beta 0): less raises ValueError. Where the plan for
-the call's own alignment and scalars cannot run within the workspace given
-(e.g. a micro-batch view less aligned than 16 bytes), bind falls back (with a
-warning, once per key) to the first heuristics config that can; the result is
-the same convolution.
+aligned tensors, alpha 1, beta 0), which planning uses. A launcher's own
+``workspace_bytes`` is that of the plan for its alignments and scalars. Where
+an engine config cannot run at the call's alignments or scalars, ``bind``
+raises :class:`~mucudnn.errors.UnsupportedConfigError`; it never substitutes
+another config (the engine asks the planner, so ``Convolution.plans`` always
+names what runs).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
-from collections import OrderedDict
-from typing import Any, Callable, Optional, Sequence, Union
+import weakref
+from typing import Any, Optional, Sequence, Union
 
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.backend_api import BackendDescriptor
 from .._cudnn.enums import BackendNumericalNote as Note
 from .._cudnn.errors import CudnnError
-from .._cudnn.handle import using_device
-from .._cudnn.prototypes import lib
+from .._cudnn.prototypes import lib, raise_status
+from ..caches import LRU
+from ..cuda import time_on_stream, using_device
+from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
-from .base import ConvTensors
-from .cudnn import CudnnBackend, _array_ptr
+from ._device import DeviceBackend, array_pointer
+from .base import ConvTensors, Launcher
 
 __all__ = ["CudnnGraphBackend", "numerics_allowed", "format_engine_config_id",
            "parse_engine_config_id"]
@@ -107,10 +111,18 @@ class _Graph:
 
 class _Plan:
     """A finalized execution plan, its engine config pieces, its workspace size,
-    its engine's notes and its variant packs (LRU by pointers)."""
+    its engine's notes and its variant packs (LRU by pointers).
+
+    Note [plan lifetimes]: a plan is held by the backend's plan cache and by
+    every bound launcher that executes it (``holders``). It is closed, its
+    descriptors destroyed in dependency order (plan, config, knobs, engine,
+    then the operation graph once no plan uses it), when it is neither cached
+    nor held. Variant packs reference no other descriptor, so the pack cache
+    simply drops them (their finalizers destroy them).
+    """
 
     __slots__ = ("id", "graph", "engine", "knobs", "cfg", "plan", "workspace_bytes",
-                 "info", "packs", "max_packs", "closed")
+                 "info", "packs", "holders", "cached", "closed", "__weakref__")
 
     def __init__(self, graph: _Graph, algo_id: str, handle: Any, max_packs: int) -> None:
         idx, knobs = gd.parse_engine_config_id(algo_id)
@@ -118,8 +130,9 @@ class _Plan:
         self.graph = graph
         self.engine = self.cfg = self.plan = None
         self.knobs: list[BackendDescriptor] = []
-        self.packs: "OrderedDict[tuple, BackendDescriptor]" = OrderedDict()
-        self.max_packs = max_packs
+        self.packs: LRU[tuple, BackendDescriptor] = LRU("cudnn_graph.packs", max_packs)
+        self.holders = 0
+        self.cached = True
         self.closed = False
         graph.refs += 1
         try:
@@ -137,25 +150,25 @@ class _Plan:
             self.close()
             raise
 
-    def pack(self, xp: int, wp: int, yp: int, ws: Optional[int]) -> BackendDescriptor:
-        key = (xp, wp, yp, ws)
-        p = self.packs.get(key)
-        if p is not None:
-            self.packs.move_to_end(key)
-            return p
-        p = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), (xp, wp, yp), ws)
-        self.packs[key] = p
-        while len(self.packs) > self.max_packs:
-            _, old = self.packs.popitem(last=False)
-            old.close()
-        return p
+    def acquire(self) -> None:
+        self.holders += 1
+
+    def release(self) -> None:
+        self.holders -= 1
+        self._maybe_close()
+
+    def evict(self) -> None:
+        self.cached = False
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if self.holders <= 0 and not self.cached:
+            self.close()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for p in self.packs.values():
-            p.close()
         self.packs.clear()
         for d in (self.plan, self.cfg, *self.knobs, self.engine):
             if d is not None:
@@ -163,12 +176,17 @@ class _Plan:
         self.graph.release()
 
 
-class CudnnGraphBackend(CudnnBackend):
+def _lowbit(n: int) -> int:
+    """The largest power of two dividing ``n`` (capped at the graph API's 16 bytes)."""
+    return gd.MAX_ALIGNMENT if n == 0 else min(gd.MAX_ALIGNMENT, n & -n)
+
+
+class CudnnGraphBackend(DeviceBackend):
     """cuDNN's graph (backend) API as a :class:`~mucudnn.backends.base.Backend`.
 
-    ``device``, ``stream``, ``find_workspace_limit``: as
-    :class:`~mucudnn.backends.cudnn.CudnnBackend` (arrays, streams and the
-    handle are shared code). ``heuristic_modes``: which heuristics ``find``
+    ``device``, ``stream``, ``find_workspace_limit``: see
+    :class:`~mucudnn.backends._device.DeviceBackend` (device, streams, handle and
+    arrays are shared with the legacy backend). ``heuristic_modes``: which heuristics ``find``
     asks, in order (mode B is skipped where cuDNN does not support it).
     ``find_warmup`` / ``find_repeat``: untimed and timed runs per candidate
     (the median of ``find_repeat`` >= 3 is reported). ``plan_cache_size``,
@@ -184,8 +202,7 @@ class CudnnGraphBackend(CudnnBackend):
                  find_workspace_limit: Optional[int] = None, *,
                  heuristic_modes: Sequence[str] = ("A", "B", "FALLBACK"),
                  find_warmup: int = 1, find_repeat: int = 3, plan_cache_size: int = 256,
-                 graph_cache_size: int = 256, pack_cache_size: int = 64,
-                 descriptor_cache_size: int = 256) -> None:
+                 graph_cache_size: int = 256, pack_cache_size: int = 64) -> None:
         modes = [str(m).upper() for m in heuristic_modes]
         for m in modes:
             if m not in gd.HEUR_MODE_NAMES:
@@ -198,20 +215,16 @@ class CudnnGraphBackend(CudnnBackend):
                      ("pack_cache_size", pack_cache_size)):
             if int(v) < 1:
                 raise ValueError(f"{n}: expected >= 1, got {v}")
-        super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit,
-                         descriptor_cache_size=descriptor_cache_size)
+        super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
         self.heuristic_modes = tuple(modes)
         self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
         self.plan_cache_size = int(plan_cache_size)
         self.graph_cache_size = int(graph_cache_size)
         self.pack_cache_size = int(pack_cache_size)
-        self._graphs: "OrderedDict[tuple, _Graph]" = OrderedDict()
-        self._plans: "OrderedDict[tuple, _Plan]" = OrderedDict()
-        self._fallbacks: dict[tuple, str] = {}
-
-    def __repr__(self) -> str:
-        return (f"CudnnGraphBackend(device={self.device} {self.device_name!r}, cuDNN "
-                f"{self.version}, stream={hex(getattr(self.stream, 'handle', 0) or 0)})")
+        self._graphs: LRU[tuple, _Graph] = LRU("cudnn_graph.graphs", self.graph_cache_size,
+                                               on_evict=lambda _k, g: g.evict())
+        self._plans: LRU[tuple, _Plan] = LRU("cudnn_graph.plans", self.plan_cache_size,
+                                             on_evict=lambda _k, p: p.evict())
 
     # -- caches ------------------------------------------------------------------------
     @staticmethod
@@ -224,14 +237,10 @@ class CudnnGraphBackend(CudnnBackend):
         key = self._graph_key(problem, direction, alpha, beta, aligns)
         g = self._graphs.get(key)
         if g is not None:
-            self._graphs.move_to_end(key)
             return g
         with using_device(self.device):
             g = _Graph(gd.ConvGraph(problem, direction, alpha, beta, aligns, handle=self.handle))
-        self._graphs[key] = g
-        while len(self._graphs) > self.graph_cache_size:
-            _, old = self._graphs.popitem(last=False)
-            old.evict()
+        self._graphs.put(key, g)
         return g
 
     def _plan(self, problem: ConvProblem, direction: Direction, algo_id: str, alpha: float,
@@ -241,7 +250,6 @@ class CudnnGraphBackend(CudnnBackend):
         with self._lock:
             p = self._plans.get(key)
             if p is not None and not p.closed:
-                self._plans.move_to_end(key)
                 return p
             g = self._graph(problem, direction, alpha, beta, aligns)
             with using_device(self.device):
@@ -251,23 +259,20 @@ class CudnnGraphBackend(CudnnBackend):
                     exc.add_details(problem=problem, direction=str(direction), algo=algo_id,
                                     alignments=aligns)
                     raise
-            self._plans[key] = p
-            while len(self._plans) > self.plan_cache_size:
-                _, old = self._plans.popitem(last=False)
-                old.close()
+            self._plans.put(key, p)
             return p
 
     def clear_cache(self) -> None:
-        """Close every cached plan, variant pack, operation graph and descriptor."""
+        """Drop every cached plan and operation graph (those no launcher holds are
+        closed now, Note [plan lifetimes])."""
         with self._lock:
-            while self._plans:
-                _, p = self._plans.popitem()
-                p.close()
-            while self._graphs:
-                _, g = self._graphs.popitem()
-                g.evict()
-            self._fallbacks.clear()
-        super().clear_cache()
+            self._plans.clear()
+            self._graphs.clear()
+
+    def close(self) -> None:
+        """Release plans, graphs, find()'s scratch and the cuDNN handle."""
+        self.clear_cache()
+        super().close()
 
     def cache_sizes(self) -> dict[str, int]:
         """How many plans, graphs and variant packs are cached (for tests)."""
@@ -324,8 +329,7 @@ class CudnnGraphBackend(CudnnBackend):
         limit = None if workspace_limit is None else int(workspace_limit)
         if limit is not None and limit < 0:
             raise ValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
-        cuda = self._cuda
-        with self._lock, using_device(self.device):
+        with self.on_home_stream():
             cap = self.find_workspace_cap()
             want = cap if limit is None else min(limit, cap)
             plans: list[tuple[_Plan, gd.EngineConfigInfo]] = []
@@ -367,7 +371,7 @@ class CudnnGraphBackend(CudnnBackend):
                     pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs, ws_ptr)
                     try:
                         args = (handle, p.plan._as_parameter_, pack._as_parameter_)
-                        times = cuda.time_on_stream(lambda: execute(*args), self.stream,
+                        times = time_on_stream(lambda: execute(*args), self.stream,
                                                     warmup=self.find_warmup,
                                                     repeat=self.find_repeat)
                     except CudnnError as exc:
@@ -401,100 +405,96 @@ class CudnnGraphBackend(CudnnBackend):
     def run(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
             tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
             workspace: Any = None) -> None:
-        """One convolution on the backend's stream (asynchronous); see :meth:`bind`."""
-        self.bind(direction, algo, math_type, tensors, alpha, beta, workspace)()
-
-    def _fallback(self, problem: ConvProblem, direction: Direction, algo_id: str, alpha: float,
-                  beta: float, aligns: tuple, ws_size: int) -> _Plan:
-        """A plan that runs at ``aligns`` within ``ws_size`` when ``algo_id`` cannot."""
-        key = (self._graph_key(problem, direction, alpha, beta, aligns), algo_id, ws_size)
-        chosen = self._fallbacks.get(key)
-        if chosen is not None:
-            return self._plan(problem, direction, chosen, alpha, beta, aligns)
-        for info in self.engine_configs(problem, direction, alpha, beta, aligns):
-            if not numerics_allowed(problem.math, info.numerical_notes):
-                continue
-            try:
-                p = self._plan(problem, direction, info.id, alpha, beta, aligns)
-            except CudnnError:
-                continue
-            if p.workspace_bytes <= ws_size:
-                log.warning("mucudnn: engine config %s cannot run %s %s with pointers aligned to "
-                            "%s bytes (alpha %s, beta %s) in %d bytes of workspace; using %s "
-                            "instead", algo_id, problem, direction, aligns, alpha, beta, ws_size,
-                            info.id)
-                self._fallbacks[key] = info.id
-                return p
-        raise ValueError(
-            f"algo: engine config {algo_id} cannot run {problem!r} {direction} with pointers "
-            f"aligned to {aligns} bytes (alpha {alpha}, beta {beta}), and no other engine "
-            f"config does within {ws_size} bytes of workspace")
+        """One convolution on the active stream (asynchronous); see :meth:`bind`."""
+        p = tensors.problem
+        ptrs = (array_pointer("x", tensors.x, p.x_shape, p.dtype),
+                array_pointer("w", tensors.w, p.w_shape, p.dtype),
+                array_pointer("y", tensors.y, p.output_shape, p.dtype))
+        aligns = tuple(gd.pointer_alignment(q, p.itemsize) for q in ptrs)
+        ws_size = 0 if workspace is None else int(workspace.nbytes)
+        ws_ptr = int(workspace.ptr) if ws_size else 0
+        launch = self.bind(direction, algo, math_type, p, 0, p.batch, alpha, beta, aligns)
+        if ws_size < launch.workspace_bytes:
+            raise ValueError(
+                f"workspace: engine config {launch.algo} ({Direction.parse(direction)}) needs "
+                f"{launch.workspace_bytes} bytes for {p!r}, got {ws_size}")
+        launch(*ptrs, ws_ptr, ws_size)
 
     def bind(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
-             tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
-             workspace: Any = None) -> Callable[[], None]:
-        """Check one call once and return a launcher that only calls
-        ``cudnnBackendExecute(handle, plan, variant_pack)``.
+             problem: ConvProblem, offset: int, size: int, alpha: float = 1.0,
+             beta: float = 0.0, aligns: tuple[int, int, int] = _FULL) -> Launcher:
+        """A launcher for rows ``[offset, offset + size)`` of ``problem``:
+        ``launch(x, w, y, workspace, workspace_bytes)`` with whole-batch device
+        pointers calls ``cudnnBackendExecute(handle, plan, variant_pack)``.
 
-        The plan is the cached one for (problem, direction, ``algo``, alpha, beta,
-        pointer alignments); the variant pack (pointers baked in) is cached per
-        plan. The launcher raises ValueError, before issuing anything, once the
-        backend's cache has closed its plan or pack (the engine then rebinds).
+        The plan is the cached one for (the micro-batch's problem, direction,
+        ``algo``, alpha, beta, the micro-batch pointers' alignments: ``aligns``
+        of the whole-batch tensors lowered by the rows' byte offset); the
+        launcher holds it (Note [plan lifetimes]). Variant packs (pointers baked
+        in) are cached per plan. Raises
+        :class:`~mucudnn.errors.UnsupportedConfigError` when the engine config
+        does not finalize for these alignments and scalars.
         """
         direction = Direction.parse(direction)
-        p = tensors.problem
         algo_id = canonical_id(algo)
         alpha, beta = float(alpha), float(beta)
-        if workspace is None:
-            ws_ptr, ws_size = None, 0
-        else:
-            ws_size = int(workspace.nbytes)
-            ws_ptr = int(workspace.ptr) if ws_size else None
-        xp = _array_ptr("x", tensors.x, p.x_shape, p.dtype)
-        wp = _array_ptr("w", tensors.w, p.w_shape, p.dtype)
-        yp = _array_ptr("y", tensors.y, p.output_shape, p.dtype)
-        aligns = tuple(gd.pointer_alignment(q, p.itemsize) for q in (xp, wp, yp))
+        if offset < 0 or size < 1 or offset + size > problem.batch:
+            raise ValueError(f"micro-batch rows [{offset}, {offset + size}) outside the batch "
+                             f"of {problem.batch}")
+        sub = problem.with_batch(size)
+        item = problem.itemsize
+        ox = offset * math.prod(problem.x_shape[1:]) * item
+        oy = offset * math.prod(problem.output_shape[1:]) * item
+        mb_aligns = (min(int(aligns[0]), _lowbit(ox)), int(aligns[1]),
+                     min(int(aligns[2]), _lowbit(oy)))
         with self._lock:
-            # the contract: workspace_size() (16-byte aligned, alpha 1, beta 0) is enough
-            need = self._plan(p, direction, algo_id, 1.0, 0.0, _FULL).workspace_bytes
-            if ws_size < need:
-                raise ValueError(
-                    f"workspace: engine config {algo_id} ({direction}) needs {need} bytes for "
-                    f"{p!r}, got {ws_size}")
-            plan: Optional[_Plan]
             try:
-                plan = self._plan(p, direction, algo_id, alpha, beta, aligns)
+                plan = self._plan(sub, direction, algo_id, alpha, beta, mb_aligns)
             except CudnnError as exc:
-                log.debug("mucudnn: %s does not finalize at %s, alpha %s, beta %s: %s",
-                          algo_id, aligns, alpha, beta, exc)
-                plan = None
-            if plan is None or plan.workspace_bytes > ws_size:
-                plan = self._fallback(p, direction, algo_id, alpha, beta, aligns, ws_size)
-            pack = plan.pack(xp, wp, yp, ws_ptr)
-        fn = lib.cudnnBackendExecute
-        handle = self.handle
-        plan_d, pack_d = plan.plan, pack
-        device = self.device if self._multi_device else None
-        used = plan.id
+                raise UnsupportedConfigError(
+                    f"algo: engine config {algo_id} cannot run {sub!r} {direction} with "
+                    f"pointers aligned to {mb_aligns} bytes (alpha {alpha}, beta {beta}): {exc}",
+                    algo=algo_id, reason=str(exc)) from exc
+            plan.acquire()
+        execute = lib.raw("cudnnBackendExecute")
+        h = self.handle.handle
+        pd = plan.plan.handle
+        packs = plan.packs
+        uids = (gd.UID_X, gd.UID_W, gd.UID_Y)
+        last: list[Any] = [None, None]  # the previous call's pointers and pack
 
-        def launch() -> None:
-            try:
-                if device is not None:
-                    with using_device(device):
-                        fn(handle, plan_d, pack_d)
-                else:
-                    fn(handle, plan_d, pack_d)
-            except CudnnError as exc:
-                exc.add_details(problem=p, direction=str(direction), algo=used,
-                                workspace_bytes=ws_size)
-                raise
+        def fail(status: int, ws_size: int) -> None:
+            raise_status(status, "cudnnBackendExecute", problem=sub, direction=str(direction),
+                         algo=algo_id, workspace_bytes=ws_size)
 
-        launch.keep = (plan, pack)  # type: ignore[attr-defined]
-        launch.algo = used  # type: ignore[attr-defined]
-        launch.alive = lambda: not (plan_d.closed or pack_d.closed)  # type: ignore
-        return launch
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            key = (x, w, y, ws)
+            if key == last[0]:
+                pack = last[1]
+            else:
+                pack = packs.get(key)
+                if pack is None:
+                    pack = gd.variant_pack(uids, (x + ox, w, y + oy), ws or None)
+                    packs.put(key, pack)
+                last[0], last[1] = key, pack
+            st = execute(h, pd, pack.handle)
+            if st:
+                fail(st, ws_size)
 
-    def close(self) -> None:
-        """Release plans, graphs, descriptors and the cuDNN handle."""
-        self.clear_cache()
-        self.handle.close()
+        launch = call
+        if self._multi_device:
+            device = self.device
+
+            def launch(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+                with using_device(device):
+                    call(x, w, y, ws, ws_size)
+
+        weakref.finalize(launch, self._release_plan, plan)
+        launch.keep = (plan, self.handle)  # type: ignore[attr-defined]
+        launch.workspace_bytes = int(plan.workspace_bytes)  # type: ignore[attr-defined]
+        launch.algo = plan.id  # type: ignore[attr-defined]
+        return launch  # type: ignore[return-value]
+
+    def _release_plan(self, plan: _Plan) -> None:
+        with self._lock:
+            plan.release()

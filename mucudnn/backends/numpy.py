@@ -51,9 +51,10 @@ import time
 from typing import Any, Iterator, Sequence, Union
 
 import numpy as np
+from scipy.fft import next_fast_len
 
 from ..problem import AlgoPerf, ConvProblem, Direction, conv_dtype
-from .base import OUTPUT_OF, ConvTensors
+from .base import OUTPUT_OF, BackendBase, ConvTensors
 
 __all__ = ["NumpyAlgo", "NumpyBackend"]
 
@@ -155,8 +156,6 @@ def _fft_sizes(p: ConvProblem) -> tuple[int, ...]:
     dilated filter, the upsampled dy convolved with it, and (with padding taken
     as a circular shift instead of a padded copy) it needs ``L >= H + pad``.
     """
-    from scipy.fft import next_fast_len
-
     return tuple(next_fast_len(h + 2 * q, real=True) for h, q in zip(p.x_dims[2:], p.padding))
 
 
@@ -179,7 +178,7 @@ def _carve(ws: np.ndarray, parts: Sequence[tuple[tuple[int, ...], np.dtype]]) ->
 
 
 # -- the backend -----------------------------------------------------------------------
-class NumpyBackend:
+class NumpyBackend(BackendBase):
     """CPU convolutions in NumPy with three real algorithms (see :class:`NumpyAlgo`).
 
     ``repeats``: timed runs per algorithm in :meth:`find` (the median is
@@ -195,6 +194,7 @@ class NumpyBackend:
     """
 
     name = "numpy"
+    is_host = True
 
     def __init__(self, repeats: int = 3, seed: int = 0) -> None:
         if repeats < 1:

@@ -10,17 +10,20 @@ cuda-bindings; the first real device use raises :class:`NoDeviceError`
 from .device import (current_device, device_count, device_name, device_properties,
                      mem_get_info, require_device, set_device, synchronize, using_device)
 from ..dtypes import BFLOAT16, SUPPORTED_DTYPES, dtype_name, normalize_dtype, typestr
-from .errors import CudaError, CudaOutOfMemoryError, NoDeviceError, check
+from ._runtime import check
+from .errors import CudaError, CudaOutOfMemoryError, NoDeviceError
 from .graph import CudaGraph
 from .memory import (DeviceArray, allocation_count, as_device_array, is_device_array_like,
                      memory_allocated)
-from .stream import Event, Stream, as_stream, default_stream, stream_handle, time_on_stream
+from .stream import (Event, Stream, as_stream, default_stream, is_capturing, stream_handle,
+                     time_on_stream)
 
 __all__ = [
     "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check",
     "device_count", "require_device", "current_device", "set_device", "using_device",
     "device_name", "device_properties", "mem_get_info", "synchronize",
-    "Stream", "default_stream", "stream_handle", "as_stream", "Event", "time_on_stream",
+    "Stream", "default_stream", "stream_handle", "is_capturing", "as_stream", "Event",
+    "time_on_stream",
     "DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
     "allocation_count",
     "BFLOAT16", "SUPPORTED_DTYPES", "dtype_name", "normalize_dtype", "typestr",

@@ -1,4 +1,5 @@
-"""Lazy access to ``cuda.bindings.runtime``.
+"""Lazy access to ``cuda.bindings.runtime``, and :func:`check`, the one wrapper every
+runtime call goes through.
 
 Importing :mod:`mucudnn.cuda` must work on a machine without a GPU, without a
 driver and even without cuda-bindings installed; only the first real use of the
@@ -8,6 +9,11 @@ runtime fails, and it fails with :class:`~mucudnn.cuda.errors.NoDeviceError`.
 from __future__ import annotations
 
 import threading
+
+from .errors import (NO_DEVICE_ERRORS, NO_DEVICE_MESSAGE, OUT_OF_MEMORY_ERRORS, CudaError,
+                     CudaOutOfMemoryError, NoDeviceError)
+
+__all__ = ["get", "available", "check", "make_error"]
 
 _lock = threading.Lock()
 _rt = None
@@ -28,7 +34,6 @@ def get():
             else:
                 _rt = rt
     if _rt is None:
-        from .errors import NoDeviceError, NO_DEVICE_MESSAGE
         raise NoDeviceError(
             "import cuda.bindings.runtime", type(_import_error).__name__,
             f"{NO_DEVICE_MESSAGE} (cuda-bindings could not be imported: {_import_error})")
@@ -42,3 +47,70 @@ def available() -> bool:
     except Exception:
         return False
     return True
+
+
+def _error_name_and_string(err) -> tuple[str, str]:
+    name = getattr(err, "name", None)
+    text = None
+    try:
+        rt = get()
+        if name is None:
+            e, raw = rt.cudaGetErrorName(err)
+            if int(e) == 0 and raw:
+                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        e, raw = rt.cudaGetErrorString(err)
+        if int(e) == 0 and raw:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    except Exception:
+        pass
+    if name is None:
+        name = f"cudaError({int(err)})"
+    if text is None:
+        text = "unknown CUDA error"
+    return name, text
+
+
+def make_error(err, function: str, context: str | None = None) -> CudaError:
+    """Build the right CudaError subclass for a failed ``cudaError_t``."""
+    name, text = _error_name_and_string(err)
+    if context:
+        text = f"{text} ({context})"
+    if name in NO_DEVICE_ERRORS:
+        return NoDeviceError(function, name, f"{NO_DEVICE_MESSAGE} ({name}: {text})")
+    if name in OUT_OF_MEMORY_ERRORS:
+        return CudaOutOfMemoryError(function, name, text)
+    return CudaError(function, name, text)
+
+
+def _clear_last_error() -> None:
+    # A failed call also sets the runtime's per-thread "last error"; clear it so
+    # that a later, unrelated cudaGetLastError/PeekAtLastError (ours or a
+    # library's) does not report our already-raised error again. Sticky errors
+    # stay sticky whatever we do.
+    try:
+        get().cudaGetLastError()
+    except Exception:
+        pass
+
+
+def check(result, function: str, context: str | None = None):
+    """Turn a cuda-python result tuple ``(err, *values)`` into its value(s).
+
+    Returns ``None`` for ``(err,)``, the value for ``(err, v)`` and the tuple
+    ``values`` for more. Raises :class:`CudaError` (or the subclass matching the
+    error) naming ``function`` when ``err`` is not ``cudaSuccess``.
+    """
+    if not isinstance(result, tuple):
+        result = (result,)
+    if not result:
+        raise ValueError(f"{function}: empty result tuple")
+    err = result[0]
+    if int(err) != 0:
+        _clear_last_error()
+        raise make_error(err, function, context)
+    values = result[1:]
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return values

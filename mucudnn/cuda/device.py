@@ -7,7 +7,8 @@ import functools
 import threading
 
 from . import _runtime
-from .errors import NO_DEVICE_MESSAGE, NoDeviceError, check, make_error
+from ._runtime import check, make_error
+from .errors import NO_DEVICE_MESSAGE, NoDeviceError
 
 __all__ = [
     "device_count", "require_device", "current_device", "set_device", "using_device",

@@ -7,7 +7,7 @@ import weakref
 
 from . import _lifetime, _runtime
 from .device import require_device
-from .errors import check
+from ._runtime import check
 from .stream import as_stream
 
 __all__ = ["CudaGraph"]
@@ -111,11 +111,15 @@ class CudaGraph:
         return self._finalizer is None or not self._finalizer.alive
 
     def launch(self, stream=None) -> None:
-        """Queue one replay of the graph on ``stream`` (default: the stream it was captured on)."""
-        if self.closed:
+        """Queue one replay of the graph on ``stream`` (default: the stream it was
+        captured on; an int is taken as a raw ``cudaStream_t``, the fast path)."""
+        if self._finalizer is None or not self._finalizer.alive:
             raise ValueError("the CudaGraph is closed (or its capture has not finished)")
-        s = self.stream if stream is None else as_stream(stream)
-        check(_runtime.get().cudaGraphLaunch(self._exec, s.handle), "cudaGraphLaunch")
+        if type(stream) is int:
+            h = stream
+        else:
+            h = (self.stream if stream is None else as_stream(stream)).handle
+        check(_runtime.get().cudaGraphLaunch(self._exec, h), "cudaGraphLaunch")
 
     def close(self) -> None:
         """Free the executable graph and the graph; idempotent."""

@@ -13,7 +13,8 @@ import numpy as np
 from . import _lifetime, _runtime
 from .device import current_device, mem_get_info, require_device
 from ..dtypes import dtype_from_typestr, dtype_name, is_bfloat16, normalize_dtype, typestr
-from .errors import CudaOutOfMemoryError, check
+from ._runtime import check
+from .errors import CudaOutOfMemoryError
 from .stream import as_stream, default_stream, stream_handle
 
 __all__ = ["DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
@@ -585,7 +586,7 @@ def _from_torch(t, sync: bool) -> DeviceArray:
     require_device()
     device = _check_device(t.device.index)
     if sync:
-        import torch  # already imported: t is a torch tensor
+        torch = sys.modules["torch"]  # imported: t is a torch tensor
         _sync_producer(torch.cuda.current_stream(t.device).cuda_stream)
     return DeviceArray._from_parts(t.data_ptr(), tuple(t.shape), dt, device,
                                    readonly=False, stream=None, keep=t, kind="import")

@@ -7,9 +7,9 @@ import weakref
 
 from . import _lifetime, _runtime
 from .device import current_device, require_device, using_device
-from .errors import check
+from ._runtime import check
 
-__all__ = ["Stream", "default_stream", "stream_handle", "Event", "time_on_stream"]
+__all__ = ["Stream", "default_stream", "stream_handle", "is_capturing", "Event", "time_on_stream"]
 
 
 def _destroy_stream(handle: int) -> None:
@@ -164,11 +164,14 @@ def default_stream(device: int | None = None) -> Stream:
 
 
 def stream_handle(stream, device: int | None = None) -> int:
-    """The integer ``cudaStream_t`` value of ``stream``.
+    """The integer ``cudaStream_t`` value of ``stream`` (the one place that reads streams).
 
     Accepts ``None`` (the device's :func:`default_stream`), a :class:`Stream`,
-    an ``int`` handle, anything with an integer ``cuda_stream`` attribute
-    (``torch.cuda.Stream``) or a cuda-python ``cudaStream_t``/``CUstream``.
+    an ``int`` handle (0 is the legacy default stream), anything with an
+    integer ``cuda_stream`` attribute (``torch.cuda.Stream``), ``ptr``
+    attribute (``cupy.cuda.Stream``) or ``handle`` attribute, an object with the ``__cuda_stream__``
+    protocol (returns ``(version, handle)``), or a cuda-python
+    ``cudaStream_t``/``CUstream``. TypeError for anything else.
     """
     if stream is None:
         return default_stream(device).handle
@@ -177,15 +180,33 @@ def stream_handle(stream, device: int | None = None) -> int:
             raise ValueError("use of a closed Stream")
         return stream.handle
     if isinstance(stream, bool):
-        raise TypeError("a bool is not a CUDA stream")
+        raise TypeError("stream: a bool is not a CUDA stream")
     if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream: expected a non-negative cudaStream_t value, got {stream}")
         return stream
-    value = getattr(stream, "cuda_stream", None)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        if isinstance(value, tuple) and len(value) == 2:
+            return int(value[1])
+        raise TypeError(f"stream: __cuda_stream__ of {type(stream).__name__} returned {value!r}, "
+                        "expected (version, handle)")
+    for attr in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
     if type(stream).__name__ in ("cudaStream_t", "CUstream"):
         return int(stream)
-    raise TypeError(f"not a CUDA stream: {type(stream).__name__}")
+    raise TypeError(f"stream: expected a mucudnn.cuda.Stream, a torch/CuPy stream, an int "
+                    f"cudaStream_t or None, got {type(stream).__name__}")
+
+
+def is_capturing(stream: int) -> bool:
+    """True while ``stream`` (an int handle) is being captured into a CUDA graph."""
+    rt = _runtime.get()
+    status = check(rt.cudaStreamIsCapturing(int(stream)), "cudaStreamIsCapturing")
+    return int(status) != int(rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone)
 
 
 def as_stream(stream, device: int | None = None) -> Stream:

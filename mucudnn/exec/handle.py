@@ -1,7 +1,7 @@
-"""MicroBatchHandle: a framework-facing stand-in for a cuDNN handle.
+"""The engine behind MicroBatchHandle: a framework-facing stand-in for a cuDNN handle.
 
 A framework that calls cuDNN's convolution functions can call the same-named
-methods of a :class:`MicroBatchHandle` instead: the arguments are cuDNN's
+methods of :class:`mucudnn.MicroBatchHandle` instead: the arguments are cuDNN's
 (descriptors from :mod:`mucudnn._cudnn`, device pointers as ints, alpha/beta
 as Python floats). The handle rebuilds the :class:`~mucudnn.problem.ConvProblem`
 from the descriptors, **ignores the algorithm the caller asks for**, runs the
@@ -12,17 +12,23 @@ is made up from the backend's workspace pool (or a WD segment).
 
 An optional ``layer_id`` (keyword) names the layer a call belongs to; kernels
 are the (layer, direction) pairs seen so far (or registered with
-:meth:`MicroBatchHandle.register`). :meth:`MicroBatchHandle.optimize_wd`
-re-plans all of them jointly under one total workspace (WD) and gives each
-its own segment of one allocation.
+:meth:`HandleEngine.register`). :meth:`HandleEngine.optimize_wd` re-plans all
+of them jointly under one total workspace (WD, by the planner it was handed)
+and gives each its own segment of one allocation.
 
-The raw :class:`mucudnn._cudnn.Handle` stays policy-free; this is the one
-with micro-batch policy.
+Everything is validated before any device work: the descriptors must agree
+(one data type for x, w and y; y's dims what x, w and the convolution give; one
+layout), and the data type, math type, group count, paddings, strides and
+dilations must be ones mucudnn supports; outputs must not overlap inputs.
+
+This class takes its :class:`~mucudnn.exec.planning.Planner` from the caller;
+:class:`mucudnn.MicroBatchHandle` (``api.py``) is the public one that builds
+the optimizer's.
 
 Example (GPU; pointers as ints)::
 
     from mucudnn._cudnn import TensorDescriptor, FilterDescriptor, ConvolutionDescriptor
-    h = MicroBatchHandle("cudnn", workspace_limit=64 << 20)
+    h = mu.MicroBatchHandle("cudnn", workspace_limit=64 << 20)
     need = h.get_convolution_forward_workspace_size(xd, wd, cd, yd, algo=0)
     h.convolution_forward(1.0, xd, x.data_ptr(), wd, w.data_ptr(), cd, 0, ws_ptr, need,
                           0.0, yd, y.data_ptr(), layer_id="conv1")
@@ -31,20 +37,21 @@ Example (GPU; pointers as ints)::
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..backends import get_backend
-from ..backends.base import Backend, ConvTensors
-from ..problem import (UNLIMITED_WORKSPACE, ConvProblem, Direction, Plan, conv_dtype,
-                       from_canonical, packed_strides)
-from ..optimizer.policies import normalize_policy
+from ..backends.base import Backend
+from ..errors import UnsupportedDtypeError
+from ..problem import MATH_MODES, ConvProblem, Direction, Plan, conv_dtype, from_canonical, \
+    packed_strides
 from .kernel import Kernel
+from .planning import Planner
 from .workspace import SegmentedWorkspace, get_pool
 
-__all__ = ["MicroBatchHandle", "problem_from_descriptors", "DescriptorInfo"]
+__all__ = ["HandleEngine", "problem_from_descriptors", "DescriptorInfo"]
 
 log = logging.getLogger("mucudnn")
 
@@ -74,17 +81,34 @@ def _as_dict(v: Any) -> dict:
     return {}
 
 
-def _dtype_of(v: Any) -> str | None:
+#: cuDNN data type names (cudnnDataType_t without the prefix) of the supported dtypes.
+_CUDNN_DTYPES = {"FLOAT": "float32", "DOUBLE": "float64", "HALF": "float16",
+                 "BFLOAT16": "bfloat16"}
+
+
+def _dtype_of(v: Any, what: str) -> str | None:
+    """Our dtype name for a descriptor's data type (a cuDNN enum, its name or
+    value, or a dtype); None when absent. UnsupportedDtypeError naming ``what``
+    for anything else (INT8, FP8, ...), never a silent float32."""
     if v is None:
         return None
-    name = getattr(v, "name", v)  # enums: DataType.FLOAT
+    name = getattr(v, "name", None)
+    if isinstance(v, int) and not isinstance(v, bool) and name is None:
+        from_int = {0: "float32", 1: "float64", 2: "float16", 9: "bfloat16"}
+        if v in from_int:
+            return from_int[v]
+        raise UnsupportedDtypeError(f"{what}: data type {v} is not one mucudnn convolves "
+                                    f"(supported: {sorted(_CUDNN_DTYPES.values())})")
+    key = str(name if name is not None else v).upper()
+    key = key.replace("CUDNN_DATA_", "").replace("DATATYPE.", "")
+    if key in _CUDNN_DTYPES:
+        return _CUDNN_DTYPES[key]
     try:
-        return conv_dtype(name)
-    except ValueError:
-        pass
-    s = str(name).upper().replace("CUDNN_DATA_", "").replace("DATATYPE.", "")
-    table = {"FLOAT": "float32", "DOUBLE": "float64", "HALF": "float16", "BFLOAT16": "bfloat16"}
-    return table.get(s)
+        return conv_dtype(v, what)
+    except UnsupportedDtypeError:
+        raise UnsupportedDtypeError(
+            f"{what}: data type {v!r} is not one mucudnn convolves (supported: "
+            f"{sorted(_CUDNN_DTYPES.values())})") from None
 
 
 def _tensor(desc: Any) -> dict:
@@ -93,9 +117,20 @@ def _tensor(desc: Any) -> dict:
     strides = info.get("strides") or _first(desc, ("strides", "stride"))
     dtype = info.get("dtype") or info.get("data_type") or _first(desc, ("dtype", "data_type", "dtype_name"))
     fmt = info.get("format") or info.get("layout") or _first(desc, ("format", "layout", "tensor_format"))
-    return {"dims": tuple(int(d) for d in dims) if dims is not None else None,
-            "strides": tuple(int(s) for s in strides) if strides is not None else None,
-            "dtype": _dtype_of(dtype), "format": fmt}
+    return {"dims": _int_tuple("dims", dims), "strides": _int_tuple("strides", strides),
+            "dtype": dtype, "format": fmt}
+
+
+def _int_tuple(what: str, values: Any) -> tuple[int, ...] | None:
+    """``values`` as ints, refusing fractions and bools (never truncating)."""
+    if values is None:
+        return None
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise TypeError(f"descriptor {what}: expected ints, got {v!r} in {tuple(values)!r}")
+        out.append(int(v))
+    return tuple(out)
 
 
 def _conv(desc: Any) -> dict:
@@ -114,12 +149,12 @@ def _conv(desc: Any) -> dict:
         if str(getattr(mode, "name", mode)).upper() not in ("CROSS_CORRELATION", "1"):
             raise ValueError(f"conv_desc: mode {mode!r} is not supported; expected "
                              "CROSS_CORRELATION (what frameworks call convolution)")
-        out.update(padding=pad, stride=stride, dilation=dil, compute_type=_dtype_of(ct))
+        out.update(padding=pad, stride=stride, dilation=dil, compute_type=ct)
     else:
         out.update(padding=pick(("pads", "padding", "pad", "paddings")),
                    stride=pick(("strides", "stride", "filter_strides")),
                    dilation=pick(("dilations", "dilation")),
-                   compute_type=_dtype_of(pick(("compute_type", "data_type", "dtype"))))
+                   compute_type=pick(("compute_type", "data_type", "dtype")))
     out["groups"] = pick(("group_count", "groups", "groupCount"))
     out["math"] = pick(("math_type", "math"))
     return out
@@ -154,16 +189,20 @@ _MATH = {0: "default", 1: "tensor_op", 2: "tensor_op_allow_conversion", 3: "fma"
 
 
 def _math_of(v: Any) -> str:
+    """Our math mode for a cudnnMathType_t (enum, name or value); ValueError otherwise."""
     if v is None:
         return "default"
-    if isinstance(v, str):
-        s = v.lower().replace("cudnn_", "").replace("_math", "")
-        return {"default": "default", "fma": "fma", "tensor_op": "tensor_op",
-                "tensor_op_allow_conversion": "tensor_op_allow_conversion"}.get(s, "default")
     name = getattr(v, "name", None)
     if name is not None:
-        return _math_of(name)
-    return _MATH.get(int(v), "default")
+        return _math_of(str(name))
+    if isinstance(v, str):
+        s = v.lower().replace("cudnn_", "").replace("_math", "")
+        if s in MATH_MODES:
+            return s
+    elif not isinstance(v, bool) and hasattr(v, "__index__") and int(v) in _MATH:
+        return _MATH[int(v)]
+    raise ValueError(f"conv_desc: math type {v!r} is not a cudnnMathType_t (expected one of "
+                     f"{sorted(_MATH)} or {list(MATH_MODES)})")
 
 
 def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
@@ -190,16 +229,27 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
         raise TypeError("descriptors: cannot read dims from the given descriptors "
                         f"({type(x_desc).__name__}, {type(w_desc).__name__})")
     layout = _layout_from(t["dims"], t["strides"], t["format"])
-    dtype = t["dtype"] or f["dtype"] or "float32"
-    groups = int(c["groups"] or 1)
+    yt = _tensor(y_desc) if y_desc is not None else None
+    dtypes = {n: _dtype_of(d["dtype"], n) for n, d in
+              (("x_desc", t), ("w_desc", f), ("y_desc", yt)) if d is not None}
+    known = {n: d for n, d in dtypes.items() if d is not None}
+    if len(set(known.values())) > 1:
+        raise ValueError(f"descriptors: data types differ ({known}); mucudnn convolves one "
+                         "data type (a y of another type would be written with the wrong size)")
+    dtype = next(iter(known.values()), None)
+    if dtype is None:
+        raise ValueError("descriptors: no data type given (x_desc, w_desc and y_desc have none)")
+    groups = c["groups"]
+    groups = 1 if groups is None else groups
     nd = len(t["dims"]) - 2
 
     def tup(v: Any, default: int) -> Any:
         if v is None:
             return default
-        return tuple(int(a) for a in v)[:nd] if not isinstance(v, int) else v
+        return tuple(v)[:nd] if not isinstance(v, int) else v
 
-    compute = c["compute_type"]
+    compute = _dtype_of(c["compute_type"], "conv_desc") if c["compute_type"] is not None \
+        else None
     if compute is not None and compute not in ("float16", "float32", "float64"):
         compute = None
     p = ConvProblem(from_canonical(t["dims"], layout), from_canonical(f["dims"], layout),
@@ -212,8 +262,7 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
     if f["format"] is not None and _is_channels_last(f["format"]) != p.channels_last:
         raise ValueError(f"w_desc: filter format {_format_name(f['format'])} does not match "
                          f"x_desc's {layout} layout; mixed layouts are not supported")
-    if y_desc is not None:
-        yt = _tensor(y_desc)
+    if yt is not None:
         yd = yt["dims"]
         if yd is not None and tuple(yd) != p.y_dims:
             raise ValueError(f"y_desc: dims {tuple(yd)} do not match the convolution's output "
@@ -225,63 +274,42 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
     return p
 
 
-# -- device pointers as arrays -------------------------------------------------------------
-class _Pointer:
-    """A __cuda_array_interface__ view of raw device memory (for as_device_array)."""
-
-    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str) -> None:
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
-                                         "data": (int(ptr), False), "strides": None,
-                                         "version": 3, "stream": None}
-
-
-def _typestr(dtype: str) -> str:
-    if dtype == "bfloat16":
-        return "<V2"
-    return np.dtype(dtype).str
-
-
 # -- the handle ------------------------------------------------------------------------------
-class MicroBatchHandle:
+_OUT_ROLE = {Direction.FORWARD: "y", Direction.BACKWARD_DATA: "x", Direction.BACKWARD_FILTER: "w"}
+
+
+class HandleEngine:
     """cuDNN-handle-shaped entry point whose convolutions run micro-batched.
 
-    ``backend``: "cudnn" (default where a GPU is present), a Backend, or
-    "numpy" (then pass NumPy arrays where cuDNN takes pointers; for tests).
-    ``workspace_limit``/``policy``/``cache``/``graph`` as for
-    :class:`mucudnn.Convolution`.
+    ``backend``: a complete Backend; ``planner``: decides every plan (see
+    :mod:`mucudnn.exec.planning`); ``graph`` as for :class:`mucudnn.Convolution`.
+    Calls run on the backend's home stream (``stream``); on a host backend pass
+    NumPy arrays where cuDNN takes pointers.
     """
 
-    def __init__(self, backend: "str | Backend | None" = None, *,
-                 workspace_limit: int | None = 64 << 20, policy: Any = "powerOfTwo",
-                 graph: bool = False, cache: Any = None) -> None:
-        self.backend: Backend = get_backend(backend)
-        self.workspace_limit = workspace_limit
-        self.policy = normalize_policy(policy)  # a one-shot iterable is read once
-        self.graph = graph
-        self.cache = cache
+    def __init__(self, backend: Backend, planner: Planner, *, graph: bool = False) -> None:
+        self.backend = backend
+        self.planner = planner
+        self.graph = bool(graph)
         self._kernels: dict[str, Kernel] = {}
-        self._layers: dict[str, list[str]] = {}
         self._segments: SegmentedWorkspace | None = None
         self._lock = threading.RLock()
-        self._host = self.backend.name == "numpy" or not hasattr(self.backend, "stream")
+        self._host = bool(backend.is_host)
+
+    @property
+    def workspace_limit(self) -> int | None:
+        return self.planner.workspace_limit
 
     @property
     def stream(self) -> Any:
-        """The backend's stream (every call of this handle runs on it)."""
-        return getattr(self.backend, "stream", None)
+        """The backend's home stream (every call of this handle runs on it)."""
+        return self.backend.stream
 
     # -- kernels -------------------------------------------------------------------------
     @staticmethod
     def kernel_name(problem: ConvProblem, direction: Direction, layer_id: Any = None) -> str:
         d = Direction.parse(direction)
         return f"{layer_id}/{d.value}" if layer_id is not None else f"{problem.key()}/{d.value}"
-
-    def _plan_for(self, problem: ConvProblem, direction: Direction) -> Plan:
-        from ..optimizer import optimize  # type: ignore[attr-defined]
-
-        # None means unlimited, as for Convolution (the optimizer takes bytes).
-        limit = self.workspace_limit if self.workspace_limit is not None else UNLIMITED_WORKSPACE
-        return optimize(problem, direction, limit, self.policy, self.backend, cache=self.cache)
 
     def register(self, problem: ConvProblem, direction: "Direction | str",
                  layer_id: Any = None) -> Kernel:
@@ -294,11 +322,8 @@ class MicroBatchHandle:
                 log.info("mucudnn: handle: layer %r changed its problem; re-planning", layer_id)
                 k = None
             if k is None:
-                k = Kernel(self.backend, problem, d, lambda: self._plan_for(problem, d),
-                           policy=self.policy, workspace_limit=self.workspace_limit,
-                           cache=self.cache, graph=self.graph, name=name)
+                k = Kernel(self.backend, problem, d, self.planner, graph=self.graph, name=name)
                 self._kernels[name] = k
-                self._layers.setdefault(str(layer_id), []).append(name)
                 if self._segments is not None and name not in self._segments:
                     log.info("mucudnn: handle: new kernel %s after optimize_wd; it uses the "
                              "shared pool until the next optimize_wd", name)
@@ -316,21 +341,17 @@ class MicroBatchHandle:
 
     def optimize_wd(self, total_workspace: int) -> dict[str, Plan]:
         """Re-plan every registered kernel jointly so that their workspaces sum
-        to at most ``total_workspace`` bytes (WD), and give each its own
-        256-byte-aligned segment of one allocation. Returns name -> Plan."""
-        from ..optimizer.benchmark import benchmark
-        from ..optimizer.dp import pareto_front
-        from ..optimizer.ilp import optimize_wd
-
+        to at most ``total_workspace`` bytes (WD, decided by the planner), and
+        give each its own 256-byte-aligned segment of one allocation. Returns
+        name -> Plan."""
+        if isinstance(total_workspace, bool) or not hasattr(total_workspace, "__index__") \
+                or int(total_workspace) < 0:
+            raise ValueError(f"total_workspace: expected an int >= 0 (bytes), got "
+                             f"{total_workspace!r}")
         total = int(total_workspace)
         with self._lock:
-            fronts: dict[str, list[Plan]] = {}
-            for name, k in self._kernels.items():
-                perf = benchmark(self.backend, k.problem, k.direction, self.policy, total,
-                                 cache=self.cache)
-                fronts[name] = pareto_front(perf, k.problem.batch, self.policy,
-                                            quantum=k.problem.batch_quantum())
-            chosen = optimize_wd(fronts, total)
+            chosen = self.planner.plan_jointly(
+                {n: (k.problem, k.direction) for n, k in self._kernels.items()}, total)
             self._segments = None  # free the old segments first
             for name, plan in chosen.items():
                 k = self._kernels[name]
@@ -347,17 +368,17 @@ class MicroBatchHandle:
         return self._segments
 
     # -- arrays --------------------------------------------------------------------------
-    def _array(self, name: str, obj: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    def _address(self, name: str, obj: Any, shape: tuple[int, ...]) -> Any:
+        """A launcher address: a device pointer (int) or, on a host backend, the array."""
         if isinstance(obj, bool):
             raise TypeError(f"{name}: expected a device pointer (int), got {obj!r}")
         if isinstance(obj, (int, np.integer)):
             if self._host:
-                raise TypeError(f"{name}: the numpy backend takes NumPy arrays, not pointers")
-            if int(obj) == 0:
-                raise ValueError(f"{name}: null pointer")
-            from ..cuda import as_device_array  # type: ignore[attr-defined]
-
-            return as_device_array(_Pointer(int(obj), shape, _typestr(dtype)), sync=False)
+                raise TypeError(f"{name}: the {self.backend.name} backend takes NumPy arrays, "
+                                "not pointers")
+            if int(obj) <= 0:
+                raise ValueError(f"{name}: expected a non-null device pointer, got {int(obj)}")
+            return int(obj)
         if isinstance(obj, np.ndarray):
             if not self._host:
                 raise TypeError(f"{name}: expected a device pointer (int), got a NumPy array")
@@ -366,39 +387,58 @@ class MicroBatchHandle:
             if not obj.flags.c_contiguous:
                 raise ValueError(f"{name}: expected a C-contiguous array")
             return obj
-        from ..cuda import as_device_array  # type: ignore[attr-defined]
-
-        a = as_device_array(obj)
-        if tuple(a.shape) != shape:
-            raise ValueError(f"{name}: expected shape {shape}, got {tuple(a.shape)}")
-        return a
+        raise TypeError(f"{name}: expected a device pointer (int){' or a NumPy array' if self._host else ''}, "
+                        f"got {type(obj).__name__}")
 
     def _workspace(self, workspace: Any, workspace_size: Any, kernel: Kernel) -> Any:
+        """The caller's (address, size) when usable, else a WD segment, else None (pool)."""
+        if isinstance(workspace_size, bool) or (workspace_size is not None and (
+                not hasattr(workspace_size, "__index__") or int(workspace_size) < 0)):
+            raise ValueError(f"workspace_size: expected bytes >= 0, got {workspace_size!r}")
         size = int(workspace_size or 0)
-        if workspace is not None and size > 0 and size >= kernel.plan.workspace_bytes:
-            if isinstance(workspace, (int, np.integer)):
-                if int(workspace) == 0:
-                    return self._own_workspace(kernel)
-                from ..cuda import as_device_array  # type: ignore[attr-defined]
-
-                return as_device_array(_Pointer(int(workspace), (size,), "|u1"), sync=False)
-            return workspace[:size]
-        return self._own_workspace(kernel)
-
-    def _own_workspace(self, kernel: Kernel) -> Any:
+        if workspace is not None and size > 0:
+            if self._host:
+                if not isinstance(workspace, np.ndarray) or workspace.nbytes < size:
+                    raise ValueError("workspace: on a host backend pass a uint8 NumPy array of "
+                                     "at least workspace_size bytes")
+                return (workspace, size)
+            if isinstance(workspace, bool) or not isinstance(workspace, (int, np.integer)):
+                raise TypeError(f"workspace: expected a device pointer (int), got "
+                                f"{type(workspace).__name__}")
+            if int(workspace) > 0:
+                return (int(workspace), size)
         seg = self._segments
         if seg is not None and kernel.name in seg:
-            off, n = seg.segments[kernel.name]
-            if n >= kernel.plan.workspace_bytes:
-                return seg.segment(kernel.name)
-        return None  # the kernel takes it from the pool
+            addr, n = seg.address(kernel.name)
+            if n > 0:
+                return (addr, n)
+        return None
 
-    def _run(self, direction: Direction, problem: ConvProblem, arrays: dict[str, Any],
-             alpha: float, beta: float, workspace: Any, workspace_size: Any,
-             layer_id: Any) -> None:
-        k = self.register(problem, direction, layer_id)
-        t = ConvTensors(problem, arrays["x"], arrays["w"], arrays["y"])
-        k.run(t, float(alpha), float(beta), self._workspace(workspace, workspace_size, k))
+    def _run(self, direction: Direction, p: ConvProblem, args: Mapping[str, Any], alpha: float,
+             beta: float, workspace: Any, workspace_size: Any, layer_id: Any) -> None:
+        for n, v in (("alpha", alpha), ("beta", beta)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
+                    or not math.isfinite(float(v)):
+                raise TypeError(f"{n}: expected a finite real number, got {v!r}")
+        shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.output_shape}
+        addr = {role: self._address(name, obj, shapes[role]) for role, (name, obj) in args.items()}
+        # Note: cuDNN writes the output while reading the inputs; overlapping
+        # memory gives a silently wrong result, so refuse it here.
+        out = _OUT_ROLE[direction]
+        size = {r: math.prod(shapes[r]) * p.itemsize for r in shapes}
+        for r in shapes:
+            if r == out:
+                continue
+            if self._host:
+                overlap = bool(np.may_share_memory(addr[out], addr[r]))
+            else:
+                overlap = addr[out] < addr[r] + size[r] and addr[r] < addr[out] + size[out]
+            if overlap:
+                raise ValueError(f"{args[out][0]}: overlaps {args[r][0]} in memory; the "
+                                 "output must not alias an input")
+        k = self.register(p, direction, layer_id)
+        ws = self._workspace(workspace, workspace_size, k)
+        k.launch(addr["x"], addr["w"], addr["y"], float(alpha), float(beta), None, ws)
 
     # -- cuDNN's convolution calls ---------------------------------------------------------
     def convolution_forward(self, alpha: float, x_desc: Any, x: Any, w_desc: Any, w: Any,
@@ -406,10 +446,8 @@ class MicroBatchHandle:
                             beta: float, y_desc: Any, y: Any, *, layer_id: Any = None) -> None:
         """cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y (``algo`` ignored)."""
         p = problem_from_descriptors(x_desc, w_desc, conv_desc, y_desc)
-        arrays = {"x": self._array("x", x, p.x_shape, p.dtype),
-                  "w": self._array("w", w, p.w_shape, p.dtype),
-                  "y": self._array("y", y, p.output_shape, p.dtype)}
-        self._run(Direction.FORWARD, p, arrays, alpha, beta, workspace, workspace_size, layer_id)
+        self._run(Direction.FORWARD, p, {"x": ("x", x), "w": ("w", w), "y": ("y", y)},
+                  alpha, beta, workspace, workspace_size, layer_id)
 
     def convolution_backward_data(self, alpha: float, w_desc: Any, w: Any, dy_desc: Any, dy: Any,
                                   conv_desc: Any, algo: Any, workspace: Any, workspace_size: int,
@@ -417,11 +455,8 @@ class MicroBatchHandle:
                                   layer_id: Any = None) -> None:
         """cudnnConvolutionBackwardData: dx = alpha * conv_bd(w, dy) + beta * dx (``algo`` ignored)."""
         p = problem_from_descriptors(dx_desc, w_desc, conv_desc, dy_desc)
-        arrays = {"x": self._array("dx", dx, p.x_shape, p.dtype),
-                  "w": self._array("w", w, p.w_shape, p.dtype),
-                  "y": self._array("dy", dy, p.output_shape, p.dtype)}
-        self._run(Direction.BACKWARD_DATA, p, arrays, alpha, beta, workspace, workspace_size,
-                  layer_id)
+        self._run(Direction.BACKWARD_DATA, p, {"x": ("dx", dx), "w": ("w", w), "y": ("dy", dy)},
+                  alpha, beta, workspace, workspace_size, layer_id)
 
     def convolution_backward_filter(self, alpha: float, x_desc: Any, x: Any, dy_desc: Any, dy: Any,
                                     conv_desc: Any, algo: Any, workspace: Any,
@@ -430,11 +465,8 @@ class MicroBatchHandle:
         """cudnnConvolutionBackwardFilter: dw = alpha * sum_n conv_bf(x_n, dy_n) + beta * dw
         (``algo`` ignored; beta applies once, micro-batches accumulate)."""
         p = problem_from_descriptors(x_desc, dw_desc, conv_desc, dy_desc)
-        arrays = {"x": self._array("x", x, p.x_shape, p.dtype),
-                  "w": self._array("dw", dw, p.w_shape, p.dtype),
-                  "y": self._array("dy", dy, p.output_shape, p.dtype)}
-        self._run(Direction.BACKWARD_FILTER, p, arrays, alpha, beta, workspace, workspace_size,
-                  layer_id)
+        self._run(Direction.BACKWARD_FILTER, p, {"x": ("x", x), "w": ("dw", dw), "y": ("dy", dy)},
+                  alpha, beta, workspace, workspace_size, layer_id)
 
     # -- workspace queries -------------------------------------------------------------------
     def _need(self, direction: Direction, p: ConvProblem, layer_id: Any) -> int:

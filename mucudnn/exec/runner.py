@@ -1,4 +1,4 @@
-"""Run a Plan on a Backend: one backend call per micro-batch, one stream, no host sync.
+"""Run a Plan on a Backend: one bound launcher per micro-batch, one stream, no host sync.
 
 Alpha/beta follow DESIGN.md ("Semantics every direction keeps"):
 
@@ -9,22 +9,30 @@ Alpha/beta follow DESIGN.md ("Semantics every direction keeps"):
   caller's ``beta`` and every later one ``beta = 1`` (accumulate). ``alpha``
   scales each partial sum, hence the total. With ``beta = 0`` the prior dw is
   never read (NaN in it does no harm), as in cuDNN.
+
+:func:`bind_plan` turns a plan into a :class:`BoundPlan` for one (alpha, beta,
+pointer-alignment) class: calling it with the whole-batch addresses issues
+every micro-batch. It is what a warm call runs; :func:`execute` and
+:func:`prepare` are the conveniences that start from arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any, Callable
 
-from ..backends.base import Backend, ConvTensors
+from ..backends.base import Backend, ConvTensors, Launcher
 from ..problem import Direction, Plan
-from .views import check_micro_batches, micro_batch_tensors
+from .views import check_micro_batches
 
-__all__ = ["execute", "prepare", "micro_batch_betas", "resolve_workspace", "nbytes_of"]
+__all__ = ["BoundPlan", "bind_plan", "execute", "prepare", "micro_batch_betas",
+           "resolve_workspace", "nbytes_of", "FULL_ALIGNMENT"]
 
 log = logging.getLogger("mucudnn")
+
+#: The alignment class of pointers aligned to 16 bytes or more (x, w, y).
+FULL_ALIGNMENT = (16, 16, 16)
 
 
 def micro_batch_betas(direction: Direction, n: int, beta: float) -> list[float]:
@@ -50,46 +58,88 @@ def nbytes_of(workspace: Any) -> int:
     return int(n)
 
 
+class BoundPlan:
+    """A plan bound to a backend for one (alpha, beta, alignment) class.
+
+    ``bound(x, w, y, workspace, workspace_bytes)`` issues every micro-batch in
+    order on the backend's active stream; the addresses are the whole-batch
+    tensors' (device pointers, or arrays on a host backend). ``workspace_bytes``
+    is the most any micro-batch needs.
+    """
+
+    __slots__ = ("plan", "launchers", "workspace_bytes", "launch")
+
+    def __init__(self, plan: Plan, launchers: list[Launcher]) -> None:
+        self.plan = plan
+        self.launchers = launchers
+        self.workspace_bytes = max((int(l.workspace_bytes) for l in launchers), default=0)
+        #: The fastest way to issue it: the launcher itself for one micro-batch.
+        self.launch: Callable[..., None] = launchers[0] if len(launchers) == 1 else self.__call__
+
+    def __call__(self, x: Any, w: Any, y: Any, workspace: Any, workspace_bytes: int) -> None:
+        for launch in self.launchers:
+            launch(x, w, y, workspace, workspace_bytes)
+
+    @property
+    def algos(self) -> list[Any]:
+        return [l.algo for l in self.launchers]
+
+
+def bind_plan(plan: Plan, backend: Backend, alpha: float = 1.0, beta: float = 0.0,
+              aligns: tuple[int, int, int] = FULL_ALIGNMENT) -> BoundPlan:
+    """Bind every micro-batch of ``plan`` (which carries its problem and
+    direction) for these scalars and whole-batch pointer alignments.
+
+    Raises :class:`~mucudnn.errors.UnsupportedConfigError` when the backend
+    cannot run one of the plan's algorithms this way.
+    """
+    p, d = plan.problem, plan.direction
+    if p is None or d is None:
+        raise ValueError("plan: has no problem or direction; attach them with "
+                         "plan.with_context(problem, direction)")
+    check_micro_batches(plan.micro_batches, p.batch)
+    betas = micro_batch_betas(d, len(plan.micro_batches), beta)
+    launchers = [backend.bind(d, mb.algo, mb.math_type, p, mb.offset, mb.size, float(alpha), b,
+                              aligns)
+                 for mb, b in zip(plan.micro_batches, betas)]
+    return BoundPlan(plan, launchers)
+
+
+def _addresses(backend: Backend, tensors: ConvTensors, workspace: Any) -> tuple[Any, ...]:
+    ws = None if workspace is None or nbytes_of(workspace) == 0 else backend.address(workspace)
+    return (backend.address(tensors.x), backend.address(tensors.w), backend.address(tensors.y),
+            ws, nbytes_of(workspace))
+
+
+def _aligns(backend: Backend, addresses: tuple[Any, ...]) -> tuple[int, int, int]:
+    if backend.is_host:
+        return FULL_ALIGNMENT
+    return tuple(min(16, a & -a) if a else 16 for a in addresses[:3])  # type: ignore[return-value]
+
+
 def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1.0,
             beta: float = 0.0, workspace: Any = None,
             direction: Direction | None = None) -> Callable[[], None]:
     """Check ``plan`` against ``tensors`` and ``workspace`` once; return a
-    launcher that issues every micro-batch, in order, on the backend's stream.
-
-    Backends with a ``bind`` method (the GPU backends) turn each micro-batch
-    into a pre-checked library call, so calling the launcher costs one ctypes
-    call per micro-batch and no Python checks; other backends get a launcher
-    that calls ``run`` per micro-batch. ``direction`` defaults to ``plan.direction``.
-    """
+    zero-argument launcher that issues every micro-batch, in order, on the
+    backend's active stream (what the benchmarks time: a bound plan, as a warm
+    :class:`~mucudnn.Convolution` call runs it). ``direction`` defaults to
+    ``plan.direction``."""
     d = Direction.parse(direction if direction is not None else plan.direction)
     if plan.direction is not None and direction is not None and plan.direction is not d:
         raise ValueError(f"plan: built for {plan.direction}, asked to run {d}")
     check_micro_batches(plan.micro_batches, tensors.problem.batch)
-    have = nbytes_of(workspace)
-    need = plan.workspace_bytes
-    if have < need:
-        raise ValueError(f"workspace: the plan needs {need} bytes, got {have}")
-    ws = workspace if have > 0 else None
-    betas = micro_batch_betas(d, len(plan.micro_batches), beta)
-    bind = getattr(backend, "bind", None)
-    calls = []
-    for mb, b in zip(plan.micro_batches, betas):
-        t = micro_batch_tensors(tensors, d, mb.offset, mb.size)
-        if bind is not None:
-            calls.append(bind(d, mb.algo, mb.math_type, t, float(alpha), b, ws))
-        else:
-            calls.append(functools.partial(backend.run, d, mb.algo, mb.math_type, t,
-                                           float(alpha), b, ws))
-    if len(calls) == 1:
-        return calls[0]
+    plan = plan.with_context(tensors.problem, d)
+    addresses = _addresses(backend, tensors, workspace)
+    bound = bind_plan(plan, backend, alpha, beta, _aligns(backend, addresses))
+    if addresses[4] < bound.workspace_bytes:
+        raise ValueError(f"workspace: the plan needs {bound.workspace_bytes} bytes, got "
+                         f"{addresses[4]}")
 
     def launch() -> None:
-        for c in calls:
-            c()
+        bound(*addresses)
 
-    checks = [c.alive for c in calls if hasattr(c, "alive")]
-    if checks:
-        launch.alive = lambda: all(check() for check in checks)  # type: ignore[attr-defined]
+    launch.bound = bound  # type: ignore[attr-defined]
     return launch
 
 
@@ -99,11 +149,9 @@ def execute(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
     """Run every micro-batch of ``plan`` on ``backend``, in order, in place.
 
     ``tensors`` are the whole-batch tensors (backend kind, forward naming);
-    ``workspace`` is a 1-D uint8 array of at least ``plan.workspace_bytes``
-    (or None when the plan needs none). All calls go on the backend's stream
-    one after another; nothing here waits for the device.
-
-    ``direction`` defaults to ``plan.direction``.
+    ``workspace`` is a 1-D uint8 array of at least the plan's need (or None
+    when it needs none). All calls go on the backend's active stream one after
+    another; nothing here waits for the device.
     """
     prepare(plan, backend, tensors, alpha, beta, workspace, direction)()
 

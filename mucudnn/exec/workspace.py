@@ -1,17 +1,29 @@
-"""Workspace memory: a per-device pool shared by WR plans, and WD segments.
+"""Workspace memory: pools per (backend, stream) shared by WR plans, and WD segments.
 
-* :class:`WorkspacePool` — one per backend (that is, per device): a single
-  buffer that grows to the largest plan run so far and is reused by every WR
-  plan (their micro-batches run one after another on one stream, so one buffer
-  is enough). It never shrinks on its own; :meth:`WorkspacePool.release` frees it.
-* :class:`SegmentedWorkspace` — for WD plans: one allocation carved into one
+* :class:`WorkspacePool` -- one per backend and stream: a single buffer that
+  grows to the largest plan run on that stream so far and is reused by every
+  plan issued there (their micro-batches run one after another on the one
+  stream, so one buffer is enough). It never shrinks on its own;
+  :meth:`WorkspacePool.release` frees it. :func:`pool_for` finds a backend's
+  pool for a stream; a backend keeps at most :data:`MAX_STREAM_POOLS` of them
+  (the least recently used is released), and they go with the backend.
+* :class:`SegmentedWorkspace` -- for WD plans: one allocation carved into one
   segment per kernel, offsets aligned to :data:`ALIGN` bytes, so kernels that
   may be in flight together never share bytes.
 
+Note [one pool per stream]: the engine issues each call on the caller's
+stream (Note [streams] in ``backends/_device.py``). Buffers are never shared
+between streams, so no event has to order two streams that once used the
+same bytes. Calls with PyTorch or CuPy arrays take their workspace from that
+framework's own allocator instead (stream-aware and CUDA-graph aware), see
+``api.py``.
+
 An allocation limit provokes the run-time fallback on purpose (tests, or to
-keep headroom for a framework): ``pool.limit_bytes = n`` or the environment
-variable ``MUCUDNN_WORKSPACE_LIMIT`` (a size as :func:`mucudnn.units.parse_bytes`
-reads it, e.g. ``64MiB``). A request over the limit raises :class:`WorkspaceUnavailable`
+keep headroom for a framework): ``pool.limit_bytes = n`` (applies at once: a
+held buffer over the new limit is released) or the environment variable
+``MUCUDNN_WORKSPACE_LIMIT`` (a size as :func:`mucudnn.units.parse_bytes` reads
+it, e.g. ``64MiB``; read whenever the pool allocates, not on every call). A
+request over the limit raises :class:`~mucudnn.errors.WorkspaceUnavailable`
 without allocating, as does an out-of-memory error from the backend.
 """
 
@@ -20,31 +32,28 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Mapping
 
 from ..backends.base import Backend
+from ..caches import LRU
+from ..cuda import CudaOutOfMemoryError
 from ..errors import WorkspaceUnavailable
 from ..units import parse_bytes
 
-__all__ = ["ALIGN", "WorkspaceUnavailable", "WorkspacePool", "get_pool", "carve_segments",
-           "SegmentedWorkspace", "env_workspace_limit", "out_of_memory_errors"]
+__all__ = ["ALIGN", "MAX_STREAM_POOLS", "WorkspaceUnavailable", "WorkspacePool", "get_pool",
+           "pool_for", "carve_segments", "SegmentedWorkspace", "env_workspace_limit",
+           "OUT_OF_MEMORY"]
 
 log = logging.getLogger("mucudnn")
 
 #: Alignment of WD segment offsets (cuDNN wants 16; 256 matches cudaMalloc).
 ALIGN = 256
 ENV_LIMIT = "MUCUDNN_WORKSPACE_LIMIT"
-
-
-def out_of_memory_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "no memory": MemoryError and CUDA's OOM error."""
-    errs: list[type[BaseException]] = [MemoryError]
-    try:
-        from ..cuda import CudaOutOfMemoryError  # type: ignore[attr-defined]
-        errs.append(CudaOutOfMemoryError)
-    except Exception:  # cuda package not built / no runtime
-        pass
-    return tuple(errs)
+#: Streams per backend that keep a pool (the least recently used one is released).
+MAX_STREAM_POOLS = 8
+#: Exceptions that mean "no memory": MemoryError and CUDA's out-of-memory error.
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = (MemoryError, CudaOutOfMemoryError)
 
 
 def env_workspace_limit() -> int | None:
@@ -56,17 +65,9 @@ def env_workspace_limit() -> int | None:
 
 
 def _device_free_bytes(backend: Backend) -> int | None:
-    """Free device memory for a GPU backend, None where unknown (NumPy)."""
-    fn = getattr(backend, "mem_get_info", None)
-    try:
-        if callable(fn):
-            return int(fn()[0])
-        if getattr(backend, "stream", None) is not None:
-            from ..cuda import mem_get_info  # type: ignore[attr-defined]
-            return int(mem_get_info()[0])
-    except Exception:
-        return None
-    return None
+    """Free device memory of a GPU backend, None where unknown (host)."""
+    info = backend.mem_get_info()
+    return None if info is None else int(info[0])
 
 
 def _align(n: int, a: int = ALIGN) -> int:
@@ -78,27 +79,45 @@ def _view(buffer: Any, start: int, stop: int) -> Any:
 
 
 class WorkspacePool:
-    """One growing workspace buffer for a backend (device), shared by WR plans.
+    """One growing workspace buffer of a backend on one stream, shared by WR plans.
 
-    >>> from mucudnn.backends import get_backend            # doctest: +SKIP
-    >>> pool = get_pool(get_backend("numpy"))               # doctest: +SKIP
-    >>> ws = pool.get(1 << 20)       # a view of >= 1 MiB   # doctest: +SKIP
+    >>> from mucudnn.backends import get_backend
+    >>> pool = get_pool(get_backend("numpy"))
+    >>> addr, size = pool.ensure(1 << 20)      # an address for the backend, >= 1 MiB
+    >>> size >= 1 << 20
+    True
     """
 
-    def __init__(self, backend: Backend, limit_bytes: int | None = None) -> None:
+    def __init__(self, backend: Backend, limit_bytes: int | None = None,
+                 stream: int | None = None) -> None:
         self.backend = backend
-        #: Allocation limit in bytes; None defers to MUCUDNN_WORKSPACE_LIMIT (unset: no limit).
-        self.limit_bytes = limit_bytes
+        self.stream = stream
+        self._limit = limit_bytes
         self._buffer: Any = None
         self._size = 0
+        #: The buffer's address for launchers (None while empty).
+        self.address: Any = None
         self._lock = threading.RLock()
+        #: False once released by eviction (holders then ask pool_for again).
+        self.alive = True
         #: Number of (re)allocations, for tests and logging.
         self.allocations = 0
 
     # -- limits -----------------------------------------------------------------
+    @property
+    def limit_bytes(self) -> int | None:
+        """Allocation limit in bytes; None defers to MUCUDNN_WORKSPACE_LIMIT (unset: no limit)."""
+        return self._limit
+
+    @limit_bytes.setter
+    def limit_bytes(self, value: int | None) -> None:
+        self._limit = None if value is None else parse_bytes(value, "limit_bytes")
+        if self._limit is not None and self._size > self._limit:
+            self.release()  # the next call allocates (or falls back) under the new limit
+
     def effective_limit(self) -> int | None:
         """The allocation limit in force (the attribute, else the environment)."""
-        return self.limit_bytes if self.limit_bytes is not None else env_workspace_limit()
+        return self._limit if self._limit is not None else env_workspace_limit()
 
     @property
     def size(self) -> int:
@@ -118,73 +137,94 @@ class WorkspacePool:
         return guess if guess is not None else self._size
 
     # -- allocation -------------------------------------------------------------
-    def get(self, nbytes: int) -> Any:
-        """A 1-D uint8 view of exactly ``nbytes`` of the pool's buffer (None for 0),
-        growing the buffer when it is smaller.
+    def ensure(self, nbytes: int) -> tuple[Any, int]:
+        """``(address, size)`` of the buffer, grown to at least ``nbytes`` first.
 
         Raises :class:`WorkspaceUnavailable` when ``nbytes`` is over the limit
         or the backend runs out of memory.
         """
         nbytes = int(nbytes)
-        if nbytes <= 0:
-            return None
         limit = self.effective_limit()
         if limit is not None and nbytes > limit:
             raise WorkspaceUnavailable(
                 f"workspace: {nbytes} bytes requested, over the pool limit of {limit} bytes",
                 nbytes, limit)
+        if nbytes <= self._size:
+            return self.address, self._size
         with self._lock:
             if nbytes > self._size:
                 self._grow(nbytes)
-            return _view(self._buffer, 0, nbytes)
+            return self.address, self._size
+
+    def get(self, nbytes: int) -> Any:
+        """A 1-D uint8 view of exactly ``nbytes`` of the pool's buffer (None for 0)."""
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            return None
+        self.ensure(nbytes)
+        return self._buffer[0:nbytes]
 
     def _grow(self, nbytes: int) -> None:
         size = _align(nbytes)
-        oom = out_of_memory_errors()
         try:
             buf = self.backend.alloc_workspace(size)
-        except oom:
+        except OUT_OF_MEMORY:
             # Give back what we hold and try once more.
             self.release()
             try:
                 buf = self.backend.alloc_workspace(size)
-            except oom as exc:
+            except OUT_OF_MEMORY as exc:
                 avail = self.available_bytes()
                 raise WorkspaceUnavailable(
                     f"workspace: out of memory allocating {size} bytes ({exc})", nbytes,
                     avail) from exc
-        log.debug("mucudnn: workspace pool on %s grows %d -> %d bytes",
-                  getattr(self.backend, "device_name", "?"), self._size, size)
+        log.debug("mucudnn: workspace pool on %s (stream %s) grows %d -> %d bytes",
+                  self.backend.device_name, self.stream, self._size, size)
         self._buffer = buf
         self._size = size
+        self.address = self.backend.address(buf)
         self.allocations += 1
 
     @property
     def lock(self) -> "threading.RLock":
-        """Held while a host backend computes in the pool's buffer (see Kernel.run)."""
+        """Held while a host backend computes in the pool's buffer (see Kernel.launch)."""
         return self._lock
 
     def release(self) -> None:
-        """Free the buffer (pending work on the stream must not need it; the
-        device backends' free waits for the device)."""
+        """Free the buffer (device backends free with cudaFree, which waits for
+        the device, so queued work that uses it finishes first)."""
         with self._lock:
             self._buffer = None
+            self.address = None
             self._size = 0
 
 
-_POOLS: dict[int, tuple[Backend, WorkspacePool]] = {}
+#: backend -> its pools by stream; a pool goes when its backend does.
+_POOLS: "weakref.WeakKeyDictionary[Any, LRU[Any, WorkspacePool]]" = weakref.WeakKeyDictionary()
 _POOLS_LOCK = threading.Lock()
 
 
+def _evict_pool(_stream: Any, pool: WorkspacePool) -> None:
+    pool.alive = False
+    pool.release()
+
+
+def pool_for(backend: Backend, stream: int | None = None) -> WorkspacePool:
+    """The workspace pool of ``backend`` on ``stream`` (None: its home stream),
+    created on first use (Note [one pool per stream])."""
+    pools = _POOLS.get(backend)
+    if pools is None:
+        with _POOLS_LOCK:
+            pools = _POOLS.get(backend)
+            if pools is None:
+                pools = LRU("exec.workspace_pools", MAX_STREAM_POOLS, on_evict=_evict_pool)
+                _POOLS[backend] = pools
+    return pools.get_or_create(stream, lambda: WorkspacePool(backend, stream=stream))
+
+
 def get_pool(backend: Backend) -> WorkspacePool:
-    """The workspace pool of ``backend`` (one per backend instance, i.e. per
-    device and stream), created on first use."""
-    with _POOLS_LOCK:
-        entry = _POOLS.get(id(backend))
-        if entry is None or entry[0] is not backend:
-            entry = (backend, WorkspacePool(backend))
-            _POOLS[id(backend)] = entry
-        return entry[1]
+    """The workspace pool of ``backend`` on its home stream."""
+    return pool_for(backend, None)
 
 
 def carve_segments(sizes: Mapping[str, int], align: int = ALIGN) -> tuple[int, dict[str, tuple[int, int]]]:
@@ -230,7 +270,7 @@ class SegmentedWorkspace:
         if self.total_bytes > 0:
             try:
                 self._buffer = backend.alloc_workspace(self.total_bytes)
-            except out_of_memory_errors() as exc:
+            except OUT_OF_MEMORY as exc:
                 raise WorkspaceUnavailable(
                     f"workspace: out of memory allocating {self.total_bytes} bytes of WD "
                     f"segments ({exc})", self.total_bytes, pool.available_bytes()) from exc
@@ -239,10 +279,18 @@ class SegmentedWorkspace:
         return key in self.segments
 
     def segment(self, key: str) -> Any:
+        """A uint8 view of the segment of ``key`` (None for a zero-byte segment)."""
         off, n = self.segments[key]
         if n == 0:
             return None
         return _view(self._buffer, off, off + n)
+
+    def address(self, key: str) -> tuple[Any, int]:
+        """``(address, size)`` of the segment of ``key`` for a launcher."""
+        seg = self.segment(key)
+        if seg is None:
+            return None, 0
+        return self.backend.address(seg), int(seg.nbytes)
 
     def __repr__(self) -> str:
         return f"SegmentedWorkspace({self.total_bytes} bytes, {len(self.segments)} segments)"

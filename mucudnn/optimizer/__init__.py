@@ -11,10 +11,11 @@ from .cache import BenchmarkCache, CacheWarning, default_cache_path
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
 from .offline import CachedBackend, CacheMissError
+from .planner import Planner, PlanKey, zero_workspace_plan
 from .policies import POLICIES, batch_sizes
 
 __all__ = [
     "BenchmarkCache", "CacheMissError", "CacheWarning", "CachedBackend", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
     "benchmark", "default_cache_path", "optimize", "optimize_network", "optimize_wd",
-    "optimize_wr", "pareto_front",
+    "optimize_wr", "pareto_front", "Planner", "PlanKey", "zero_workspace_plan",
 ]

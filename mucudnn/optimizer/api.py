@@ -13,15 +13,16 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Hashable, Iterable, Mapping, TypeVar
 
 from ..problem import ConvProblem, Direction, Plan
+from ..units import format_bytes, parse_bytes
 from .benchmark import benchmark, resolve_backend, resolve_cache
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
 from .policies import Policy, batch_sizes, normalize_policy
 
-__all__ = ["optimize", "optimize_network", "DEFAULT_WORKSPACE_LIMIT"]
+__all__ = ["optimize", "optimize_network", "plan_jointly", "DEFAULT_WORKSPACE_LIMIT"]
 
 log = logging.getLogger("mucudnn")
 
@@ -30,14 +31,7 @@ DEFAULT_WORKSPACE_LIMIT = 64 << 20
 ALL_DIRECTIONS = (Direction.FORWARD, Direction.BACKWARD_DATA, Direction.BACKWARD_FILTER)
 
 
-def _mib(n: float | None) -> str:
-    if n is None:
-        return "unlimited"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.1f} KiB"
-    return f"{int(n)} B"
+_mib = format_bytes
 
 
 def _algos(plan: Plan) -> str:
@@ -64,9 +58,8 @@ def _log_plan(name: str, plan: Plan, perf: Mapping[int, list], limit: int | None
 
 
 def _check_bytes(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < 0:
-        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {v!r}")
-    return int(v)
+    """A byte count argument (int or size string), checked as everywhere else."""
+    return parse_bytes(v, name)
 
 
 def optimize(problem: ConvProblem, direction: "Direction | str",
@@ -119,48 +112,62 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
     ``workspace_limit`` is its own workspace (the kernel's share of the budget).
     Raises ValueError when even the smallest plans do not fit together.
     """
-    policy = normalize_policy(policy)  # a one-shot iterable is read once
-    total = _check_bytes("total_workspace", total_workspace)
     items = list(problems.items()) if isinstance(problems, Mapping) else list(problems)
     dirs = [Direction.parse(d) for d in (ALL_DIRECTIONS if directions is None else directions)]
-    for _, p in items:
+    kernels = {(name, d): (p, d) for name, p in items for d in dirs}
+    return plan_jointly(kernels, total_workspace, policy, backend, cache, retime=retime,
+                        progress=progress)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_workspace: int,
+                 policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
+                 retime: int = 0, progress: "bool | None" = None) -> dict[K, Plan]:
+    """WD over named kernels: ``{key: (problem, direction)}`` -> ``{key: Plan}``,
+    the plans' workspaces summing to at most ``total_workspace`` bytes with the
+    least total time (see :func:`optimize_network`, which calls this)."""
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
+    total = _check_bytes("total_workspace", total_workspace)
+    for p, _ in kernels.values():
         batch_sizes(policy, p.batch)
     be = resolve_backend(backend)
     store = resolve_cache(cache)
-    fronts: dict[tuple[Any, Direction], list[Plan]] = {}
-    perfs: dict[tuple[Any, Direction], Any] = {}
-    times: dict[tuple[Any, Direction], tuple[float, float]] = {}
+    fronts: dict[Any, list[Plan]] = {}
+    perfs: dict[Any, Any] = {}
+    times: dict[Any, tuple[float, float]] = {}
     # Note: a network repeats layers (ResNet-50: 159 kernels, 60 distinct); a
     # repeated (problem, direction) shares the first occurrence's benchmark and
     # front (plans are immutable) and costs nothing more.
     seen: dict[tuple[ConvProblem, Direction], tuple[Any, list[Plan]]] = {}
     t_all = time.perf_counter()
-    for name, p in items:
-        for d in dirs:
-            t0 = time.perf_counter()
-            if (p, d) not in seen:
-                perf = benchmark(be, p, d, policy, total, cache=store, retime=retime,
-                                 progress=progress)
-                t1 = time.perf_counter()
-                seen[(p, d)] = (perf, pareto_front(perf, p.batch, policy,
-                                                  quantum=p.batch_quantum()))
-            else:
-                t1 = t0
-            perfs[(name, d)], fronts[(name, d)] = seen[(p, d)]
-            times[(name, d)] = (t1 - t0, time.perf_counter() - t1)
+    for name, (p, d) in kernels.items():
+        d = Direction.parse(d)
+        t0 = time.perf_counter()
+        if (p, d) not in seen:
+            perf = benchmark(be, p, d, policy, total, cache=store, retime=retime,
+                             progress=progress)
+            t1 = time.perf_counter()
+            seen[(p, d)] = (perf, pareto_front(perf, p.batch, policy, quantum=p.batch_quantum()))
+        else:
+            t1 = t0
+        perfs[name], fronts[name] = seen[(p, d)]
+        times[name] = (t1 - t0, time.perf_counter() - t1)
     t0 = time.perf_counter()
     chosen = optimize_wd(fronts, total)
     wd_s = time.perf_counter() - t0
-    problems_by_name = dict(items)
-    out: dict[tuple[Any, Direction], Plan] = {}
-    for (name, d), plan in chosen.items():
-        b, s = times[(name, d)]
-        plan = dataclasses.replace(plan, problem=problems_by_name[name], direction=d,
+    out: dict[Any, Plan] = {}
+    for name, plan in chosen.items():
+        p, d = kernels[name]
+        b, s = times[name]
+        plan = dataclasses.replace(plan, problem=p, direction=Direction.parse(d),
                                    extra={**plan.extra, "benchmark_s": b, "solve_s": s,
-                                          "front_size": len(fronts[(name, d)]),
+                                          "front_size": len(fronts[name]),
                                           "backend": be.name})
-        _log_plan(f"{name} {d.value}", plan, perfs[(name, d)], plan.workspace_limit, b, s)
-        out[(name, d)] = plan
+        label = " ".join(str(v) for v in name) if isinstance(name, tuple) else str(name)
+        _log_plan(label, plan, perfs[name], plan.workspace_limit, b, s)
+        out[name] = plan
     used = sum(p.workspace_bytes for p in out.values())
     fastest = sum(f[-1].time_ms for f in fronts.values())
     log.info("network: %d kernels, predicted %.3f ms (%.3f ms with unlimited workspace); "

@@ -14,6 +14,9 @@ import statistics
 import time
 from typing import Any, Callable
 
+from tqdm.auto import tqdm
+
+from ..backends import Backend, get_backend
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .cache import BenchmarkCache, default_cache
 from .policies import Policy, batch_sizes, normalize_policy
@@ -26,17 +29,9 @@ log = logging.getLogger("mucudnn")
 PROGRESS_MIN_SIZES = 8
 
 
-def resolve_backend(backend: Any) -> Any:
-    """A Backend from a Backend, a name, or None (the default backend).
-
-    The optimizer only needs ``name``, ``device_name``, ``version`` and
-    ``find``, so any object with those is accepted as it is.
-    """
-    from ..backends import get_backend
-
-    if backend is not None and not isinstance(backend, str) and callable(
-            getattr(backend, "find", None)) and hasattr(backend, "name"):
-        return backend
+def resolve_backend(backend: Any) -> Backend:
+    """A complete Backend from a Backend (or anything
+    :func:`~mucudnn.backends.adapt` accepts), a name, or None (the default)."""
     return get_backend(backend)
 
 
@@ -112,8 +107,6 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     sizes = batch_sizes(policy, problem.batch)
     bar = None
     if progress is not False and (progress or len(sizes) > PROGRESS_MIN_SIZES):
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(sizes), desc=f"mucudnn benchmark {direction.value}", unit="size",
                    leave=False, disable=None if progress is None else False)
     out: dict[int, list[AlgoPerf]] = {}
@@ -144,9 +137,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             bar.close()
         # Note: GPU backends keep Find's scratch (random inputs, workspace)
         # across the sizes of one benchmark; hand it back once it is done.
-        release = getattr(be, "release_find_buffers", None)
-        if release is not None and hits < len(sizes):
-            release()
+        if hits < len(sizes):
+            be.release_find_buffers()
     log.debug("benchmark %s: %d sizes (%d from cache) in %.2f s", direction.value, len(sizes),
               hits, time.perf_counter() - t0)
     return out

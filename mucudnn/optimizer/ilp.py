@@ -22,6 +22,8 @@ import time
 from typing import Hashable, Mapping, Sequence, TypeVar
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_array
 
 from ..problem import Plan
 
@@ -125,9 +127,6 @@ def _quiet_stdout():
 
 
 def _solve_milp(cands: list[list[Plan]], W: int, time_limit: float | None) -> list[int]:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_array
-
     sizes = [len(c) for c in cands]
     n = sum(sizes)
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)

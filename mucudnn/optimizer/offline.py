@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn, Union
 
+from ..backends.base import BackendBase
 from ..errors import MucudnnError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .benchmark import resolve_cache
@@ -23,7 +24,7 @@ class CacheMissError(MucudnnError, LookupError):
     """A (problem, direction) the cache holds no measurement for."""
 
 
-class CachedBackend:
+class CachedBackend(BackendBase):
     """Stands in for backend ``name`` as measured on ``device_name`` with
     library ``version``, answering ``find`` from ``cache`` only.
 

@@ -1,0 +1,265 @@
+"""What both cuDNN backends share: a device, a home stream, a cuDNN handle that
+follows the caller's stream, device arrays, and Find's scratch buffers.
+
+:class:`DeviceBackend` is the base of :class:`~mucudnn.backends.cudnn.CudnnBackend`
+(legacy API) and :class:`~mucudnn.backends.cudnn_graph.CudnnGraphBackend`
+(graph API); neither derives from the other.
+
+Note [streams]: a backend has a *home* stream (``stream``: the device's
+:func:`mucudnn.cuda.default_stream` unless given) on which ``find()`` times
+and CUDA graphs are captured, and an *active* stream on which launches are
+issued. :meth:`DeviceBackend.activate` points the cuDNN handle at the
+caller's stream (torch's or CuPy's current stream, a DeviceArray's stream),
+so a call is ordered with the caller's other work without events or host
+waits, as a native library call is. Workspace is never shared between
+streams (the engine keeps one pool per stream, see ``exec/workspace.py``), so
+switching streams needs no ordering of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from .._cudnn.handle import Handle
+from .._cudnn.loader import version_string
+from .._cudnn.prototypes import lib
+from ..cuda import (CudaOutOfMemoryError, DeviceArray, as_device_array, as_stream,
+                    current_device, default_stream, device_count, device_name, mem_get_info,
+                    require_device, using_device)
+from ..dtypes import normalize_dtype
+from ..problem import ConvProblem, Direction
+from .base import BackendBase
+
+__all__ = ["DeviceBackend", "DEFAULT_FIND_WORKSPACE_CAP", "array_pointer"]
+
+#: Upper bound of the default Find workspace (the other bound is half the free memory).
+DEFAULT_FIND_WORKSPACE_CAP = 4 << 30
+
+
+def array_pointer(name: str, a: Any, shape: tuple, dtype: str) -> int:
+    """The device pointer of ``a`` (a DeviceArray or ``__cuda_array_interface__``
+    object), after checking its shape, dtype and contiguity."""
+    s = getattr(a, "shape", None)
+    if s is None or tuple(s) != tuple(shape):
+        raise ValueError(f"tensors.{name}: expected shape {tuple(shape)}, got "
+                         f"{None if s is None else tuple(s)}")
+    if isinstance(a, DeviceArray):
+        if a.dtype_name != dtype:
+            raise ValueError(f"tensors.{name}: expected dtype {dtype}, got {a.dtype_name}")
+        return int(a.ptr)
+    try:
+        arr = as_device_array(a, sync=False)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"tensors.{name}: {exc}") from None
+    if arr.dtype_name != dtype:
+        raise ValueError(f"tensors.{name}: expected dtype {dtype}, got {arr.dtype_name}")
+    return int(arr.ptr)
+
+
+class DeviceBackend(BackendBase):
+    """Device, streams, cuDNN handle, arrays and Find scratch of a cuDNN backend.
+
+    ``device``: the CUDA device (default: the current one). ``stream``: the home
+    stream (default: the device's :func:`mucudnn.cuda.default_stream`).
+    ``find_workspace_limit``: the most workspace ``find()`` gives cuDNN
+    (default: min(half the free memory, 4 GiB)).
+
+    Raises :class:`mucudnn.cuda.NoDeviceError` where there is no GPU or driver.
+    """
+
+    is_host = False
+    supports_graphs = True
+
+    def __init__(self, device: Optional[int] = None, stream: Any = None,
+                 find_workspace_limit: Optional[int] = None) -> None:
+        if find_workspace_limit is not None and int(find_workspace_limit) < 0:
+            raise ValueError(f"find_workspace_limit: expected bytes >= 0, got {find_workspace_limit}")
+        self.find_workspace_limit = None if find_workspace_limit is None else int(find_workspace_limit)
+        require_device()
+        n = device_count()
+        self.device = current_device() if device is None else int(device)
+        if not 0 <= self.device < n:
+            raise ValueError(f"device: expected a CUDA device ordinal in [0, {n}), got {device!r}")
+        with using_device(self.device):
+            self.stream = default_stream(self.device) if stream is None else as_stream(
+                stream, self.device)
+            self.handle = Handle(self.device, self.stream)
+        self.device_name = device_name(self.device)
+        self.version = version_string()
+        self._lock = threading.RLock()
+        self._active = int(self.stream.handle)
+        self._multi_device = n > 1
+        self._set_stream = lib.raw("cudnnSetStream")
+        self._rng = np.random.default_rng(0x6d75)
+        #: find()'s scratch: random inputs per dtype, an output buffer, a workspace.
+        self._find_src: dict[str, Any] = {}
+        self._find_out: Any = None
+        self._find_ws: Any = None
+
+    # -- streams (Note [streams]) --------------------------------------------------------
+    @property
+    def active_stream(self) -> int:
+        """The raw ``cudaStream_t`` launches are issued on now."""
+        return self._active
+
+    def activate(self, stream: int | None) -> None:
+        """Issue later launches on ``stream`` (an int handle; None: the home stream)."""
+        h = self.stream.handle if stream is None else stream
+        if h == self._active:
+            return
+        with self._lock:
+            st = self._set_stream(self.handle.handle, h)
+            if st:
+                self.handle.set_stream(h)  # raises the CudnnError with cuDNN's message
+            self._active = h
+
+    @contextlib.contextmanager
+    def on_home_stream(self) -> Iterator[None]:
+        """Hold the backend (its lock) with the handle on the home stream (Find, capture)."""
+        with self._lock:
+            prev = self._active
+            self.activate(None)
+            try:
+                with using_device(self.device):
+                    yield
+            finally:
+                self.activate(prev)
+
+    # -- arrays ----------------------------------------------------------------------------
+    def address(self, array: Any) -> int:
+        """The device pointer of a DeviceArray (or ``__cuda_array_interface__`` object)."""
+        if isinstance(array, DeviceArray):
+            return array.ptr
+        return int(as_device_array(array, sync=False).ptr)
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> DeviceArray:
+        """An uninitialised DeviceArray on this backend's device and home stream."""
+        with using_device(self.device):
+            return DeviceArray(tuple(shape), dtype, stream=self.stream)
+
+    def from_host(self, array: Any) -> DeviceArray:
+        """A DeviceArray copy of a NumPy array (queued on the home stream)."""
+        with using_device(self.device):
+            return DeviceArray.from_numpy(np.asarray(array), stream=self.stream)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A NumPy copy; waits for everything queued on the home stream."""
+        if not isinstance(array, DeviceArray):
+            array = as_device_array(array)
+        return array.to_numpy(stream=self.stream)
+
+    def alloc_workspace(self, nbytes: int) -> DeviceArray:
+        """A 1-D uint8 DeviceArray of ``nbytes`` (slices are views)."""
+        with using_device(self.device):
+            return DeviceArray((int(nbytes),), "uint8", stream=self.stream)
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the home and the active stream."""
+        self.stream.synchronize()
+        if self._active != self.stream.handle:
+            with using_device(self.device):
+                as_stream(self._active, self.device).synchronize()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of this backend's device."""
+        return mem_get_info(self.device)
+
+    # -- Find's scratch ----------------------------------------------------------------------
+    def _random(self, shape: tuple, dtype: str) -> DeviceArray:
+        """A device array of ``shape`` filled with random non-zero values."""
+        n = int(np.prod(shape))
+        f = self._rng.random(n, dtype=np.float32) * np.float32(1.5) + np.float32(0.25)
+        f *= np.where(self._rng.random(n) < 0.5, np.float32(-1), np.float32(1))
+        if dtype == "bfloat16":
+            bits = (f.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+            host = bits.view(normalize_dtype("bfloat16"))
+        else:
+            host = f.astype(dtype)
+        return DeviceArray.from_numpy(host.reshape(shape), stream=self.stream)
+
+    def _find_pointers(self, problem: ConvProblem, direction: Direction) -> tuple[int, int, int]:
+        """Device pointers for x, w, y of ``problem`` in find(): the two inputs of
+        ``direction`` point into one random buffer per dtype (only read), the
+        output into a separate buffer (only written, beta = 0).
+
+        Note: kept between calls and grown on demand. A benchmark runs Find for
+        many batch sizes, largest first, so after the first call no allocation
+        and no host random numbers are needed; release_find_buffers() frees them.
+        """
+        item = problem.itemsize
+        nbytes = {name: int(np.prod(problem.shape_of(name))) * item for name in "xwy"}
+        out = {Direction.FORWARD: "y", Direction.BACKWARD_DATA: "x",
+               Direction.BACKWARD_FILTER: "w"}[direction]
+        src_need = max(n for k, n in nbytes.items() if k != out)
+        src = self._find_src.get(problem.dtype)
+        if src is None or src.nbytes < src_need:
+            if src is not None:
+                src.close()
+            src = self._random((max(src_need, 1 << 20) // item,), problem.dtype)
+            self._find_src[problem.dtype] = src
+        if self._find_out is None or self._find_out.nbytes < nbytes[out]:
+            if self._find_out is not None:
+                self._find_out.close()
+            self._find_out = DeviceArray((max(nbytes[out], 1 << 20),), "uint8", stream=self.stream)
+        return tuple(self._find_out.ptr if k == out else src.ptr for k in "xwy")  # type: ignore
+
+    def _find_workspace(self, nbytes: int) -> tuple[Optional[int], int]:
+        """(pointer, size) of a find workspace of up to ``nbytes``, kept between calls."""
+        if nbytes <= 0:
+            return None, 0
+        ws = self._find_ws
+        if ws is None or ws.nbytes < nbytes:
+            if ws is not None:
+                ws.close()
+            self._find_ws = ws = self._alloc_find_workspace(nbytes)
+        if ws is None:
+            return None, 0
+        return ws.ptr, min(ws.nbytes, nbytes)
+
+    def find_workspace_cap(self) -> int:
+        """The workspace ``find()`` may give cuDNN: ``find_workspace_limit`` when set,
+        else min(half the free device memory, 4 GiB)."""
+        if self.find_workspace_limit is not None:
+            return self.find_workspace_limit
+        free, _total = mem_get_info(self.device)
+        return int(min(free // 2, DEFAULT_FIND_WORKSPACE_CAP))
+
+    def _alloc_find_workspace(self, nbytes: int) -> Optional[DeviceArray]:
+        """A workspace of up to ``nbytes`` (halved while allocation fails, down to 1 MiB)."""
+        while nbytes > 0:
+            try:
+                return self.alloc_workspace(nbytes)
+            except CudaOutOfMemoryError:
+                if nbytes <= (1 << 20):
+                    return None
+                nbytes //= 2
+        return None
+
+    def release_find_buffers(self) -> None:
+        """Free the device scratch find() keeps between calls (inputs, output, workspace)."""
+        bufs = [*self._find_src.values(), self._find_out, self._find_ws]
+        self._find_src, self._find_out, self._find_ws = {}, None, None
+        for b in bufs:
+            if b is not None:
+                b.close()
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release Find's scratch and the cuDNN handle (the stream is not ours to close)."""
+        self.release_find_buffers()
+        self.handle.close()
+
+    def __enter__(self) -> "DeviceBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(device={self.device} {self.device_name!r}, cuDNN "
+                f"{self.version}, stream={hex(self.stream.handle)})")
+

@@ -1,0 +1,174 @@
+"""The Planner: every plan the engine runs is decided here.
+
+:class:`Planner` implements :class:`mucudnn.exec.planning.Planner` for one
+backend, per-kernel workspace limit, policy and benchmark cache:
+
+* :meth:`Planner.plan` -- the first plan of a kernel (WR under the limit),
+  memoised per :class:`PlanKey` in one process-wide LRU, so every
+  :class:`~mucudnn.Convolution` with the same options shares it;
+* :meth:`Planner.replan` -- a run-time re-plan under the workspace that is
+  actually free, or without configurations a backend refused;
+* :meth:`Planner.plan_jointly` -- WD over named kernels (``MicroBatchHandle``).
+
+>>> from mucudnn.backends import get_backend
+>>> from mucudnn.problem import ConvProblem, Direction
+>>> pl = Planner(get_backend("numpy"), workspace_limit=1 << 20, policy="undivided", cache=False)
+>>> pl.plan(ConvProblem((2, 3, 8, 8), (4, 3, 3, 3)), Direction.FORWARD).batch
+2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Collection, Mapping
+
+from ..backends import Backend
+from ..caches import LRU
+from ..errors import UnsupportedConfigError
+from ..problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, MicroBatch, Plan, make_plan
+from ..units import parse_bytes
+from .api import DEFAULT_WORKSPACE_LIMIT, optimize, plan_jointly
+from .benchmark import benchmark, resolve_backend, resolve_cache
+from .dp import optimize_wr
+from .policies import Policy, normalize_policy
+
+__all__ = ["Planner", "PlanKey", "workspace_limit_bytes", "zero_workspace_plan", "PLAN_MEMO_SIZE"]
+
+log = logging.getLogger("mucudnn")
+
+#: Plans kept in the process-wide memo (a plan is a few hundred bytes).
+PLAN_MEMO_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """Every input that affects which plan is chosen (as PyTorch's ConvolutionParams).
+
+    The backend is named by what its measurements depend on (name, device,
+    library version), so two instances on the same device share plans.
+    """
+
+    backend: str
+    device: str
+    version: str
+    problem: ConvProblem
+    direction: Direction
+    workspace_limit: int | None
+    policy: Any
+    cache: str
+    retime: int
+    #: Configurations excluded (refused at run time), and the workspace
+    #: available to a re-plan (None for a first plan).
+    exclude: frozenset = frozenset()
+    available: int | None = None
+
+
+_PLANS: LRU[PlanKey, Plan] = LRU("optimizer.plans", PLAN_MEMO_SIZE)
+
+
+def workspace_limit_bytes(value: Any, name: str = "workspace_limit") -> int | None:
+    """A workspace limit as bytes: None (unlimited), an int >= 0 or a size string
+    (``"64MiB"``); TypeError / ValueError naming ``name`` otherwise."""
+    if value is None:
+        return None
+    return parse_bytes(value, name)
+
+
+def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: Backend,
+                        policy: Any = None, cache: Any = None,
+                        exclude: Collection[Any] = ()) -> Plan:
+    """One undivided call with the fastest measured algorithm needing no workspace
+    (from the benchmark cache where it holds the full batch)."""
+    perf = benchmark(backend, problem, direction, "undivided", 0, cache=cache, progress=False)
+    zero = [a for a in perf.get(problem.batch, ())
+            if int(a.workspace_bytes) == 0 and a.algo not in exclude]
+    if not zero:
+        raise UnsupportedConfigError(
+            f"no zero-workspace algorithm is left for {problem} {direction} on backend "
+            f"{backend.name} (excluded: {sorted(map(str, exclude))})")
+    a = min(zero, key=lambda e: e.time_ms)
+    mb = MicroBatch(0, problem.batch, a.algo, a.math_type, 0, float(a.time_ms))
+    return make_plan([mb], undivided_time_ms=float(a.time_ms), workspace_limit=0,
+                     policy=policy, problem=problem, direction=direction)
+
+
+class Planner:
+    """Plans for the kernels of one backend, workspace limit, policy and cache.
+
+    ``workspace_limit``: bytes per kernel (an int, a size string such as
+    ``"64MiB"``, or None for unlimited); ``policy``: the batch-size policy;
+    ``cache``: the benchmark cache (None: the default, False/"off": none, a
+    path or a BenchmarkCache); ``retime``: see :func:`mucudnn.optimizer.benchmark`.
+    """
+
+    def __init__(self, backend: Any = None, workspace_limit: Any = DEFAULT_WORKSPACE_LIMIT,
+                 policy: Policy = "powerOfTwo", cache: Any = None, retime: int = 0) -> None:
+        self.workspace_limit = workspace_limit_bytes(workspace_limit)
+        self.policy = normalize_policy(policy)  # a one-shot iterable is read once
+        self.backend = resolve_backend(backend)
+        self.cache = resolve_cache(cache)
+        if isinstance(retime, bool) or not isinstance(retime, int) or retime < 0:
+            raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
+        self.retime = retime
+        self._cache_name = str(self.cache.path) if self.cache.enabled else "off"
+
+    def __repr__(self) -> str:
+        return (f"Planner({self.backend.name!r}, workspace_limit={self.workspace_limit}, "
+                f"policy={self.policy!r}, cache={self._cache_name!r})")
+
+    def _limit(self) -> int:
+        return UNLIMITED_WORKSPACE if self.workspace_limit is None else self.workspace_limit
+
+    def key(self, problem: ConvProblem, direction: Direction, exclude: Collection[Any] = (),
+            available: int | None = None) -> PlanKey:
+        be = self.backend
+        return PlanKey(be.name, be.device_name, be.version, problem, Direction.parse(direction),
+                       self.workspace_limit, self.policy, self._cache_name, self.retime,
+                       frozenset(exclude), available)
+
+    # -- the Planner protocol ----------------------------------------------------------
+    def plan(self, problem: ConvProblem, direction: Direction) -> Plan:
+        """The fastest plan under the limit (memoised per :class:`PlanKey`)."""
+        key = self.key(problem, direction)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = optimize(problem, key.direction, self._limit(), self.policy, self.backend,
+                            cache=self.cache, retime=self.retime)
+            _PLANS.put(key, plan)
+        return plan
+
+    def replan(self, problem: ConvProblem, direction: Direction, available: int,
+               exclude: Collection[Any] = ()) -> Plan:
+        """The fastest plan within ``available`` bytes (and the limit) using no
+        configuration in ``exclude``; a zero-workspace plan as the last resort."""
+        direction = Direction.parse(direction)
+        available = max(0, int(available))
+        key = self.key(problem, direction, exclude, available)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan
+        cap = min(self._limit(), available)
+        perf = benchmark(self.backend, problem, direction, self.policy, self._limit(),
+                         cache=self.cache, retime=self.retime, progress=False)
+        if exclude:
+            perf = {s: [a for a in v if a.algo not in exclude] for s, v in perf.items()}
+        try:
+            plan = optimize_wr(perf, problem.batch, cap, self.policy,
+                               quantum=problem.batch_quantum())
+            plan = dataclasses.replace(plan, problem=problem, direction=direction)
+        except ValueError as exc:
+            log.info("mucudnn: no WR plan under %d bytes for %s %s (%s); using a "
+                     "zero-workspace plan", cap, problem, direction, exc)
+            plan = zero_workspace_plan(problem, direction, self.backend, self.policy,
+                                       self.cache, exclude)
+        _PLANS.put(key, plan)
+        return plan
+
+    def plan_jointly(self, kernels: Mapping[str, tuple[ConvProblem, Direction]],
+                     total_workspace: int) -> dict[str, Plan]:
+        """WD: one plan per kernel, workspaces summing to at most ``total_workspace``."""
+        return plan_jointly(kernels, total_workspace, self.policy, self.backend, self.cache,
+                            retime=self.retime, progress=False)
+
