@@ -74,7 +74,7 @@ import numpy as np
 from .backends import Backend, get_backend
 from .caches import LRU, clear_all
 from .cuda import Event, Stream, synchronize as device_synchronize
-from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, Framework, framework_for, inspect_array, \
+from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, inspect_array, \
     torch_workspace
 from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
@@ -385,8 +385,8 @@ class Convolution:
         target = self.backend.stream.handle if stream is None else stream
         others = set()
         for i in infos[1:]:
-            if i.framework == infos[0].framework:
-                continue
+            if i.framework == "torch" and infos[0].framework == "torch":
+                continue  # one current stream per device
             s = framework_for(i).stream(i)
             s = self.backend.stream.handle if s is None else s
             if s not in (target, UNKNOWN_STREAM):

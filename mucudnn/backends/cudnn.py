@@ -238,7 +238,7 @@ class CudnnBackend(DeviceBackend):
     def run(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
             tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
             workspace: Any = None) -> None:
-        """One convolution on the active stream (asynchronous):
+        """One convolution on the home stream (asynchronous):
         forward ``y = alpha*conv(x, w) + beta*y``, backward-data writes ``tensors.x``,
         backward-filter writes ``tensors.w``."""
         p = tensors.problem
@@ -252,7 +252,8 @@ class CudnnBackend(DeviceBackend):
             raise ValueError(
                 f"workspace: algorithm {algo} ({Direction.parse(direction)}) needs "
                 f"{launch.workspace_bytes} bytes for {p!r}, got {ws_size}")
-        launch(*ptrs, ws_ptr, ws_size)
+        with self.on_home_stream():
+            launch(*ptrs, ws_ptr, ws_size)
 
     def bind(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
              problem: ConvProblem, offset: int, size: int, alpha: float = 1.0,

@@ -405,7 +405,7 @@ class CudnnGraphBackend(DeviceBackend):
     def run(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
             tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
             workspace: Any = None) -> None:
-        """One convolution on the active stream (asynchronous); see :meth:`bind`."""
+        """One convolution on the home stream (asynchronous); see :meth:`bind`."""
         p = tensors.problem
         ptrs = (array_pointer("x", tensors.x, p.x_shape, p.dtype),
                 array_pointer("w", tensors.w, p.w_shape, p.dtype),
@@ -418,7 +418,8 @@ class CudnnGraphBackend(DeviceBackend):
             raise ValueError(
                 f"workspace: engine config {launch.algo} ({Direction.parse(direction)}) needs "
                 f"{launch.workspace_bytes} bytes for {p!r}, got {ws_size}")
-        launch(*ptrs, ws_ptr, ws_size)
+        with self.on_home_stream():
+            launch(*ptrs, ws_ptr, ws_size)
 
     def bind(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
              problem: ConvProblem, offset: int, size: int, alpha: float = 1.0,

@@ -122,7 +122,7 @@ def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
             direction: Direction | None = None) -> Callable[[], None]:
     """Check ``plan`` against ``tensors`` and ``workspace`` once; return a
     zero-argument launcher that issues every micro-batch, in order, on the
-    backend's active stream (what the benchmarks time: a bound plan, as a warm
+    backend's home stream (what the benchmarks time: a bound plan, as a warm
     :class:`~mucudnn.Convolution` call runs it). ``direction`` defaults to
     ``plan.direction``."""
     d = Direction.parse(direction if direction is not None else plan.direction)
@@ -136,7 +136,10 @@ def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
         raise ValueError(f"workspace: the plan needs {bound.workspace_bytes} bytes, got "
                          f"{addresses[4]}")
 
+    activate = backend.activate
+
     def launch() -> None:
+        activate(None)
         bound(*addresses)
 
     launch.bound = bound  # type: ignore[attr-defined]
@@ -150,7 +153,7 @@ def execute(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
 
     ``tensors`` are the whole-batch tensors (backend kind, forward naming);
     ``workspace`` is a 1-D uint8 array of at least the plan's need (or None
-    when it needs none). All calls go on the backend's active stream one after
+    when it needs none). All calls go on the backend's home stream one after
     another; nothing here waits for the device.
     """
     prepare(plan, backend, tensors, alpha, beta, workspace, direction)()
