@@ -186,7 +186,7 @@ class FindMemo:
         self._found: dict = {}
 
     def __call__(self, be, p, direction):
-        key = (p.key(), str(direction), self.limit)
+        key = (be.name, id(be), p.key(), str(direction), self.limit)
         if key not in self._found:
             self._found[key] = be.find(p, direction, self.limit)
         return self._found[key]

@@ -202,9 +202,10 @@ def test_too_small_workspace_and_wrong_tensors_raise(be):
 def test_a_bound_plan_serves_any_buffers(be, direction):
     """Launchers take addresses per call: one binding runs on fresh buffers."""
     p = problem("2d-nhwc-stride2", "float32", "fma")
-    algo = _find(be, p.with_batch(2), direction)[0]
-    plan = make_plan([MicroBatch(0, 2, algo.algo, algo.math_type),
-                      MicroBatch(2, 1, _find(be, p.with_batch(1), direction)[0].algo)],
+    a2 = _find(be, p.with_batch(2), direction)[0]
+    a1 = _find(be, p.with_batch(1), direction)[0]
+    plan = make_plan([MicroBatch(0, 2, a2.algo, a2.math_type),
+                      MicroBatch(2, 1, a1.algo, a1.math_type)],
                      undivided_time_ms=1, workspace_limit=None, problem=p, direction=direction)
     bound = bind_plan(plan, be)
     ws = be.alloc_workspace(max(bound.workspace_bytes, 1))
@@ -218,7 +219,9 @@ def test_a_bound_plan_serves_any_buffers(be, direction):
         with be.on_home_stream():
             bound(addr(x), addr(w), addr(y), addr(ws), int(ws.nbytes))
         got = be.to_host(out)
-        assert rel_err(got, reference(p, direction, hx, hw, hy)) < 1e-4
+        tol = max(tolerance(be, p.with_batch(2), direction, a2.algo, 1e-5),
+                  tolerance(be, p.with_batch(1), direction, a1.algo, 1e-5))
+        assert rel_err(got, reference(p, direction, hx, hw, hy)) < 2 * tol
         release(x, w, y)
     release(ws)
 
@@ -235,7 +238,8 @@ SPLIT = {Direction.FORWARD: 1e-6, Direction.BACKWARD_DATA: 1e-6, Direction.BACKW
 
 
 def _algos_at(be, p, d, size):
-    return [a.algo for a in _find(be, p.with_batch(size), d)]
+    """(algo, math type) pairs the backend ran for ``p`` at micro-batch ``size``."""
+    return [(a.algo, a.math_type) for a in _find(be, p.with_batch(size), d)]
 
 
 def _call(be, p, d, x, w, y, alpha, beta, poisoned=False, **kw):
@@ -262,13 +266,13 @@ def test_micro_batched_equals_unsplit_and_reference(be, _cache, data):
     x, w, y = normal_tensors(p, rng)
     truth = reference(p, d, x, w, y, alpha, beta)
     if common:
-        algo = data.draw(st.sampled_from(sorted(common, key=str)))
+        algo, mt = data.draw(st.sampled_from(sorted(common, key=str)))
         mbs, off = [], 0
         for s in sizes:
-            mbs.append(MicroBatch(off, s, algo))
+            mbs.append(MicroBatch(off, s, algo, mt))
             off += s
         plan = make_plan(mbs, undivided_time_ms=1, workspace_limit=None)
-        whole = make_plan([MicroBatch(0, p.batch, algo)], undivided_time_ms=1,
+        whole = make_plan([MicroBatch(0, p.batch, algo, mt)], undivided_time_ms=1,
                           workspace_limit=None)
         micro = _call(be, p, d, x, w, y, alpha, beta, True, plans={d: plan},
                       workspace_limit=None)
@@ -278,7 +282,8 @@ def test_micro_batched_equals_unsplit_and_reference(be, _cache, data):
     # mixed algorithms, one per micro-batch
     mbs, off = [], 0
     for s in sizes:
-        mbs.append(MicroBatch(off, s, data.draw(st.sampled_from(_algos_at(be, p, d, s)))))
+        algo, mt = data.draw(st.sampled_from(_algos_at(be, p, d, s)))
+        mbs.append(MicroBatch(off, s, algo, mt))
         off += s
     plan = make_plan(mbs, undivided_time_ms=1, workspace_limit=None)
     mixed = _call(be, p, d, x, w, y, alpha, beta, True, plans={d: plan}, workspace_limit=None)
@@ -291,8 +296,8 @@ def test_backward_filter_accumulates_across_micro_batches(be, _cache, beta):
     p = ConvProblem((16, 4, 7, 7), (8, 4, 3, 3), padding=1, math="fma")
     d = Direction.BACKWARD_FILTER
     a8, a4 = _algos_at(be, p, d, 8), _algos_at(be, p, d, 4)
-    plan = make_plan([MicroBatch(0, 8, a8[0]), MicroBatch(8, 4, a4[-1]),
-                      MicroBatch(12, 4, a4[0])], undivided_time_ms=1, workspace_limit=None)
+    plan = make_plan([MicroBatch(0, 8, *a8[0]), MicroBatch(8, 4, *a4[-1]),
+                      MicroBatch(12, 4, *a4[0])], undivided_time_ms=1, workspace_limit=None)
     rng = np.random.default_rng(2)
     x, w, y = normal_tensors(p, rng)
     dw = _call(be, p, d, x, w, y, 1.5, beta, True, plans={d: plan}, workspace_limit=None)

@@ -272,6 +272,10 @@ class CudnnBackend(DeviceBackend):
         direction = Direction.parse(direction)
         algo = int(algo)
         mt = _math_int(math_type)
+        if problem.math == "fma" and mt == int(MathType.DEFAULT_MATH):
+            # Note: a plan's default math type on an "fma" problem means the
+            # problem's math: never tensor cores (TF32) where FMA was asked for.
+            mt = int(MathType.FMA_MATH)
         if offset < 0 or size < 1 or offset + size > problem.batch:
             raise ValueError(f"micro-batch rows [{offset}, {offset + size}) outside the batch "
                              f"of {problem.batch}")
