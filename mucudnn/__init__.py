@@ -9,14 +9,16 @@
 from .api import Convolution, conv2d, conv3d, conv_backward_data, conv_backward_filter
 from .backends import Backend, ConvTensors, available_backends, get_backend
 from .exec import MicroBatchHandle, WorkspaceFallbackWarning
-from .optimizer import (BenchmarkCache, CacheWarning, batch_sizes, benchmark, optimize,
-                        optimize_network, optimize_wd, optimize_wr, pareto_front)
+from .optimizer import (BenchmarkCache, CacheArgumentError, CacheFileError, CacheWarning,
+                        batch_sizes, benchmark, optimize, optimize_network, optimize_wd,
+                        optimize_wr, pareto_front)
 from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlgoPerf", "Backend", "BenchmarkCache", "CacheWarning", "ConvProblem", "ConvTensors", "Convolution",
+    "AlgoPerf", "Backend", "BenchmarkCache", "CacheArgumentError", "CacheFileError",
+    "CacheWarning", "ConvProblem", "ConvTensors", "Convolution",
     "Direction", "MicroBatch", "MicroBatchHandle", "Plan", "WorkspaceFallbackWarning",
     "available_backends", "batch_sizes", "benchmark", "conv2d", "conv3d", "conv_backward_data",
     "conv_backward_filter", "get_backend", "optimize", "optimize_network", "optimize_wd",
