@@ -32,11 +32,13 @@ one warning (deleted where the cache is writable) and measured again.
 
 In-memory state: :func:`default_cache` keeps one BenchmarkCache per resolved
 path in the LRU ``optimizer.default_caches`` (bound :data:`DEFAULT_CACHES`;
-evicting one closes its connection; ``mu.clear_caches()`` empties it).
+evicting one closes its connection; ``mu.clear_caches()`` empties it, and so
+does the end of the process).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sqlite3
@@ -90,6 +92,7 @@ def _close_evicted(_key: Any, cache: "BenchmarkCache") -> None:
 
 _DEFAULTS: "LRU[str | None, BenchmarkCache]" = LRU(
     "optimizer.default_caches", DEFAULT_CACHES, on_evict=_close_evicted)
+atexit.register(_DEFAULTS.clear)  # close them: SQLite then folds and removes its -wal/-shm
 
 
 def default_cache() -> "BenchmarkCache":
