@@ -32,8 +32,8 @@ one warning (deleted where the cache is writable) and measured again.
 
 In-memory state: :func:`default_cache` keeps one BenchmarkCache per resolved
 path in the LRU ``optimizer.default_caches`` (bound :data:`DEFAULT_CACHES`;
-evicting one closes its connection; ``mu.clear_caches()`` empties it, and so
-does the end of the process).
+evicting one closes its connection; :func:`mucudnn.caches.clear_all` empties
+it, and so does the end of the process).
 """
 
 from __future__ import annotations
