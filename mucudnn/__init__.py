@@ -16,7 +16,8 @@ from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
 from .errors import (MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
                      UnsupportedDtypeError, WorkspaceUnavailable)
 from .exec import FallbackWarning, WorkspaceFallbackWarning
-from .optimizer import (BenchmarkCache, CachedBackend, CacheMissError, CacheWarning, Planner,
+from .optimizer import (BenchmarkCache, CacheArgumentError, CachedBackend, CacheFileError,
+                        CacheMissError, CacheWarning, Planner,
                         batch_sizes, benchmark, optimize, optimize_network, optimize_wd,
                         optimize_wr, pareto_front)
 from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan
@@ -42,5 +43,6 @@ __all__ = [
     "AllocationFailedError", "ExecutionFailedError", "CudnnLibraryError",
     "CudnnLibraryNotFoundError", "CudnnVersionError", "UnsupportedDtypeError",
     "UnsupportedConfigError", "WorkspaceUnavailable", "PlanningInCaptureError",
-    "CacheMissError", "CacheWarning", "FallbackWarning", "WorkspaceFallbackWarning",
+    "CacheArgumentError", "CacheFileError", "CacheMissError", "CacheWarning",
+    "FallbackWarning", "WorkspaceFallbackWarning",
 ]

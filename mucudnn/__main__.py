@@ -1,8 +1,9 @@
-"""The command line: ``python -m mucudnn bench | optimize | plot``.
+"""The command line: ``python -m mucudnn bench | optimize | plot | cache``.
 
     python -m mucudnn bench --net alexnet --batch 256 --workspace 64MiB --policy powerOfTwo
     python -m mucudnn optimize --net resnet18 --workspace 64MiB --json plans.json
     python -m mucudnn plot --net alexnet --out figures/
+    python -m mucudnn cache info | export h200.sqlite.gz | import h200.sqlite.gz | merge a b -o c
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .backends import get_backend
 from .bench import format_table, run_network, save_json
 from .cuda import device_count
 from .networks import DEFAULT_BATCH, NETWORKS, select
-from .optimizer import optimize, optimize_network
+from .optimizer import cache_tools, optimize, optimize_network
+from .optimizer.cache import CacheFileError
 from .optimizer.offline import CachedBackend, CacheMissError
 from .plot import plot_network
 from .units import parse_bytes
@@ -163,9 +165,52 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``cache info|export|import|merge`` (see :mod:`mucudnn.optimizer.cache_tools`)."""
+    if args.cache_command == "info":
+        print(cache_tools.info(args.path))
+    elif args.cache_command == "export":
+        n = cache_tools.export(args.out, backend=args.backend, device=args.device,
+                               version=args.version, force=args.force)
+        print(f"wrote {n} entries to {args.out}")
+    elif args.cache_command == "import":
+        read, stored = cache_tools.import_cache(args.file)
+        print(f"imported {args.file}: {read} entries read, {stored} added or replaced "
+              "(entries measured under a larger workspace cap are kept)")
+    else:
+        n = cache_tools.merge(args.inputs, args.out, force=args.force)
+        print(f"wrote {n} entries to {args.out}")
+    return 0
+
+
+def _cache_parser(sub: Any) -> None:
+    c = sub.add_parser("cache", help="inspect, export, import and merge benchmark caches",
+                       description="The current cache is MUCUDNN_CACHE's file (default: the "
+                       "user cache directory). Portable files are gzipped SQLite caches "
+                       "(*.sqlite.gz), usable directly and read-only as MUCUDNN_CACHE.")
+    cs = c.add_subparsers(dest="cache_command", required=True)
+    i = cs.add_parser("info", help="path, schema version and entries per backend/device/version")
+    i.add_argument("path", nargs="?", default=None, help="a cache file (default: the current one)")
+    e = cs.add_parser("export", help="write the current cache's entries to a portable file")
+    e.add_argument("out", help="output file; *.gz: gzipped SQLite (portable), else plain SQLite")
+    e.add_argument("--backend", default=None, help="only this backend (e.g. cudnn-graph)")
+    e.add_argument("--device", default=None, help='only this device (e.g. "NVIDIA H200")')
+    e.add_argument("--version", default=None, help="only this library version (e.g. 9.19.0)")
+    e.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    m = cs.add_parser("import", help="merge a cache file (SQLite or .sqlite.gz) into the "
+                                     "current cache; larger workspace caps win")
+    m.add_argument("file")
+    g = cs.add_parser("merge", help="merge cache files into a new one")
+    g.add_argument("inputs", nargs="+", help="cache files (SQLite or .sqlite.gz)")
+    g.add_argument("-o", "--out", required=True, help="output file (*.gz: gzipped)")
+    g.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    c.set_defaults(func=cmd_cache, verbose=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mucudnn", description=(
-        "Micro-batched cuDNN convolutions: benchmark, optimise and plot networks."))
+        "Micro-batched cuDNN convolutions: benchmark, optimise and plot networks; "
+        "manage benchmark caches."))
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="optimise, execute and time every conv layer of a network")
     _common(b)
@@ -183,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--out", default=".", help="folder for the PNG files")
     p.set_defaults(func=cmd_plot)
+    _cache_parser(sub)
     return ap
 
 
@@ -193,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(message)s")
     try:
         return int(args.func(args) or 0)
-    except (ValueError, CacheMissError) as exc:  # bad arguments found past argparse: exit 2
+    except (ValueError, CacheMissError, CacheFileError) as exc:  # found past argparse: exit 2
         parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
 
 

@@ -12,7 +12,9 @@ the builtin it has always derived from (``ValueError``, ``MemoryError``,
     ├── CudnnLibraryError (OSError)         ├── WorkspaceUnavailable (MemoryError)
     ├── UnsupportedDtypeError (TypeError, ValueError)
     ├── UnsupportedConfigError (ValueError) ├── PlanningInCaptureError (RuntimeError)
-    └── CacheError (cache files), CacheMissError (offline backend)
+    ├── CacheFileError (OSError: a path that is not a mucudnn cache; optimizer/cache)
+    ├── CacheArgumentError (TypeError, ValueError: a bad cache= argument; optimizer/cache)
+    └── CacheMissError (LookupError: offline backend)
 
 Rooms define their own subclasses next to the code that raises them; this
 module holds the base and the errors several rooms share. All of them pickle.

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from mucudnn.optimizer import BenchmarkCache, CacheWarning, benchmark, default_cache_path
-from mucudnn.optimizer.cache import SCHEMA_VERSION
+from mucudnn.optimizer.cache import SCHEMA_VERSION, CacheFileError
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction
 
 BE = ("fake", "Fake Device 9000", "1.2.3")
@@ -126,27 +126,44 @@ def test_four_processes_lose_nothing(tmp_path):
     assert not list(tmp_path.glob("*.corrupt-*"))
 
 
-def test_corrupt_file_is_moved_aside_and_rebuilt(tmp_path):
+def test_text_file_is_refused_not_moved(tmp_path):
+    # (Before issue 11 a file that was not ours was renamed to *.corrupt-* and replaced.)
     path = tmp_path / "c.sqlite"
     path.write_bytes(b"this is not a database, just some text\n" * 200)
     cache = BenchmarkCache(path)
-    with pytest.warns(CacheWarning, match="moved it to"):
-        assert cache.get(BE, P, Direction.FORWARD) is None
-    aside = _aside(tmp_path)
-    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not")
-    cache.put(BE, P, Direction.FORWARD, RESULTS, 0)
-    assert BenchmarkCache(path).get(BE, P, Direction.FORWARD) == RESULTS
+    with pytest.raises(CacheFileError, match="not a mucudnn benchmark cache"):
+        cache.get(BE, P, Direction.FORWARD)
+    assert not _aside(tmp_path)
+    assert path.read_bytes() == b"this is not a database, just some text\n" * 200
 
 
-def test_foreign_sqlite_file_is_moved_aside(tmp_path):
+def test_foreign_sqlite_file_is_refused_not_moved(tmp_path):
     path = tmp_path / "c.sqlite"
     _execute(path, "CREATE TABLE users (name TEXT)", "INSERT INTO users VALUES ('alice')")
+    before = path.read_bytes()
     cache = BenchmarkCache(path)
-    with pytest.warns(CacheWarning, match="foreign tables"):
+    with pytest.raises(CacheFileError, match="users"):
         cache.put(BE, P, Direction.FORWARD, RESULTS, 0)
-    assert cache.get(BE, P, Direction.FORWARD) == RESULTS
+    assert not _aside(tmp_path) and path.read_bytes() == before
+    assert sqlite3.connect(path).execute("SELECT name FROM users").fetchall() == [("alice",)]
+
+
+def test_our_damaged_file_is_moved_aside_and_rebuilt(tmp_path):
+    path = tmp_path / "c.sqlite"
+    with BenchmarkCache(path) as c:
+        for i in range(1, 200):
+            c.put(BE, P.with_batch(i), Direction.FORWARD, RESULTS, 0)
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[3 * page:] = b"\xff" * (len(data) - 3 * page)  # pages 4.. are garbage
+    path.write_bytes(bytes(data))
+    cache = BenchmarkCache(path)
+    with pytest.warns(CacheWarning, match="moved it to"):
+        assert cache.get(BE, P.with_batch(150), Direction.FORWARD) is None
     (aside,) = _aside(tmp_path)
-    assert sqlite3.connect(aside).execute("SELECT name FROM users").fetchall() == [("alice",)]
+    assert aside.read_bytes() == bytes(data)
+    cache.put(BE, P, Direction.FORWARD, RESULTS, 0)
+    assert BenchmarkCache(path).get(BE, P, Direction.FORWARD) == RESULTS
 
 
 def test_our_tables_plus_foreign_ones_are_moved_aside(tmp_path):

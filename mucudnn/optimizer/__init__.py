@@ -7,7 +7,8 @@
 
 from .api import DEFAULT_WORKSPACE_LIMIT, optimize, optimize_network
 from .benchmark import benchmark
-from .cache import BenchmarkCache, CacheWarning, default_cache_path
+from .cache import (BenchmarkCache, CacheArgumentError, CacheFileError, CacheWarning,
+                    default_cache_path)
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
 from .offline import CachedBackend, CacheMissError
@@ -15,7 +16,8 @@ from .planner import Planner, PlanKey, zero_workspace_plan
 from .policies import POLICIES, batch_sizes
 
 __all__ = [
-    "BenchmarkCache", "CacheMissError", "CacheWarning", "CachedBackend", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
+    "BenchmarkCache", "CacheArgumentError", "CacheFileError", "CacheMissError", "CacheWarning",
+    "CachedBackend", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
     "benchmark", "default_cache_path", "optimize", "optimize_network", "optimize_wd",
     "optimize_wr", "pareto_front", "Planner", "PlanKey", "zero_workspace_plan",
 ]

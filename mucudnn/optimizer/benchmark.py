@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..backends import Backend, get_backend
 from ..problem import AlgoPerf, ConvProblem, Direction
-from .cache import BenchmarkCache, default_cache
+from .cache import BenchmarkCache, resolve
 from .policies import Policy, batch_sizes, normalize_policy
 
 __all__ = ["benchmark", "resolve_cache", "resolve_backend"]
@@ -36,14 +36,10 @@ def resolve_backend(backend: Any) -> Backend:
 
 
 def resolve_cache(cache: Any) -> BenchmarkCache:
-    """None -> the default cache (``MUCUDNN_CACHE``); False or "off" -> none; a path -> that file."""
-    if cache is None or cache is True:
-        return default_cache()
-    if cache is False:
-        return BenchmarkCache(False)
-    if isinstance(cache, BenchmarkCache):
-        return cache
-    return BenchmarkCache(cache)
+    """None -> the default cache (``MUCUDNN_CACHE``); False or "off" -> none; a path
+    (str or os.PathLike) -> that file; a BenchmarkCache -> itself; anything else:
+    :class:`~mucudnn.optimizer.cache.CacheArgumentError` (a TypeError) naming ``cache``."""
+    return resolve(cache)
 
 
 def _retime(backend: Any, problem: ConvProblem, direction: Direction, cap: int,

@@ -4,9 +4,10 @@ Measurements made on a GPU (``python -m mucudnn bench`` fills the SQLite cache)
 can be optimised, compared and plotted later on any machine: :class:`CachedBackend`
 presents itself under the measured backend's name, device and library version,
 so the cache's keys match, and its ``find`` refuses anything the cache lacks.
-It cannot execute.
+It cannot execute. The cache may be a gzipped export (``*.sqlite.gz``, see
+``python -m mucudnn cache export``) or a read-only file: it is only read.
 
->>> be = CachedBackend("cudnn", cache="h200.sqlite")          # doctest: +SKIP
+>>> be = CachedBackend("cudnn", cache="h200.sqlite.gz")       # doctest: +SKIP
 >>> mu.optimize(problem, "forward", 64 << 20, backend=be)    # doctest: +SKIP
 """
 
@@ -35,10 +36,11 @@ class CachedBackend(BackendBase):
     def __init__(self, name: str = "cudnn-graph", device_name: str | None = None,
                  version: str | None = None, cache: Any = None) -> None:
         self.cache = resolve_cache(cache)
+        keys = self.cache.keys()  # opens it (read-only where it cannot be written)
         if not self.cache.enabled:
             raise ValueError("cache: the cached backend needs a benchmark cache "
                              "(MUCUDNN_CACHE is 'off' or the file could not be opened)")
-        found = sorted({k[:3] for k in self.cache.keys() if k[0] == name})
+        found = sorted({k[:3] for k in keys if k[0] == name})
         if device_name is not None:
             found = [f for f in found if f[1] == device_name]
         if version is not None:
