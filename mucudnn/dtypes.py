@@ -27,11 +27,11 @@ imported through ``data_ptr()`` instead (see :mod:`mucudnn.cuda.memory`).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
+from .caches import LRU
 from .errors import UnsupportedDtypeError
 
 __all__ = ["BFLOAT16", "SUPPORTED_DTYPES", "normalize_dtype", "dtype_name", "typestr",
@@ -64,10 +64,8 @@ _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bf16": 
             "int": "int32", "long": "int64", "cfloat": "complex64", "cdouble": "complex128",
             "f2": "float16", "f4": "float32", "f8": "float64"}
 
-_memo: dict[Any, str] = {}
-_memo_lock = threading.Lock()
-#: The memo only grows by dtype-like objects that resolved; a program meets a handful.
-_MEMO_MAX = 256
+#: Names of dtype-like objects already resolved (a program meets a handful).
+_memo: LRU[Any, str] = LRU("dtypes.names", 256)
 
 
 def is_bfloat16(dt: Any) -> bool:
@@ -122,18 +120,13 @@ def dtype_name(dtype: Any, name: str = "dtype") -> str:
     ``name`` is the argument named in the error.
     """
     try:
-        return _memo[dtype]
-    except (KeyError, TypeError):
-        pass
-    out = _name_of(dtype, name)
-    try:
-        hash(dtype)
-    except TypeError:
-        return out
-    with _memo_lock:
-        if len(_memo) < _MEMO_MAX:
-            _memo[dtype] = out
-    return out
+        hit = _memo.get(dtype)
+    except TypeError:  # unhashable
+        return _name_of(dtype, name)
+    if hit is None:
+        hit = _name_of(dtype, name)
+        _memo.put(dtype, hit)
+    return hit
 
 
 def normalize_dtype(dtype: Any, name: str = "dtype") -> np.dtype:

@@ -14,15 +14,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "mucudnn"
 #: Room -> level. A module may import rooms of a lower level only (and its own room).
 LEVELS = {
     "errors": 0,
-    "units": 1, "dtypes": 1, "caches": 1,
-    "problem": 2,
-    "networks": 3, "cuda": 3,
-    "_cudnn": 4,
-    "backends": 5,
-    "optimizer": 6, "exec": 6,
-    "api": 7, "plans_io": 7,
-    "torch": 8,
-    "bench": 9, "plot": 10, "__main__": 11, "__init__": 12,
+    "units": 1, "caches": 1,
+    "dtypes": 2,
+    "problem": 3,
+    "networks": 4, "cuda": 4,
+    "_cudnn": 5,
+    "backends": 6,
+    "optimizer": 7, "exec": 7,
+    "api": 8, "plans_io": 8,
+    "torch": 9,
+    "bench": 10, "plot": 11, "__main__": 12, "__init__": 13,
 }
 #: Third-party packages that may be imported inside functions: optional extras,
 #: and cuda-bindings, which `import mucudnn` must not need (no GPU, no driver).
