@@ -144,17 +144,10 @@ def raise_for_status(status: int, function: str, message: str = "",
 # -- loading ---------------------------------------------------------------------
 
 class CudnnLibraryError(MucudnnError, OSError):
-    """libcudnn could not be used."""
+    """libcudnn could not be used. ``attempts`` lists the places tried (the
+    loader's ``Attempt`` records: source, target, outcome, reason), in order."""
 
-    def __reduce__(self):
-        return (type(self), self.args)
-
-
-class CudnnLibraryNotFoundError(CudnnLibraryError):
-    """No usable libcudnn was found; the message lists every place tried and why
-    each failed (not found vs failed to load)."""
-
-    def __init__(self, message: str, attempts: tuple = ()) -> None:
+    def __init__(self, message: str = "", attempts: tuple = ()) -> None:
         super().__init__(message)
         self.attempts = tuple(attempts)
 
@@ -165,5 +158,25 @@ class CudnnLibraryNotFoundError(CudnnLibraryError):
         return (type(self), (self.args[0] if self.args else "", self.attempts))
 
 
+class CudnnLibraryNotFoundError(CudnnLibraryError):
+    """No usable libcudnn was found; the message lists every place tried and why
+    each failed (not found, failed to load, refused)."""
+
+
 class CudnnVersionError(CudnnLibraryError):
-    """A libcudnn was found but its version is not supported (cuDNN < 9)."""
+    """A libcudnn was found but its version is not supported (a major version
+    other than 9). ``version`` is its ``cudnnGetVersion()`` when it was loaded,
+    ``major`` the major version its file name or soname claims when it was
+    refused before loading (each None when unknown)."""
+
+    def __init__(self, message: str = "", attempts: tuple = (), version: Optional[int] = None,
+                 major: Optional[int] = None) -> None:
+        super().__init__(message, attempts)
+        self.version = None if version is None else int(version)
+        if major is None and self.version is not None:
+            major = self.version // (1000 if self.version < 10000 else 10000)
+        self.major = None if major is None else int(major)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.attempts, self.version,
+                             self.major))
