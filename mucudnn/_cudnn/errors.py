@@ -18,6 +18,7 @@ __all__ = [
     "CudnnError", "NotInitializedError", "BadParamError", "NotSupportedError",
     "InternalError", "AllocationFailedError", "ExecutionFailedError",
     "CudnnLibraryError", "CudnnLibraryNotFoundError", "CudnnVersionError",
+    "IntRangeError", "Int32RangeError", "Int64RangeError", "IntFieldTypeError",
     "from_status", "raise_for_status",
 ]
 
@@ -139,6 +140,41 @@ def raise_for_status(status: int, function: str, message: str = "",
     """Raise the matching CudnnError unless ``status`` is success."""
     if int(status) != 0:
         raise from_status(status)(function, status, message, details)
+
+
+# -- C integer fields ------------------------------------------------------------
+
+class IntRangeError(MucudnnError, ValueError):
+    """A Python int does not fit the C integer field it is meant for; ctypes
+    would have truncated it silently. ``field`` names the field (e.g.
+    ``"dims[2]"``), ``value`` is the int refused, ``bits`` the field's width."""
+
+    bits = 0
+
+    def __init__(self, message: str, field: str = "", value: int = 0) -> None:
+        super().__init__(message)
+        self.field = str(field)
+        self.value = int(value)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.field, self.value))
+
+
+class Int32RangeError(IntRangeError):
+    """An int32 field (the legacy descriptors' dims, strides, paddings, ..., or
+    a tensor's element span) cannot hold the value."""
+
+    bits = 32
+
+
+class Int64RangeError(IntRangeError):
+    """An int64 field (a graph-API attribute) cannot hold the value."""
+
+    bits = 64
+
+
+class IntFieldTypeError(MucudnnError, TypeError):
+    """A value for a C integer field is not an int (``int()`` would round a float)."""
 
 
 # -- loading ---------------------------------------------------------------------
