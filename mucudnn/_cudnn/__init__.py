@@ -25,8 +25,9 @@ from .enums import (
 )
 from .errors import (
     AllocationFailedError, BadParamError, CudnnError, CudnnLibraryError,
-    CudnnLibraryNotFoundError, CudnnVersionError, ExecutionFailedError, InternalError,
-    NotInitializedError, NotSupportedError, from_status, raise_for_status,
+    CudnnLibraryNotFoundError, CudnnVersionError, ExecutionFailedError, Int32RangeError,
+    Int64RangeError, IntFieldTypeError, IntRangeError, InternalError, NotInitializedError,
+    NotSupportedError, from_status, raise_for_status,
 )
 from .handle import Handle, get_handle, live_handles
 from .loader import (
@@ -59,6 +60,7 @@ __all__ = [
     "CudnnError", "NotInitializedError", "BadParamError", "NotSupportedError", "InternalError",
     "AllocationFailedError", "ExecutionFailedError", "CudnnLibraryError",
     "CudnnLibraryNotFoundError", "CudnnVersionError", "from_status", "raise_for_status",
+    "IntRangeError", "Int32RangeError", "Int64RangeError", "IntFieldTypeError",
     # enums
     "Status", "DataType", "MathType", "NanPropagation", "TensorFormat", "ConvolutionMode",
     "Determinism", "ConvolutionFwdAlgo", "ConvolutionBwdDataAlgo", "ConvolutionBwdFilterAlgo",

@@ -8,6 +8,12 @@ scalars, enums, descriptor arrays, ``void *`` arrays, handles, booleans), all
 through the checked prototype table, so a bad attribute raises
 :class:`~mucudnn._cudnn.errors.BadParamError` carrying cuDNN's own message.
 
+Integer attributes are range-checked before the call (ctypes would silently
+drop the high bits): an int64 array element outside int64 raises
+:class:`~mucudnn._cudnn.errors.Int64RangeError`, an int32 or enum outside int32
+:class:`~mucudnn._cudnn.errors.Int32RangeError`, each naming the attribute and
+index; a float where an int belongs raises ``IntFieldTypeError``.
+
 A descriptor keeps a reference to every descriptor set into it, so Python never
 frees a tensor while an operation that was built from it is alive.
 
@@ -24,6 +30,7 @@ with ``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED`` on a machine without the driver.
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from ._lifetime import CudnnObject, LiveCount
@@ -31,6 +38,7 @@ from .enums import (
     BackendAttributeName, BackendAttributeType, BackendDescriptorType, DataType, data_type,
 )
 from .errors import CudnnError
+from .intrange import as_int, int32s, int64s
 from .prototypes import lib
 from .structs import cudnnBackendDescriptor_t, cudnnHandle_t
 
@@ -62,6 +70,10 @@ ATTRIBUTE_CTYPES: dict[int, Any] = {
     _T.INT32: ctypes.c_int32,
     _T.CHAR: ctypes.c_char,
 }
+
+#: C integer element types whose values are range-checked in :meth:`BackendDescriptor.set`.
+_INT64_CTYPES = (ctypes.c_int64,)
+_INT32_CTYPES = (ctypes.c_int, ctypes.c_int32)
 
 _live = LiveCount()
 
@@ -157,6 +169,10 @@ class BackendDescriptor(CudnnObject):
         if ctype is None:
             raise ValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
         vals = tuple(values)
+        if ctype in _INT64_CTYPES:
+            vals = int64s(_name_str(name), vals, "cudnnBackendSetAttribute")
+        elif ctype in _INT32_CTYPES:
+            vals = int32s(_name_str(name), vals, "cudnnBackendSetAttribute", hint="")
         arr = (ctype * max(1, len(vals)))(*vals)
         self._set_raw(name, atype, len(vals), arr, vals)
         return self
@@ -175,11 +191,15 @@ class BackendDescriptor(CudnnObject):
         self.attributes[key] = (BackendAttributeType(atype), record)
 
     def set_int64(self, name: Name, values: Union[int, Iterable[int]]) -> "BackendDescriptor":
-        vals = (int(values),) if isinstance(values, int) else tuple(int(v) for v in values)
+        """An int64 attribute: one int or a sequence of ints (each checked)."""
+        try:
+            vals: tuple = (operator.index(values),)  # type: ignore[arg-type]
+        except TypeError:
+            vals = tuple(values)  # type: ignore[arg-type]
         return self.set(name, _T.INT64, vals)
 
     def set_int32(self, name: Name, value: int) -> "BackendDescriptor":
-        return self.set(name, _T.INT32, (int(value),))
+        return self.set(name, _T.INT32, (value,))
 
     def set_float(self, name: Name, value: float) -> "BackendDescriptor":
         return self.set(name, _T.FLOAT, (float(value),))
@@ -192,7 +212,7 @@ class BackendDescriptor(CudnnObject):
 
     def set_enum(self, name: Name, atype: AType, value: int) -> "BackendDescriptor":
         """An enum-typed attribute (DATA_TYPE, CONVOLUTION_MODE, HEUR_MODE, KNOB_TYPE, ...)."""
-        return self.set(name, atype, (int(value),))
+        return self.set(name, atype, (as_int(_name_str(name), value),))
 
     def set_data_type(self, name: Name, dtype: Any) -> "BackendDescriptor":
         return self.set_enum(name, _T.DATA_TYPE, int(data_type(dtype)))

@@ -6,6 +6,22 @@ object is collected. ``_as_parameter_`` is the typed opaque handle
 (:mod:`~mucudnn._cudnn.structs`), so a descriptor of the wrong kind is refused
 by ctypes before cuDNN sees it.
 
+Every int goes through :mod:`~mucudnn._cudnn.intrange` before the call: the
+legacy API's fields are C ``int``, and ctypes would silently drop the high
+bits of a larger value (a dim of 4294967301 became 5).
+:class:`~mucudnn._cudnn.errors.Int32RangeError` names the field and the value,
+as it does for a tensor spanning more than 2**31 - 1 elements (cuDNN's own
+limit, which it reports as a bare NOT_SUPPORTED); the graph backend
+(``backend="cudnn-graph"``, 64-bit dims) handles such tensors.
+
+>>> TensorDescriptor((1, 1, 4294967301, 1))
+Traceback (most recent call last):
+  ...
+mucudnn._cudnn.errors.Int32RangeError: dims[2]: 4294967301 does not fit the int32 field of \
+cudnnSetTensorNdDescriptor (-2147483648..2147483647) and would be truncated; the legacy cuDNN \
+API stores it in 32 bits. The graph backend (backend="cudnn-graph") takes 64-bit dims and \
+handles tensors this large.
+
 The ``for_x`` / ``for_y`` / ``for_w`` / ``for_problem`` constructors build
 descriptors from a :class:`~mucudnn.problem.ConvProblem` using the Nd calls with
 canonical (N, C, spatial...) dims and :func:`~mucudnn.problem.packed_strides`,
@@ -26,7 +42,8 @@ from .enums import (
     ConvolutionMode, DataType, MathType, TensorFormat,
     data_type, math_type as _math_type,
 )
-from .errors import CudnnError
+from .errors import CudnnError, IntFieldTypeError
+from .intrange import as_int, check_span, int32, int32s
 from .prototypes import lib
 from .structs import (
     cudnnConvolutionDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t,
@@ -68,16 +85,33 @@ def tensor_format(fmt: Union[str, int, TensorFormat, None]) -> TensorFormat:
     return TensorFormat(int(fmt))
 
 
-def _ints(name: str, values: Sequence[int], n: Optional[int] = None) -> tuple[int, ...]:
+def _ints(name: str, values: Sequence[int], function: str,
+          n: Optional[int] = None) -> tuple[int, ...]:
+    """``values`` as a tuple of ints, each checked for the int32 field ``name[i]``
+    of ``function``; ``n`` values when given, else 1..DIM_MAX."""
     try:
-        t = tuple(int(v) for v in values)
+        seq = tuple(values)
     except TypeError:
-        raise TypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
-    if n is not None and len(t) != n:
-        raise ValueError(f"{name}: expected {n} values, got {len(t)} ({t})")
-    if not 1 <= len(t) <= DIM_MAX:
-        raise ValueError(f"{name}: expected 1..{DIM_MAX} values, got {len(t)} ({t})")
-    return t
+        raise IntFieldTypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
+    if n is not None and len(seq) != n:
+        raise ValueError(f"{name}: expected {n} values, got {len(seq)} ({seq})")
+    if not 1 <= len(seq) <= DIM_MAX:
+        raise ValueError(f"{name}: expected 1..{DIM_MAX} values, got {len(seq)} ({seq})")
+    return int32s(name, seq, function)
+
+
+def _strides(strides: Sequence[int], dims: tuple[int, ...], function: str) -> tuple[int, ...]:
+    """Strides for ``dims``: the span is checked before each stride's own range,
+    so a tensor too large for int32 offsets says so rather than naming a stride."""
+    try:
+        seq = tuple(strides)
+    except TypeError:
+        raise IntFieldTypeError(f"strides: expected a sequence of ints, got {strides!r}") from None
+    if len(seq) != len(dims):
+        raise ValueError(f"strides: expected {len(dims)} values, got {len(seq)} ({seq})")
+    seq = tuple(as_int(f"strides[{i}]", v) for i, v in enumerate(seq))
+    check_span(dims, seq, function)
+    return int32s("strides", seq, function)
 
 
 def _carray(values: Sequence[int]):
@@ -156,7 +190,9 @@ class TensorDescriptor(_Descriptor):
         if dims is not None:
             try:
                 if strides is None:
-                    strides = _packed(_ints("dims", dims), tensor_format(format))
+                    d = _ints("dims", dims, "cudnnSetTensorNdDescriptor")
+                    strides = _packed(d, tensor_format(format))
+                    check_span(d, strides, "cudnnSetTensorNdDescriptor")
                 self.set_nd(dims, strides, dtype)
             except BaseException:
                 self.close()
@@ -180,7 +216,9 @@ class TensorDescriptor(_Descriptor):
     # setters
     def set_4d(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
         """cudnnSetTensor4dDescriptor: dims (n, c, h, w), packed in ``format``."""
-        n, c, h, w = _ints("dims", dims, 4)
+        n, c, h, w = _ints("dims", dims, "cudnnSetTensor4dDescriptor", 4)
+        check_span((n, c, h, w), _packed((n, c, h, w), tensor_format(format)),
+                   "cudnnSetTensor4dDescriptor")
         fmt, dt = tensor_format(format), data_type(dtype)
         self._call("cudnnSetTensor4dDescriptor", fmt, dt, n, c, h, w,
                    dims=(n, c, h, w), format=fmt.name, dtype=dt.name)
@@ -188,22 +226,25 @@ class TensorDescriptor(_Descriptor):
     def set_4d_ex(self, dims: Sequence[int], strides: Sequence[int],
                   dtype: Any = "float32") -> None:
         """cudnnSetTensor4dDescriptorEx: dims and strides in (n, c, h, w) order."""
-        d = _ints("dims", dims, 4)
-        s = _ints("strides", strides, 4)
+        fn = "cudnnSetTensor4dDescriptorEx"
+        d = _ints("dims", dims, fn, 4)
+        s = _strides(strides, d, fn)
         dt = data_type(dtype)
         self._call("cudnnSetTensor4dDescriptorEx", dt, *d, *s, dims=d, strides=s, dtype=dt.name)
 
     def set_nd(self, dims: Sequence[int], strides: Sequence[int], dtype: Any = "float32") -> None:
         """cudnnSetTensorNdDescriptor."""
-        d = _ints("dims", dims)
-        s = _ints("strides", strides, len(d))
+        fn = "cudnnSetTensorNdDescriptor"
+        d = _ints("dims", dims, fn)
+        s = _strides(strides, d, fn)
         dt = data_type(dtype)
         self._call("cudnnSetTensorNdDescriptor", dt, len(d), _carray(d), _carray(s),
                    dims=d, strides=s, dtype=dt.name)
 
     def set_nd_ex(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
         """cudnnSetTensorNdDescriptorEx: packed in ``format``; dims in canonical order."""
-        d = _ints("dims", dims)
+        d = _ints("dims", dims, "cudnnSetTensorNdDescriptorEx")
+        check_span(d, _packed(d, tensor_format(format)), "cudnnSetTensorNdDescriptorEx")
         fmt, dt = tensor_format(format), data_type(dtype)
         self._call("cudnnSetTensorNdDescriptorEx", fmt, dt, len(d), _carray(d),
                    dims=d, format=fmt.name, dtype=dt.name)
@@ -267,14 +308,14 @@ class FilterDescriptor(_Descriptor):
 
     def set_4d(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
         """cudnnSetFilter4dDescriptor: dims (k, c, h, w)."""
-        k, c, h, w = _ints("dims", dims, 4)
+        k, c, h, w = _ints("dims", dims, "cudnnSetFilter4dDescriptor", 4)
         fmt, dt = tensor_format(format), data_type(dtype)
         self._call("cudnnSetFilter4dDescriptor", dt, fmt, k, c, h, w,
                    dims=(k, c, h, w), format=fmt.name, dtype=dt.name)
 
     def set_nd(self, dims: Sequence[int], dtype: Any = "float32", format: Any = "NCHW") -> None:
         """cudnnSetFilterNdDescriptor."""
-        d = _ints("dims", dims)
+        d = _ints("dims", dims, "cudnnSetFilterNdDescriptor")
         fmt, dt = tensor_format(format), data_type(dtype)
         self._call("cudnnSetFilterNdDescriptor", dt, fmt, len(d), _carray(d),
                    dims=d, format=fmt.name, dtype=dt.name)
@@ -358,9 +399,10 @@ class ConvolutionDescriptor(_Descriptor):
                mode: Any = ConvolutionMode.CROSS_CORRELATION,
                compute_type: Any = "float32") -> None:
         """cudnnSetConvolution2dDescriptor."""
-        p = _ints("padding", padding, 2)
-        s = _ints("stride", stride, 2)
-        d = _ints("dilation", dilation, 2)
+        fn = "cudnnSetConvolution2dDescriptor"
+        p = _ints("padding", padding, fn, 2)
+        s = _ints("stride", stride, fn, 2)
+        d = _ints("dilation", dilation, fn, 2)
         m, ct = ConvolutionMode(int(mode)), data_type(compute_type)
         self._call("cudnnSetConvolution2dDescriptor", *p, *s, *d, m, ct,
                    padding=p, stride=s, dilation=d, mode=m.name, compute_type=ct.name)
@@ -369,9 +411,10 @@ class ConvolutionDescriptor(_Descriptor):
                mode: Any = ConvolutionMode.CROSS_CORRELATION,
                compute_type: Any = "float32") -> None:
         """cudnnSetConvolutionNdDescriptor."""
-        p = _ints("padding", padding)
-        s = _ints("stride", stride, len(p))
-        d = _ints("dilation", dilation, len(p))
+        fn = "cudnnSetConvolutionNdDescriptor"
+        p = _ints("padding", padding, fn)
+        s = _ints("stride", stride, fn, len(p))
+        d = _ints("dilation", dilation, fn, len(p))
         m, ct = ConvolutionMode(int(mode)), data_type(compute_type)
         self._call("cudnnSetConvolutionNdDescriptor", len(p), _carray(p), _carray(s),
                    _carray(d), m, ct,
@@ -412,7 +455,8 @@ class ConvolutionDescriptor(_Descriptor):
 
     @group_count.setter
     def group_count(self, groups: int) -> None:
-        self._call("cudnnSetConvolutionGroupCount", int(groups), groups=int(groups))
+        g = int32("groups", groups, "cudnnSetConvolutionGroupCount")
+        self._call("cudnnSetConvolutionGroupCount", g, groups=g)
 
     @property
     def math_type(self) -> MathType:

@@ -18,6 +18,7 @@ __all__ = [
     "CudnnError", "NotInitializedError", "BadParamError", "NotSupportedError",
     "InternalError", "AllocationFailedError", "ExecutionFailedError",
     "CudnnLibraryError", "CudnnLibraryNotFoundError", "CudnnVersionError",
+    "IntRangeError", "Int32RangeError", "Int64RangeError", "IntFieldTypeError",
     "from_status", "raise_for_status",
 ]
 
@@ -141,20 +142,48 @@ def raise_for_status(status: int, function: str, message: str = "",
         raise from_status(status)(function, status, message, details)
 
 
+# -- C integer fields ------------------------------------------------------------
+
+class IntRangeError(MucudnnError, ValueError):
+    """A Python int does not fit the C integer field it is meant for; ctypes
+    would have truncated it silently. ``field`` names the field (e.g.
+    ``"dims[2]"``), ``value`` is the int refused, ``bits`` the field's width."""
+
+    bits = 0
+
+    def __init__(self, message: str, field: str = "", value: int = 0) -> None:
+        super().__init__(message)
+        self.field = str(field)
+        self.value = int(value)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.field, self.value))
+
+
+class Int32RangeError(IntRangeError):
+    """An int32 field (the legacy descriptors' dims, strides, paddings, ..., or
+    a tensor's element span) cannot hold the value."""
+
+    bits = 32
+
+
+class Int64RangeError(IntRangeError):
+    """An int64 field (a graph-API attribute) cannot hold the value."""
+
+    bits = 64
+
+
+class IntFieldTypeError(MucudnnError, TypeError):
+    """A value for a C integer field is not an int (``int()`` would round a float)."""
+
+
 # -- loading ---------------------------------------------------------------------
 
 class CudnnLibraryError(MucudnnError, OSError):
-    """libcudnn could not be used."""
+    """libcudnn could not be used. ``attempts`` lists the places tried (the
+    loader's ``Attempt`` records: source, target, outcome, reason), in order."""
 
-    def __reduce__(self):
-        return (type(self), self.args)
-
-
-class CudnnLibraryNotFoundError(CudnnLibraryError):
-    """No usable libcudnn was found; the message lists every place tried and why
-    each failed (not found vs failed to load)."""
-
-    def __init__(self, message: str, attempts: tuple = ()) -> None:
+    def __init__(self, message: str = "", attempts: tuple = ()) -> None:
         super().__init__(message)
         self.attempts = tuple(attempts)
 
@@ -165,5 +194,25 @@ class CudnnLibraryNotFoundError(CudnnLibraryError):
         return (type(self), (self.args[0] if self.args else "", self.attempts))
 
 
+class CudnnLibraryNotFoundError(CudnnLibraryError):
+    """No usable libcudnn was found; the message lists every place tried and why
+    each failed (not found, failed to load, refused)."""
+
+
 class CudnnVersionError(CudnnLibraryError):
-    """A libcudnn was found but its version is not supported (cuDNN < 9)."""
+    """A libcudnn was found but its version is not supported (a major version
+    other than 9). ``version`` is its ``cudnnGetVersion()`` when it was loaded,
+    ``major`` the major version its file name or soname claims when it was
+    refused before loading (each None when unknown)."""
+
+    def __init__(self, message: str = "", attempts: tuple = (), version: Optional[int] = None,
+                 major: Optional[int] = None) -> None:
+        super().__init__(message, attempts)
+        self.version = None if version is None else int(version)
+        if major is None and self.version is not None:
+            major = self.version // (1000 if self.version < 10000 else 10000)
+        self.major = None if major is None else int(major)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.attempts, self.version,
+                             self.major))

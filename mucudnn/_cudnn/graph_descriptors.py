@@ -29,7 +29,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 from ..problem import Direction, packed_strides
 from . import loader
 from .backend_api import BackendDescriptor
-from .errors import CudnnError
+from .errors import CudnnError, IntFieldTypeError
+from .intrange import as_int
 from .enums import (
     BACKEND_MIN_VERSION, BackendKnobType, BackendAttributeName as A, BackendAttributeType as T, BackendBehaviorNote,
     BackendDescriptorType as D, BackendHeurMode, BackendNumericalNote, ConvolutionMode,
@@ -116,10 +117,13 @@ def _building(dtype: Any, finalize: bool) -> Iterator[BackendDescriptor]:
 
 
 def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    """``values`` as ints (never rounded: a float raises IntFieldTypeError); their
+    int64 range is checked where they are set (:meth:`BackendDescriptor.set`)."""
     try:
-        return tuple(int(v) for v in values)
+        seq = tuple(values)
     except TypeError:
-        raise TypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
+        raise IntFieldTypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
+    return tuple(as_int(f"{name}[{i}]", v) for i, v in enumerate(seq))
 
 
 def tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: Any,
@@ -131,11 +135,11 @@ def tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: Any,
     if len(d) != len(s):
         raise ValueError(f"strides: expected {len(d)} values, got {len(s)}")
     with _building(D.TENSOR_DESCRIPTOR, finalize) as t:
-        t.set_int64(A.TENSOR_UNIQUE_ID, int(uid))
+        t.set_int64(A.TENSOR_UNIQUE_ID, as_int("uid", uid))
         t.set_data_type(A.TENSOR_DATA_TYPE, data_type(dtype))
         t.set_int64(A.TENSOR_DIMENSIONS, d)
         t.set_int64(A.TENSOR_STRIDES, s)
-        t.set_int64(A.TENSOR_BYTE_ALIGNMENT, int(alignment))
+        t.set_int64(A.TENSOR_BYTE_ALIGNMENT, as_int("alignment", alignment))
         if virtual:
             t.set_bool(A.TENSOR_IS_VIRTUAL, True)
     return t
@@ -249,7 +253,7 @@ def engine(graph: BackendDescriptor, global_index: int, finalize: bool = True) -
     """CUDNN_BACKEND_ENGINE_DESCRIPTOR: engine ``global_index`` of ``graph``."""
     with _building(D.ENGINE_DESCRIPTOR, finalize) as e:
         e.set_descriptor(A.ENGINE_OPERATION_GRAPH, graph)
-        e.set_int64(A.ENGINE_GLOBAL_INDEX, int(global_index))
+        e.set_int64(A.ENGINE_GLOBAL_INDEX, as_int("global_index", global_index))
     return e
 
 
@@ -257,7 +261,7 @@ def knob_choice(knob_type: int, value: int, finalize: bool = True) -> BackendDes
     """CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR: knob ``knob_type`` set to ``value``."""
     with _building(D.KNOB_CHOICE_DESCRIPTOR, finalize) as k:
         k.set_enum(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, int(knob_type))
-        k.set_int64(A.KNOB_CHOICE_KNOB_VALUE, int(value))
+        k.set_int64(A.KNOB_CHOICE_KNOB_VALUE, as_int("value", value))
     return k
 
 

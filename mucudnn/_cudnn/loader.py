@@ -1,4 +1,4 @@
-"""Finding and loading libcudnn (cuDNN 9).
+"""Finding and loading libcudnn (cuDNN 9.x, and nothing else).
 
 Search order, first success wins:
 
@@ -10,11 +10,55 @@ Search order, first success wins:
    installed;
 4. the system loader: ``ctypes.CDLL("libcudnn.so.9")``.
 
-On failure :class:`~mucudnn._cudnn.errors.CudnnLibraryNotFoundError` lists every
-place tried and why it failed ("not found" vs "failed to load: <OSError>").
-A library older than cuDNN 9 is refused (:class:`CudnnVersionError`).
+**When the variable is set it is the only candidate.** Whatever is wrong with
+the path it names raises at once, naming the variable, the path and (where
+known) the version found; the search never falls through to another cuDNN:
+
+- no such file, or not a regular file: :class:`CudnnLibraryNotFoundError`;
+- not a cuDNN library, or not one that loads: :class:`CudnnLibraryNotFoundError`;
+- a cuDNN whose major version is not 9: :class:`CudnnVersionError`.
+
+Only major version 9 is accepted (``MIN_VERSION <= cudnnGetVersion() <
+MAX_VERSION``): the prototype table is transcribed from, and checked against,
+the 9.x headers, and a later major version may change any of it.
+
+What is checked, and when (for every candidate that is a path: the variable,
+the wheels, the namespace package):
+
+*Before loading* (nothing of the library runs; ``dlopen`` would run its
+constructors):
+
+- the path exists and is a regular file;
+- its file name, and the name of the file a symlink resolves to: a cuDNN
+  soname suffix (``libcudnn.so.8``, ``libcudnn.so.10.1.0``) must say major 9;
+- (Linux) the file is ELF, and its ``DT_SONAME`` (read by :mod:`.elf`, without
+  loading) is absent or ``libcudnn.so.<major>`` with major 9. Another soname
+  (``libfoo.so.1``, ``libcudnn_graph.so.9``, a cuDNN sub-library) is not the
+  library the prototype table binds and is refused.
+
+*After loading* (only what the library itself can tell):
+
+- ``cudnnGetVersion`` is exported (else: not a cuDNN library);
+- its value is in ``[MIN_VERSION, MAX_VERSION)``.
+
+A library refused after loading stays mapped in the process (ctypes cannot
+safely unload it) and its constructors have run; only a library with no
+soname and no version in its file name gets that far.
+
+Places found by name only (cuda.pathfinder, the system loader) are loaded
+first and checked after loading. On failure of the whole search
+:class:`~mucudnn._cudnn.errors.CudnnLibraryNotFoundError` lists every place
+tried and why it failed ("not found", "failed to load", "refused"); when every
+library found was the wrong version it is :class:`CudnnVersionError`.
 
 Nothing is loaded at import time; :func:`library` loads once and caches.
+
+>>> from mucudnn._cudnn import loader
+>>> loader.library_source() in ("MUCUDNN_CUDNN_LIBRARY", "wheel nvidia-cudnn-cu13",
+...     "wheel nvidia-cudnn-cu12", "package nvidia.cudnn", "cuda.pathfinder", "system loader")
+True
+>>> loader.soname_major("libcudnn.so.9.19.0"), loader.soname_major("libcudnn_ops.so.9")
+(9, None)
 """
 
 from __future__ import annotations
@@ -24,21 +68,28 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
+from . import elf
 from .errors import CudnnLibraryNotFoundError, CudnnVersionError
 
 __all__ = ["library", "library_path", "library_source", "get_version", "get_cudart_version",
-           "version_tuple", "version_string", "find_library", "ENV_VAR", "MIN_VERSION"]
+           "version_tuple", "version_string", "find_library", "soname_major", "format_version",
+           "ENV_VAR", "MIN_VERSION", "MAX_VERSION", "REQUIRED_MAJOR"]
 
 log = logging.getLogger("mucudnn")
 
 ENV_VAR = "MUCUDNN_CUDNN_LIBRARY"
+#: The one cuDNN major version this binding accepts.
+REQUIRED_MAJOR = 9
 #: The oldest cuDNN this binding accepts (cudnnGetVersion encoding).
-MIN_VERSION = 90000
+MIN_VERSION = REQUIRED_MAJOR * 10000
+#: The first cuDNN this binding refuses as too new (exclusive bound).
+MAX_VERSION = (REQUIRED_MAJOR + 1) * 10000
 #: Wheel distributions tried, in order.
 WHEEL_DISTRIBUTIONS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
 #: Library file names, per platform.
@@ -48,6 +99,14 @@ else:
     LIBRARY_NAMES = ("libcudnn.so.9",)
 #: Names handed to the system loader.
 SYSTEM_NAMES: tuple[str, ...] = LIBRARY_NAMES
+#: Whether the ELF soname check applies (ELF platforms).
+_CHECK_ELF = sys.platform.startswith(("linux", "freebsd"))
+
+_SONAME_RE = re.compile(r"libcudnn\.so\.(\d+)(?:\.\d+)*")
+_DLL_RE = re.compile(r"cudnn64_(\d+)\.dll", re.IGNORECASE)
+_HINT = (f"Point {ENV_VAR} at cuDNN {REQUIRED_MAJOR}'s libcudnn.so.{REQUIRED_MAJOR} "
+         "(e.g. the one `pip install nvidia-cudnn-cu13` installs), or unset it to search "
+         "the wheels and the system loader.")
 
 
 @dataclass(frozen=True)
@@ -72,10 +131,104 @@ class Loaded:
     version: int
 
 
+def soname_major(name: str) -> Optional[int]:
+    """The major version a cuDNN library name claims: ``"libcudnn.so.9.19.0"`` -> 9,
+    ``"cudnn64_9.dll"`` -> 9; None for any other name (``"libcudnn.so"``,
+    ``"libcudnn_graph.so.9"``, ``"libfoo.so.1"``)."""
+    base = os.path.basename(name)
+    m = _SONAME_RE.fullmatch(base) or _DLL_RE.fullmatch(base)
+    return int(m.group(1)) if m else None
+
+
+def format_version(v: int) -> str:
+    """92801 -> "9.28.1" (cuDNN 9 encoding); 8907 -> "8.9.7" (cuDNN <= 8 encoded
+    MAJOR*1000 + MINOR*100 + PATCH)."""
+    if v < 10000:
+        return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+# -- checks ----------------------------------------------------------------------
+BEFORE, AFTER = "before loading", "after loading"
+
+
+class _Refused(Exception):
+    """A candidate failed a check. ``kind``: "version" (a cuDNN of another
+    major version) or "identity" (not cuDNN's main library); ``when``: BEFORE or
+    AFTER; ``version`` (cudnnGetVersion) or ``major`` where known. Internal:
+    find_library turns it into an Attempt."""
+
+    def __init__(self, reason: str, kind: str, when: str, version: Optional[int] = None,
+                 major: Optional[int] = None) -> None:
+        super().__init__(reason)
+        self.reason, self.kind, self.when = reason, kind, when
+        self.version, self.major = version, major
+
+
+def _refuse_major(major: int, what: str) -> None:
+    if major != REQUIRED_MAJOR:
+        raise _Refused(f"{what} says cuDNN {major}; mucudnn needs cuDNN {REQUIRED_MAJOR}.x "
+                       f"(its prototype table is checked against the {REQUIRED_MAJOR}.x headers)",
+                       "version", BEFORE, major=major)
+
+
+def _check_file(path: str) -> None:
+    """The checks made before loading (see the module docstring)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    if not os.path.isfile(path):
+        raise _Refused(f"{path} is not a file", "identity", BEFORE)
+    names = [os.path.basename(path)]
+    real = os.path.basename(os.path.realpath(path))
+    if real != names[0]:
+        names.append(real)
+    for name in names:
+        major = soname_major(name)
+        if major is not None:
+            _refuse_major(major, f"its file name {name}")
+    if not _CHECK_ELF:  # pragma: no cover - Linux is what we test
+        return
+    try:
+        soname = elf.read_soname(path)
+    except elf.ElfFormatError as exc:
+        raise _Refused(f"not a shared library: {exc}", "identity", BEFORE) from None
+    if soname is None:
+        return
+    major = soname_major(soname)
+    if major is None:
+        raise _Refused(f"its DT_SONAME is {soname}: not the cuDNN library (that is "
+                       f"libcudnn.so.{REQUIRED_MAJOR})", "identity", BEFORE)
+    _refuse_major(major, f"its DT_SONAME {soname}")
+
+
+def _read_version(cdll: ctypes.CDLL) -> int:
+    fn = cdll["cudnnGetVersion"]  # a fresh function object, not the cached attribute
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = []
+    return int(fn())
+
+
+def _check_loaded(cdll: ctypes.CDLL) -> int:
+    """The checks made after loading; returns cudnnGetVersion()."""
+    try:
+        version = _read_version(cdll)
+    except (AttributeError, OSError) as exc:
+        raise _Refused(f"not a cuDNN library (it exports no cudnnGetVersion: {exc})",
+                       "identity", AFTER) from None
+    if version < MIN_VERSION:
+        raise _Refused(f"cuDNN {format_version(version)} is older than the required "
+                       f"{format_version(MIN_VERSION)}", "version", AFTER, version=version)
+    if version >= MAX_VERSION:
+        raise _Refused(f"cuDNN {format_version(version)} is newer than the supported "
+                       f"{REQUIRED_MAJOR}.x (the prototype table is checked against the "
+                       f"{REQUIRED_MAJOR}.x headers)", "version", AFTER, version=version)
+    return version
+
+
 # -- the places ------------------------------------------------------------------
 # Each yields (source, target, load) where load() returns a CDLL or raises
-# FileNotFoundError (not found) / OSError (failed to load); or (source, "", None)
-# with a reason via _NotFound when there is nothing to try.
+# FileNotFoundError (not found) / OSError (failed to load) / _Refused; or raises
+# _NotFound with a reason when there is nothing to try.
 
 class _NotFound(Exception):
     pass
@@ -86,11 +239,22 @@ _distribution = importlib.metadata.distribution
 _find_spec = importlib.util.find_spec
 
 
+class _LoadFailed(OSError):
+    """dlopen refused a file that exists (never "not found", whatever its text says)."""
+
+
 def _load_path(path: str) -> Callable[[], ctypes.CDLL]:
     def load() -> ctypes.CDLL:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no such file: {path}")
-        return ctypes.CDLL(path)
+        _check_file(path)
+        # Note: absolute, so the loader opens the very file checked (a bare name
+        # would be looked up on the library search path instead).
+        try:
+            return ctypes.CDLL(os.path.abspath(path))
+        except OSError as exc:
+            # glibc says "No such file or directory" also for an existing file
+            # built for another machine; the file was there a moment ago.
+            raise _LoadFailed(f"{exc} (the file exists but does not load here: a missing "
+                              "dependency, another machine type, or a damaged file)") from None
     return load
 
 
@@ -99,8 +263,6 @@ def _from_env() -> Iterator[tuple]:
     if not path:
         raise _NotFound(f"{ENV_VAR} is not set")
     yield (ENV_VAR, path, _load_path(os.path.expanduser(path)))
-
-
 def _wheel_files(dist_name: str) -> list[str]:
     """Paths of libcudnn inside an installed wheel (importlib.metadata)."""
     try:
@@ -180,6 +342,8 @@ def _sources() -> list[tuple[str, Callable[[], Iterator[tuple]]]]:
 
 
 def _is_not_found(exc: OSError) -> bool:
+    if isinstance(exc, _LoadFailed):
+        return False
     if isinstance(exc, FileNotFoundError):
         return True
     text = str(exc)
@@ -187,25 +351,42 @@ def _is_not_found(exc: OSError) -> bool:
         "could not be found" in text.lower()
 
 
-def _read_version(cdll: ctypes.CDLL) -> int:
-    fn = cdll["cudnnGetVersion"]  # a fresh function object, not the cached attribute
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = []
-    return int(fn())
+def _try(label: str, target: str, load: Callable[[], ctypes.CDLL]
+         ) -> tuple[Optional[Loaded], Attempt, Optional[_Refused]]:
+    """Load and check one candidate: (Loaded or None, what happened, the refusal if any)."""
+    try:
+        cdll = load()
+        version = _check_loaded(cdll)
+    except _Refused as r:
+        return None, Attempt(label, target, "refused", f"{r.reason} [checked {r.when}]"), r
+    except OSError as exc:
+        outcome = "not found" if _is_not_found(exc) else "failed to load"
+        return None, Attempt(label, target, outcome, str(exc)), None
+    path = getattr(cdll, "_name", target) or target
+    return Loaded(cdll, str(path), label, version), Attempt(label, target, "loaded"), None
 
 
-def format_version(v: int) -> str:
-    """92801 -> "9.28.1" (cuDNN 9 encoding); 8907 -> "8.9.7" (cuDNN <= 8 encoded
-    MAJOR*1000 + MINOR*100 + PATCH)."""
-    if v < 10000:
-        return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
-    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+def _env_only(raw: str) -> Loaded:
+    """The library ``MUCUDNN_CUDNN_LIBRARY`` names, or an error: no other place is tried."""
+    path = os.path.expanduser(raw)
+    loaded, attempt, refusal = _try(ENV_VAR, path, _load_path(path))
+    if loaded is not None:
+        return loaded
+    text = (f"{ENV_VAR} is set to {raw!r}, so it is the only place mucudnn loads cuDNN from, "
+            f"and it cannot be used:\n  - {attempt}\n{_HINT}")
+    if refusal is not None and refusal.kind == "version":
+        raise CudnnVersionError(text, (attempt,), refusal.version, refusal.major)
+    raise CudnnLibraryNotFoundError(text, (attempt,))
 
 
 def find_library() -> Loaded:
-    """Search every place, uncached; the first cuDNN >= 9 wins."""
+    """Search every place, uncached; the first cuDNN 9.x wins. When
+    ``MUCUDNN_CUDNN_LIBRARY`` is set, only the library it names is tried."""
+    raw = os.environ.get(ENV_VAR)
+    if raw:
+        return _env_only(raw)
     attempts: list[Attempt] = []
-    refused: list[Attempt] = []
+    refused: list[_Refused] = []
     for source_label, source in _sources():
         try:
             candidates = list(source())
@@ -213,40 +394,25 @@ def find_library() -> Loaded:
             attempts.append(Attempt(source_label, "", "not found", str(exc)))
             continue
         for label, target, load in candidates:
-            try:
-                cdll = load()
-            except OSError as exc:
-                outcome = "not found" if _is_not_found(exc) else "failed to load"
-                attempts.append(Attempt(label, target, outcome, str(exc)))
-                if label == ENV_VAR:
-                    log.warning("mucudnn: %s=%s could not be loaded (%s); searching further",
-                                ENV_VAR, target, exc)
-                continue
-            try:
-                version = _read_version(cdll)
-            except (AttributeError, OSError) as exc:
-                attempts.append(Attempt(label, target, "failed to load",
-                                        f"not a cuDNN library (no cudnnGetVersion: {exc})"))
-                continue
-            if version < MIN_VERSION:
-                a = Attempt(label, target, "refused",
-                            f"cuDNN {format_version(version)} is older than the required "
-                            f"{format_version(MIN_VERSION)}")
-                attempts.append(a)
-                refused.append(a)
-                continue
-            path = getattr(cdll, "_name", target) or target
-            return Loaded(cdll, str(path), label, version)
+            loaded, attempt, refusal = _try(label, target, load)
+            if loaded is not None:
+                return loaded
+            attempts.append(attempt)
+            if refusal is not None and refusal.kind == "version":
+                refused.append(refusal)
     lines = "\n".join(f"  - {a}" for a in attempts)
     if refused and all(a.outcome in ("refused", "not found") for a in attempts):
+        first = refused[0]
         raise CudnnVersionError(
-            "mucudnn needs cuDNN 9 (cudnnGetVersion() >= 90000); only older versions were "
-            f"found:\n{lines}\nInstall cuDNN 9, e.g. `pip install nvidia-cudnn-cu13`, or set "
-            f"{ENV_VAR} to the path of a libcudnn.so.9.")
+            f"mucudnn needs cuDNN {REQUIRED_MAJOR}.x ({MIN_VERSION} <= cudnnGetVersion() < "
+            f"{MAX_VERSION}); only other versions were found and refused:\n{lines}\n"
+            f"Install cuDNN {REQUIRED_MAJOR}, e.g. `pip install nvidia-cudnn-cu13`, or set "
+            f"{ENV_VAR} to the path of a libcudnn.so.{REQUIRED_MAJOR}.",
+            tuple(attempts), first.version, first.major)
     raise CudnnLibraryNotFoundError(
-        "mucudnn could not load cuDNN 9 (libcudnn). Places tried, in order:\n"
+        f"mucudnn could not load cuDNN {REQUIRED_MAJOR} (libcudnn). Places tried, in order:\n"
         f"{lines}\nInstall it with `pip install nvidia-cudnn-cu13` (or -cu12), or set "
-        f"{ENV_VAR} to the path of a libcudnn.so.9.", tuple(attempts))
+        f"{ENV_VAR} to the path of a libcudnn.so.{REQUIRED_MAJOR}.", tuple(attempts))
 
 
 _lock = threading.Lock()

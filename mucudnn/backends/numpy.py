@@ -26,6 +26,13 @@ groups, stride, padding, dilation):
 Arrays are NumPy arrays packed in the problem's layout. float16 and bfloat16
 are computed in float32 and rounded on store; bfloat16 needs ``ml_dtypes``.
 
+All three compute the same function on every input, NaN, +-inf and values
+near the type's maximum included: nothing overflows before the result itself
+does (operands whose products could reach float32's limit are computed in
+float64), and an output whose receptive field holds a NaN or inf gets DIRECT's
+value (padding contributes no products). See Note [FFT and non-finite inputs]
+in :mod:`mucudnn.backends._numpy_guard`.
+
 >>> from mucudnn import ConvProblem, Direction
 >>> from mucudnn.backends.base import ConvTensors
 >>> be = NumpyBackend()
@@ -54,6 +61,7 @@ import numpy as np
 from scipy.fft import next_fast_len
 
 from ..problem import AlgoPerf, ConvProblem, Direction, conv_dtype
+from ._numpy_guard import Guarded
 from .base import OUTPUT_OF, BackendBase, ConvTensors
 
 __all__ = ["NumpyAlgo", "NumpyBackend"]
@@ -228,21 +236,8 @@ class NumpyBackend(BackendBase):
         >>> NumpyBackend().workspace_size(p, "forward", NumpyAlgo.IM2COL_GEMM)  # 27 x (2*3*3) x 4 B
         1944
         """
-        algo = _algo(algo)
         Direction.parse(direction)
-        p = problem
-        if algo is NumpyAlgo.DIRECT:
-            return 0
-        if algo is NumpyAlgo.IM2COL_GEMM:
-            n, c = p.x_dims[:2]
-            return (c * _prod(p.w_dims[2:]) * n * _prod(p.y_dims[2:])
-                    * _compute_dtype(p).itemsize)
-        # FFT: the same three frequency-domain buffers in every direction.
-        n, c = p.x_dims[:2]
-        k, cg = p.w_dims[:2]
-        f = _fft_freqs(_fft_sizes(p))
-        cs = _complex_dtype(p).itemsize
-        return _align(n * c * f * cs) + _align(k * cg * f * cs) + _align(n * k * f * cs)
+        return _workspace_bytes(problem, _algo(algo))
 
     # -- find ------------------------------------------------------------------------
     def find(self, problem: ConvProblem, direction: Direction,
@@ -364,6 +359,22 @@ class NumpyBackend(BackendBase):
 
 
 # -- helpers of run ---------------------------------------------------------------------
+def _workspace_bytes(p: ConvProblem, algo: NumpyAlgo) -> int:
+    """What NumpyBackend.workspace_size reports (the same in every direction)."""
+    if algo is NumpyAlgo.DIRECT:
+        return 0
+    if algo is NumpyAlgo.IM2COL_GEMM:
+        n, c = p.x_dims[:2]
+        return (c * _prod(p.w_dims[2:]) * n * _prod(p.y_dims[2:])
+                * _compute_dtype(p).itemsize)
+    # FFT: the same three frequency-domain buffers in every direction.
+    n, c = p.x_dims[:2]
+    k, cg = p.w_dims[:2]
+    f = _fft_freqs(_fft_sizes(p))
+    cs = _complex_dtype(p).itemsize
+    return _align(n * c * f * cs) + _align(k * cg * f * cs) + _align(n * k * f * cs)
+
+
 def _algo(algo: Union[int, str]) -> NumpyAlgo:
     try:
         if isinstance(algo, str) and not algo.isdigit():
@@ -537,6 +548,11 @@ class _FFT:
     Note: padding is never materialised: the circular correlation of the
     unpadded x is read at index ``o * s - pad (mod L)``, which is exact because
     ``L >= H + pad`` puts the wrapped indices on zeros.
+
+    The methods expect finite operands small enough not to overflow: a
+    transform spreads a NaN over its whole sample and overflows on values near
+    the type's maximum. ``_IMPLS`` wraps them so (Note [FFT and non-finite
+    inputs], _numpy_guard.py).
     """
 
     @staticmethod
@@ -708,7 +724,14 @@ class _FFT:
 #: Whether numpy.fft takes out= (NumPy >= 2.0).
 _FFT_OUT = "out" in inspect.signature(np.fft.rfft).parameters
 
-_IMPLS = {NumpyAlgo.DIRECT: _Direct, NumpyAlgo.IM2COL_GEMM: _Im2col, NumpyAlgo.FFT: _FFT}
+#: The algorithms as run() calls them: each wrapped by Guarded, which keeps
+#: anything from overflowing before the result itself does and gives DIRECT's
+#: values wherever an output is NaN or infinite (Note [FFT and non-finite
+#: inputs] in _numpy_guard.py).
+_IMPLS = {algo: Guarded(impl, _Direct, _compute_dtype, lambda p: _np_dtype(p.dtype),
+                        lambda p, algo=algo: _workspace_bytes(p, algo))
+          for algo, impl in ((NumpyAlgo.DIRECT, _Direct), (NumpyAlgo.IM2COL_GEMM, _Im2col),
+                             (NumpyAlgo.FFT, _FFT))}
 
 
 def _cpu_name() -> str:
