@@ -231,7 +231,8 @@ class Convolution:
         """``y = alpha * conv(x, w) + beta * y``; returns y (see the module doc for kinds).
 
         >>> conv = Convolution((2, 1, 3, 3), (1, 1, 3, 3), backend="numpy", policy="undivided")
-        >>> float(conv.forward(np.ones((2, 1, 3, 3), np.float32), np.ones((1, 1, 3, 3), np.float32))[1, 0, 0, 0])
+        >>> x, w = np.ones((2, 1, 3, 3), np.float32), np.ones((1, 1, 3, 3), np.float32)
+        >>> float(conv.forward(x, w)[1, 0, 0, 0])
         9.0
         """
         fast = self._fast.get(Direction.FORWARD)
@@ -370,8 +371,9 @@ class Convolution:
         result = out if out is not None else fw.empty(infos[0], p.shape_of(ro), p.dtype, be)
         rinfo = oinfo if oinfo is not None else inspect_array(_ARGS[direction][2][0], result)
         self._order_producers(infos + [rinfo], stream)
-        t = (infos[0].ptr, infos[1].ptr, rinfo.ptr)
-        kernel.launch(t[i0], t[i1], t[i2], alpha, beta, stream, fw.workspace(infos[0]))
+        ptrs = (infos[0].ptr, infos[1].ptr, rinfo.ptr)
+        kernel.launch(ptrs[i0], ptrs[i1], ptrs[i2], alpha, beta, stream,
+                      fw.workspace(infos[0]))
         if unknown:  # ... and finish before returning
             be.synchronize()
         elif infos[0].framework == "torch" and all(i.framework == "torch" for i in infos) \
@@ -401,8 +403,10 @@ def _overlap(a: ArrayInfo, b: ArrayInfo) -> bool:
     if a.kind == "numpy" and b.kind == "numpy":
         if a.contiguous and b.contiguous:
             return bool(np.may_share_memory(a.obj, b.obj))
-        return bool(np.shares_memory(a.obj, b.obj, max_work=10_000)) \
-            if a.nbytes + b.nbytes < (1 << 26) else False
+        if a.nbytes + b.nbytes >= (1 << 26):
+            return False  # too costly to decide exactly for big strided arrays
+        work: Any = 10_000
+        return bool(np.shares_memory(a.obj, b.obj, max_work=work))
     if a.kind != "numpy" and b.kind != "numpy" and a.ptr and b.ptr:
         return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
     return False
@@ -484,8 +488,9 @@ class MicroBatchHandle(HandleEngine):
                  workspace_limit: Any = 64 << 20, policy: Any = "powerOfTwo",
                  graph: bool = False, cache: Any = None) -> None:
         be = get_backend(backend)
-        super().__init__(be, Planner(be, workspace_limit, policy, cache), graph=graph)
-        self.policy = self.planner.policy
+        planner = Planner(be, workspace_limit, policy, cache)
+        super().__init__(be, planner, graph=graph)
+        self.policy = planner.policy
         self.cache = cache
 
 

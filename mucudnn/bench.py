@@ -217,13 +217,13 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
 
     def optimise() -> tuple[dict, dict]:
         perfs, plans = {}, {}
-        for layer, names, p, d in kernels:
+        for layer, _names, p, d in kernels:
             perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
                                         cache=store, progress=False)
             if bar is not None:
                 bar.update(1)
         if mode == "wr":
-            for layer, names, p, d in kernels:
+            for layer, _names, p, d in kernels:
                 plans[layer, d] = optimize_wr(perfs[layer, d], batch, workspace_limit, policy,
                                               quantum=p.batch_quantum())
         else:
@@ -234,8 +234,9 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                 front = pareto_front(perfs[layer, d], batch, policy, quantum=p.batch_quantum())
                 for n in names:
                     fronts[n, d] = front
+            assert total_workspace is not None
             chosen = optimize_wd(fronts, total_workspace)
-            for layer, names, p, d in kernels:
+            for layer, names, _p, d in kernels:
                 # the repeated layer's slowest chosen plan stands for all (conservative)
                 plans[layer, d] = max((chosen[n, d] for n in names), key=lambda q: q.time_ms)
         return perfs, plans
@@ -272,7 +273,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
         ws = be.alloc_workspace(max(plan.workspace_bytes, unl.workspace_bytes,
                                     und.workspace_bytes if und else 0) or 1)
 
-        def timed(q: Plan, t: ConvTensors = data) -> float:
+        def timed(q: Plan, t: ConvTensors = data, ws: Any = ws, d: Direction = d) -> float:
             # Note: timed as Convolution runs a repeated call: through a
             # launcher bound once (exec.prepare), so no Python checks per call.
             with be.on_home_stream():
@@ -298,7 +299,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                 alone += timed(one, sub)
         result.kernels.append(KernelResult(layer, names, d, p, plan, und, unl, micro_ms, und_ms,
                                            unl_ms, alone))
-        del data, ws
+        del data, ws, timed  # free this kernel's buffers before the next one's
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -100,9 +100,9 @@ def _name_of(dtype: Any, name: str) -> str:
     except TypeError:
         # CuPy and other libraries: their dtypes are NumPy dtypes; anything
         # else may still carry a usable name (e.g. a JAX scalar type).
-        text = getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
-        if isinstance(text, str) and text in SUPPORTED_DTYPES:
-            return text
+        label = getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
+        if isinstance(label, str) and label in SUPPORTED_DTYPES:
+            return label
         raise _unsupported(dtype, name) from None
     if is_bfloat16(dt):
         return "bfloat16"

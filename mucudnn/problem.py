@@ -205,7 +205,8 @@ class ConvProblem:
         if xc[1] != groups * wc[1]:
             raise ValueError(
                 f"w_shape: input channels ({xc[1]}) must equal groups ({groups}) x filter "
-                f"channels ({wc[1]}); expected filter channels {xc[1] // groups if xc[1] % groups == 0 else '?'}"
+                f"channels ({wc[1]}); expected filter channels "
+                f"{xc[1] // groups if xc[1] % groups == 0 else '?'}"
                 f" for x_shape {x}")
         if wc[0] % groups:
             raise ValueError(

@@ -19,7 +19,7 @@ def _taps(p: ConvProblem):
     out = p.y_dims[2:]
     for tap in itertools.product(*(range(r) for r in p.w_dims[2:])):
         slices = []
-        for o, t, s, d, pad in zip(out, tap, p.stride, p.dilation, p.padding):
+        for o, t, s, d, _pad in zip(out, tap, p.stride, p.dilation, p.padding):
             start = t * d  # in the padded input
             slices.append(slice(start, start + (o - 1) * s + 1, s))
         yield tap, tuple(slices)

@@ -81,7 +81,6 @@ def test_bad_arguments_exit_cleanly(capsys):
 def test_default_backend_choice(monkeypatch):
     """No GPU: numpy; MUCUDNN_BACKEND overrides; a GPU picks the graph API."""
     import mucudnn.backends as b
-    import mucudnn.cuda as cuda
 
     monkeypatch.delenv("MUCUDNN_BACKEND", raising=False)
     monkeypatch.setattr(b, "device_count", lambda: 0)

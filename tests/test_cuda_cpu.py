@@ -341,7 +341,8 @@ def test_device_array_is_not_picklable_or_implicitly_converted():
 
 def test_readonly_arrays_refuse_writes_before_any_device_call():
     a = mm.DeviceArray._from_parts(BASE, (4,), "float32", 0, readonly=True, keep=None)
-    for write in (a.fill_zero, a.fill_nan, lambda: a.fill_bytes(1), lambda: a.copy_from(np.zeros(4, np.float32))):
+    for write in (a.fill_zero, a.fill_nan, lambda: a.fill_bytes(1),
+                  lambda: a.copy_from(np.zeros(4, np.float32))):
         with pytest.raises(ValueError, match="read-only"):
             write()
 

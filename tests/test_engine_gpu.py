@@ -297,7 +297,7 @@ def test_graph_replay_equals_plain(be, torch):
                 Direction.BACKWARD_FILTER: "backward_filter"}[d]
         want = getattr(plain, call)(*args).cpu().numpy()
         out = torch.empty_like(torch.from_numpy(want)).cuda()
-        for i in range(3):
+        for _i in range(3):
             out.fill_(float("nan"))
             getattr(graphed, call)(*args, out)
             # Note: graph and plain runs may differ by rounding where an algorithm
@@ -369,7 +369,7 @@ def test_bound_plans_are_reused_and_every_change_is_noticed(be, torch):
     k = conv.kernel(Direction.FORWARD)
     out = torch.empty(p.output_shape, device="cuda")
     want = reference(p, Direction.FORWARD, x, w, y)
-    for i in range(3):
+    for _i in range(3):
         out.fill_(float("nan"))
         assert conv.forward(tx, tw, out) is out
         assert rel_err(out.cpu().numpy(), want) < FMA_REF

@@ -265,7 +265,7 @@ def test_wd_segments_do_not_overlap(sizes):
         if n:
             spans.append((off, off + n))
     spans.sort()
-    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+    for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]):
         assert a1 <= b0
     assert total >= sum(sizes.values())
     ws = SegmentedWorkspace(NP, sizes)

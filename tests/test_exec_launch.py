@@ -109,7 +109,7 @@ def test_kernel_rebinds_only_when_scalars_change():
     be = BindingBackend()
     p, x, w, y, plan = _setup()
     k = Kernel(be, p, Direction.FORWARD, Planner(be, None, cache=False), plan=plan)
-    for i in range(3):
+    for _i in range(3):
         out = np.empty(p.output_shape, np.float32)
         k.run(ConvTensors(p, x, w, out))
         assert rel_err(out, reference(p, Direction.FORWARD, x, w, None)) < 1e-5

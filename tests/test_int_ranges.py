@@ -17,7 +17,7 @@ import pickle
 import pytest
 from hypothesis import given, strategies as st
 
-from mucudnn._cudnn import errors, prototypes
+from mucudnn._cudnn import prototypes
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.descriptors import (
     ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, live_descriptors,

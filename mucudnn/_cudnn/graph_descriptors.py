@@ -32,7 +32,8 @@ from .backend_api import BackendDescriptor
 from .errors import CudnnError, IntFieldTypeError
 from .intrange import as_int
 from .enums import (
-    BACKEND_MIN_VERSION, BackendKnobType, BackendAttributeName as A, BackendAttributeType as T, BackendBehaviorNote,
+    BACKEND_MIN_VERSION, BackendKnobType, BackendAttributeName as A, BackendAttributeType as T,
+    BackendBehaviorNote,
     BackendDescriptorType as D, BackendHeurMode, BackendNumericalNote, ConvolutionMode,
     data_type,
 )
@@ -298,7 +299,7 @@ class EngineConfigInfo:
         return int(note) in self.numerical_notes
 
 
-def _type_count(cls: type) -> int:
+def _type_count(cls: Any) -> int:
     """``CUDNN_*_TYPE_COUNT(S)`` of the loaded library: one more than the largest
     member of ``cls`` that exists in it (cuDNN numbers these enums densely)."""
     v = loader.get_version()

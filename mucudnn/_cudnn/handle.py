@@ -83,7 +83,8 @@ class Handle(CudnnObject):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else hex(self.handle)
-        return f"Handle(device={self.device}, {state}, stream={hex(stream_handle(self._stream, self.device))})"
+        stream = hex(stream_handle(self._stream, self.device))
+        return f"Handle(device={self.device}, {state}, stream={stream})"
 
 
 _cache_lock = threading.Lock()

@@ -9,6 +9,7 @@ raises ``ctypes.ArgumentError`` in Python instead of reaching cuDNN.
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 from ctypes import c_float, c_int, c_size_t
 
 __all__ = [
@@ -68,7 +69,7 @@ class cudaStream_t(ctypes.c_void_p):
 #     cudnnDeterminism_t determinism; cudnnMathType_t mathType; int reserved[3];
 # } cudnnConvolution*AlgoPerf_t;
 
-ALGO_PERF_FIELDS = [
+ALGO_PERF_FIELDS: list[tuple[str, Any]] = [
     ("algo", c_int),
     ("status", c_int),
     ("time", c_float),

@@ -169,6 +169,7 @@ class CudnnBackend(DeviceBackend):
             ws_ptr, ws_size = self._find_workspace(want)
             perf = (perf_t * max(1, count.value))()
             returned = ctypes.c_int()
+            args: tuple[Any, ...]
             if direction is _FWD:
                 args = (d.x, xp, d.w, wp, conv, d.y, yp)
             elif direction is _BWD_DATA:
@@ -220,6 +221,7 @@ class CudnnBackend(DeviceBackend):
         conv = d.conv(math)
         size = ctypes.c_size_t()
         fn = _API[direction][2]
+        args: tuple[Any, ...]
         if direction is _FWD:
             args = (d.x, d.w, conv, d.y)
         elif direction is _BWD_DATA:
@@ -297,6 +299,7 @@ class CudnnBackend(DeviceBackend):
         name = _API[direction][3]
         fn = lib.raw(name)
         h = self.handle.handle
+        assert d.x is not None and d.w is not None and d.y is not None
         xd, wd, yd, cd = d.x.handle, d.w.handle, d.y.handle, conv.handle
 
         def fail(status: int, ws_size: int) -> None:

@@ -128,7 +128,9 @@ class _Plan:
         idx, knobs = gd.parse_engine_config_id(algo_id)
         self.id = gd.format_engine_config_id(idx, knobs)
         self.graph = graph
-        self.engine = self.cfg = self.plan = None
+        self.engine: Any = None  # descriptors, set below (None until built)
+        self.cfg: Any = None
+        self.plan: Any = None
         self.knobs: list[BackendDescriptor] = []
         self.packs: LRU[tuple, BackendDescriptor] = LRU("cudnn_graph.packs", max_packs)
         self.holders = 0
@@ -371,7 +373,7 @@ class CudnnGraphBackend(DeviceBackend):
                     pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs, ws_ptr)
                     try:
                         args = (handle, p.plan._as_parameter_, pack._as_parameter_)
-                        times = time_on_stream(lambda: execute(*args), self.stream,
+                        times = time_on_stream(lambda args=args: execute(*args), self.stream,
                                                     warmup=self.find_warmup,
                                                     repeat=self.find_repeat)
                     except CudnnError as exc:
@@ -410,7 +412,8 @@ class CudnnGraphBackend(DeviceBackend):
         ptrs = (array_pointer("x", tensors.x, p.x_shape, p.dtype),
                 array_pointer("w", tensors.w, p.w_shape, p.dtype),
                 array_pointer("y", tensors.y, p.output_shape, p.dtype))
-        aligns = tuple(gd.pointer_alignment(q, p.itemsize) for q in ptrs)
+        ax, aw, ay = (gd.pointer_alignment(q, p.itemsize) for q in ptrs)
+        aligns = (ax, aw, ay)
         ws_size = 0 if workspace is None else int(workspace.nbytes)
         ws_ptr = int(workspace.ptr) if ws_size else 0
         launch = self.bind(direction, algo, math_type, p, 0, p.batch, alpha, beta, aligns)

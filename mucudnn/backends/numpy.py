@@ -48,6 +48,7 @@ in :mod:`mucudnn.backends._numpy_guard`.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 import inspect
 import itertools
@@ -728,8 +729,12 @@ _FFT_OUT = "out" in inspect.signature(np.fft.rfft).parameters
 #: anything from overflowing before the result itself does and gives DIRECT's
 #: values wherever an output is NaN or infinite (Note [FFT and non-finite
 #: inputs] in _numpy_guard.py).
-_IMPLS = {algo: Guarded(impl, _Direct, _compute_dtype, lambda p: _np_dtype(p.dtype),
-                        lambda p, algo=algo: _workspace_bytes(p, algo))
+def _io_dtype(p: ConvProblem) -> np.dtype:
+    return _np_dtype(p.dtype)
+
+
+_IMPLS = {algo: Guarded(impl, _Direct, _compute_dtype, _io_dtype,
+                        functools.partial(_workspace_bytes, algo=algo))
           for algo, impl in ((NumpyAlgo.DIRECT, _Direct), (NumpyAlgo.IM2COL_GEMM, _Im2col),
                              (NumpyAlgo.FFT, _FFT))}
 

@@ -117,8 +117,11 @@ class CudaGraph:
             raise ValueError("the CudaGraph is closed (or its capture has not finished)")
         if type(stream) is int:
             h = stream
+        elif stream is None:
+            assert self.stream is not None  # set by capture()
+            h = self.stream.handle
         else:
-            h = (self.stream if stream is None else as_stream(stream)).handle
+            h = as_stream(stream).handle
         check(_runtime.get().cudaGraphLaunch(self._exec, h), "cudaGraphLaunch")
 
     def close(self) -> None:

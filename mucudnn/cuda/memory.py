@@ -415,7 +415,8 @@ class DeviceArray:
             raise TypeError(f"view_bytes needs a 1-D uint8 array, this is {self.dtype_name} {self.shape}")
         offset, nbytes = operator.index(offset), operator.index(nbytes)
         if offset < 0 or nbytes < 0 or offset + nbytes > self.shape[0]:
-            raise IndexError(f"bytes [{offset}, {offset + nbytes}) are outside an array of {self.shape[0]} bytes")
+            raise IndexError(f"bytes [{offset}, {offset + nbytes}) are outside an array of "
+                             f"{self.shape[0]} bytes")
         return self._view(self.ptr + offset, (nbytes,))
 
     def reshape(self, *shape) -> "DeviceArray":

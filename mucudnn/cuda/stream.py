@@ -50,9 +50,9 @@ class Stream:
             return handle
         self = cls.__new__(cls)
         self.handle = int(handle)
-        self.device = None if device is None else int(device)
+        self.device = None if device is None else int(device)  # type: ignore[assignment]
         self._owned = False
-        self._finalizer = None
+        self._finalizer = None  # type: ignore[assignment]
         return self
 
     @property

@@ -127,6 +127,7 @@ def inspect_array(name: str, obj: Any) -> ArrayInfo:
             npdt = np.dtype(cai["typestr"]) if cai["typestr"] not in ("<V2", "|V2") else None
         except TypeError:
             npdt = None
+        dt: str | None
         if cai["typestr"] in ("<V2", "|V2"):
             dt, itemsize = "bfloat16", 2
         else:

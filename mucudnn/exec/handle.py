@@ -216,9 +216,9 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
     that carry ``.problem`` (built with ``for_x(problem)`` etc.) are used
     directly when they agree.
     """
-    probs = [getattr(d, "problem", None) for d in (x_desc, w_desc, conv_desc, y_desc)
-             if d is not None]
-    probs = [p for p in probs if isinstance(p, ConvProblem)]
+    probs: list[ConvProblem] = [
+        q for q in (getattr(d, "problem", None) for d in (x_desc, w_desc, conv_desc, y_desc)
+                    if d is not None) if isinstance(q, ConvProblem)]
     t = _tensor(x_desc)
     if probs and all(p == probs[0] for p in probs) and (
             t["dims"] is None or t["dims"] == probs[0].x_dims):
@@ -387,8 +387,8 @@ class HandleEngine:
             if not obj.flags.c_contiguous:
                 raise ValueError(f"{name}: expected a C-contiguous array")
             return obj
-        raise TypeError(f"{name}: expected a device pointer (int){' or a NumPy array' if self._host else ''}, "
-                        f"got {type(obj).__name__}")
+        kinds = "a device pointer (int)" + (" or a NumPy array" if self._host else "")
+        raise TypeError(f"{name}: expected {kinds}, got {type(obj).__name__}")
 
     def _workspace(self, workspace: Any, workspace_size: Any, kernel: Kernel) -> Any:
         """The caller's (address, size) when usable, else a WD segment, else None (pool)."""

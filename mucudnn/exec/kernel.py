@@ -100,6 +100,7 @@ class Kernel:
                                      self.direction if plan.direction is None else plan.direction)
         if plan.direction is not self.direction:
             raise ValueError(f"plans: a plan for {plan.direction} given for {self.direction}")
+        assert plan.problem is not None
         if plan.problem.with_batch(self.problem.batch) != self.problem:
             raise ValueError(
                 f"plans: the plan's problem {plan.problem} is not this kernel's {self.problem}")
@@ -276,6 +277,7 @@ class Kernel:
                 workspace: Any, aligns: tuple) -> Plan:
         key = (alpha, beta) + aligns
         bound = self._last_bound if key == self._last_key else self._bind(key, stream)
+        assert bound is not None
         self.backend.activate(stream)
         need = bound.workspace_bytes
         keep = None

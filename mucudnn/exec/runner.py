@@ -105,6 +105,14 @@ def bind_plan(plan: Plan, backend: Backend, alpha: float = 1.0, beta: float = 0.
     return BoundPlan(plan, launchers)
 
 
+def _direction_of(plan: Plan, direction: Direction | None) -> Direction:
+    d = direction if direction is not None else plan.direction
+    if d is None:
+        raise ValueError("direction: the plan has none; pass direction= or attach one with "
+                         "plan.with_context(problem, direction)")
+    return d
+
+
 def _addresses(backend: Backend, tensors: ConvTensors, workspace: Any) -> tuple[Any, ...]:
     ws = None if workspace is None or nbytes_of(workspace) == 0 else backend.address(workspace)
     return (backend.address(tensors.x), backend.address(tensors.w), backend.address(tensors.y),
@@ -125,7 +133,7 @@ def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
     backend's home stream (what the benchmarks time: a bound plan, as a warm
     :class:`~mucudnn.Convolution` call runs it). ``direction`` defaults to
     ``plan.direction``."""
-    d = Direction.parse(direction if direction is not None else plan.direction)
+    d = Direction.parse(_direction_of(plan, direction))
     if plan.direction is not None and direction is not None and plan.direction is not d:
         raise ValueError(f"plan: built for {plan.direction}, asked to run {d}")
     check_micro_batches(plan.micro_batches, tensors.problem.batch)
@@ -165,7 +173,7 @@ def resolve_workspace(plan: Plan, backend: Backend, direction: Direction | None 
 
     Plans whose numbers already cover the backend's are returned as they are.
     """
-    d = Direction.parse(direction if direction is not None else plan.direction)
+    d = Direction.parse(_direction_of(plan, direction))
     p = plan.problem
     if p is None:
         raise ValueError("plan: has no problem; attach one with plan.with_context(problem, direction)")

@@ -232,7 +232,8 @@ class BenchmarkCache(CacheFile):
             (backend, backend, device, device, version, version)).fetchall()) or []
         for r in rows:
             try:
-                yield Entry(*map(str, r[:5]), check_cap(r[5]), decode_results(r[6]),
+                b, d, v, pk, di = (str(c) for c in r[:5])
+                yield Entry(b, d, v, pk, di, check_cap(r[5]), decode_results(r[6]),
                             _created(r[7]))
             except BadEntry as exc:
                 self._drop(tuple(r[:5]), (r[6], r[5]), exc)

@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import TypeVar, Any, Callable
 
 from ..caches import LRU
 from ..errors import MucudnnError
@@ -49,6 +49,8 @@ from . import cache_files as files
 
 __all__ = ["CacheFile", "CacheWarning", "CacheFileError", "CacheArgumentError",
            "default_cache_path", "warn", "SCHEMA_VERSION"]
+
+_Self = TypeVar("_Self", bound="CacheFile")
 
 log = logging.getLogger("mucudnn")
 
@@ -205,8 +207,8 @@ class CacheFile:
                 "origin": self._origin}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"] if state["path"] is not None else False,
-                      timeout=state["timeout"], read_only=state.get("read_only", False))
+        type(self).__init__(self, state["path"] if state["path"] is not None else False,
+                            timeout=state["timeout"], read_only=state.get("read_only", False))
         self._origin = state.get("origin", "path")
 
     def close(self) -> None:
@@ -221,7 +223,7 @@ class CacheFile:
                 self._tmp()  # removes a gzipped cache's temporary copy (in its own process)
                 self._tmp = None
 
-    def __enter__(self) -> "CacheFile":
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -441,6 +443,7 @@ class CacheFile:
             if conn is not None:
                 conn.close()
             raise
+        assert self.path is not None
         self._verified = os.stat(self.path).st_ino
         self._notice(why)
         return conn

@@ -48,7 +48,7 @@ def open_input(path: "str | os.PathLike[str]", name: str = "FILE") -> BenchmarkC
     if not p.exists():
         raise CacheFileError(f"{name}: {p} does not exist", path=str(p), variable=name)
     cache = BenchmarkCache(p, read_only=True, _name=name)
-    cache.read_only  # opens it: CacheFileError now for a file that is not a cache
+    _ = cache.read_only  # opens it: CacheFileError now for a file that is not a cache
     if not cache.enabled:
         raise CacheFileError(f"{name}: {p} cannot be used as a cache (see the warning above)",
                              path=str(p), variable=name)

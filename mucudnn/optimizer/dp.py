@@ -115,6 +115,7 @@ def _solve_numpy(tv: np.ndarray, batch: int, quantum: int = 1) -> list[int] | No
     sizes = np.flatnonzero(np.isfinite(tv[1:])) + 1  # ascending
     if sizes.size == 0:
         return None
+    choice: Any
     if sizes.size <= _SCALAR_MAX_SIZES:
         choice = _recur_scalar(sizes.tolist(), tv[sizes].tolist(), batch, quantum)
     else:

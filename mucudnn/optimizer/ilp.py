@@ -59,7 +59,7 @@ def optimize_wd(fronts: Mapping[K, Sequence[Plan]], total_workspace: int, *,
     zero-workspace plan always fits).
     """
     if isinstance(total_workspace, bool) or not hasattr(total_workspace, "__index__"):
-        if isinstance(total_workspace, float) and total_workspace.is_integer():
+        if isinstance(total_workspace, float) and float(total_workspace).is_integer():
             total_workspace = int(total_workspace)
         else:
             raise ValueError(
