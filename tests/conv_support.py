@@ -229,7 +229,10 @@ def run_algo(be, p, direction, algo, math_type, hx, hw, hy, alpha=1.0, beta=0.0,
     out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
     if beta == 0:
         poison(be, out)
-    need = be.workspace_size(p, direction, algo, math_type)
+    # what this call needs (a graph plan's workspace depends on beta, Note [beta and
+    # workspace]); for the NumPy and legacy backends it is workspace_size()
+    need = be.bind(direction, algo, math_type, p, 0, p.batch, alpha, beta,
+                   (16, 16, 16)).workspace_bytes
     ws = workspace if workspace is not None else (be.alloc_workspace(need) if need > 0 else None)
     be.run(direction, algo, math_type, ConvTensors(p, x, w, y), alpha, beta, ws)
     result = be.to_host(out)

@@ -382,8 +382,11 @@ class CudnnGraphBackend(DeviceBackend):
                         continue
                     finally:
                         pack.close()
+                    need = self._workspace_need(problem, direction, p.id)
+                    if need > want:
+                        continue
                     out.append(AlgoPerf(algo=p.id, time_ms=float(statistics.median(times)),
-                                        workspace_bytes=int(p.workspace_bytes), math_type=0,
+                                        workspace_bytes=need, math_type=0,
                                         determinism=1 if info.deterministic else 0))
                 self.stream.synchronize()
             finally:
@@ -398,10 +401,30 @@ class CudnnGraphBackend(DeviceBackend):
     def workspace_size(self, problem: ConvProblem, direction: Direction,
                        algo: Union[int, str], math_type: Union[int, str] = 0) -> int:
         """CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of engine config ``algo`` for
-        ``problem`` (16-byte aligned tensors, alpha 1, beta 0)."""
+        ``problem`` (16-byte aligned tensors, alpha 1); see Note [beta and workspace]."""
         direction = Direction.parse(direction)
-        return int(self._plan(problem, direction, canonical_id(algo), 1.0, 0.0,
-                              _FULL).workspace_bytes)
+        return self._workspace_need(problem, direction, canonical_id(algo))
+
+    def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
+        """The workspace planning uses for ``algo_id``.
+
+        Note [beta and workspace]: beta is baked into a graph plan, and a plan
+        that accumulates (beta != 0) can need more workspace than the beta = 0
+        one. Every micro-batch of a backward-filter plan but the first runs with
+        beta = 1, so for that direction the need is the larger of the two (an
+        engine that does not finalize with beta = 1 keeps its beta = 0 need;
+        binding it with beta = 1 is then refused and re-planned). Forward and
+        backward-data run with the caller's beta; a launcher reports its own
+        need, which the engine checks before running.
+        """
+        need = int(self._plan(problem, direction, algo_id, 1.0, 0.0, _FULL).workspace_bytes)
+        if direction is Direction.BACKWARD_FILTER:
+            try:
+                need = max(need, int(self._plan(problem, direction, algo_id, 1.0, 1.0,
+                                                _FULL).workspace_bytes))
+            except CudnnError:
+                pass
+        return need
 
     # -- run ----------------------------------------------------------------------------------
     def run(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
@@ -472,13 +495,13 @@ class CudnnGraphBackend(DeviceBackend):
                          algo=algo_id, workspace_bytes=ws_size)
 
         def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
-            key = (x, w, y, ws)
-            if key == last[0]:
+            key = (x + ox, w, y + oy, ws)  # the micro-batch's own pointers: the plan's
+            if key == last[0]:             # packs serve every micro-batch that uses it
                 pack = last[1]
             else:
                 pack = packs.get(key)
                 if pack is None:
-                    pack = gd.variant_pack(uids, (x + ox, w, y + oy), ws or None)
+                    pack = gd.variant_pack(uids, key[:3], ws or None)
                     packs.put(key, pack)
                 last[0], last[1] = key, pack
             st = execute(h, pd, pack.handle)
