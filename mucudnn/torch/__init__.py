@@ -39,7 +39,8 @@ largest plan's workspace and is reused by every kernel, allocated with
 ``torch.cuda.memory_allocated``/``max_memory_allocated`` nor count towards
 ``torch.cuda.set_per_process_memory_fraction``; it does appear in
 ``torch.cuda.mem_get_info`` and nvidia-smi. Its size: :func:`workspace_bytes`
-(or ``conv.pool.size`` of a :class:`mucudnn.Convolution`). Under a memory
+(or ``conv.pool.size`` of a :class:`mucudnn.Convolution`); :func:`release_workspace`
+frees it. Under a memory
 fraction, leave room for it: at most ``workspace_limit`` (WR mode) or
 ``total_workspace`` (WD mode) per device.
 
@@ -57,11 +58,13 @@ from __future__ import annotations
 import torch  # noqa: F401  (this package is the only room of mucudnn that imports torch)
 
 from .convert import MODES, WDPlanner, convert
-from .engine import MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear, workspace_bytes
+from .engine import (MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear,
+                     release_workspace, workspace_bytes)
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv2d, conv3d
 from .modules import Conv2d, Conv3d
 from .ops import ConvFunction
 
 __all__ = ["Conv2d", "Conv3d", "ConvFunction", "DEFAULT_WORKSPACE_LIMIT", "MAX_CONVOLUTIONS",
            "MODES", "TorchBridgeError", "TorchTypeError", "TorchValueError", "WDPlanner",
-           "cached_convolutions", "clear", "conv2d", "conv3d", "convert", "workspace_bytes"]
+           "cached_convolutions", "clear", "conv2d", "conv3d", "convert", "release_workspace",
+           "workspace_bytes"]

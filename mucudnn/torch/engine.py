@@ -48,7 +48,7 @@ from ..problem import ConvProblem, Direction, Plan
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
            "channels_last", "convolution", "forward", "backward", "output_shape",
-           "register_plan_source", "workspace_bytes", "clear"]
+           "register_plan_source", "release_workspace", "workspace_bytes", "clear"]
 
 log = logging.getLogger("mucudnn")
 
@@ -309,10 +309,12 @@ def forget(key: tuple) -> None:
     _CONVS.pop(key)
 
 
-def clear() -> None:
-    """Forget every cached Convolution and per-device backend of mucudnn.torch."""
+def clear(backends: bool = True) -> None:
+    """Forget every cached Convolution of mucudnn.torch (and, with ``backends``,
+    its per-device backends: the next call makes them again)."""
     _CONVS.clear()
-    _BACKENDS.clear()
+    if backends:
+        _BACKENDS.clear()
 
 
 def cached_convolutions() -> list[Convolution]:
@@ -338,6 +340,22 @@ def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
         pool = conv.pool
         pools[id(pool)] = pool
     return sum(int(p.size) for p in pools.values())
+
+
+def release_workspace() -> int:
+    """Free the workspace buffers of the pools mucudnn.torch's Convolutions use
+    (they grow again on the next call); returns the bytes freed. Waits for the
+    GPU first. Captured CUDA graphs that used the workspace must be deleted first."""
+    pools: dict[int, Any] = {}
+    for conv in _CONVS.values():
+        pools[id(conv.pool)] = conv.pool
+    if any(c.backend.name != "numpy" for c in _CONVS.values()) and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    freed = 0
+    for pool in pools.values():
+        freed += int(pool.size)
+        pool.release()
+    return freed
 
 
 # -- the three directions ------------------------------------------------------------------------
