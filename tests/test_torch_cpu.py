@@ -497,6 +497,43 @@ def test_wd_mode_without_grad_plans_forward_only():
     assert len(plans) == 2 and all(set(p) == {Direction.FORWARD} for p in plans)
 
 
+def test_wd_model_copies_pickles_and_replans_after_a_failure(monkeypatch):
+    import importlib
+    import io
+
+    convert_mod = importlib.import_module("mucudnn.torch.convert")  # the module, not the function
+
+    model = mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)),
+                       mode="wd", total_workspace=8 << 10)
+    x = torch.randn(2, 3, 6, 6)
+    calls = []
+    real = convert_mod.optimize_network
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise mucudnn.errors.UnsupportedConfigError("boom")
+        return real(*a, **k)
+    monkeypatch.setattr(convert_mod, "optimize_network", flaky)
+    with pytest.raises(ValueError, match="boom"):
+        model(x)
+    assert model.mucudnn_planner.pending == 2      # kept for the next forward
+    y = model(x)
+    assert model.mucudnn_planner.pending == 0 and len(model.mucudnn_planner.plans) == 2
+    twin = copy.deepcopy(model)
+    assert twin.mucudnn_planner is model.mucudnn_planner
+    _close(twin(x), y)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert back.mucudnn_planner is model.mucudnn_planner  # same process: the live planner
+    _close(back(x), y)
+    # in a process that has never seen the planner, a fresh one under the same token
+    fresh = convert_mod._restore_planner(8 << 10, "powerOfTwo", "", "src-not-seen-before")
+    assert fresh.token == "src-not-seen-before" and fresh.plans == {}
+
+
 # -- caches -----------------------------------------------------------------------------------------
 
 def test_convolution_cache_is_bounded_keyed_and_cleared():
@@ -597,3 +634,12 @@ def test_ci_installs_what_readme_says_with_the_torch_extra():
     install = readme.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0].strip()
     assert install == 'python -m pip install -e ".[test,cudnn,plot,torch]"'
     assert install in ci.splitlines()
+
+
+@pytest.mark.parametrize("name", ["", ".engine", ".ops", ".functional", ".modules", ".convert"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module("mucudnn.torch" + name)
+    assert doctest.testmod(mod).failed == 0

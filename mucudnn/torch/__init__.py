@@ -44,6 +44,16 @@ frees it. Under a memory
 fraction, leave room for it: at most ``workspace_limit`` (WR mode) or
 ``total_workspace`` (WD mode) per device.
 
+Caches (each a :class:`mucudnn.caches.LRU`; :func:`mucudnn.caches.clear_all` empties them)
+--------------------------------------------------------------------------------------------
+* ``torch.convolutions`` (:mod:`.engine`, :data:`MAX_CONVOLUTIONS` = 512): one
+  :class:`mucudnn.Convolution` per packed x/w shape, dtype, layout, math mode,
+  device and options; :func:`clear` empties it too.
+* ``torch.backends`` (:mod:`.engine`, 64): the backend of each (name, CUDA device).
+* ``torch.options`` (:mod:`.functional`, 64): checked ``workspace_limit``/``policy``/``backend``.
+* ``torch.wd_plans`` (one per :class:`WDPlanner`, 4096): WD plans by (layer, problem);
+  once emptied, the next forward plans again.
+
 >>> import torch
 >>> from torch import nn
 >>> model = convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))

@@ -73,14 +73,24 @@ class WDPlanner:
     since the last call. It is reachable as ``model.mucudnn_planner``.
     """
 
-    def __init__(self, total_workspace: int, policy: Any, backend: str) -> None:
+    def __init__(self, total_workspace: int, policy: Any, backend: str,
+                 token: "str | None" = None) -> None:
         self.total_workspace = int(total_workspace)
         self.policy = policy
         self.backend = backend
         self._plans: "LRU[tuple[str, str], dict[Direction, Plan]]" = LRU("torch.wd_plans", 4096)
         self._pending: dict[tuple[str, str], tuple[ConvProblem, Backend, tuple]] = {}
         self._lock = threading.Lock()
-        self.token = engine.register_plan_source(self)
+        self.token = engine.register_plan_source(self, token)
+
+    # A copied model (copy.deepcopy) shares its planner, whose token its layers
+    # name; a pickled one gets a fresh planner under the same token (plans are
+    # made again at its first forward).
+    def __deepcopy__(self, memo: dict) -> "WDPlanner":
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (_restore_planner, (self.total_workspace, self.policy, self.backend, self.token))
 
     # engine.PlanSource
     def plans_for(self, layer: str, problem: ConvProblem, backend: Backend,
@@ -109,6 +119,15 @@ class WDPlanner:
             pending, self._pending = self._pending, {}
         if not pending:
             return 0
+        try:
+            self._plan(pending, directions)
+        except BaseException:
+            with self._lock:  # keep them for the next forward
+                self._pending = {**pending, **self._pending}
+            raise
+        return len(pending)
+
+    def _plan(self, pending: dict, directions: "tuple[Direction, ...] | None") -> None:
         dirs = directions or (Direction.FORWARD, Direction.BACKWARD_DATA,
                               Direction.BACKWARD_FILTER)
         by_backend: dict[int, tuple[Backend, dict[tuple[str, str], ConvProblem]]] = {}
@@ -127,7 +146,13 @@ class WDPlanner:
                      sum(p.workspace_bytes for p in chosen.values()))
         for _problem, _be, key in pending.values():
             engine.forget(key)  # rebuilt with the plans at the next call
-        return len(pending)
+
+
+def _restore_planner(total_workspace: int, policy: Any, backend: str, token: str) -> WDPlanner:
+    live = engine.plan_source(token)
+    if isinstance(live, WDPlanner):
+        return live
+    return WDPlanner(total_workspace, policy, backend, token=token)
 
 
 @torch.compiler.disable

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 import weakref
 from typing import Any, Mapping, NamedTuple, Protocol
 
@@ -144,13 +145,20 @@ def backend_token(backend: "str | Backend | None") -> str:
                     f"got {type(backend).__name__}")
 
 
-def register_plan_source(source: PlanSource) -> str:
-    """Register ``source`` (held weakly) and return its token for ``ConvConfig.plans``."""
+def register_plan_source(source: PlanSource, token: "str | None" = None) -> str:
+    """Register ``source`` (held weakly) and return its token for ``ConvConfig.plans``
+    (a new unique one, or ``token``: a source unpickled in another process keeps its name)."""
+    tok = token or f"src-{uuid.uuid4().hex[:16]}"
+    if ":" in tok:
+        raise TorchBridgeError(f"token: expected no ':' in a plan source token, got {tok!r}")
     with _LOCK:
-        _counter[0] += 1
-        tok = f"src{_counter[0]}"
         _PLAN_SOURCES[tok] = source
-        return tok
+    return tok
+
+
+def plan_source(token: str) -> "PlanSource | None":
+    """The plan source registered under ``token``, if it is alive."""
+    return _PLAN_SOURCES.get(token)
 
 
 def _backend_for(token: str, device: torch.device) -> Backend:
