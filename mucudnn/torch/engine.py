@@ -63,6 +63,7 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "floa
 _CL = {4: torch.channels_last, 5: torch.channels_last_3d}
 _TO_CL = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
 _FROM_CL = {4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
+_BIAS_VIEW = {4: (-1, 1, 1), 5: (-1, 1, 1, 1)}
 _LAYOUT = {(4, False): "NCHW", (4, True): "NHWC", (5, False): "NCDHW", (5, True): "NDHWC"}
 
 
@@ -257,20 +258,22 @@ def _math(dtype: torch.dtype, device: torch.device) -> str:
     return "default"
 
 
-@contextlib.contextmanager
-def _on_device(device: torch.device):
+_NULL = contextlib.nullcontext()
+
+
+def _on_device(device: torch.device) -> Any:
+    """``torch.cuda.device(device)`` when it is not the current device (the
+    engine imports arrays on the current device only)."""
     if device.type == "cuda" and device.index is not None \
             and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            yield
-    else:
-        yield
+        return torch.cuda.device(device)
+    return _NULL
 
 
 def _no_autocast(device: torch.device) -> Any:
     if torch.is_autocast_enabled(device.type):
         return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
+    return _NULL
 
 
 # -- the Convolution cache -----------------------------------------------------------------------
@@ -393,7 +396,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
         conv = convolution(xv, wv, _LAYOUT[(nd, cl)], cfg)
         _run(conv.forward, xv, wv, y)
         if bias is not None:
-            y.add_(bias if cl else bias.view([-1] + [1] * (nd - 2)))
+            y.add_(bias if cl else bias.view(_BIAS_VIEW[nd]))
     return _logical(y, cl)
 
 

@@ -109,6 +109,15 @@ def _sizes(policy: Any) -> str:
 
 
 def _tuple(name: str, value: Any, nd: int, minimum: int) -> tuple[int, ...]:
+    # fast paths first: a module's attributes are plain tuples of ints
+    if type(value) is tuple and len(value) == nd:
+        for v in value:
+            if type(v) is not int or v < minimum:
+                break
+        else:
+            return value
+    elif type(value) is int and value >= minimum:
+        return (value,) * nd
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         vals = (int(value),) * nd
     elif isinstance(value, (tuple, list)) and all(
@@ -157,7 +166,8 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
                               f"tensor, got shape {tuple(input.shape)}")
     st = _tuple("stride", stride, nd, 1)
     dil = _tuple("dilation", dilation, nd, 1)
-    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
+    if type(groups) is not int and (isinstance(groups, bool)
+                                    or not isinstance(groups, numbers.Integral)) or groups < 1:
         raise TorchValueError(f"groups: expected a positive int, got {groups!r}")
     groups = int(groups)
     extra: list[int] = []
@@ -171,41 +181,43 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
                                   f"got {padding!r}")
     else:
         pad = _tuple("padding", padding, nd, 0)
-    k, cg = int(weight.shape[0]), int(weight.shape[1])
-    c = int(input.shape[1 if batched else 0])
+    ws = weight.shape
+    k, cg = ws[0], ws[1]
+    c = input.shape[1 if batched else 0]
     if cg * groups != c:
         raise TorchValueError(f"weight: expected {c // groups if c % groups == 0 else '?'} input "
                               f"channels per group (input has {c} channels, groups={groups}), "
-                              f"got weight of shape {tuple(weight.shape)}")
+                              f"got weight of shape {tuple(ws)}")
     if k % groups:
         raise TorchValueError(f"weight: out_channels ({k}) must be divisible by groups ({groups})")
-    if bias is not None and tuple(bias.shape) != (k,):
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != k):
         raise TorchValueError(f"bias: expected shape ({k},), got {tuple(bias.shape)}")
-    if input.device != weight.device or (bias is not None and bias.device != input.device):
-        raise TorchValueError(f"weight: expected the input's device {input.device}, got "
+    device = input.device
+    if weight.device != device or (bias is not None and bias.device != device):
+        raise TorchValueError(f"weight: expected the input's device {device}, got "
                               f"weight on {weight.device}"
                               + ("" if bias is None else f", bias on {bias.device}"))
-    dev = input.device.type
+    dev = device.type
     if torch.is_autocast_enabled(dev):  # as autocast treats native convolutions
         dt = torch.get_autocast_dtype(dev)
         input, weight = _cast(input, dt), _cast(weight, dt)
         bias = None if bias is None else _cast(bias, dt)
-    if input.dtype not in DTYPES:
-        raise TorchTypeError(f"input: expected one of {[str(d) for d in DTYPES]}, "
-                             f"got {input.dtype}")
-    if weight.dtype != input.dtype or (bias is not None and bias.dtype != input.dtype):
-        raise TorchTypeError(f"weight: expected the input's dtype {input.dtype}, got "
+    dtype = input.dtype
+    if dtype not in DTYPES:
+        raise TorchTypeError(f"input: expected one of {[str(d) for d in DTYPES]}, got {dtype}")
+    if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        raise TorchTypeError(f"weight: expected the input's dtype {dtype}, got "
                              f"weight {weight.dtype}"
                              + ("" if bias is None else f", bias {bias.dtype}"))
     x = input if batched else input.unsqueeze(0)
     if extra and any(extra):
         x = F.pad(x, extra)
+    xs = x.shape
     for i in range(nd):
-        size = int(x.shape[i + 2]) + 2 * pad[i] - dil[i] * (int(weight.shape[i + 2]) - 1)
-        if size < 1:
+        if xs[i + 2] + 2 * pad[i] - dil[i] * (ws[i + 2] - 1) < 1:
             raise TorchValueError(
-                f"input: spatial size {tuple(x.shape[2:])} is smaller than the dilated kernel "
-                f"{tuple(dil[j] * (int(weight.shape[j + 2]) - 1) + 1 for j in range(nd))} "
+                f"input: spatial size {tuple(xs[2:])} is smaller than the dilated kernel "
+                f"{tuple(dil[j] * (ws[j + 2] - 1) + 1 for j in range(nd))} "
                 f"with padding {pad}")
     cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
     y = ops.apply(x, weight, bias, cfg)
