@@ -419,6 +419,7 @@ def test_convert_tracks_native_training_with_the_same_parameters():
         _close(a, b)
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
         _close(p, q, rtol=1e-4, atol=1e-5)
+        _close(p.grad, q.grad, rtol=1e-4, atol=1e-5)  # the last step's gradients
     for (n, b), (_, c) in zip(model.named_buffers(), ref.named_buffers()):
         _close(b, c)
     # converting again converts nothing more
@@ -595,6 +596,22 @@ def _compile_matches_eager(backend, steps=2, model=None):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_torch_compile_matches_eager(backend):
     _compile_matches_eager(backend)
+
+
+def test_torch_compile_of_a_wd_model_plans_at_its_first_forward():
+    torch._dynamo.reset()
+    torch.manual_seed(9)
+    model = SmallCNN()
+    ref = copy.deepcopy(model)  # native
+    mt.convert(model, mode="wd", total_workspace=16 << 10)
+    compiled = torch.compile(model, backend="aot_eager")
+    for x, t in _data(2, seed=11):
+        loss = F.cross_entropy(compiled(x), t)
+        loss.backward()
+        ref_loss = F.cross_entropy(ref(x), t)
+        ref_loss.backward()
+        _close(loss, ref_loss)
+    assert len(model.mucudnn_planner.plans) == 3 and model.mucudnn_planner.pending == 0
 
 
 def test_torch_compile_keeps_the_conv_in_one_graph():

@@ -322,21 +322,36 @@ def forget(key: tuple) -> None:
 
 def clear(backends: bool = True) -> None:
     """Forget every cached Convolution of mucudnn.torch (and, with ``backends``,
-    its per-device backends: the next call makes them again)."""
+    its per-device backends: the next call makes them again).
+
+    >>> clear(); cached_convolutions()
+    []
+    """
     _CONVS.clear()
     if backends:
         _BACKENDS.clear()
 
 
 def cached_convolutions() -> list[Convolution]:
-    """The Convolutions mucudnn.torch holds now (most recently used last)."""
+    """The Convolutions mucudnn.torch holds now (most recently used last).
+
+    >>> import torch
+    >>> cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, -1, "undivided", "", "")
+    >>> _ = forward(torch.ones(3, 2, 4, 4), torch.ones(5, 2, 3, 3), None, cfg)
+    >>> cached_convolutions()[-1].problem.key()
+    'conv2d:x=3x2x4x4:w=5x2x3x3:stride=1x1:pad=0x0:dil=1x1:g=1:float32:acc=float32:NCHW:math=default'
+    """
     return _CONVS.values()
 
 
 def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
     """Bytes held now by the workspace pools of the backends mucudnn.torch uses
     (on ``device`` only, when given). This memory comes from cudaMalloc, outside
-    torch's caching allocator (see the package docstring)."""
+    torch's caching allocator (see the package docstring).
+
+    >>> workspace_bytes("cpu") >= 0
+    True
+    """
     dev = None if device is None else torch.device(device)
     if dev is not None and dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -356,7 +371,11 @@ def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
 def release_workspace() -> int:
     """Free the workspace buffers of the pools mucudnn.torch's Convolutions use
     (they grow again on the next call); returns the bytes freed. Waits for the
-    GPU first. Captured CUDA graphs that used the workspace must be deleted first."""
+    GPU first. Captured CUDA graphs that used the workspace must be deleted first.
+
+    >>> release_workspace() >= 0
+    True
+    """
     pools: dict[int, Any] = {}
     for conv in _CONVS.values():
         pools[id(conv.pool)] = conv.pool
