@@ -3,6 +3,7 @@
 # Full logs go under $OUT (or ./out); a short summary is printed last.
 #   bash tools/gpu_run.sh tests            # all `gpu` tests
 #   bash tools/gpu_run.sh tests bench      # tests, then AlexNet/ResNet-18 bench at 64 MiB
+#   NETS=vgg16 bash tools/gpu_run.sh train # tools/train_bench.py (PyTorch training, native vs mucudnn.torch)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
@@ -56,6 +57,14 @@ for stage in "$@"; do
       timeout 300 python3 tools/bench_graph_replay.py --json "$OUT/graph-replay.json" \
         > "$OUT/graph-replay.txt" 2>&1
       summary+=("graph replay (rc $?): see graph-replay.txt")
+      ;;
+    train)  # tools/train_bench.py, one model per call (TRAIN_ARGS e.g. "--precisions amp")
+      for net in ${NETS:-resnet50}; do
+        timeout "${TRAIN_TIMEOUT:-560}" python3 tools/train_bench.py --models "$net" \
+          --max-seconds "${TRAIN_MAX_S:-400}" ${TRAIN_ARGS:-} --json "$OUT/train-$net.json" \
+          > "$OUT/train-$net.txt" 2>&1
+        summary+=("train $net (rc $?): $(tail -25 "$OUT/train-$net.txt" | tr -s ' ' | tr '\n' ';')")
+      done
       ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -1,0 +1,79 @@
+"""mucudnn.torch: micro-batched convolutions inside PyTorch training.
+
+Three lines convert a model::
+
+    import mucudnn.torch as mt
+    model = mt.convert(model, workspace_limit=64 << 20)   # every nn.Conv2d/Conv3d, in place
+    # ... train as before: same parameters, same optimizer, same state_dict
+
+or build layers directly (:class:`Conv2d`, :class:`Conv3d`, subclasses of
+torch's) or call :func:`conv2d`/:func:`conv3d` (as ``torch.nn.functional``'s).
+Forward, backward-data and backward-filter each run micro-batched with the
+fastest cuDNN algorithms whose workspace fits the limit
+(:class:`mucudnn.Convolution` underneath, one per distinct problem, cached).
+
+What runs where
+---------------
+* CUDA tensors run on mucudnn's GPU backend of their device
+  (``mucudnn.get_backend(backend, device=index)``; cudnn-graph by default),
+  zero-copy, on torch's current stream.
+* CPU tensors run on the NumPy backend (slow, exact; it is how the autograd
+  path is tested without a GPU).
+* ``torch.channels_last`` tensors run NHWC plans without copies and return
+  channels-last outputs, as native convolutions do; under
+  ``torch.autocast`` inputs and weight are cast to the autocast dtype.
+* ``torch.compile`` sees the custom ops ``mucudnn::conv`` and
+  ``mucudnn::conv_backward`` (fake implementations give shapes), so a
+  compiled model keeps each convolution as one node; eager mode uses an
+  ``autograd.Function`` (less host time per call).
+* CUDA graphs: after a warm-up step (which plans and allocates), a whole
+  training step can be captured with ``torch.cuda.graph`` and replayed.
+
+Where the workspace comes from
+------------------------------
+As for PyTorch's own convolutions: from PyTorch's caching allocator, for the
+duration of each call, on torch's current stream (``mucudnn.Convolution``
+does this for every call with CUDA torch tensors). It is counted in
+``torch.cuda.memory_allocated`` while a call runs, so in
+``max_memory_allocated`` peaks and under ``set_per_process_memory_fraction``;
+CUDA-graph capture takes it from the graph's private pool. It is never more
+than the plan's workspace, itself at most ``workspace_limit`` (WR mode) or
+the kernel's share of ``total_workspace`` (WD mode). mucudnn's own pools
+(:class:`mucudnn.exec.workspace.WorkspacePool`, allocated with ``cudaMalloc``
+outside torch) serve only NumPy, DeviceArray and ``graph=True`` calls:
+:func:`workspace_bytes` gives what they hold, :func:`release_workspace` frees it.
+
+Caches (each a :class:`mucudnn.caches.LRU`; :func:`mucudnn.caches.clear_all` empties them)
+--------------------------------------------------------------------------------------------
+* ``torch.convolutions`` (:mod:`.engine`, :data:`MAX_CONVOLUTIONS` = 512): one
+  :class:`mucudnn.Convolution` per packed x/w shape, dtype, layout, math mode,
+  device and options; :func:`clear` empties it too.
+* ``torch.backends`` (:mod:`.engine`, 64): the backend of each (name, CUDA device).
+* ``torch.options`` (:mod:`.functional`, 64): checked ``workspace_limit``/``policy``/``backend``.
+* ``torch.wd_plans`` (one per :class:`WDPlanner`, 4096): WD plans by (layer, problem);
+  once emptied, the next forward plans again.
+
+>>> import torch
+>>> from torch import nn
+>>> model = convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+>>> y = model(torch.randn(2, 3, 5, 5))
+>>> y.sum().backward()
+>>> tuple(model[0].weight.grad.shape)
+(4, 3, 3, 3)
+"""
+
+from __future__ import annotations
+
+import torch  # noqa: F401  (this package is the only room of mucudnn that imports torch)
+
+from .convert import MODES, WDPlanner, convert
+from .engine import (MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear,
+                     release_workspace, workspace_bytes)
+from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv2d, conv3d
+from .modules import Conv2d, Conv3d
+from .ops import ConvFunction
+
+__all__ = ["Conv2d", "Conv3d", "ConvFunction", "DEFAULT_WORKSPACE_LIMIT", "MAX_CONVOLUTIONS",
+           "MODES", "TorchBridgeError", "TorchTypeError", "TorchValueError", "WDPlanner",
+           "cached_convolutions", "clear", "conv2d", "conv3d", "convert", "release_workspace",
+           "workspace_bytes"]

@@ -1,0 +1,221 @@
+"""``convert(model)``: run every ``nn.Conv2d``/``nn.Conv3d`` of a model micro-batched.
+
+Conversion is in place: each module of type exactly ``nn.Conv2d`` or
+``nn.Conv3d`` becomes a :class:`~mucudnn.torch.Conv2d` /
+:class:`~mucudnn.torch.Conv3d` (its class is swapped, as torch's lazy modules
+do), so it keeps its identity, its ``Parameter`` objects (an optimizer made
+before ``convert`` keeps working), its hooks and its ``state_dict`` keys.
+Subclasses of ``nn.Conv2d`` (which may override ``forward``) and modules
+converted before are left alone.
+
+Two modes:
+
+* ``"wr"`` (workspace reuse, the default): every kernel (layer and direction)
+  is planned on its own under ``workspace_limit``; plans share one workspace
+  buffer per device, so the memory held is the largest plan's workspace.
+* ``"wd"`` (workspace division): all convolutions of the model are planned
+  jointly under one budget ``total_workspace`` through
+  :func:`mucudnn.optimize_network` (the integer program). Their shapes are
+  known only when the model runs, so planning happens at the **first
+  forward**: that forward runs each convolution with a plan of its own under
+  ``total_workspace`` (benchmarks at that cap are what the joint plan needs
+  anyway, so the benchmark cache serves both) and records its problem; when
+  the converted module's forward returns, the recorded problems are planned
+  jointly and the chosen plans installed, so the first backward pass and
+  every later call use them. Each new set of shapes (another batch size) is
+  planned the same way once. With gradients enabled at that moment all three
+  directions are planned, otherwise the forward direction only (the others
+  are then planned on their own under ``total_workspace`` if ever run).
+  Warm up before capturing CUDA graphs: nothing may be planned in a capture.
+
+>>> import torch
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+>>> w = model[0].weight
+>>> model = convert(model, workspace_limit=32 << 20)
+>>> type(model[0]).__name__, model[0].weight is w
+('Conv2d', True)
+>>> tuple(model(torch.randn(2, 3, 6, 6)).shape)
+(2, 4, 6, 6)
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import threading
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..backends import Backend
+from ..caches import LRU
+from ..optimizer import optimize_network
+from ..problem import ConvProblem, Direction, Plan
+from . import engine
+from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
+from .modules import Conv2d, Conv3d, MucudnnConvMixin
+
+__all__ = ["convert", "WDPlanner", "MODES"]
+
+log = logging.getLogger("mucudnn")
+
+MODES = ("wr", "wd")
+_CLASSES = {nn.Conv2d: Conv2d, nn.Conv3d: Conv3d}
+
+
+class WDPlanner:
+    """The joint (WD) planner of one converted model (see the module doc).
+
+    ``plans`` maps ``(layer name, problem key)`` to ``{Direction: Plan}`` for
+    every problem planned so far; :meth:`plan_pending` plans the problems seen
+    since the last call. It is reachable as ``model.mucudnn_planner``.
+    """
+
+    def __init__(self, total_workspace: int, policy: Any, backend: str,
+                 token: "str | None" = None) -> None:
+        self.total_workspace = int(total_workspace)
+        self.policy = policy
+        self.backend = backend
+        self._plans: "LRU[tuple[str, str], dict[Direction, Plan]]" = LRU("torch.wd_plans", 4096)
+        self._pending: dict[tuple[str, str], tuple[ConvProblem, Backend, tuple]] = {}
+        self._lock = threading.Lock()
+        self.token = engine.register_plan_source(self, token)
+
+    # A copied model (copy.deepcopy) shares its planner, whose token its layers
+    # name; a pickled one gets a fresh planner under the same token (plans are
+    # made again at its first forward).
+    def __deepcopy__(self, memo: dict) -> "WDPlanner":
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (_restore_planner, (self.total_workspace, self.policy, self.backend, self.token))
+
+    # engine.PlanSource
+    def plans_for(self, layer: str, problem: ConvProblem, backend: Backend,
+                  key: tuple) -> "Mapping[Direction, Plan] | None":
+        hit = self._plans.get((layer, problem.key()))
+        if hit is not None:
+            return hit
+        with self._lock:
+            self._pending[(layer, problem.key())] = (problem, backend, key)
+        return None
+
+    @property
+    def plans(self) -> dict[tuple[str, str], dict[Direction, Plan]]:
+        """``{(layer name, problem key): {Direction: Plan}}`` planned so far (a copy)."""
+        return {k: dict(v) for k in self._plans.keys() if (v := self._plans.get(k)) is not None}
+
+    @property
+    def pending(self) -> int:
+        """How many recorded problems wait for the joint plan."""
+        return len(self._pending)
+
+    def plan_pending(self, directions: "tuple[Direction, ...] | None" = None) -> int:
+        """Plan every recorded problem jointly (one integer program per device)
+        under ``total_workspace`` and install the plans; returns how many."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return 0
+        try:
+            self._plan(pending, directions)
+        except BaseException:
+            with self._lock:  # keep them for the next forward
+                self._pending = {**pending, **self._pending}
+            raise
+        return len(pending)
+
+    def _plan(self, pending: dict, directions: "tuple[Direction, ...] | None") -> None:
+        dirs = directions or (Direction.FORWARD, Direction.BACKWARD_DATA,
+                              Direction.BACKWARD_FILTER)
+        by_backend: dict[int, tuple[Backend, dict[tuple[str, str], ConvProblem]]] = {}
+        for name, (problem, be, _key) in pending.items():
+            by_backend.setdefault(id(be), (be, {}))[1][name] = problem
+        for be, problems in by_backend.values():
+            chosen = optimize_network(problems, self.total_workspace, directions=dirs,
+                                      policy=self.policy, backend=be)
+            got: dict[tuple[str, str], dict[Direction, Plan]] = {}
+            for (name, d), plan in chosen.items():
+                got.setdefault(name, {})[d] = plan
+            for name, plans in got.items():
+                self._plans.put(name, plans)
+            log.info("mucudnn.torch: WD plans for %d convolutions under %d bytes: %d bytes of "
+                     "workspace in all", len(problems), self.total_workspace,
+                     sum(p.workspace_bytes for p in chosen.values()))
+        for _problem, _be, key in pending.values():
+            engine.forget(key)  # rebuilt with the plans at the next call
+
+
+def _restore_planner(total_workspace: int, policy: Any, backend: str, token: str) -> WDPlanner:
+    live = engine.plan_source(token)
+    if isinstance(live, WDPlanner):
+        return live
+    return WDPlanner(total_workspace, policy, backend, token=token)
+
+
+@torch.compiler.disable
+def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
+    planner = getattr(module, "mucudnn_planner", None)
+    if planner is not None and planner.pending:
+        dirs = None if torch.is_grad_enabled() else (Direction.FORWARD,)
+        planner.plan_pending(dirs)
+
+
+def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+            policy: Any = "powerOfTwo", mode: str = "wr",
+            total_workspace: "int | None" = None,
+            backend: "str | Backend | None" = None) -> nn.Module:
+    """Make every ``nn.Conv2d``/``nn.Conv3d`` in ``module`` (itself included,
+    nested ones too) run micro-batched, in place; returns ``module``.
+
+    ``mode="wr"``: each kernel planned on its own under ``workspace_limit``
+    bytes. ``mode="wd"``: all kernels planned jointly under
+    ``total_workspace`` bytes at the first forward (see the module doc;
+    ``workspace_limit`` is then unused). ``policy`` and ``backend`` are as in
+    :func:`mucudnn.torch.conv2d`.
+
+    >>> from torch import nn
+    >>> m = convert(nn.Sequential(nn.Conv2d(1, 2, 3)), mode="wd", total_workspace=1 << 20)
+    >>> m.mucudnn_planner.total_workspace, m[0].extra_repr().endswith("mode='wd'")
+    (1048576, True)
+    """
+    if not isinstance(module, nn.Module):
+        raise TorchTypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if mode not in MODES:
+        raise TorchValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    planner = None
+    if mode == "wd":
+        if total_workspace is None:
+            raise TorchValueError("total_workspace: mode='wd' needs a total workspace budget in "
+                                  "bytes, got None")
+        if isinstance(total_workspace, bool) or not isinstance(total_workspace, numbers.Integral):
+            raise TorchTypeError(f"total_workspace: expected an int (bytes), got {total_workspace!r}")
+        if total_workspace < 0:
+            raise TorchValueError(f"total_workspace: expected >= 0 bytes, got {total_workspace}")
+        opts = options(int(total_workspace), policy, backend)
+        planner = WDPlanner(int(total_workspace), policy, opts.backend)
+    else:
+        if total_workspace is not None:
+            raise TorchValueError("total_workspace: only mode='wd' takes a total budget; "
+                                  "mode='wr' limits each kernel with workspace_limit")
+        options(workspace_limit, policy, backend)  # check before touching the model
+    converted = 0
+    for name, m in module.named_modules():
+        cls = _CLASSES.get(type(m))
+        if cls is None:
+            continue
+        m.__class__ = cls
+        mu: MucudnnConvMixin = m  # type: ignore[assignment]
+        if planner is not None:
+            mu._mu_setup(int(total_workspace), policy, backend,  # type: ignore[arg-type]
+                         plans=f"{planner.token}:{name}")
+        else:
+            mu._mu_setup(workspace_limit, policy, backend)
+        converted += 1
+    if planner is not None:
+        module.mucudnn_planner = planner  # type: ignore[assignment]
+        module.register_forward_hook(_after_forward)
+    log.info("mucudnn.torch: converted %d convolution(s) (mode %s)", converted, mode)
+    return module

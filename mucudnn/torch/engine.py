@@ -1,0 +1,455 @@
+"""The bridge between torch tensors and :class:`mucudnn.Convolution`.
+
+Everything here runs *outside* autograd: it takes plain tensors in torch's
+logical shapes (x ``(N, C, *spatial)``, w ``(K, C/groups, *kernel)``), picks
+the memory layout, finds (or builds) the :class:`~mucudnn.Convolution` of the
+problem in a bounded cache, and calls its ``forward`` / ``backward_data`` /
+``backward_filter`` with outputs allocated through torch's allocator.
+
+* Layout: channels-first (NCHW/NCDHW) unless ``x`` or ``w`` is in
+  ``torch.channels_last``/``channels_last_3d`` memory format, as cuDNN under
+  PyTorch chooses; then the tensors are used as NHWC/NDHWC views (a
+  channels-last NCHW tensor permuted to ``(N, H, W, C)`` is contiguous: no
+  copy) and results come back permuted to torch's logical order, i.e. in the
+  channels-last memory format.
+* CPU tensors run on the NumPy backend through NumPy views of the tensors
+  (bfloat16 through an int16 view and ``ml_dtypes.bfloat16``); CUDA tensors
+  are passed to the engine as torch tensors (zero-copy), on the backend
+  ``mucudnn.get_backend(backend, device=index)`` of their device.
+* A Convolution is kept per distinct (shapes, dtype, layout, math mode,
+  options, device) in an LRU of :data:`MAX_CONVOLUTIONS` entries named
+  ``"torch.convolutions"`` (:func:`mucudnn.caches.clear_all` empties it). A
+  new batch size is a new problem and gets its own Convolution (and plans).
+
+>>> import torch
+>>> cfg = ConvConfig((1, 1), (1, 1), (1, 1), 1, 64 << 20, "powerOfTwo", "", "")
+>>> y = forward(torch.ones(2, 3, 5, 5), torch.ones(4, 3, 3, 3), None, cfg)
+>>> tuple(y.shape), float(y[0, 0, 2, 2])
+((2, 4, 5, 5), 27.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+import weakref
+from typing import Any, Mapping, NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+from ..api import Convolution
+from ..backends import Backend, available_backends, get_backend
+from ..caches import LRU
+from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
+from ..errors import MucudnnError, UnsupportedDtypeError
+from ..problem import ConvProblem, Direction, Plan
+
+__all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
+           "channels_last", "convolution", "forward", "backward", "output_shape",
+           "register_plan_source", "release_workspace", "workspace_bytes", "clear"]
+
+log = logging.getLogger("mucudnn")
+
+#: Bound of the cache of Convolutions (one per distinct problem and options).
+MAX_CONVOLUTIONS = 512
+
+#: torch dtypes mucudnn convolves, by mucudnn's name.
+DTYPES: dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "float16",
+                                  torch.bfloat16: "bfloat16", torch.float64: "float64"}
+
+_CL = {4: torch.channels_last, 5: torch.channels_last_3d}
+_TO_CL = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
+_FROM_CL = {4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
+_BIAS_VIEW = {4: (-1, 1, 1), 5: (-1, 1, 1, 1)}
+_LAYOUT = {(4, False): "NCHW", (4, True): "NHWC", (5, False): "NCDHW", (5, True): "NDHWC"}
+
+
+class ConvConfig(NamedTuple):
+    """Everything of a convolution that is not a tensor (hashable; the custom
+    ops take the same fields as separate arguments).
+
+    ``workspace_limit`` is -1 for no limit; ``backend`` is "" for the default
+    (or a token from :func:`backend_token`); ``plans`` is "" or the token of a
+    registered :class:`PlanSource` followed by ``":"`` and a layer name.
+    """
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    workspace_limit: int
+    policy: str
+    backend: str
+    plans: str
+
+
+class PlanSource(Protocol):
+    """Where forced plans come from (``mucudnn.torch.convert``'s WD mode).
+
+    ``plans_for`` is called when a Convolution is built for ``layer``; it
+    returns the plans to install, or None (then the Convolution plans each
+    direction itself and the source may remember ``key`` to :func:`forget` it
+    once it has plans).
+    """
+
+    def plans_for(self, layer: str, problem: ConvProblem, backend: Backend,
+                  key: tuple) -> "Mapping[Direction, Plan] | None": ...
+
+
+_CONVS: "LRU[tuple, Convolution]" = LRU("torch.convolutions", MAX_CONVOLUTIONS)
+#: (backend token, device index) -> Backend for CUDA devices: one backend (so
+#: one workspace pool) per device and name, whatever get_backend does with options.
+_BACKENDS: "LRU[tuple, Backend]" = LRU("torch.backends", 64)
+#: Backend instances given by the caller, by token (a registry, not a cache:
+#: a token must stay valid while modules hold it).
+_BACKEND_OBJECTS: dict[str, Backend] = {}
+_PLAN_SOURCES: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+_LOCK = threading.Lock()
+_counter = [0]
+
+
+class TorchBridgeError(MucudnnError, ValueError):
+    """A tensor or option mucudnn.torch cannot run (wrong device kind for the backend)."""
+
+
+# -- options ----------------------------------------------------------------------------------
+def backend_token(backend: "str | Backend | None") -> str:
+    """The string form of a ``backend=`` argument ("" for the default).
+
+    Names are checked against :func:`mucudnn.available_backends`; a Backend
+    instance is registered and named ``"@<n>"``.
+
+    >>> backend_token(None), backend_token("NumPy")
+    ('', 'numpy')
+    """
+    if backend is None:
+        return ""
+    if isinstance(backend, str):
+        name = backend.strip().lower()
+        if name not in available_backends():
+            raise ValueError(f"backend: expected one of {available_backends()} or None, "
+                             f"got {backend!r}")
+        return name
+    if isinstance(backend, Backend):
+        with _LOCK:
+            for tok, obj in _BACKEND_OBJECTS.items():
+                if obj is backend:
+                    return tok
+            _counter[0] += 1
+            tok = f"@{_counter[0]}"
+            _BACKEND_OBJECTS[tok] = backend
+            return tok
+    raise TypeError(f"backend: expected a backend name, a mucudnn Backend or None, "
+                    f"got {type(backend).__name__}")
+
+
+def register_plan_source(source: PlanSource, token: "str | None" = None) -> str:
+    """Register ``source`` (held weakly) and return its token for ``ConvConfig.plans``
+    (a new unique one, or ``token``: a source unpickled in another process keeps its name)."""
+    tok = token or f"src-{uuid.uuid4().hex[:16]}"
+    if ":" in tok:
+        raise TorchBridgeError(f"token: expected no ':' in a plan source token, got {tok!r}")
+    with _LOCK:
+        _PLAN_SOURCES[tok] = source
+    return tok
+
+
+def plan_source(token: str) -> "PlanSource | None":
+    """The plan source registered under ``token``, if it is alive."""
+    return _PLAN_SOURCES.get(token)
+
+
+def _backend_for(token: str, device: torch.device) -> Backend:
+    if device.type == "cpu":
+        if token in ("", "numpy"):
+            return get_backend("numpy")
+        obj = _BACKEND_OBJECTS.get(token)
+        if obj is not None and obj.name == "numpy":
+            return obj
+        raise TorchBridgeError(
+            f"backend: {token if obj is None else obj.name!r} runs CUDA tensors, but the input "
+            "is a CPU tensor (CPU tensors run on the 'numpy' backend: backend=None or 'numpy')")
+    if device.type != "cuda":
+        raise TorchBridgeError(f"input: mucudnn runs CPU and CUDA tensors, got a tensor on {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (token, index)
+    be = _BACKENDS.get(key)
+    if be is not None:
+        return be
+    obj = _BACKEND_OBJECTS.get(token)
+    if obj is not None:
+        be = obj
+    else:
+        try:
+            be = get_backend(token or None, device=index)
+        except TypeError as exc:
+            raise TorchBridgeError(
+                f"backend: {token or 'the default backend'} cannot run on CUDA device {index} "
+                f"({exc}); pick a GPU backend ('cudnn-graph' or 'cudnn')") from exc
+    if be.name == "numpy":
+        raise TorchBridgeError(
+            "backend: the 'numpy' backend takes CPU tensors, but the input is on "
+            f"{device} (unset MUCUDNN_BACKEND=numpy or pass backend='cudnn-graph')")
+    _BACKENDS.put(key, be)
+    return be
+
+
+def _policy(policy: str) -> Any:
+    """The policy as Convolution takes it ("64,32" -> (64, 32))."""
+    if policy and (policy[0].isdigit()):
+        return tuple(int(v) for v in policy.split(","))
+    return policy
+
+
+# -- shapes and layouts -------------------------------------------------------------------------
+def output_shape(x_shape: Any, w_shape: Any, stride: Any, padding: Any,
+                 dilation: Any) -> list[Any]:
+    """torch's logical output shape ``(N, K, *spatial)`` (works on SymInts too).
+
+    >>> output_shape((2, 3, 9, 9), (4, 3, 3, 3), (2, 2), (1, 1), (1, 1))
+    [2, 4, 5, 5]
+    """
+    out = [x_shape[0], w_shape[0]]
+    for i in range(len(x_shape) - 2):
+        k = dilation[i] * (w_shape[i + 2] - 1) + 1
+        out.append((x_shape[i + 2] + 2 * padding[i] - k) // stride[i] + 1)
+    return out
+
+
+def _is_cl(t: torch.Tensor) -> bool:
+    fmt = _CL.get(t.dim())
+    return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
+
+
+def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """True when the convolution runs NHWC/NDHWC: ``x`` or ``w`` is channels-last
+    (and not also plainly contiguous), as PyTorch's cuDNN convolutions decide."""
+    return _is_cl(x) or _is_cl(w)
+
+
+def _view(t: torch.Tensor, cl: bool) -> torch.Tensor:
+    """``t`` packed in the layout's own order (a view where it already is)."""
+    if not cl:
+        return t.contiguous()
+    nd = t.dim()
+    return t.contiguous(memory_format=_CL[nd]).permute(_TO_CL[nd]).contiguous()
+
+
+def _logical(t: torch.Tensor, cl: bool) -> torch.Tensor:
+    return t.permute(_FROM_CL[t.dim()]) if cl else t
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        if not HAVE_ML_DTYPES:
+            raise UnsupportedDtypeError(
+                "input: bfloat16 CPU tensors need ml_dtypes (pip install ml_dtypes)")
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def _math(dtype: torch.dtype, device: torch.device) -> str:
+    if dtype == torch.float32 and device.type == "cuda" and not torch.backends.cudnn.allow_tf32:
+        return "fma"  # PyTorch forbids TF32 for convolutions: so do we
+    return "default"
+
+
+_NULL = contextlib.nullcontext()
+
+
+def _on_device(device: torch.device) -> Any:
+    """``torch.cuda.device(device)`` when it is not the current device (the
+    engine imports arrays on the current device only)."""
+    if device.type == "cuda" and device.index is not None \
+            and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return _NULL
+
+
+def _no_autocast(device: torch.device) -> Any:
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return _NULL
+
+
+# -- the Convolution cache -----------------------------------------------------------------------
+def convolution(xv: torch.Tensor, wv: torch.Tensor, layout: str, cfg: ConvConfig) -> Convolution:
+    """The cached Convolution for packed tensors ``xv``/``wv`` in ``layout``."""
+    dev = xv.device
+    math = _math(xv.dtype, dev)
+    key = (tuple(xv.shape), tuple(wv.shape), xv.dtype, layout, math, dev.type, dev.index, cfg)
+    conv = _CONVS.get(key)
+    if conv is None:
+        conv = _CONVS.get_or_create(key, lambda: _make(key, xv, wv, layout, math, cfg))
+    return conv
+
+
+def _make(key: tuple, xv: torch.Tensor, wv: torch.Tensor, layout: str, math: str,
+          cfg: ConvConfig) -> Convolution:
+    dtype = DTYPES.get(xv.dtype)
+    if dtype is None:
+        raise UnsupportedDtypeError(
+            f"input: mucudnn convolves {[str(d) for d in DTYPES]}, got {xv.dtype}")
+    be = _backend_for(cfg.backend, xv.device)
+    problem = ConvProblem(tuple(xv.shape), tuple(wv.shape), stride=cfg.stride,
+                          padding=cfg.padding, dilation=cfg.dilation, groups=cfg.groups,
+                          dtype=dtype, layout=layout, math=math)
+    plans = None
+    if cfg.plans:
+        tok, _, layer = cfg.plans.partition(":")
+        source = _PLAN_SOURCES.get(tok)
+        if source is None:
+            raise TorchBridgeError(f"plans: no plan source {tok!r} (its model was deleted?)")
+        plans = source.plans_for(layer, problem, be, key)
+    limit = None if cfg.workspace_limit < 0 else cfg.workspace_limit
+    log.debug("mucudnn.torch: new Convolution %s on %s%s", problem.key(), be.name,
+              " with forced plans" if plans else "")
+    return Convolution(problem.x_shape, problem.w_shape, stride=problem.stride,
+                       padding=problem.padding, dilation=problem.dilation,
+                       groups=problem.groups, dtype=dtype, layout=layout, math=math,
+                       workspace_limit=limit, policy=_policy(cfg.policy), backend=be,
+                       plans=dict(plans) if plans else None)
+
+
+def forget(key: tuple) -> None:
+    """Drop one cached Convolution (its next use builds it again)."""
+    _CONVS.pop(key)
+
+
+def clear(backends: bool = True) -> None:
+    """Forget every cached Convolution of mucudnn.torch (and, with ``backends``,
+    its per-device backends: the next call makes them again).
+
+    >>> clear(); cached_convolutions()
+    []
+    """
+    _CONVS.clear()
+    if backends:
+        _BACKENDS.clear()
+
+
+def cached_convolutions() -> list[Convolution]:
+    """The Convolutions mucudnn.torch holds now (most recently used last).
+
+    >>> import torch
+    >>> cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, -1, "undivided", "", "")
+    >>> _ = forward(torch.ones(3, 2, 4, 4), torch.ones(5, 2, 3, 3), None, cfg)
+    >>> cached_convolutions()[-1].problem.key()
+    'conv2d:x=3x2x4x4:w=5x2x3x3:stride=1x1:pad=0x0:dil=1x1:g=1:float32:acc=float32:NCHW:math=default'
+    """
+    return _CONVS.values()
+
+
+def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
+    """Bytes held now by the workspace pools of the backends mucudnn.torch uses
+    (on ``device`` only, when given). This memory comes from cudaMalloc, outside
+    torch's caching allocator (see the package docstring).
+
+    >>> workspace_bytes("cpu") >= 0
+    True
+    """
+    dev = None if device is None else torch.device(device)
+    if dev is not None and dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    pools: dict[int, Any] = {}
+    for conv in _CONVS.values():
+        be_dev = getattr(conv.backend, "device", None)
+        if dev is not None:
+            if dev.type == "cpu" and conv.backend.name != "numpy":
+                continue
+            if dev.type == "cuda" and (conv.backend.name == "numpy" or be_dev != dev.index):
+                continue
+        pool = conv.pool
+        pools[id(pool)] = pool
+    return sum(int(p.size) for p in pools.values())
+
+
+def release_workspace() -> int:
+    """Free the workspace buffers of the pools mucudnn.torch's Convolutions use
+    (they grow again on the next call); returns the bytes freed. Waits for the
+    GPU first. Captured CUDA graphs that used the workspace must be deleted first.
+
+    >>> release_workspace() >= 0
+    True
+    """
+    pools: dict[int, Any] = {}
+    for conv in _CONVS.values():
+        pools[id(conv.pool)] = conv.pool
+    if any(c.backend.name != "numpy" for c in _CONVS.values()) and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    freed = 0
+    for pool in pools.values():
+        freed += int(pool.size)
+        pool.release()
+    return freed
+
+
+# -- the three directions ------------------------------------------------------------------------
+def _run(method: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    if out.device.type == "cpu":
+        method(_numpy(a), _numpy(b), _numpy(out))
+    else:
+        method(a, b, out)
+
+
+def forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
+            cfg: ConvConfig) -> torch.Tensor:
+    """``conv(x, w) + bias`` in torch's logical shapes; the output is
+    channels-last when the convolution ran NHWC/NDHWC."""
+    cl = channels_last(x, w)
+    nd = x.dim()
+    shape = output_shape(x.shape, w.shape, cfg.stride, cfg.padding, cfg.dilation)
+    dev = x.device
+    if cl:
+        y = torch.empty([shape[0], *shape[2:], shape[1]], dtype=x.dtype, device=dev)
+    else:
+        y = torch.empty(shape, dtype=x.dtype, device=dev)
+    if shape[0] == 0:
+        return _logical(y, cl)
+    xv, wv = _view(x, cl), _view(w, cl)
+    with _on_device(dev), _no_autocast(dev):
+        conv = convolution(xv, wv, _LAYOUT[(nd, cl)], cfg)
+        _run(conv.forward, xv, wv, y)
+        if bias is not None:
+            y.add_(bias if cl else bias.view(_BIAS_VIEW[nd]))
+    return _logical(y, cl)
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
+             need_x: bool, need_w: bool, need_bias: bool
+             ) -> tuple["torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]:
+    """``(dx, dw, dbias)`` for the gradient ``dy`` of :func:`forward`'s output;
+    None for each one not asked for. ``dbias`` is ``dy`` summed over the batch
+    and spatial dimensions."""
+    cl = channels_last(x, w)
+    nd = x.dim()
+    dev = x.device
+    dx = dw = db = None
+    if need_bias:
+        with _no_autocast(dev):  # sum autocasts to float32; the gradient keeps dy's dtype
+            db = dy.sum(dim=[0] + list(range(2, nd)))
+    if not (need_x or need_w):
+        return dx, dw, db
+    if need_x:
+        dx = torch.empty([x.shape[0], *x.shape[2:], x.shape[1]] if cl else list(x.shape),
+                         dtype=x.dtype, device=dev)
+    if need_w:
+        dw = torch.empty([w.shape[0], *w.shape[2:], w.shape[1]] if cl else list(w.shape),
+                         dtype=w.dtype, device=dev)
+    if x.shape[0] == 0:
+        if dw is not None:
+            dw.zero_()
+    else:
+        xv, wv, dyv = _view(x, cl), _view(w, cl), _view(dy, cl)
+        with _on_device(dev), _no_autocast(dev):
+            conv = convolution(xv, wv, _LAYOUT[(nd, cl)], cfg)
+            if dx is not None:
+                _run(conv.backward_data, dyv, wv, dx)
+            if dw is not None:
+                _run(conv.backward_filter, xv, dyv, dw)
+    return (None if dx is None else _logical(dx, cl),
+            None if dw is None else _logical(dw, cl), db)

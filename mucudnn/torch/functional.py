@@ -1,0 +1,273 @@
+"""``conv2d``/``conv3d`` with the semantics of ``torch.nn.functional.conv2d/conv3d``,
+run micro-batched by mucudnn.
+
+Arguments are checked before any device work; a wrong one raises
+:class:`TorchValueError` / :class:`TorchTypeError` (a ValueError / TypeError
+and a :class:`mucudnn.MucudnnError`) naming it.
+
+>>> import torch
+>>> x, w = torch.ones(2, 3, 5, 5), torch.ones(4, 3, 3, 3)
+>>> y = conv2d(x, w, torch.zeros(4), padding="same")
+>>> tuple(y.shape), float(y[0, 0, 2, 2]), float(y[0, 0, 0, 0])
+((2, 4, 5, 5), 27.0, 12.0)
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..backends import Backend
+from ..caches import LRU
+from ..errors import MucudnnError
+from ..optimizer import batch_sizes
+from . import engine, ops
+from .engine import DTYPES, ConvConfig
+
+__all__ = ["conv2d", "conv3d", "Options", "options", "TorchValueError", "TorchTypeError",
+           "DEFAULT_WORKSPACE_LIMIT"]
+
+#: The default per-kernel workspace limit (64 MiB), as mucudnn's.
+DEFAULT_WORKSPACE_LIMIT = 64 << 20
+
+IntOrTuple = Union[int, Sequence[int]]
+
+
+class TorchValueError(MucudnnError, ValueError):
+    """An argument of mucudnn.torch has a wrong value (the message names it)."""
+
+
+class TorchTypeError(MucudnnError, TypeError):
+    """An argument of mucudnn.torch has a wrong type (the message names it)."""
+
+
+class Options(NamedTuple):
+    """Normalised ``workspace_limit`` (-1: none), ``policy`` and ``backend`` strings."""
+
+    workspace_limit: int
+    policy: str
+    backend: str
+
+
+_OPTIONS: "LRU[tuple, Options]" = LRU("torch.options", 64)
+
+
+def options(workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+            policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> Options:
+    """Check and normalise the mucudnn options of a convolution.
+
+    >>> options(1 << 20, [32, 64], None)
+    Options(workspace_limit=1048576, policy='64,32', backend='')
+    """
+    pol = policy if isinstance(policy, str) else _sizes(policy)
+    key = (workspace_limit, pol, backend if isinstance(backend, (str, type(None))) else id(backend))
+    hit = _OPTIONS.get(key)
+    if hit is not None:
+        return hit
+    if workspace_limit is None:
+        wl = -1
+    elif isinstance(workspace_limit, bool) or not isinstance(workspace_limit, numbers.Integral):
+        raise TorchTypeError(f"workspace_limit: expected an int (bytes) or None, "
+                             f"got {workspace_limit!r}")
+    elif workspace_limit < 0:
+        raise TorchValueError(f"workspace_limit: expected >= 0 bytes, got {workspace_limit}")
+    else:
+        wl = int(workspace_limit)
+    try:
+        batch_sizes(policy if isinstance(pol, str) else [int(v) for v in pol.split(",")], 1)
+    except ValueError as exc:
+        raise TorchValueError(str(exc)) from None
+    try:
+        be = engine.backend_token(backend)
+    except TypeError as exc:
+        raise TorchTypeError(str(exc)) from None
+    except ValueError as exc:
+        raise TorchValueError(str(exc)) from None
+    out = Options(wl, pol, be)
+    _OPTIONS.put(key, out)
+    return out
+
+
+def _sizes(policy: Any) -> str:
+    try:
+        items = list(policy)
+    except TypeError:
+        raise TorchValueError(f"policy: expected 'powerOfTwo', 'all', 'undivided' or a list of "
+                              f"positive batch sizes, got {policy!r}") from None
+    sizes = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise TorchValueError(f"policy: explicit batch sizes must be positive ints, "
+                                  f"got {v!r} in {policy!r}")
+        sizes.append(int(v))
+    if not sizes:
+        raise TorchValueError("policy: expected at least one batch size, got an empty list")
+    return ",".join(str(s) for s in sorted(set(sizes), reverse=True))
+
+
+def _tuple(name: str, value: Any, nd: int, minimum: int) -> tuple[int, ...]:
+    # fast paths first: a module's attributes are plain tuples of ints
+    if type(value) is tuple and len(value) == nd:
+        for v in value:
+            if type(v) is not int or v < minimum:
+                break
+        else:
+            return value
+    elif type(value) is int and value >= minimum:
+        return (value,) * nd
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        vals = (int(value),) * nd
+    elif isinstance(value, (tuple, list)) and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
+        vals = tuple(int(v) for v in value)
+        if len(vals) == 1:
+            vals = vals * nd
+        if len(vals) != nd:
+            raise TorchValueError(f"{name}: expected an int or {nd} ints, got {value!r}")
+    else:
+        raise TorchTypeError(f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
+    if any(v < minimum for v in vals):
+        raise TorchValueError(f"{name}: expected values >= {minimum}, got {value!r}")
+    return vals
+
+
+def _same_padding(nd: int, weight: torch.Tensor, stride: tuple[int, ...],
+                  dilation: tuple[int, ...]) -> tuple[tuple[int, ...], list[int]]:
+    """torch's padding="same": symmetric padding ``total // 2`` and, for an odd
+    total (even kernels), one more row/column at the end (as ``F.pad`` pads)."""
+    if any(s != 1 for s in stride):
+        raise TorchValueError(f"padding: 'same' is not supported for strided convolutions "
+                              f"(stride {stride}); use stride 1 or explicit padding")
+    left, pad = [], [0] * (2 * nd)
+    for i in range(nd):
+        total = dilation[i] * (int(weight.shape[i + 2]) - 1)
+        left.append(total // 2)
+        pad[2 * (nd - 1 - i) + 1] = total - 2 * (total // 2)
+    return tuple(left), pad
+
+
+def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
+            dilation: Any, groups: Any, opts: Options, plans: str = "") -> torch.Tensor:
+    if not isinstance(input, torch.Tensor):
+        raise TorchTypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
+    if not isinstance(weight, torch.Tensor):
+        raise TorchTypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TorchTypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    if weight.dim() != nd + 2:
+        raise TorchValueError(f"weight: expected a {nd + 2}-D tensor (out_channels, "
+                              f"in_channels/groups, *kernel), got shape {tuple(weight.shape)}")
+    batched = input.dim() == nd + 2
+    if not batched and input.dim() != nd + 1:
+        raise TorchValueError(f"input: expected a {nd + 1}-D (unbatched) or {nd + 2}-D (batched) "
+                              f"tensor, got shape {tuple(input.shape)}")
+    st = _tuple("stride", stride, nd, 1)
+    dil = _tuple("dilation", dilation, nd, 1)
+    if type(groups) is not int and (isinstance(groups, bool)
+                                    or not isinstance(groups, numbers.Integral)) or groups < 1:
+        raise TorchValueError(f"groups: expected a positive int, got {groups!r}")
+    groups = int(groups)
+    extra: list[int] = []
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0,) * nd
+        elif padding == "same":
+            pad, extra = _same_padding(nd, weight, st, dil)
+        else:
+            raise TorchValueError(f"padding: expected 'same', 'valid', an int or {nd} ints, "
+                                  f"got {padding!r}")
+    else:
+        pad = _tuple("padding", padding, nd, 0)
+    ws = weight.shape
+    k, cg = ws[0], ws[1]
+    c = input.shape[1 if batched else 0]
+    if cg * groups != c:
+        raise TorchValueError(f"weight: expected {c // groups if c % groups == 0 else '?'} input "
+                              f"channels per group (input has {c} channels, groups={groups}), "
+                              f"got weight of shape {tuple(ws)}")
+    if k % groups:
+        raise TorchValueError(f"weight: out_channels ({k}) must be divisible by groups ({groups})")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != k):
+        raise TorchValueError(f"bias: expected shape ({k},), got {tuple(bias.shape)}")
+    device = input.device
+    if weight.device != device or (bias is not None and bias.device != device):
+        raise TorchValueError(f"weight: expected the input's device {device}, got "
+                              f"weight on {weight.device}"
+                              + ("" if bias is None else f", bias on {bias.device}"))
+    dev = device.type
+    if torch.is_autocast_enabled(dev):  # as autocast treats native convolutions
+        dt = torch.get_autocast_dtype(dev)
+        input, weight = _cast(input, dt), _cast(weight, dt)
+        bias = None if bias is None else _cast(bias, dt)
+    dtype = input.dtype
+    if dtype not in DTYPES:
+        raise TorchTypeError(f"input: expected one of {[str(d) for d in DTYPES]}, got {dtype}")
+    if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        raise TorchTypeError(f"weight: expected the input's dtype {dtype}, got "
+                             f"weight {weight.dtype}"
+                             + ("" if bias is None else f", bias {bias.dtype}"))
+    x = input if batched else input.unsqueeze(0)
+    if extra and any(extra):
+        x = F.pad(x, extra)
+    xs = x.shape
+    for i in range(nd):
+        if xs[i + 2] + 2 * pad[i] - dil[i] * (ws[i + 2] - 1) < 1:
+            raise TorchValueError(
+                f"input: spatial size {tuple(xs[2:])} is smaller than the dilated kernel "
+                f"{tuple(dil[j] * (ws[j + 2] - 1) + 1 for j in range(nd))} "
+                f"with padding {pad}")
+    cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
+    y = ops.apply(x, weight, bias, cfg)
+    return y if batched else y.squeeze(0)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.is_floating_point() and t.dtype != torch.float64 and t.dtype != dtype:
+        return t.to(dtype)
+    return t
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
+           stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
+           groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+           policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> torch.Tensor:
+    """2-D convolution as ``torch.nn.functional.conv2d``, micro-batched by mucudnn.
+
+    ``input`` is ``(N, C, H, W)`` or unbatched ``(C, H, W)``; ``weight``
+    ``(K, C/groups, R, S)``; ``padding`` ints, a tuple, ``"valid"`` or
+    ``"same"`` (stride 1; an even kernel gets the extra row/column at the end,
+    as torch). Differentiable in ``input``, ``weight`` and ``bias``.
+
+    ``workspace_limit`` (bytes, None: no limit) caps each of the three
+    kernels' workspace; ``policy`` ("powerOfTwo", "all", "undivided" or a list
+    of micro-batch sizes) and ``backend`` (None: ``numpy`` for CPU tensors,
+    mucudnn's default GPU backend for CUDA tensors) are as in
+    :class:`mucudnn.Convolution`. Under ``torch.autocast`` the inputs are
+    cast to the autocast dtype, as native convolutions are.
+
+    >>> import torch
+    >>> y = conv2d(torch.ones(3, 5, 5), torch.ones(2, 3, 3, 3), stride=2)
+    >>> tuple(y.shape), float(y[0, 0, 0])
+    ((2, 2, 2), 27.0)
+    """
+    return _convnd(2, input, weight, bias, stride, padding, dilation, groups,
+                   options(workspace_limit, policy, backend))
+
+
+def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
+           stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
+           groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+           policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> torch.Tensor:
+    """3-D convolution as ``torch.nn.functional.conv3d`` (see :func:`conv2d`):
+    ``input`` ``(N, C, D, H, W)`` or ``(C, D, H, W)``, ``weight`` ``(K, C/groups, T, R, S)``.
+
+    >>> import torch
+    >>> y = conv3d(torch.ones(1, 2, 3, 3, 3), torch.ones(1, 2, 3, 3, 3))
+    >>> y.flatten().tolist()
+    [54.0]
+    """
+    return _convnd(3, input, weight, bias, stride, padding, dilation, groups,
+                   options(workspace_limit, policy, backend))

@@ -1,0 +1,120 @@
+"""``Conv2d`` and ``Conv3d``: ``torch.nn.Conv2d``/``Conv3d`` whose convolutions
+run micro-batched by mucudnn.
+
+They are subclasses with the same constructor (plus keyword-only
+``workspace_limit``, ``policy``, ``backend``), the same parameters and the same
+``state_dict`` keys, so a model can load either kind's checkpoint. A
+``padding_mode`` other than ``"zeros"`` is handled as torch does: ``F.pad``
+with that mode, then a convolution without padding.
+
+>>> import torch
+>>> conv = Conv2d(3, 8, 3, padding=1, workspace_limit=16 << 20)
+>>> tuple(conv(torch.randn(2, 3, 8, 8)).shape)
+(2, 8, 8, 8)
+>>> sorted(conv.state_dict())
+['bias', 'weight']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..backends import Backend
+from .functional import DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
+
+__all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin"]
+
+
+class MucudnnConvMixin:
+    """What :class:`Conv2d` and :class:`Conv3d` add to torch's modules; also
+    what :func:`mucudnn.torch.convert` installs on an existing module."""
+
+    _nd: int
+    workspace_limit: "int | None"
+    policy: Any
+    backend: "str | Backend | None"
+    _mu_options: Options
+    _mu_plans: str
+
+    def _mu_setup(self, workspace_limit: "int | None", policy: Any,
+                  backend: "str | Backend | None", plans: str = "") -> None:
+        opts = options(workspace_limit, policy, backend)  # checks them
+        self.workspace_limit = workspace_limit
+        self.policy = policy
+        self.backend = backend
+        self._mu_options = opts
+        self._mu_plans = plans
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                      bias: "torch.Tensor | None") -> torch.Tensor:
+        if self.padding_mode != "zeros":  # type: ignore[attr-defined]
+            input = F.pad(input, self._reversed_padding_repeated_twice,  # type: ignore[attr-defined]
+                          mode=self.padding_mode)  # type: ignore[attr-defined]
+            padding: Any = 0
+        else:
+            padding = self.padding  # type: ignore[attr-defined]
+        return _convnd(self._nd, input, weight, bias, self.stride,  # type: ignore[attr-defined]
+                       padding, self.dilation, self.groups,  # type: ignore[attr-defined]
+                       self._mu_options, self._mu_plans)
+
+    def _mu_repr(self) -> str:
+        s = f", workspace_limit={self.workspace_limit}, policy={self.policy!r}"
+        if self.backend is not None:
+            s += f", backend={self.backend!r}"
+        if self._mu_plans:
+            s += ", mode='wd'"
+        return s
+
+
+class Conv2d(MucudnnConvMixin, nn.Conv2d):
+    """``torch.nn.Conv2d`` run micro-batched by mucudnn.
+
+    >>> import torch
+    >>> m = Conv2d(4, 4, (3, 5), padding="same", groups=2, padding_mode="reflect")
+    >>> tuple(m(torch.randn(1, 4, 6, 7)).shape)
+    (1, 4, 6, 7)
+    """
+
+    _nd = 2
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: Any = None, dtype: Any = None, *,
+                 workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                 policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+                         dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode,  # type: ignore[arg-type]
+                         device=device, dtype=dtype)
+        self._mu_setup(workspace_limit, policy, backend)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._mu_repr()
+
+
+class Conv3d(MucudnnConvMixin, nn.Conv3d):
+    """``torch.nn.Conv3d`` run micro-batched by mucudnn.
+
+    >>> import torch
+    >>> m = Conv3d(2, 3, 3, stride=2, bias=False)
+    >>> tuple(m(torch.randn(2, 2, 5, 5, 5)).shape)
+    (2, 3, 2, 2, 2)
+    """
+
+    _nd = 3
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: Any = None, dtype: Any = None, *,
+                 workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                 policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+                         dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode,  # type: ignore[arg-type]
+                         device=device, dtype=dtype)
+        self._mu_setup(workspace_limit, policy, backend)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._mu_repr()

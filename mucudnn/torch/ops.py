@@ -1,0 +1,148 @@
+"""The two autograd paths of mucudnn.torch, over the same engine calls.
+
+* Eager mode: :class:`ConvFunction`, a ``torch.autograd.Function`` (a custom
+  op costs 10-30 µs more host time per call in eager mode; this does not).
+* ``torch.compile`` / ``torch.export``: the custom ops ``mucudnn::conv`` and
+  ``mucudnn::conv_backward`` (``torch.library.custom_op``), with fake
+  (meta) implementations that compute output shapes and strides, and
+  ``register_autograd``, so a compiled model keeps the convolution as one
+  opaque node instead of breaking the graph.
+
+:func:`apply` picks the path: the custom op while compiling, the Function
+otherwise. Both save ``x`` and ``w`` for the backward pass (as PyTorch's own
+convolution does) and compute only the gradients that are needed
+(``ctx.needs_input_grad``): backward-data for ``x``, backward-filter for
+``w``, and ``dy`` summed over batch and spatial dimensions for the bias.
+
+>>> import torch
+>>> cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, 64 << 20, "powerOfTwo", "", "")
+>>> x = torch.ones(2, 1, 3, 3, requires_grad=True)
+>>> w = torch.ones(1, 1, 3, 3, requires_grad=True)
+>>> y = apply(x, w, None, cfg)
+>>> y.sum().backward()
+>>> float(y.detach()[0, 0, 0, 0]), float(w.grad[0, 0, 0, 0]), float(x.grad[0, 0, 1, 1])
+(9.0, 2.0, 1.0)
+"""
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from . import engine
+from .engine import ConvConfig
+
+__all__ = ["ConvFunction", "apply", "conv", "conv_backward"]
+
+_TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_fixed_stride_order",)
+              if hasattr(torch.Tag, t))
+
+
+class ConvFunction(torch.autograd.Function):
+    """Eager autograd path: ``ConvFunction.apply(x, w, bias, cfg)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, bias: Optional[Tensor],
+                cfg: ConvConfig) -> Tensor:
+        ctx.cfg = cfg
+        ctx.save_for_backward(x, w)
+        return engine.forward(x, w, bias, cfg)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        dx, dw, db = engine.backward(dy, x, w, ctx.cfg, nx, nw, nb)
+        return dx, dw, db, None
+
+
+def _cfg(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+         workspace_limit: int, policy: str, backend: str, plans: str) -> ConvConfig:
+    return ConvConfig(tuple(int(v) for v in stride), tuple(int(v) for v in padding),
+                      tuple(int(v) for v in dilation), int(groups), int(workspace_limit),
+                      policy, backend, plans)
+
+
+@torch.library.custom_op("mucudnn::conv", mutates_args=(), tags=_TAGS)
+def conv(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
+         padding: Sequence[int], dilation: Sequence[int], groups: int, workspace_limit: int,
+         policy: str, backend: str, plans: str) -> Tensor:
+    """``conv(x, weight) + bias`` (micro-batched); x ``(N, C, *spatial)``."""
+    return engine.forward(x, weight, bias, _cfg(stride, padding, dilation, groups,
+                                                 workspace_limit, policy, backend, plans))
+
+
+@conv.register_fake
+def _conv_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], groups: int,
+               workspace_limit: int, policy: str, backend: str, plans: str) -> Tensor:
+    shape = engine.output_shape(x.shape, weight.shape, stride, padding, dilation)
+    if engine.channels_last(x, weight):
+        return torch.empty(shape, dtype=x.dtype, device=x.device,
+                           memory_format=engine._CL[x.dim()])
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("mucudnn::conv_backward", mutates_args=(), tags=_TAGS)
+def conv_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int], groups: int,
+                  workspace_limit: int, policy: str, backend: str, plans: str,
+                  output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dx, dweight, dbias)`` of :func:`conv` for the output gradient ``grad``;
+    a gradient not asked for in ``output_mask`` is an empty tensor."""
+    nx, nw, nb = (bool(v) for v in output_mask)
+    dx, dw, db = engine.backward(grad, x, weight, _cfg(stride, padding, dilation, groups,
+                                                       workspace_limit, policy, backend, plans),
+                                 nx, nw, nb)
+    # a fresh empty tensor for each missing gradient: outputs may not alias
+    return (x.new_empty(0) if dx is None else dx, x.new_empty(0) if dw is None else dw,
+            x.new_empty(0) if db is None else db)
+
+
+@conv_backward.register_fake
+def _conv_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
+                        padding: Sequence[int], dilation: Sequence[int], groups: int,
+                        workspace_limit: int, policy: str, backend: str, plans: str,
+                        output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    nx, nw, nb = (bool(v) for v in output_mask)
+    cl = engine.channels_last(x, weight)
+
+    def like(t: Tensor) -> Tensor:
+        if cl:
+            return torch.empty(t.shape, dtype=t.dtype, device=t.device,
+                               memory_format=engine._CL[t.dim()])
+        return t.new_empty(t.shape)
+
+    return (like(x) if nx else x.new_empty(0), like(weight) if nw else x.new_empty(0),
+            grad.new_empty(grad.shape[1]) if nb else x.new_empty(0))
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    x, w, bias, *rest = inputs
+    ctx.save_for_backward(x, w)
+    ctx.args = rest
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple:
+    x, w = ctx.saved_tensors
+    nx, nw, nb = ctx.needs_input_grad[:3]
+    dx, dw, db = conv_backward(grad, x, w, *ctx.args, [nx, nw, nb and ctx.has_bias])
+    return (dx if nx else None, dw if nw else None, db if nb else None) + (None,) * 8
+
+
+conv.register_autograd(_backward, setup_context=_setup_context)
+
+
+def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig) -> Tensor:
+    """The convolution through the custom op while compiling, else through
+    :class:`ConvFunction` (or, with no gradient needed, the engine directly)."""
+    if torch.compiler.is_compiling():
+        return conv(x, w, bias, list(cfg.stride), list(cfg.padding), list(cfg.dilation),
+                    cfg.groups, cfg.workspace_limit, cfg.policy, cfg.backend, cfg.plans)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return ConvFunction.apply(x, w, bias, cfg)
+    return engine.forward(x, w, bias, cfg)

@@ -1,0 +1,312 @@
+"""mucudnn.torch on a CUDA GPU (marker ``gpu``; skipped without a GPU or torch).
+
+Against torch's native (cuDNN) convolutions: float32 (FMA math and TF32),
+float16 and bfloat16, 2-D and 3-D, channels_last, autocast, a converted model
+over optimizer steps, WR/WD workspace bounds, torch.compile, a CUDA-graph
+captured training step (replay == eager), the engine running on torch's
+current stream, and planning refused inside a capture.
+
+Run: ``python -m pytest -q -m gpu tests/test_torch_gpu.py``
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import mucudnn  # noqa: E402
+import mucudnn.torch as mt  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")]
+
+#: Relative errors (norm of the difference / norm of the reference), as DESIGN.md's.
+FMA_TOL, TF32_TOL, HALF_TOL, BF16_TOL = 1e-5, 5e-3, 1e-2, 2e-2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MUCUDNN_CACHE", str(tmp_path_factory.mktemp("cache") / "cache.sqlite"))
+        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+        yield
+
+
+@pytest.fixture
+def no_tf32():
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _reference(fn, x, w, b, **kw):
+    """float64 result and gradients (dx, dw, db) for the output gradient dy = 1 + y/10."""
+    x64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (x, w, b))
+    y = fn(x64, w64, b64, **kw)
+    dy = (1 + y.detach() / 10)
+    y.backward(dy)
+    return y.detach(), dy, (x64.grad, w64.grad, b64.grad)
+
+
+CONFIGS_2D = [
+    dict(x=(16, 32, 28, 28), w=(64, 32, 3, 3), stride=1, padding=1, dilation=1, groups=1),
+    dict(x=(12, 16, 17, 19), w=(32, 8, 3, 5), stride=(2, 1), padding=(1, 2), dilation=1, groups=2),
+    dict(x=(8, 24, 20, 20), w=(24, 1, 3, 3), stride=1, padding="same", dilation=2, groups=24),
+    dict(x=(32, 64, 14, 14), w=(128, 64, 1, 1), stride=2, padding=0, dilation=1, groups=1),
+]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, FMA_TOL), (torch.float16, HALF_TOL),
+                                       (torch.bfloat16, BF16_TOL)], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("cfg", CONFIGS_2D, ids=[str(i) for i in range(len(CONFIGS_2D))])
+def test_conv2d_against_float64(cfg, dtype, tol, no_tf32):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(cfg["x"], device="cuda", generator=g).to(dtype)
+    w = (torch.randn(cfg["w"], device="cuda", generator=g) / 10).to(dtype)
+    b = torch.randn(cfg["w"][0], device="cuda", generator=g).to(dtype)
+    kw = {k: cfg[k] for k in ("stride", "padding", "dilation", "groups")}
+    y64, dy64, refs = _reference(F.conv2d, x, w, b, **kw)
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
+    y = mt.conv2d(xs, ws, bs, **kw, workspace_limit=8 << 20)
+    assert y.dtype == dtype and y.shape == y64.shape
+    y.backward(dy64.to(dtype))
+    assert rel(y, y64) < tol
+    for got, want in zip((xs.grad, ws.grad, bs.grad), refs):
+        assert got.dtype == dtype
+        assert rel(got, want) < tol * (10 if dtype == torch.float32 else 1)
+
+
+def test_default_tf32_math_matches_native():
+    torch.manual_seed(1)
+    x = torch.randn(32, 64, 28, 28, device="cuda")
+    w = torch.randn(64, 64, 3, 3, device="cuda") / 20
+    assert torch.backends.cudnn.allow_tf32  # PyTorch's default: TF32 convolutions
+    y64 = F.conv2d(x.double(), w.double(), padding=1)
+    assert rel(mt.conv2d(x, w, padding=1), y64) < TF32_TOL
+    assert rel(F.conv2d(x, w, padding=1), y64) < TF32_TOL
+
+
+def test_conv3d_against_float64(no_tf32):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(4, 8, 9, 10, 11, device="cuda", generator=g)
+    w = torch.randn(16, 4, 3, 3, 3, device="cuda", generator=g) / 10
+    b = torch.randn(16, device="cuda", generator=g)
+    kw = dict(stride=(1, 2, 1), padding=1, dilation=(2, 1, 1), groups=2)
+    y64, dy64, refs = _reference(F.conv3d, x, w, b, **kw)
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
+    y = mt.conv3d(xs, ws, bs, **kw)
+    y.backward(dy64.float())
+    assert rel(y, y64) < FMA_TOL
+    for got, want in zip((xs.grad, ws.grad, bs.grad), refs):
+        assert rel(got, want) < 10 * FMA_TOL
+    xc = x.contiguous(memory_format=torch.channels_last_3d)
+    yc = mt.conv3d(xc, w, b, **kw)
+    assert yc.is_contiguous(memory_format=torch.channels_last_3d)
+    assert rel(yc, y64) < FMA_TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_channels_last_module_matches_native(dtype):
+    torch.manual_seed(3)
+    ref = nn.Conv2d(32, 64, 3, padding=1, stride=2).cuda().to(dtype)
+    ref = ref.to(memory_format=torch.channels_last)
+    mine = mt.convert(copy.deepcopy(ref))
+    x = torch.randn(16, 32, 30, 30, device="cuda", dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    yr, ym = ref(xr), mine(xm)
+    assert ym.is_contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(yr)
+    yr.backward(dy)
+    ym.backward(dy)
+    tol = {torch.float32: TF32_TOL, torch.float16: HALF_TOL, torch.bfloat16: BF16_TOL}[dtype]
+    assert rel(ym, yr) < tol
+    assert rel(xm.grad, xr.grad) < tol
+    assert rel(mine.weight.grad, ref.weight.grad) < tol
+    assert xm.grad.is_contiguous(memory_format=torch.channels_last)
+    layouts = {c.problem.layout for c in mt.cached_convolutions()
+               if c.problem.w_shape == (64, 3, 3, 32)}
+    assert layouts == {"NHWC"}
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1, groups=4), nn.ReLU(),
+            nn.Conv2d(64, 128, 1, stride=2), nn.ReLU())
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+def _batches(n, batch=32, size=32, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [(torch.randn(batch, 3, size, size, device="cuda", generator=g),
+             torch.randint(0, 10, (batch,), device="cuda", generator=g)) for _ in range(n)]
+
+
+def _step(model, opt, x, t):
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), t)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+@pytest.mark.parametrize("amp", [None, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_convert_training_tracks_native(amp, no_tf32):
+    torch.manual_seed(4)
+    ref = SmallCNN().cuda()
+    model = copy.deepcopy(ref)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    mt.convert(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    for x, t in _batches(5):
+        with torch.autocast("cuda", dtype=amp or torch.float16, enabled=amp is not None):
+            out, ref_out = model(x), ref(x)
+        if amp is not None:
+            assert out.dtype == ref_out.dtype == amp
+        loss, ref_loss = F.cross_entropy(out.float(), t), F.cross_entropy(ref_out.float(), t)
+        for _m, o, lo in ((model, opt, loss), (ref, ref_opt, ref_loss)):
+            o.zero_grad(set_to_none=True)
+            lo.backward()
+            o.step()
+        tol = 1e-4 if amp is None else 3e-2
+        assert rel(loss, ref_loss) <= tol
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    if amp is None:
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert rel(p, q) < 1e-4
+    else:  # low precision: compare the parameters as a whole (tiny biases drift relatively)
+        flat = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (model, ref)]
+        assert rel(*flat) < 1e-2
+
+
+def test_workspace_bounds_and_where_it_lives():
+    mucudnn.caches.clear_all()
+    model = mt.convert(SmallCNN().cuda(), workspace_limit=1 << 20)
+    for i, (x, t) in enumerate(_batches(2)):
+        F.cross_entropy(model(x), t).backward()
+        torch.cuda.synchronize()
+        if i == 0:  # the pool is shared with earlier tests' larger plans: start it afresh
+            for conv in mt.cached_convolutions():
+                conv.pool.release()
+    held = mt.workspace_bytes("cuda")
+    assert 0 <= held <= 1 << 20
+    for conv in mt.cached_convolutions():
+        assert all(p.workspace_bytes <= 1 << 20 for p in conv.plans.values())
+    # WD: every kernel's plan, summed, fits the one budget
+    total = 2 << 20
+    wd = mt.convert(SmallCNN().cuda(), mode="wd", total_workspace=total)
+    for x, t in _batches(2):
+        F.cross_entropy(wd(x), t).backward()
+    chosen = [p for plans in wd.mucudnn_planner.plans.values() for p in plans.values()]
+    assert len(chosen) == 12 and sum(p.workspace_bytes for p in chosen) <= total
+
+
+def test_torch_compile_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = mt.convert(SmallCNN().cuda())
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="aot_eager")
+    for x, t in _batches(2, seed=3):
+        loss = F.cross_entropy(compiled(x), t)
+        loss.backward()
+        ref_loss = F.cross_entropy(ref(x), t)
+        ref_loss.backward()
+        assert rel(loss, ref_loss) < 1e-5
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert rel(p.grad, q.grad) < 1e-4
+
+
+def test_opcheck_on_cuda():
+    g = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(8, 16, 12, 12, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(32, 8, 3, 3, device="cuda", generator=g, requires_grad=True)
+    b = torch.randn(32, device="cuda", generator=g, requires_grad=True)
+    args = ([1, 1], [1, 1], [1, 1], 2, 64 << 20, "powerOfTwo", "", "")
+    torch.library.opcheck(torch.ops.mucudnn.conv.default, (x, w, b) + args)
+
+
+def test_cuda_graph_training_step_replays_like_eager():
+    torch.manual_seed(7)
+    model = mt.convert(SmallCNN().cuda())
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    data = _batches(7, seed=8)
+    static_x, static_t = data[0][0].clone(), data[0][1].clone()
+    # warm-up on a side stream (plans, workspace, momentum buffers), as torch.cuda.graph asks
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for x, t in data[:3]:
+            static_x.copy_(x)
+            static_t.copy_(t)
+            _step(model, opt, static_x, static_t)
+    torch.cuda.current_stream().wait_stream(s)
+    for x, t in data[:3]:
+        _step(twin, twin_opt, x, t)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = F.cross_entropy(model(static_x), static_t)
+        static_loss.backward()
+        opt.step()
+    for x, t in data[3:]:
+        static_x.copy_(x)
+        static_t.copy_(t)
+        graph.replay()
+        loss = _step(twin, twin_opt, x, t)
+        torch.cuda.synchronize()
+        assert rel(static_loss, loss) < 1e-5
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert rel(p, q) < 1e-4
+    for b, c in zip(model.buffers(), twin.buffers()):
+        assert torch.equal(b, c) if not b.is_floating_point() else rel(b, c) < 1e-4
+
+
+def test_planning_inside_capture_is_refused():
+    w = torch.randn(8, 4, 3, 3, device="cuda")
+    mt.conv2d(torch.randn(2, 4, 9, 9, device="cuda"), w)  # the backend exists
+    torch.cuda.synchronize()
+    x = torch.randn(3, 4, 11, 11, device="cuda")            # a problem never planned
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(mucudnn.errors.PlanningInCaptureError):
+        with torch.cuda.graph(graph):
+            mt.conv2d(x, w)
+
+
+def test_runs_on_torchs_current_stream():
+    """Work queued on a side stream before the call must be waited for and the
+    result must be ready for the next op on that stream, with no sync between."""
+    w = torch.randn(64, 64, 3, 3, device="cuda") / 20
+    x0 = torch.randn(32, 64, 32, 32, device="cuda")
+    mt.conv2d(x0, w, padding=1)  # plan outside the timed region
+    ref = F.conv2d(x0.double(), w.double(), padding=1)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)   # keeps s busy: x is written late
+        x = x0 * 1.0
+        y = mt.conv2d(x, w, padding=1)
+        out = y * 1.0                    # consumes y on s
+    s.synchronize()
+    assert rel(out, ref) < TF32_TOL

@@ -1,0 +1,581 @@
+#!/usr/bin/env python
+"""Training throughput and memory: native PyTorch vs models converted by mucudnn.torch.
+
+For one model (or several) from torchvision (resnet18, resnet50, vgg16, alexnet;
+``tiny`` is a small built-in CNN for smoke tests), synthetic data, SGD with
+momentum, it trains with each combination of
+
+* mode: ``native`` (``torch.backends.cudnn.benchmark=True``), ``wr``
+  (``mucudnn.torch.convert``, ``--workspace`` per kernel), ``wd`` (one
+  ``--total-workspace`` budget for all kernels);
+* precision: ``fp32`` (TF32 allowed, PyTorch's default for convolutions) and
+  ``amp`` (autocast bfloat16, channels_last model and inputs);
+* execution: ``eager`` and ``graph`` (the whole training step captured with
+  ``torch.cuda.graph`` after the warm-up steps and replayed);
+
+and reports the median step time (CUDA events), images/s,
+``torch.cuda.max_memory_allocated``, the device memory actually used (the
+drop of ``torch.cuda.mem_get_info``'s free bytes: it includes mucudnn's
+workspace, which is allocated outside torch's allocator), and the losses of
+the first 30 steps (warm-up steps included). Every run of a model starts from
+the same initial weights and sees the same data, so losses are comparable;
+the maximum relative difference of each converted run's losses from the
+native run's (same precision and execution) is reported.
+
+``--constrained`` adds the constrained-memory mode: under a per-process memory
+fraction emulating a ``--memory`` GPU (16 GiB), the largest batch each mode
+can train (searched over ``--constrained-batches``, catching out-of-memory)
+and its images/s. mucudnn's workspace lives outside torch's allocator, so for
+converted models the fraction is reduced by their workspace budget
+(``--workspace`` or ``--total-workspace``): every mode gets the same total.
+
+Results go to ``--json`` after every run (a time-out keeps what was done); a
+short table is printed last. ``--max-seconds`` stops starting new runs after
+that many seconds. Examples::
+
+    python tools/train_bench.py --models resnet50 --json out/resnet50.json
+    python tools/train_bench.py --models vgg16 --precisions amp --execution graph
+    python tools/train_bench.py --models resnet50 vgg16 --constrained --modes native wr
+    python tools/train_bench.py --device cpu --models tiny --steps 2 --warmup 1   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import mucudnn  # noqa: E402
+import mucudnn.torch as mt  # noqa: E402
+from mucudnn.units import format_bytes, parse_bytes  # noqa: E402
+
+try:  # only the torchvision models need it
+    import torchvision
+except ImportError:  # pragma: no cover - depends on the machine
+    torchvision = None
+
+try:
+    from tqdm.auto import tqdm
+except ImportError:  # pragma: no cover
+    tqdm = None
+
+MODELS = ("resnet18", "resnet50", "vgg16", "alexnet", "tiny")
+MODES = ("native", "wr", "wd")
+PRECISIONS = ("fp32", "amp")
+EXECUTIONS = ("eager", "graph")
+DEFAULT_BATCH = {"alexnet": 256, "resnet18": 256, "resnet50": 128, "vgg16": 128, "tiny": 8}
+IMAGE_SIZE = {"tiny": 32}
+NUM_CLASSES = 1000
+LOSSES_KEPT = 30
+LOSS_TRACK_TOL = 1e-3
+DEFAULT_CONSTRAINED_BATCHES = "64,96,128,160,192,224,256,320,384,448,512"
+
+
+class TinyCNN(nn.Module):
+    """A small CNN for CPU smoke tests (conv, BN, ReLU, pooling, a grouped conv)."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1, groups=2), nn.ReLU(),
+            nn.Conv2d(16, 16, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+def build_model(name: str, num_classes: int = NUM_CLASSES) -> nn.Module:
+    if name == "tiny":
+        return TinyCNN(num_classes)
+    if torchvision is None:
+        raise RuntimeError(f"model {name!r} needs torchvision (pip install torchvision)")
+    return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
+
+# -- arguments ------------------------------------------------------------------------------------
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _batches(text: str) -> list[int]:
+    try:
+        out = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated batch sizes, got {text!r}") from None
+    if not out or out[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes, got {text!r}")
+    return out
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text}")
+    return v
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50"])
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    ap.add_argument("--execution", choices=EXECUTIONS + ("both",), default="both")
+    ap.add_argument("--batch", type=_positive, default=None,
+                    help="mini-batch size (default per model: %s)" % DEFAULT_BATCH)
+    ap.add_argument("--steps", type=_positive, default=30, help="timed steps (default 30)")
+    ap.add_argument("--warmup", type=_positive, default=5,
+                    help="untimed steps first (planning, cudnn.benchmark; >= 3 before a capture)")
+    ap.add_argument("--workspace", type=_bytes, default=64 << 20,
+                    help="WR workspace limit per kernel (default 64MiB)")
+    ap.add_argument("--total-workspace", type=_bytes, default=512 << 20,
+                    help="WD budget for all kernels (default 512MiB)")
+    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--backend", default=None, help="mucudnn backend (default: mucudnn's)")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--constrained", action="store_true",
+                    help="also find the largest trainable batch under --memory")
+    ap.add_argument("--constrained-only", action="store_true",
+                    help="run only the constrained-memory search")
+    ap.add_argument("--constrained-models", nargs="+", choices=MODELS,
+                    default=["resnet50", "vgg16"])
+    ap.add_argument("--memory", type=_bytes, default=16 << 30,
+                    help="emulated GPU memory for --constrained (default 16GiB)")
+    ap.add_argument("--constrained-batches", type=_batches,
+                    default=_batches(DEFAULT_CONSTRAINED_BATCHES))
+    ap.add_argument("--constrained-steps", type=_positive, default=5)
+    ap.add_argument("--constrained-precision", choices=PRECISIONS, default="fp32")
+    ap.add_argument("--refine", type=int, default=2,
+                    help="bisection steps between the last batch that fit and the first that did not")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="start no new run after this many seconds")
+    ap.add_argument("--json", default=None, help="write all numbers here (after every run)")
+    ap.add_argument("--progress", action="store_true", help="a tqdm bar over the runs")
+    args = ap.parse_args(argv)
+    if args.warmup < 3 and args.execution in ("graph", "both") and args.device == "cuda":
+        ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
+    if args.device == "cpu" and args.constrained:
+        ap.error("--constrained: needs --device cuda (a per-process memory fraction)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA GPU (use --device cpu for a smoke test)")
+    try:
+        mt.functional.options(args.workspace, args.policy, args.backend)
+    except (ValueError, TypeError) as exc:
+        ap.error(str(exc))
+    return args
+
+
+# -- one run ------------------------------------------------------------------------------------------
+class Timer:
+    """Per-step times: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def start(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, begin: Any) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((begin, e))
+        else:
+            self.marks.append((begin, time.perf_counter()))
+
+    def times_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in self.marks]
+        return [(b - a) * 1e3 for a, b in self.marks]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    return int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else None
+
+
+def cleanup(device: torch.device) -> None:
+    """Free what earlier runs held: mucudnn's workspace and Convolutions (plans
+    come back from the benchmark cache; backends and their handles are kept),
+    torch's cached blocks."""
+    gc.collect()
+    _sync(device)
+    mt.release_workspace()
+    mt.clear(backends=False)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def prepare(args: argparse.Namespace, name: str, mode: str, precision: str,
+            init_state: dict, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = build_model(name)
+    model.load_state_dict(init_state)
+    model = model.to(device)
+    if precision == "amp":
+        model = model.to(memory_format=torch.channels_last)
+    if mode == "wr":
+        mt.convert(model, workspace_limit=args.workspace, policy=args.policy,
+                   backend=args.backend)
+    elif mode == "wd":
+        mt.convert(model, mode="wd", total_workspace=args.total_workspace, policy=args.policy,
+                   backend=args.backend)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return model, opt
+
+
+def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, execution: str,
+              batch: int, init_state: dict, device: torch.device, steps: int | None = None,
+              warmup: int | None = None, keep_losses: int = LOSSES_KEPT) -> dict:
+    """Train ``warmup + steps`` steps; return the run's numbers (see the module doc)."""
+    steps = args.steps if steps is None else steps
+    warmup = args.warmup if warmup is None else warmup
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    free0 = _free_bytes(device)
+    model, opt = prepare(args, name, mode, precision, init_state, device)
+    size = IMAGE_SIZE.get(name, 224)
+    fmt = torch.channels_last if precision == "amp" else torch.contiguous_format
+    x = torch.empty(batch, 3, size, size, device=device, memory_format=fmt)
+    t = torch.empty(batch, dtype=torch.long, device=device)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    amp = precision == "amp"
+    graphed = execution == "graph"
+
+    def next_batch() -> None:
+        x.normal_(generator=gen)
+        t.random_(0, NUM_CLASSES, generator=gen)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=not graphed)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp,
+                            cache_enabled=not graphed):
+            loss = F.cross_entropy(model(x), t)
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses: list[torch.Tensor] = []
+    timer = Timer(device)
+    t0 = time.perf_counter()
+    first_step_s = None
+    side = torch.cuda.Stream(device) if graphed else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for i in range(warmup):
+            next_batch()
+            losses.append(step().detach().float())
+            if i == 0:
+                _sync(device)
+                first_step_s = time.perf_counter() - t0
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
+    graph = None
+    if graphed:
+        opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_loss = step()
+    for _ in range(steps):
+        next_batch()
+        begin = timer.start()
+        if graph is not None:
+            graph.replay()
+            loss = static_loss
+        else:
+            loss = step()
+        timer.stop(begin)
+        losses.append(loss.detach().float().clone())
+    times = timer.times_ms()
+    _sync(device)
+    free1 = _free_bytes(device)
+    med = statistics.median(times)
+    out = {
+        "model": name, "mode": mode, "precision": precision, "execution": execution,
+        "batch": batch, "steps": steps, "warmup": warmup,
+        "median_step_ms": med, "images_per_s": batch / (med / 1e3),
+        "step_ms": times, "first_step_s": first_step_s,
+        "losses": ([float(v) for v in torch.stack(losses[:keep_losses]).cpu()]
+                   if keep_losses else []),
+        "max_memory_allocated": (torch.cuda.max_memory_allocated(device)
+                                 if device.type == "cuda" else None),
+        "device_memory_used": (free0 - free1) if free0 is not None else None,
+        "mucudnn_workspace_bytes": mt.workspace_bytes(device) if mode != "native" else 0,
+    }
+    planner = getattr(model, "mucudnn_planner", None)
+    if planner is not None:
+        chosen = [p for plans in planner.plans.values() for p in plans.values()]
+        out["wd_kernels"] = len(chosen)
+        out["wd_planned_workspace_bytes"] = sum(p.workspace_bytes for p in chosen)
+    # release the model, its buffers and the graph before the next run (the closures
+    # above are done with them)
+    graph = model = opt = x = t = losses = None  # noqa: F841
+    return out
+
+
+# -- constrained memory ---------------------------------------------------------------------------
+def is_oom(exc: BaseException) -> bool:
+    """True for out-of-memory errors from torch, CUDA or mucudnn (its workspace)."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "alloc_failed" in text or "cudaerrormemoryallocation" in text
+
+
+def search_largest_batch(try_batch: Callable[[int], bool], candidates: Sequence[int],
+                         refine: int = 2, quantum: int = 16) -> tuple[int | None, dict[int, bool]]:
+    """The largest batch for which ``try_batch`` succeeds: ascend ``candidates``
+    until the first failure, then bisect (multiples of ``quantum``) ``refine``
+    times between the last success and that failure. Returns (best, tried).
+
+    >>> search_largest_batch(lambda b: b <= 200, [64, 128, 256, 512], refine=3)
+    (192, {64: True, 128: True, 256: False, 192: True, 224: False, 208: False})
+    """
+    tried: dict[int, bool] = {}
+    best, fail = None, None
+    for b in sorted(candidates):
+        ok = tried[b] = bool(try_batch(b))
+        if not ok:
+            fail = b
+            break
+        best = b
+    lo = best if best is not None else 0
+    for _ in range(max(0, refine)):
+        if fail is None:
+            break
+        mid = (lo + fail) // 2 // quantum * quantum
+        if mid <= lo or mid >= fail or mid < 1:
+            break
+        ok = tried[mid] = bool(try_batch(mid))
+        if ok:
+            lo = best = mid
+        else:
+            fail = mid
+    return best, tried
+
+
+def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict,
+                device: torch.device, log: Callable[[str], None]) -> dict:
+    total = torch.cuda.get_device_properties(device).total_memory
+    reserve = {"native": 0, "wr": args.workspace, "wd": args.total_workspace}[mode]
+    fraction = max(0.0, min(1.0, (args.memory - reserve) / total))
+    results: dict[int, dict] = {}
+
+    def attempt(b: int) -> bool:
+        cleanup(device)
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        try:
+            r = train_run(args, name, mode, args.constrained_precision, "eager", b, init_state,
+                          device,
+                          steps=args.constrained_steps, warmup=2, keep_losses=0)
+            results[b] = r
+            log(f"  constrained {name} {mode} batch {b}: ok, {r['images_per_s']:.0f} img/s")
+            return True
+        except Exception as exc:  # noqa: BLE001 - out of memory is the expected failure
+            if not is_oom(exc):
+                raise
+            log(f"  constrained {name} {mode} batch {b}: out of memory")
+            return False
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+    best, tried = search_largest_batch(attempt, args.constrained_batches, args.refine)
+    r = results.get(best) if best is not None else None
+    return {"model": name, "mode": mode, "precision": args.constrained_precision,
+            "memory_bytes": args.memory,
+            "workspace_reserve_bytes": reserve, "memory_fraction": fraction,
+            "largest_batch": best, "images_per_s": r["images_per_s"] if r else None,
+            "median_step_ms": r["median_step_ms"] if r else None,
+            "max_memory_allocated": r["max_memory_allocated"] if r else None,
+            "device_memory_used": r["device_memory_used"] if r else None,
+            "tried": {str(k): v for k, v in tried.items()}}
+
+
+# -- the whole benchmark --------------------------------------------------------------------------------
+def loss_tracking(runs: list[dict]) -> list[dict]:
+    """Max relative difference of each converted run's losses from the native
+    run of the same model, precision and execution."""
+    native = {(r["model"], r["precision"], r["execution"]): r["losses"]
+              for r in runs if r.get("mode") == "native" and r.get("losses")}
+    out = []
+    for r in runs:
+        ref = native.get((r["model"], r["precision"], r["execution"]))
+        if r.get("mode") == "native" or not r.get("losses") or ref is None:
+            continue
+        n = min(len(ref), len(r["losses"]))
+        diffs = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(r["losses"][:n], ref[:n])]
+        worst = max(diffs) if diffs else math.nan
+        out.append({"model": r["model"], "mode": r["mode"], "precision": r["precision"],
+                    "execution": r["execution"], "steps_compared": n, "max_rel_diff": worst,
+                    "within_1e-3": bool(worst <= LOSS_TRACK_TOL)})
+    return out
+
+
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
+           "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
+           "python": sys.version.split()[0]}
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cudnn=torch.backends.cudnn.version(),
+                   total_memory=torch.cuda.get_device_properties(device).total_memory)
+    return env
+
+
+def plan_runs(args: argparse.Namespace, device: torch.device) -> list[tuple[str, str, str, str]]:
+    execs = list(EXECUTIONS) if args.execution == "both" else [args.execution]
+    if device.type != "cuda":
+        execs = [e for e in execs if e == "eager"]
+    # WD before WR: WD benchmarks under the larger cap, whose cache entries also serve WR
+    modes = sorted(args.modes, key=lambda m: MODES.index(m) if m != "wd" else 0.5)
+    return [(m, p, mode, e) for m in args.models for p in args.precisions for e in execs
+            for mode in modes]
+
+
+def _row(r: dict) -> str:
+    mem = r.get("max_memory_allocated")
+    used = r.get("device_memory_used")
+    return (f"{r['model']:9s} {r['precision']:4s} {r['execution']:5s} {r['mode']:6s} "
+            f"{r['batch']:5d} {r['median_step_ms']:9.2f} {r['images_per_s']:9.0f} "
+            f"{format_bytes(mem) if mem is not None else '-':>10s} "
+            f"{format_bytes(used) if used is not None else '-':>10s}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"environment": environment(device), "args": {
+        k: v for k, v in vars(args).items()}, "runs": [], "loss_tracking": [],
+        "constrained": [], "skipped": []}
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    def save() -> None:
+        report["loss_tracking"] = loss_tracking(report["runs"])
+        if args.json:
+            d = os.path.dirname(os.path.abspath(args.json))
+            os.makedirs(d, exist_ok=True)
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=1, default=str)
+
+    def out_of_time() -> bool:
+        return args.max_seconds is not None and time.perf_counter() - started > args.max_seconds
+
+    inits: dict[str, dict] = {}
+
+    def init_state(name: str) -> dict:
+        if name not in inits:
+            torch.manual_seed(args.seed)
+            inits[name] = {k: v.clone() for k, v in build_model(name).state_dict().items()}
+        return inits[name]
+
+    runs = [] if args.constrained_only else plan_runs(args, device)
+    bar = tqdm(total=len(runs), unit="run") if (args.progress and tqdm and runs) else None
+    for name, precision, mode, execution in runs:
+        tag = f"{name} {precision} {execution} {mode}"
+        if out_of_time():
+            report["skipped"].append({"run": tag, "reason": "--max-seconds reached"})
+            continue
+        batch = args.batch or DEFAULT_BATCH[name]
+        log(f"run {tag} batch {batch} ...")
+        cleanup(device)
+        try:
+            r = train_run(args, name, mode, precision, execution, batch, init_state(name), device)
+            log(f"  {r['median_step_ms']:.2f} ms/step, {r['images_per_s']:.0f} img/s, "
+                f"first step {r['first_step_s']:.1f} s")
+        except Exception as exc:  # noqa: BLE001 - one failed run must not end the benchmark
+            r = {"model": name, "mode": mode, "precision": precision, "execution": execution,
+                 "batch": batch, "error": f"{type(exc).__name__}: {exc}",
+                 "traceback": traceback.format_exc()}
+            log(f"  FAILED: {r['error']}")
+        report["runs"].append(r)
+        save()
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    if args.constrained or args.constrained_only:
+        for name in args.constrained_models:
+            for mode in args.modes:
+                if out_of_time():
+                    report["skipped"].append({"run": f"constrained {name} {mode}",
+                                              "reason": "--max-seconds reached"})
+                    continue
+                log(f"constrained {name} {mode} under {format_bytes(args.memory)} ...")
+                try:
+                    c = constrained(args, name, mode, init_state(name), device, log)
+                except Exception as exc:  # noqa: BLE001
+                    c = {"model": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}",
+                         "traceback": traceback.format_exc()}
+                    log(f"  FAILED: {c['error']}")
+                report["constrained"].append(c)
+                save()
+    cleanup(device)
+    report["elapsed_s"] = time.perf_counter() - started
+    save()
+    # the short table, last
+    ok = [r for r in report["runs"] if "error" not in r]
+    if ok:
+        log(f"\n{'model':9s} {'prec':4s} {'exec':5s} {'mode':6s} {'batch':>5s} "
+            f"{'ms/step':>9s} {'img/s':>9s} {'max alloc':>10s} {'dev used':>10s}")
+        for r in ok:
+            log(_row(r))
+    for t in report["loss_tracking"]:
+        log(f"losses {t['model']} {t['precision']} {t['execution']} {t['mode']} vs native: "
+            f"max rel diff {t['max_rel_diff']:.2e} over {t['steps_compared']} steps")
+    for c in report["constrained"]:
+        if "error" in c:
+            continue
+        ips = f"{c['images_per_s']:.0f} img/s" if c["images_per_s"] else "-"
+        log(f"constrained {c['model']} {c['mode']}: largest batch {c['largest_batch']} ({ips})")
+    failed = [r for r in report["runs"] + report["constrained"] if "error" in r]
+    for r in failed:
+        log(f"FAILED {r['model']} {r.get('precision', '')} {r.get('execution', '')} "
+            f"{r['mode']}: {r['error']}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
