@@ -252,10 +252,18 @@ def torch_result(p, direction, hx, hw, hy, math, via_float32=False):
     With ``via_float32`` the host arrays go to torch as float32 and are cast to
     ``p.dtype`` on the device (torch.from_numpy takes no bfloat16)."""
     torch = torch_or_skip()
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = math != "fma"  # TF32 only where we allow it too
+    try:
+        return _torch_conv(torch, p, direction, hx, hw, hy, via_float32)
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
+def _torch_conv(torch, p, direction, hx, hw, hy, via_float32):
     import torch.nn.functional as F
     from torch.nn import grad as G
 
-    torch.backends.cudnn.allow_tf32 = math != "fma"  # TF32 only where we allow it too
     dev = torch.device("cuda", mc.current_device())
     if via_float32:
         tdt = {"float32": torch.float32, "float16": torch.float16,

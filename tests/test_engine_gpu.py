@@ -43,9 +43,9 @@ def _cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def torch():
+def torch(monkeypatch):
     t = pytest.importorskip("torch")
-    t.backends.cudnn.allow_tf32 = False
+    monkeypatch.setattr(t.backends.cudnn, "allow_tf32", False)  # restored after the test
     return t
 
 

@@ -88,11 +88,11 @@ def test_conv2d_against_float64(cfg, dtype, tol, no_tf32):
         assert rel(got, want) < tol * (10 if dtype == torch.float32 else 1)
 
 
-def test_default_tf32_math_matches_native():
+def test_default_tf32_math_matches_native(monkeypatch):
     torch.manual_seed(1)
     x = torch.randn(32, 64, 28, 28, device="cuda")
     w = torch.randn(64, 64, 3, 3, device="cuda") / 20
-    assert torch.backends.cudnn.allow_tf32  # PyTorch's default: TF32 convolutions
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # PyTorch's default
     y64 = F.conv2d(x.double(), w.double(), padding=1)
     assert rel(mt.conv2d(x, w, padding=1), y64) < TF32_TOL
     assert rel(F.conv2d(x, w, padding=1), y64) < TF32_TOL

@@ -350,6 +350,11 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
 
 
 # -- constrained memory ---------------------------------------------------------------------------
+def _index(device: torch.device) -> int:
+    """The CUDA device ordinal (set_per_process_memory_fraction needs one)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for out-of-memory errors from torch, CUDA or mucudnn (its workspace)."""
     if isinstance(exc, MemoryError):
@@ -402,7 +407,7 @@ def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict
 
     def attempt(b: int) -> bool:
         cleanup(device)
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        torch.cuda.set_per_process_memory_fraction(fraction, _index(device))
         try:
             r = train_run(args, name, mode, args.constrained_precision, "eager", b, init_state,
                           device,
@@ -418,7 +423,7 @@ def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict
         finally:
             gc.collect()
             torch.cuda.empty_cache()
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(1.0, _index(device))
 
     best, tried = search_largest_batch(attempt, args.constrained_batches, args.refine)
     r = results.get(best) if best is not None else None
