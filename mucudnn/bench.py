@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ._optional import require
 from .backends import Backend, ConvTensors, get_backend
 from .exec import prepare
 from .networks import select as select_layers
@@ -162,7 +163,7 @@ def random_tensors(backend: Backend, problem: ConvProblem, seed: int = 0) -> Con
     def arr(shape: tuple[int, ...]) -> Any:
         a = np.resize(block, shape)
         if problem.dtype == "bfloat16":
-            import ml_dtypes
+            ml_dtypes = require("ml_dtypes", "bfloat16", "bfloat16 arrays on the host")
             a = a.astype(ml_dtypes.bfloat16)
         else:
             a = a.astype(problem.dtype, copy=False)
