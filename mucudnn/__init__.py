@@ -11,13 +11,17 @@ from .backends import Backend, ConvTensors, available_backends, get_backend
 from .exec import MicroBatchHandle, WorkspaceFallbackWarning
 from .optimizer import (BenchmarkCache, CacheWarning, batch_sizes, benchmark, optimize,
                         optimize_network, optimize_wd, optimize_wr, pareto_front)
-from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan
+from .errors import (InvalidTypeError, InvalidValueError, MissingDependencyError, MucudnnError)
+from .plans_io import PlanMismatchError, load_plans
+from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan, PlanFormatError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AlgoPerf", "Backend", "BenchmarkCache", "CacheWarning", "ConvProblem", "ConvTensors", "Convolution",
-    "Direction", "MicroBatch", "MicroBatchHandle", "Plan", "WorkspaceFallbackWarning",
+    "Direction", "InvalidTypeError", "InvalidValueError", "MicroBatch", "MicroBatchHandle",
+    "MissingDependencyError", "MucudnnError", "Plan", "PlanFormatError", "PlanMismatchError",
+    "WorkspaceFallbackWarning", "load_plans",
     "available_backends", "batch_sizes", "benchmark", "conv2d", "conv3d", "conv_backward_data",
     "conv_backward_filter", "get_backend", "optimize", "optimize_network", "optimize_wd",
     "optimize_wr", "pareto_front",
