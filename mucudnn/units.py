@@ -57,8 +57,8 @@ def parse_bytes(value: Any, name: str = "size") -> int:
     more. A bool, None or other non-size is an InvalidTypeError (a TypeError).
     """
     if isinstance(value, bool):
-        raise InvalidTypeError(f"{name}: expected a size in bytes (an int or a string like '64MiB'), "
-                        f"got {value!r}")
+        raise InvalidTypeError(f"{name}: expected a size in bytes (an int or a string like "
+                               f"'64MiB'), got {value!r}")
     if isinstance(value, int) or (hasattr(value, "__index__") and not isinstance(value, str)):
         n = int(value)
         if not 0 <= n < MAX_BYTES:
@@ -74,8 +74,8 @@ def parse_bytes(value: Any, name: str = "size") -> int:
     m = _SIZE.fullmatch(text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in UNITS:
-        raise InvalidValueError(f"{name}: expected a size such as 64MiB, 1GiB, 512K, 64MB or a number "
-                         f"of bytes, got {value!r}")
+        raise InvalidValueError(f"{name}: expected a size such as 64MiB, 1GiB, 512K, 64MB or a "
+                                f"number of bytes, got {value!r}")
     number = float(m.group(1))
     total = number * UNITS[unit]
     if not math.isfinite(total) or total >= MAX_BYTES:
