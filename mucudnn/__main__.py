@@ -50,11 +50,12 @@ PROG = "python -m mucudnn"
 #: The largest batch the NumPy backend runs when it stands in for a missing GPU.
 #: Measured with ``bench`` (all layers, three directions, a cold cache) on a
 #: 2-core Xeon: alexnet 7 s at batch 1, 14 s at 2, 28 s at 4; resnet18 14 s at
-#: 1, 21 s at 2; resnet50 84 s and vgg16 about 4 minutes at batch 1, so those
-#: two stay slow at any batch (``--layers`` picks fewer layers).
+#: 1, 20 s at 2; resnet50 81 s and vgg16 75 s at batch 1, so those two stay
+#: over a minute at any batch (``--layers`` picks fewer layers). Other loads on
+#: the machine stretch these (alexnet at 2 took 83 s next to two test runs).
 CPU_BATCH: dict[str, int] = {"alexnet": 2, "resnet18": 2, "resnet50": 1, "vgg16": 1}
 #: Networks the NumPy backend cannot finish in a minute even at batch 1 (see above).
-CPU_SLOW = {"resnet50": "1.5 minutes", "vgg16": "4 minutes"}
+CPU_SLOW = {"resnet50": "80 s", "vgg16": "80 s"}
 #: Printed after every table of NumPy timings.
 CPU_TIMINGS_NOTE = ("note: these are NumPy (CPU) timings: they say nothing about speedups on a "
                     "GPU, and at small batches differences of a few percent are timer noise")
