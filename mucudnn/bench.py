@@ -102,7 +102,8 @@ class NetworkResult:
 
     @property
     def speedup(self) -> float:
-        return self.total("undivided_ms") / self.total("micro_ms")
+        micro = self.total("micro_ms")
+        return self.total("undivided_ms") / micro if micro > 0 else float("nan")
 
     @property
     def dispatch_overhead(self) -> float:
