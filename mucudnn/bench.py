@@ -27,6 +27,7 @@ import numpy as np
 
 from ._optional import require
 from .backends import Backend, ConvTensors, get_backend
+from .cuda import CudaGraph, time_on_stream
 from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
@@ -135,8 +136,6 @@ def make_timer(backend: Backend) -> Callable[[Callable[[], None], int, int], flo
     """
     stream = getattr(backend, "stream", None)
     if stream is not None:
-        from .cuda import time_on_stream
-
         def gpu_timer(fn: Callable[[], None], warmup: int, repeat: int) -> float:
             return statistics.median(time_on_stream(fn, stream, warmup=warmup, repeat=repeat))
         return gpu_timer
@@ -283,7 +282,6 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
             launch = prepare(q, be, t, 1.0, 0.0, ws, direction=d)
             if not use_graph:
                 return timer(launch, warmup, repeat)
-            from .cuda import CudaGraph
             with CudaGraph.capture(be.stream) as g:  # type: ignore[attr-defined]
                 launch()
             try:

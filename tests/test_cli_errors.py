@@ -5,6 +5,8 @@ work; without a GPU the NumPy backend runs at a batch it can finish and says so.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -249,6 +251,15 @@ def test_version(capsys):
 def test_version_from_a_shell():
     out = subprocess.run([sys.executable, "-m", "mucudnn", "--version"], capture_output=True,
                          text=True, check=True).stdout
+    assert out.strip() == f"mucudnn {mucudnn.__version__}"
+
+
+def test_console_script_version():
+    script = shutil.which("mucudnn", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("no mucudnn script next to this Python (package not installed)")
+    out = subprocess.run([script, "--version"], capture_output=True, text=True,
+                         check=True).stdout
     assert out.strip() == f"mucudnn {mucudnn.__version__}"
 
 
