@@ -116,13 +116,17 @@ def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ..
 
 
 def _shape(name: str, value: Sequence[int]) -> tuple[int, ...]:
+    ndim = getattr(value, "ndim", 1)
+    # Note: an array is described by its shape; its repr spans lines.
+    got = (f"a {ndim}-D array of shape {tuple(getattr(value, 'shape', ()))}" if ndim != 1
+           else repr(value))
     try:
         t = tuple(value)
     except TypeError:
-        raise InvalidTypeError(f"{name}: expected a sequence of ints, got {value!r}") from None
+        raise InvalidTypeError(f"{name}: expected a sequence of ints, got {got}") from None
     for v in t:
         if not _is_int(v):
-            raise InvalidTypeError(f"{name}: expected a sequence of ints, got {value!r}")
+            raise InvalidTypeError(f"{name}: expected a sequence of ints, got {got}")
     t = tuple(operator.index(v) for v in t)
     if any(v <= 0 for v in t):
         raise InvalidValueError(f"{name}: expected positive sizes, got {t}")

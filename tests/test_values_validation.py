@@ -30,6 +30,14 @@ def test_nested_shapes_are_rejected_naming_the_argument(bad):
         ConvProblem((4, 3, 5, 5), bad)
 
 
+def test_array_shapes_are_described_on_one_line():
+    with pytest.raises(TypeError) as e:
+        ConvProblem(np.ones((2, 4), dtype=np.int64), (2, 3, 3, 3))
+    assert str(e.value) == "x_shape: expected a sequence of ints, got a 2-D array of shape (2, 4)"
+    with pytest.raises(TypeError, match="got a 0-D array of shape"):
+        ConvProblem(np.int64(4), (2, 3, 3, 3))
+
+
 def test_numpy_integer_shapes_still_work():
     p = ConvProblem(np.array([4, 3, 5, 5]), tuple(np.int32(v) for v in (2, 3, 3, 3)))
     assert p.x_shape == (4, 3, 5, 5) and all(type(v) is int for v in p.x_shape)
