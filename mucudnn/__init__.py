@@ -1,11 +1,60 @@
 """mucudnn: micro-batched cuDNN convolutions from Python.
 
+Under a workspace limit cuDNN falls back to slow convolution algorithms; the
+fast ones need workspace that grows with the batch. mucudnn splits a
+mini-batch of N samples into micro-batches (b1 + b2 + ... = N) and runs each
+with the fastest algorithm whose workspace fits the limit you set: the same
+convolution (forward, backward-data, backward-filter), only faster. It is pure
+Python (ctypes bindings to cuDNN 9, cuda-python for device memory), and a
+NumPy backend runs the whole engine on any machine.
+
+Three ways to use it:
+
+* **On arrays**: :class:`Convolution` is a layer whose plan for each
+  direction is made on first use and cached; :func:`conv2d`, :func:`conv3d`,
+  :func:`conv_backward_data` and :func:`conv_backward_filter` are the
+  functional forms. NumPy arrays, :class:`mucudnn.cuda.DeviceArray` or
+  anything with ``__cuda_array_interface__`` (PyTorch, CuPy) go in, and come
+  back in the kind given.
+* **For frameworks that drive cuDNN themselves**: :class:`MicroBatchHandle`
+  has cuDNN's convolution calls (descriptors, device pointers, alpha/beta) and
+  runs them micro-batched; its :meth:`~MicroBatchHandle.optimize_wd` shares one
+  workspace budget among all layers.
+* **The optimizer alone**: :func:`optimize` makes a :class:`Plan` for one
+  :class:`ConvProblem` through a backend and the SQLite benchmark cache,
+  :func:`optimize_network` one budget for many; :func:`optimize_wr`,
+  :func:`pareto_front` and :func:`optimize_wd` work on your own measurements.
+  The command line (``python -m mucudnn bench | optimize | plot``) does this
+  for whole networks; :func:`load_plans` reads the plans it saves.
+
+On the CPU (the NumPy backend, so no GPU is needed):
+
+>>> import numpy as np
 >>> import mucudnn as mu
->>> p = mu.ConvProblem((8, 3, 9, 9), (4, 3, 3, 3), padding=1)
->>> p.output_shape
-(8, 4, 9, 9)
+>>> conv = mu.Convolution((8, 3, 16, 16), (4, 3, 3, 3), padding=1, backend="numpy",
+...                       workspace_limit=64 << 20, cache="off")
+>>> y = conv.forward(np.ones((8, 3, 16, 16), np.float32), np.ones((4, 3, 3, 3), np.float32))
+>>> y.shape, float(y[0, 0, 5, 5])
+((8, 4, 16, 16), 27.0)
+>>> conv.plan("forward").batch, conv.plan("forward").workspace_bytes <= 64 << 20
+(8, True)
+
+Plans from measurements (an algorithm's time and workspace at each size):
+
+>>> perf = {4: [mu.AlgoPerf(algo=1, time_ms=1.0, workspace_bytes=100),
+...             mu.AlgoPerf(algo=0, time_ms=8.0, workspace_bytes=0)],
+...         2: [mu.AlgoPerf(algo=1, time_ms=0.6, workspace_bytes=50)]}
+>>> plan = mu.optimize_wr(perf, batch=4, workspace_limit=64, policy="powerOfTwo")
+>>> plan.describe(), plan.time_ms, plan.undivided_time_ms
+('2 x 2', 1.2, 8.0)
+
+Every error is a :class:`MucudnnError` (and the builtin it always was, such
+as ValueError). Read more: README.md (install, quick start, configuration:
+environment variables, extras and the ``mucudnn`` logger), docs/BENCHMARKS.md
+(what it gains on an H200), ``help(mu.Convolution)``, ``python -m mucudnn --help``.
 """
 
+from ._version import __version__ as __version__
 from ._cudnn.errors import (AllocationFailedError, BadParamError, CudnnError, CudnnLibraryError,
                             CudnnLibraryNotFoundError, CudnnVersionError, ExecutionFailedError,
                             InternalError, NotInitializedError, NotSupportedError)
@@ -13,17 +62,18 @@ from .api import (Convolution, MicroBatchHandle, clear_caches, conv2d, conv3d, c
                   conv_backward_filter)
 from .backends import Backend, BackendBase, ConvTensors, available_backends, get_backend
 from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
-from .errors import (MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
-                     UnsupportedDtypeError, WorkspaceUnavailable)
+from .errors import (InvalidTypeError, InvalidValueError, MissingDependencyError, MucudnnError,
+                     PlanningInCaptureError, UnsupportedConfigError, UnsupportedDtypeError,
+                     WorkspaceUnavailable)
 from .exec import FallbackWarning, WorkspaceFallbackWarning
 from .optimizer import (BenchmarkCache, CacheArgumentError, CachedBackend, CacheFileError,
                         CacheMissError, CacheWarning, Planner,
                         batch_sizes, benchmark, optimize, optimize_network, optimize_wd,
                         optimize_wr, pareto_front)
-from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan
+from .plans_io import PlanMismatchError, load_plans
+from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan, PlanFormatError
 from .units import parse_bytes
 
-__version__ = "0.1.0"
 
 __all__ = [
     # values
@@ -36,7 +86,7 @@ __all__ = [
     "CachedBackend",
     # planning
     "BenchmarkCache", "Planner", "batch_sizes", "benchmark", "optimize", "optimize_network",
-    "optimize_wd", "optimize_wr", "pareto_front", "parse_bytes",
+    "optimize_wd", "optimize_wr", "pareto_front", "parse_bytes", "load_plans",
     # errors and warnings
     "MucudnnError", "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "CudnnError",
     "NotInitializedError", "BadParamError", "NotSupportedError", "InternalError",
@@ -44,5 +94,6 @@ __all__ = [
     "CudnnLibraryNotFoundError", "CudnnVersionError", "UnsupportedDtypeError",
     "UnsupportedConfigError", "WorkspaceUnavailable", "PlanningInCaptureError",
     "CacheArgumentError", "CacheFileError", "CacheMissError", "CacheWarning",
-    "FallbackWarning", "WorkspaceFallbackWarning",
+    "FallbackWarning", "WorkspaceFallbackWarning", "InvalidTypeError", "InvalidValueError",
+    "MissingDependencyError", "PlanFormatError", "PlanMismatchError",
 ]

@@ -1,9 +1,24 @@
-"""The command line: ``python -m mucudnn bench | optimize | plot | cache``.
+"""The command line: ``python -m mucudnn bench | optimize | plot | cache`` (or ``mucudnn ...``).
 
     python -m mucudnn bench --net alexnet --batch 256 --workspace 64MiB --policy powerOfTwo
     python -m mucudnn optimize --net resnet18 --workspace 64MiB --json plans.json
     python -m mucudnn plot --net alexnet --out figures/
     python -m mucudnn cache info | export h200.sqlite.gz | import h200.sqlite.gz | merge a b -o c
+    python -m mucudnn --version
+
+Every failure a user can cause or meet (a bad argument, environment variable
+or file, no GPU for a GPU backend, a missing optional package) ends the run
+before any heavy work with one line, ``python -m mucudnn <command>: error:
+...``, and exit code 2; ``-v`` shows its traceback. Anything else is a bug and
+keeps its traceback.
+
+Without a GPU (and with no ``--backend``/``MUCUDNN_BACKEND`` chosen) the
+NumPy backend runs at most :data:`CPU_BATCH` samples of the network and says
+so: CPU timings are a check that everything runs, not a measurement of what a
+GPU gains.
+
+>>> parse_size("64MiB"), positive_int("8")
+(67108864, 8)
 """
 
 from __future__ import annotations
@@ -15,22 +30,43 @@ import math
 import os
 import re
 import sys
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
-from .backends import get_backend
+from ._version import __version__
+from ._optional import require
+from .backends import available_backends, get_backend
 from .bench import format_table, run_network, save_json
 from .cuda import device_count
+from .errors import MucudnnError
+from .exec.workspace import env_workspace_limit
 from .networks import DEFAULT_BATCH, NETWORKS, select
-from .optimizer import cache_tools, optimize, optimize_network
-from .optimizer.cache import CacheFileError
-from .optimizer.offline import CachedBackend, CacheMissError
+from .optimizer import CachedBackend, cache_tools, optimize, optimize_network
+from .optimizer.policies import normalize_policy
 from .plot import plot_network
+from .problem import Direction
 from .units import parse_bytes
 
-#: Batch used on the NumPy backend when no GPU is there (keeps a network under a minute).
-CPU_BATCH = 2
+PROG = "python -m mucudnn"
+
+#: The largest batch the NumPy backend runs when it stands in for a missing GPU.
+#: Measured with ``bench`` (all layers, three directions, a cold cache) on a
+#: 2-core Xeon: alexnet 7 s at batch 1, 14 s at 2, 28 s at 4; resnet18 14 s at
+#: 1, 20 s at 2; resnet50 81 s and vgg16 75 s at batch 1, so those two stay
+#: over a minute at any batch (``--layers`` picks fewer layers). Other loads on
+#: the machine stretch these (alexnet at 2 took 83 s next to two test runs).
+CPU_BATCH: dict[str, int] = {"alexnet": 2, "resnet18": 2, "resnet50": 1, "vgg16": 1}
+#: Networks the NumPy backend cannot finish in a minute even at batch 1 (see above).
+CPU_SLOW = {"resnet50": "80 s", "vgg16": "80 s"}
+#: Printed after every table of NumPy timings.
+CPU_TIMINGS_NOTE = ("note: these are NumPy (CPU) timings: they say nothing about speedups on a "
+                    "GPU, and at small batches differences of a few percent are timer noise")
 
 
+class CommandLineError(MucudnnError, ValueError):
+    """An argument, environment variable or file the command line refuses."""
+
+
+# -- argument types (each error becomes "argument --x: <message>") -------------------------------
 def parse_size(text: str) -> int:
     """A size argument in bytes (units as :func:`mucudnn.units.parse_bytes` reads them).
 
@@ -43,16 +79,87 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("size: ")) from None
 
 
+def positive_int(text: str) -> int:
+    """A count of at least 1 (``--batch``, ``--repeat``)."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return n
+
+
 def _policy(text: str) -> Any:
+    """A named policy, or sizes such as ``64,32`` (returned as a list of ints)."""
+    value: Any = text
     if re.fullmatch(r"[0-9,\s]+", text):
-        return [int(v) for v in text.split(",") if v.strip()]
+        value = [int(v) for v in text.split(",") if v.strip()]
+    try:
+        if value == []:
+            raise ValueError("no sizes")
+        normalize_policy(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected powerOfTwo, all, undivided or positive sizes like 64,32; got {text!r}"
+        ) from None
+    return value
+
+
+def _directions(text: str) -> list[str]:
+    try:
+        return [Direction.parse(d).value for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(d.value for d in Direction)}; "
+            f"got {text!r}") from None
+
+
+def _json_file(text: str) -> str:
+    """A file to write: its folder must exist and it must not be a folder."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; expected a file name")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
     return text
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _out_dir(text: str) -> str:
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    return text
+
+
+# -- the parser ------------------------------------------------------------------------------
+def _one_line(message: str) -> str:
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``<prog>: error: <message>`` (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)}\n")
+
+    def parse_args(self, args: Any = None,  # type: ignore[override]
+                   namespace: Any = None) -> argparse.Namespace:
+        # Note: argparse reports a subcommand's unknown options as the top
+        # parser's; name the subcommand, as every other error does.
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(ns, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            self.exit(2, f"{prog}: error: unrecognized arguments: {_one_line(' '.join(extras))}\n")
+        return ns
+
+
+def _common(p: argparse.ArgumentParser, offline: bool) -> None:
     p.add_argument("--net", required=True, choices=sorted(NETWORKS), help="network")
-    p.add_argument("--batch", type=int, default=None,
-                   help="mini-batch size (default: the paper's: alexnet 256, resnet 128, vgg16 64)")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="mini-batch size (default: the paper's: alexnet 256, resnet 128, "
+                        "vgg16 64; without a GPU the NumPy backend runs at most "
+                        f"{', '.join(f'{k} {v}' for k, v in CPU_BATCH.items())})")
     p.add_argument("--dtype", default="float32",
                    choices=["float32", "float16", "bfloat16", "float64"])
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"])
@@ -65,104 +172,21 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="wr", choices=["wr", "wd"],
                    help="wr: a limit per kernel; wd: one total budget for all kernels")
     p.add_argument("--total-workspace", type=parse_size, default=None,
-                   help="WD budget (default: --workspace x number of kernels)")
-    p.add_argument("--backend", default=None, choices=["cudnn", "cudnn-graph", "numpy"],
-                   help="default: $MUCUDNN_BACKEND, else cudnn-graph where a GPU is present, else numpy")
-    p.add_argument("--offline", action="store_true",
-                   help="answer from the benchmark cache only (measurements made on a GPU "
-                        "elsewhere; set MUCUDNN_CACHE to that file); for optimize and plot")
+                   help="WD budget, --mode wd only (default: --workspace x number of kernels)")
+    p.add_argument("--backend", default=None, choices=available_backends(),
+                   help="default: $MUCUDNN_BACKEND, else cudnn-graph where a GPU is present, "
+                        "else numpy (at a small batch)")
+    if offline:
+        p.add_argument("--offline", action="store_true",
+                       help="answer from the benchmark cache only (measurements made on a GPU "
+                            "elsewhere; set MUCUDNN_CACHE to that file)")
     p.add_argument("--layers", default=None, help="comma-separated layer names (default: all)")
-    p.add_argument("--directions", default="forward,backward_data,backward_filter")
+    p.add_argument("--directions", type=_directions,
+                   default=[d.value for d in Direction],
+                   help="comma-separated: forward,backward_data,backward_filter (default: all)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each plan")
-
-
-def _layers(args: argparse.Namespace) -> list[str] | None:
-    return args.layers.split(",") if args.layers else None
-
-
-def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
-    """Backend (a name, None for the default, or the offline CachedBackend) and
-    batch; prints first a line saying so when offline or falling back to the CPU."""
-    backend = args.backend
-    batch = args.batch or DEFAULT_BATCH[args.net]
-    if getattr(args, "offline", False):
-        be = CachedBackend(backend or "cudnn-graph")
-        print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
-              f"({be.version})", flush=True)
-        return be, batch
-    if backend is None and device_count() == 0 and not os.environ.get("MUCUDNN_BACKEND"):
-        backend = "numpy"
-        small = min(batch, CPU_BATCH) if args.batch is None else batch
-        print(f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
-              f"{'' if small == batch else f' instead of {batch}'} (pass --batch to choose)",
-              flush=True)
-        batch = small
-    return backend, batch
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.offline:
-        raise SystemExit("bench: --offline cannot execute plans; use optimize or plot offline")
-    backend, batch = _resolve(args)
-    backend = get_backend(backend).name
-    repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)
-    r = run_network(args.net, batch, dtype=args.dtype, layout=args.layout, math_mode=args.math,
-                    workspace_limit=args.workspace, policy=args.policy, mode=args.mode,
-                    total_workspace=args.total_workspace, backend=backend, repeat=repeat,
-                    warmup=1 if backend == "numpy" else 3,
-                    layers=_layers(args),
-                    directions=args.directions.split(","), progress=not args.no_progress,
-                    graph=args.graph)
-    print(format_table(r))
-    if args.json:
-        save_json([r], args.json)
-        print(f"wrote {args.json}")
-    return 0
-
-
-def cmd_optimize(args: argparse.Namespace) -> int:
-    backend, batch = _resolve(args)
-    probs = {l.name: l.problem(batch, dtype=args.dtype, layout=args.layout, math=args.math)
-             for l in select(args.net, _layers(args))}
-    dirs = args.directions.split(",")
-    progress = not args.no_progress
-    if args.mode == "wd":
-        total = args.total_workspace or args.workspace * len(probs) * len(dirs)
-        plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
-                                 progress=progress)
-    else:
-        memo: dict = {}  # a repeated layer (same problem) shares its plan
-        plans = {}
-        for name, p in probs.items():
-            for d in dirs:
-                if (p, d) not in memo:
-                    memo[p, d] = optimize(p, d, args.workspace, args.policy, backend,
-                                          progress=progress)
-                plans[name, d] = memo[p, d]
-    out = []
-    for (name, d), plan in plans.items():
-        out.append({"layer": name, "direction": str(d), **plan.to_dict()})
-        und = f"{plan.undivided_time_ms:.3f}" if math.isfinite(plan.undivided_time_ms) else "n/a"
-        print(f"{name:24s} {str(d):16s} {plan.describe():>18s}  predicted {plan.time_ms:8.3f} ms"
-              f"  undivided {und:>8s} ms  workspace {plan.workspace_bytes / (1 << 20):7.1f} MiB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    backend, batch = _resolve(args)
-    files = plot_network(args.net, batch, out_dir=args.out, dtype=args.dtype,
-                         layout=args.layout, math_mode=args.math, policy=args.policy,
-                         backend=backend, workspace_limit=args.workspace,
-                         layers=_layers(args),
-                         directions=args.directions.split(","), progress=not args.no_progress)
-    for f in files:
-        print(f"wrote {f}")
-    return 0
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log each plan; show tracebacks of errors")
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -208,28 +232,152 @@ def _cache_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m mucudnn", description=(
-        "Micro-batched cuDNN convolutions: benchmark, optimise and plot networks; "
-        "manage benchmark caches."))
+    ap = _Parser(prog=PROG, description=(
+        "Micro-batched cuDNN convolutions: benchmark, optimise and plot networks."))
+    ap.add_argument("--version", action="version", version=f"mucudnn {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="optimise, execute and time every conv layer of a network")
-    _common(b)
-    b.add_argument("--repeat", type=int, default=None,
+    _common(b, offline=False)
+    b.add_argument("--repeat", type=positive_int, default=None,
                    help="timed runs per plan (median; default 10 on a GPU, 3 on NumPy)")
-    b.add_argument("--json", default=None, help="write all numbers to this JSON file")
+    b.add_argument("--json", type=_json_file, default=None,
+                   help="write all numbers to this JSON file")
     b.add_argument("--graph", action="store_true",
                    help="time plans replayed as CUDA graphs (as Convolution(graph=True) runs)")
     b.set_defaults(func=cmd_bench)
-    o = sub.add_parser("optimize", help="print or save the plans of a network as JSON")
-    _common(o)
-    o.add_argument("--json", default=None, help="write the plans to this JSON file")
+    o = sub.add_parser("optimize", help="print a table of the plans of a network; "
+                                        "--json saves them for mucudnn.load_plans")
+    _common(o, offline=True)
+    o.add_argument("--json", type=_json_file, default=None,
+                   help="write the plans to this JSON file (read it with mucudnn.load_plans)")
     o.set_defaults(func=cmd_optimize)
     p = sub.add_parser("plot", help="draw Pareto fronts and the speedup-versus-limit curve")
-    _common(p)
-    p.add_argument("--out", default=".", help="folder for the PNG files")
+    _common(p, offline=True)
+    p.add_argument("--out", type=_out_dir, default=".", help="folder for the PNG files")
     p.set_defaults(func=cmd_plot)
     _cache_parser(sub)
     return ap
+
+
+# -- what every command checks first ---------------------------------------------------------------
+def _layers(args: argparse.Namespace) -> list[str] | None:
+    return args.layers.split(",") if args.layers else None
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
+    """Backend (a name, None for the default, or the offline CachedBackend) and
+    batch, after checking the environment and the arguments that depend on
+    each other; prints first a line saying so when offline or falling back to
+    the CPU."""
+    if args.total_workspace is not None and args.mode != "wd":
+        raise CommandLineError("argument --total-workspace: is the budget of --mode wd; "
+                               "use --workspace for a limit per kernel")
+    env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
+    if env and env not in available_backends():
+        raise CommandLineError(f"MUCUDNN_BACKEND: expected one of {available_backends()}, "
+                               f"got {env!r}")
+    env_workspace_limit()  # a bad MUCUDNN_WORKSPACE_LIMIT fails now, naming itself
+    select(args.net, _layers(args))  # unknown layer names fail now
+    batch = args.batch if args.batch is not None else DEFAULT_BATCH[args.net]
+    if getattr(args, "offline", False):
+        be = CachedBackend(args.backend or "cudnn-graph")
+        print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
+              f"({be.version})", flush=True)
+        return be, batch
+    backend = args.backend or env or None
+    have_gpu = device_count() > 0
+    if backend in ("cudnn", "cudnn-graph") and not have_gpu:
+        how = f"--backend {backend}" if args.backend else f"MUCUDNN_BACKEND={env}"
+        raise CommandLineError(
+            f"{how} needs a CUDA GPU and none was found; use --backend numpy (CPU), or "
+            "optimize/plot --offline with measurements made on a GPU")
+    if backend is None and not have_gpu:
+        backend = "numpy"
+        small = min(batch, CPU_BATCH[args.net])
+        note = f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
+        if small != batch:
+            note += f" instead of {batch}"
+        if args.net in CPU_SLOW:
+            note += (f" (even so {args.net} takes about {CPU_SLOW[args.net]} on 2 CPU cores; "
+                     "--layers picks fewer layers)")
+        print(note + "; --backend numpy runs the batch you ask for", flush=True)
+        batch = small
+    if args.dtype == "bfloat16" and (backend == "numpy" or args.command == "bench"):
+        require("ml_dtypes", "bfloat16", "bfloat16 arrays on the host")
+    return backend, batch
+
+
+# -- the commands ------------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    backend, batch = _resolve(args)
+    backend = get_backend(backend).name
+    repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)
+    r = run_network(args.net, batch, dtype=args.dtype, layout=args.layout, math_mode=args.math,
+                    workspace_limit=args.workspace, policy=args.policy, mode=args.mode,
+                    total_workspace=args.total_workspace, backend=backend, repeat=repeat,
+                    warmup=1 if backend == "numpy" else 3,
+                    layers=_layers(args),
+                    directions=args.directions, progress=not args.no_progress,
+                    graph=args.graph)
+    print(format_table(r))
+    if backend == "numpy":
+        print(CPU_TIMINGS_NOTE)
+    if args.json:
+        save_json([r], args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    backend, batch = _resolve(args)
+    probs = {l.name: l.problem(batch, dtype=args.dtype, layout=args.layout, math=args.math)
+             for l in select(args.net, _layers(args))}
+    dirs = args.directions
+    progress = not args.no_progress
+    if args.mode == "wd":
+        total = (args.total_workspace if args.total_workspace is not None
+                 else args.workspace * len(probs) * len(dirs))
+        plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
+                                 progress=progress)
+    else:
+        memo: dict = {}  # a repeated layer (same problem) shares its plan
+        plans = {}
+        for name, p in probs.items():
+            for d in dirs:
+                if (p, d) not in memo:
+                    memo[p, d] = optimize(p, d, args.workspace, args.policy, backend,
+                                          progress=progress)
+                plans[name, d] = memo[p, d]
+    out = []
+    for (name, d), plan in plans.items():
+        out.append({"layer": name, "direction": str(d), **plan.to_dict()})
+        und = f"{plan.undivided_time_ms:.3f}" if math.isfinite(plan.undivided_time_ms) else "n/a"
+        print(f"{name:24s} {str(d):16s} {plan.describe():>18s}  predicted {plan.time_ms:8.3f} ms"
+              f"  undivided {und:>8s} ms  workspace {plan.workspace_bytes / (1 << 20):7.1f} MiB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    require("matplotlib", "plot", "plotting")
+    backend, batch = _resolve(args)
+    files = plot_network(args.net, batch, out_dir=args.out, dtype=args.dtype,
+                         layout=args.layout, math_mode=args.math, policy=args.policy,
+                         backend=backend, workspace_limit=args.workspace,
+                         layers=_layers(args),
+                         directions=args.directions, progress=not args.no_progress)
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+#: Failures a user can cause or meet; anything else is a bug and keeps its traceback.
+#: (ValueError and NotImplementedError: rooms not yet on MucudnnError raise them
+#: for bad values and for what a backend cannot do.)
+EXPECTED = (MucudnnError, ValueError, OSError, MemoryError, NotImplementedError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -237,10 +385,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s")
+    prog = f"{parser.prog} {args.command}"
     try:
         return int(args.func(args) or 0)
-    except (ValueError, CacheMissError, CacheFileError) as exc:  # found past argparse: exit 2
-        parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
+    except BrokenPipeError:  # e.g. `... | head`: stop quietly, as a tool killed by SIGPIPE
+        _silence_stdout()
+        return 141
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except EXPECTED as exc:
+        if args.verbose:
+            raise
+        message = _one_line(str(exc)) or type(exc).__name__
+        parser.exit(2, f"{prog}: error: {message}\n")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from ._optional import require
 from .backends import Backend, ConvTensors, get_backend
 from .cuda import CudaGraph, time_on_stream
-from .dtypes import normalize_dtype
 from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
@@ -104,7 +104,8 @@ class NetworkResult:
 
     @property
     def speedup(self) -> float:
-        return self.total("undivided_ms") / self.total("micro_ms")
+        micro = self.total("micro_ms")
+        return self.total("undivided_ms") / micro if micro > 0 else float("nan")
 
     @property
     def dispatch_overhead(self) -> float:
@@ -162,7 +163,11 @@ def random_tensors(backend: Backend, problem: ConvProblem, seed: int = 0) -> Con
 
     def arr(shape: tuple[int, ...]) -> Any:
         a = np.resize(block, shape)
-        a = a.astype(normalize_dtype(problem.dtype), copy=False)
+        if problem.dtype == "bfloat16":
+            ml_dtypes = require("ml_dtypes", "bfloat16", "bfloat16 arrays on the host")
+            a = a.astype(ml_dtypes.bfloat16)
+        else:
+            a = a.astype(problem.dtype, copy=False)
         return backend.from_host(a)
 
     return ConvTensors(problem, arr(problem.x_shape), arr(problem.w_shape),

@@ -12,6 +12,9 @@ the builtin it has always derived from (``ValueError``, ``MemoryError``,
     ├── CudnnLibraryError (OSError)         ├── WorkspaceUnavailable (MemoryError)
     ├── UnsupportedDtypeError (TypeError, ValueError)
     ├── UnsupportedConfigError (ValueError) ├── PlanningInCaptureError (RuntimeError)
+    ├── InvalidValueError (ValueError)      ├── InvalidTypeError (TypeError)
+    │   └── PlanFormatError (+ KeyError; problem.py, plans_io.py)
+    ├── MissingDependencyError (ImportError): an optional package, with its pip command
     ├── CacheFileError (OSError: a path that is not a mucudnn cache; optimizer/cache)
     ├── CacheArgumentError (TypeError, ValueError: a bad cache= argument; optimizer/cache)
     └── CacheMissError (LookupError: offline backend)
@@ -27,12 +30,31 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MucudnnError", "UnsupportedDtypeError", "UnsupportedConfigError",
-           "WorkspaceUnavailable", "PlanningInCaptureError"]
+__all__ = ["MucudnnError", "InvalidValueError", "InvalidTypeError", "MissingDependencyError",
+           "UnsupportedDtypeError", "UnsupportedConfigError", "WorkspaceUnavailable",
+           "PlanningInCaptureError"]
 
 
 class MucudnnError(Exception):
     """Base class of every exception mucudnn raises."""
+
+
+class InvalidValueError(MucudnnError, ValueError):
+    """An argument of the right type with a value mucudnn does not accept; the
+    message starts with the argument's name and says what was expected."""
+
+
+class InvalidTypeError(MucudnnError, TypeError):
+    """An argument of the wrong type; the message starts with the argument's
+    name and says what was expected."""
+
+
+class MissingDependencyError(MucudnnError, ImportError):
+    """An optional third-party package that one feature needs is not installed.
+
+    The message is one line that ends with the command that installs it, e.g.
+    ``plotting needs matplotlib: pip install "mucudnn[plot]"``.
+    """
 
 
 class UnsupportedDtypeError(MucudnnError, TypeError, ValueError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from .errors import InvalidValueError
 from .problem import ConvProblem
 
 
@@ -125,13 +126,14 @@ def layers(name: str) -> list[ConvLayer]:
     """The conv layers of network ``name`` ("alexnet", "resnet18", "resnet50", "vgg16")."""
     key = name.lower().replace("-", "").replace("_", "")
     if key not in NETWORKS:
-        raise ValueError(f"net: expected one of {list(NETWORKS)}, got {name!r}")
+        raise InvalidValueError(f"net: expected one of {list(NETWORKS)}, got {name!r}")
     return NETWORKS[key]
 
 
 def select(name: str, names: "Iterable[str] | None" = None) -> list[ConvLayer]:
     """The layers of network ``name`` called ``names`` (all when None), in
-    network order; an unknown name raises ValueError listing the valid ones.
+    network order; an unknown name raises InvalidValueError (a ValueError)
+    listing the valid ones.
 
     >>> [l.name for l in select("alexnet", ["conv5", "conv2"])]
     ['conv2', 'conv5']
@@ -143,7 +145,7 @@ def select(name: str, names: "Iterable[str] | None" = None) -> list[ConvLayer]:
     known = {l.name for l in ls}
     unknown = [n for n in wanted if n not in known]
     if unknown or not wanted:
-        raise ValueError(f"layers: {unknown or wanted} not among the layers of {name}: "
+        raise InvalidValueError(f"layers: {unknown or wanted} not among the layers of {name}: "
                          f"{', '.join(l.name for l in ls)}")
     return [l for l in ls if l.name in wanted]
 

@@ -1,6 +1,7 @@
 """Figures: per-layer time-versus-workspace Pareto fronts and the network's
 speedup-versus-limit curve, drawn from benchmark tables (the cache makes a
-second drawing free). Needs matplotlib (``pip install mucudnn[plot]``).
+second drawing free). Needs matplotlib (``pip install "mucudnn[plot]"``); without
+it the first call raises a one-line MissingDependencyError saying so.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 import os
 from typing import Any, Iterable, Sequence
 
+from ._optional import require
 from .backends import get_backend
 from .bench import single_call_plan
 from .networks import select as select_layers
@@ -21,12 +23,9 @@ MIB = 1 << 20
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install 'mucudnn[plot]'") from None
+    matplotlib = require("matplotlib", "plot", "plotting")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency, checked just above
     return plt
 
 

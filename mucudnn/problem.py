@@ -3,6 +3,15 @@
 Everything that determines a convolution's algorithms and cost lives in
 :class:`ConvProblem`; shapes, strides and layouts are computed here and nowhere
 else, so the cuDNN descriptors, the NumPy reference and the engine agree.
+
+Every value checks its fields when it is made and names the field it refuses
+(:class:`~mucudnn.errors.InvalidValueError`, a ValueError, or
+:class:`~mucudnn.errors.InvalidTypeError`, a TypeError):
+
+>>> MicroBatch(offset=0, size="one", algo=1)
+Traceback (most recent call last):
+...
+mucudnn.errors.InvalidTypeError: size: expected an int >= 1, got 'one'
 """
 
 from __future__ import annotations
@@ -11,11 +20,13 @@ import dataclasses
 import enum
 import json
 import math
+import numbers
+import operator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 from .dtypes import dtype_name
-from .errors import UnsupportedDtypeError
+from .errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
 
 IntOrTuple = Union[int, Sequence[int]]
 
@@ -63,19 +74,28 @@ class Direction(str, enum.Enum):
             for d in cls:
                 if d.value == v:
                     return d
-        raise ValueError(
+        raise InvalidValueError(
             f"direction: expected one of {[d.value for d in cls]}, got {value!r}")
 
 
 def _is_int(v: Any) -> bool:
-    """An integer value (int, NumPy integer), not a bool, float or string."""
-    return not isinstance(v, bool) and hasattr(v, "__index__")
+    """An integer value (int, NumPy integer, 0-d integer array), not a bool,
+    float, string or array of several values."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return True
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ...]:
     """Expand an int or per-dimension sequence into an nd-tuple of ints >= minimum."""
     if isinstance(value, bool):
-        raise TypeError(f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
+        raise InvalidTypeError(f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
     if isinstance(value, int) or (hasattr(value, "__index__") and not hasattr(value, "__len__")):
         t = (int(value),) * nd
     else:
@@ -84,28 +104,33 @@ def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ..
         items = list(value) if not isinstance(value, (str, bytes)) and \
             hasattr(value, "__iter__") else None
         if items is None or not all(_is_int(v) for v in items):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
         t = tuple(int(v) for v in items)
         if len(t) != nd:
-            raise ValueError(f"{name}: expected {nd} values (one per spatial dimension), got {value!r}")
+            raise InvalidValueError(
+                f"{name}: expected {nd} values (one per spatial dimension), got {value!r}")
     for v in t:
         if v < minimum:
-            raise ValueError(f"{name}: expected every value >= {minimum}, got {value!r}")
+            raise InvalidValueError(f"{name}: expected every value >= {minimum}, got {value!r}")
     return t
 
 
 def _shape(name: str, value: Sequence[int]) -> tuple[int, ...]:
+    ndim = getattr(value, "ndim", 1)
+    # Note: an array is described by its shape; its repr spans lines.
+    got = (f"a {ndim}-D array of shape {tuple(getattr(value, 'shape', ()))}" if ndim != 1
+           else repr(value))
     try:
         t = tuple(value)
     except TypeError:
-        raise TypeError(f"{name}: expected a sequence of ints, got {value!r}") from None
+        raise InvalidTypeError(f"{name}: expected a sequence of ints, got {got}") from None
     for v in t:
         if not _is_int(v):
-            raise TypeError(f"{name}: expected a sequence of ints, got {value!r}")
-    t = tuple(int(v) for v in t)
+            raise InvalidTypeError(f"{name}: expected a sequence of ints, got {got}")
+    t = tuple(operator.index(v) for v in t)
     if any(v <= 0 for v in t):
-        raise ValueError(f"{name}: expected positive sizes, got {t}")
+        raise InvalidValueError(f"{name}: expected positive sizes, got {t}")
     return t
 
 
@@ -175,41 +200,41 @@ class ConvProblem:
         x = _shape("x_shape", x_shape)
         w = _shape("w_shape", w_shape)
         if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
-            raise ValueError(f"layout: expected one of {list(LAYOUTS)}, got {layout!r}")
+            raise InvalidValueError(f"layout: expected one of {list(LAYOUTS)}, got {layout!r}")
         layout = layout.upper()
         nd = LAYOUTS[layout]
         if len(x) != nd + 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"x_shape: layout {layout} needs {nd + 2} dimensions, got {len(x)} ({x})")
         if len(w) != nd + 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"w_shape: layout {layout} needs {nd + 2} dimensions, got {len(w)} ({w})")
         dtype_name_ = conv_dtype(dtype)
         if compute_type is None:
             compute_type = DTYPES[dtype_name_]
         elif compute_type not in ("float32", "float64", "float16"):
-            raise ValueError(
+            raise InvalidValueError(
                 f"compute_type: expected 'float16', 'float32' or 'float64', got {compute_type!r}")
         if not isinstance(math, str) or math.lower() not in MATH_MODES:
-            raise ValueError(f"math: expected one of {list(MATH_MODES)}, got {math!r}")
+            raise InvalidValueError(f"math: expected one of {list(MATH_MODES)}, got {math!r}")
         if not _is_int(groups):
-            raise TypeError(f"groups: expected a positive int, got {groups!r}")
+            raise InvalidTypeError(f"groups: expected a positive int, got {groups!r}")
         groups = int(groups)
         if groups < 1:
-            raise ValueError(f"groups: expected a positive int, got {groups}")
+            raise InvalidValueError(f"groups: expected a positive int, got {groups}")
         stride_t = _tuple("stride", stride, nd, 1)
         padding_t = _tuple("padding", padding, nd, 0)
         dilation_t = _tuple("dilation", dilation, nd, 1)
         xc = to_canonical(x, layout)
         wc = to_canonical(w, layout)
         if xc[1] != groups * wc[1]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"w_shape: input channels ({xc[1]}) must equal groups ({groups}) x filter "
                 f"channels ({wc[1]}); expected filter channels "
                 f"{xc[1] // groups if xc[1] % groups == 0 else '?'}"
                 f" for x_shape {x}")
         if wc[0] % groups:
-            raise ValueError(
+            raise InvalidValueError(
                 f"w_shape: output channels ({wc[0]}) must be divisible by groups ({groups})")
         set_ = object.__setattr__
         set_(self, "x_shape", x)
@@ -224,7 +249,7 @@ class ConvProblem:
         set_(self, "compute_type", compute_type)
         out = self._spatial_out()
         if any(o < 1 for o in out):
-            raise ValueError(
+            raise InvalidValueError(
                 f"x_shape: output size would be {out} (< 1) for input spatial {xc[2:]}, filter "
                 f"{wc[2:]}, padding {padding_t}, stride {stride_t}, dilation {dilation_t}; "
                 "expected an input at least as large as the dilated filter")
@@ -313,7 +338,7 @@ class ConvProblem:
         1
         """
         if not _is_int(alignment) or int(alignment) < 1:
-            raise ValueError(f"alignment: expected a positive int (bytes), got {alignment!r}")
+            raise InvalidValueError(f"alignment: expected a positive int (bytes), got {alignment!r}")
         a = int(alignment)
         q = 1
         for shape in (self.x_shape, self.output_shape):
@@ -326,7 +351,7 @@ class ConvProblem:
     def with_batch(self, n: int) -> "ConvProblem":
         """The same problem with batch size ``n``."""
         if not _is_int(n) or int(n) < 1:
-            raise ValueError(f"n: expected a positive batch size, got {n!r}")
+            raise InvalidValueError(f"n: expected a positive batch size, got {n!r}")
         if int(n) == self.batch:
             return self
         return dataclasses.replace(self, x_shape=(int(n),) + self.x_shape[1:])
@@ -349,9 +374,9 @@ class ConvProblem:
                 "layout": self.layout, "math": self.math, "compute_type": self.compute_type}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ConvProblem":
-        d = dict(d)
-        return cls(d.pop("x_shape"), d.pop("w_shape"), **d)
+    def from_dict(cls, d: Mapping[str, Any]) -> "ConvProblem":
+        """The inverse of :meth:`to_dict`; PlanFormatError naming the field otherwise."""
+        return _problem_from_dict(d, "")
 
     def __repr__(self) -> str:
         return (f"ConvProblem(x_shape={self.x_shape}, w_shape={self.w_shape}, stride={self.stride}, "
@@ -391,9 +416,58 @@ class AlgoPerf:
         return cls(**d)
 
 
+class PlanFormatError(InvalidValueError, KeyError):
+    """A dict or JSON text that should describe a Plan (or its problem) does
+    not: not an object, a missing or unknown key, or a field of the wrong type
+    or value. The message names the field (``micro_batches[1].size: ...``).
+
+    A ValueError, and a KeyError for code that caught the bare KeyError a
+    missing key used to raise (with a readable message, unlike KeyError's).
+    """
+
+    __str__ = Exception.__str__  # KeyError would quote the message
+
+
+def _int_field(name: str, v: Any, minimum: int) -> int:
+    if not _is_int(v):
+        raise InvalidTypeError(f"{name}: expected an int >= {minimum}, got {v!r}")
+    n = operator.index(v)
+    if n < minimum:
+        raise InvalidValueError(f"{name}: expected an int >= {minimum}, got {n}")
+    return n
+
+
+def _id_field(name: str, v: Any) -> Union[int, str]:
+    """An algorithm or math-type id: an int (legacy API, NumPy) or a string (graph API)."""
+    if isinstance(v, str):
+        return v
+    if _is_int(v):
+        return operator.index(v)
+    raise InvalidTypeError(f"{name}: expected an int or a string (the backend's id), got {v!r}")
+
+
+def _time_field(name: str, v: Any, allow_inf: bool = False) -> float:
+    what = "a number >= 0 (milliseconds)" + (" or inf" if allow_inf else ", finite")
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise InvalidTypeError(f"{name}: expected {what}, got {v!r}")
+    t = float(v)
+    if math.isnan(t) or t < 0 or (math.isinf(t) and not allow_inf):
+        raise InvalidValueError(f"{name}: expected {what}, got {t!r}")
+    return t
+
+
 @dataclass(frozen=True)
 class MicroBatch:
-    """One call of a plan: rows [offset, offset + size) with one algorithm."""
+    """One call of a plan: rows [offset, offset + size) with one algorithm.
+
+    ``offset`` is an int >= 0, ``size`` an int >= 1, ``algo`` and ``math_type``
+    the backend's ids (ints, or strings for the graph API), ``workspace_bytes``
+    an int >= 0 and ``time_ms`` a finite number >= 0; NumPy numbers become
+    Python ones.
+
+    >>> MicroBatch(0, 32, algo=1, workspace_bytes=1 << 20, time_ms=0.25).size
+    32
+    """
 
     offset: int
     size: int
@@ -402,8 +476,22 @@ class MicroBatch:
     workspace_bytes: int = 0
     time_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "offset", _int_field("offset", self.offset, 0))
+        set_(self, "size", _int_field("size", self.size, 1))
+        set_(self, "algo", _id_field("algo", self.algo))
+        set_(self, "math_type", _id_field("math_type", self.math_type))
+        set_(self, "workspace_bytes", _int_field("workspace_bytes", self.workspace_bytes, 0))
+        set_(self, "time_ms", _time_field("time_ms", self.time_ms))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MicroBatch":
+        """The inverse of :meth:`to_dict`; PlanFormatError naming the field otherwise."""
+        return _micro_from_dict(d, "")
 
 
 @dataclass(frozen=True)
@@ -413,6 +501,12 @@ class Plan:
     ``workspace_bytes`` is the max over the micro-batches (they run one after
     another on one stream); ``undivided_time_ms`` is the best single call under
     the same limit (``inf`` where none fits), so every plan reports its speedup.
+    Fields are checked when a Plan is made (``micro_batches`` a non-empty
+    sequence of MicroBatch, becoming a tuple; ``direction`` a Direction or its
+    name; times finite and >= 0 except ``undivided_time_ms``, which may be
+    ``inf``; ``workspace_limit`` an int >= 0 or None). Whether the micro-batches
+    tile a batch is checked where the plan meets its problem (the engine,
+    :func:`mucudnn.load_plans`).
     """
 
     problem: ConvProblem | None
@@ -424,6 +518,36 @@ class Plan:
     workspace_limit: int | None
     policy: Any = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if self.problem is not None and not isinstance(self.problem, ConvProblem):
+            raise InvalidTypeError(
+                f"problem: expected a ConvProblem or None, got {type(self.problem).__name__}")
+        d = self.direction
+        if d is not None and not isinstance(d, Direction):
+            if not isinstance(d, str):
+                raise InvalidTypeError(f"direction: expected a Direction, its name or None, "
+                                       f"got {d!r}")
+            set_(self, "direction", Direction.parse(d))
+        mbs = self.micro_batches
+        if isinstance(mbs, (str, bytes, Mapping)) or not hasattr(mbs, "__iter__"):
+            raise InvalidTypeError(
+                f"micro_batches: expected a sequence of MicroBatch, got {type(mbs).__name__}")
+        mbs = tuple(mbs)
+        if not mbs:
+            raise InvalidValueError("micro_batches: expected at least one MicroBatch, got none")
+        for i, m in enumerate(mbs):
+            if not isinstance(m, MicroBatch):
+                raise InvalidTypeError(
+                    f"micro_batches[{i}]: expected a MicroBatch, got {type(m).__name__}")
+        set_(self, "micro_batches", mbs)
+        set_(self, "workspace_bytes", _int_field("workspace_bytes", self.workspace_bytes, 0))
+        set_(self, "time_ms", _time_field("time_ms", self.time_ms))
+        set_(self, "undivided_time_ms",
+             _time_field("undivided_time_ms", self.undivided_time_ms, allow_inf=True))
+        if self.workspace_limit is not None:
+            set_(self, "workspace_limit", _int_field("workspace_limit", self.workspace_limit, 0))
 
     @property
     def batch(self) -> int:
@@ -458,25 +582,92 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
-        return cls(
-            problem=ConvProblem.from_dict(d["problem"]) if d.get("problem") else None,
-            direction=Direction.parse(d["direction"]) if d.get("direction") else None,
-            micro_batches=tuple(MicroBatch(**m) for m in d["micro_batches"]),
-            workspace_bytes=int(d["workspace_bytes"]),
-            time_ms=float(d["time_ms"]),
-            undivided_time_ms=float(d["undivided_time_ms"]) if d["undivided_time_ms"] is not None
-            else float("inf"),
-            workspace_limit=d.get("workspace_limit"),
-            policy=tuple(d["policy"]) if isinstance(d.get("policy"), list) else d.get("policy"),
-        )
+    def from_dict(cls, d: Mapping[str, Any]) -> "Plan":
+        """The inverse of :meth:`to_dict`. Anything else raises
+        :class:`PlanFormatError` naming the field; a list (what ``python -m
+        mucudnn optimize --json`` writes) points to :func:`mucudnn.load_plans`."""
+        return _plan_from_dict(d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_json(cls, s: str) -> "Plan":
-        return cls.from_dict(json.loads(s))
+    def from_json(cls, s: "str | bytes") -> "Plan":
+        """One plan from :meth:`to_json`'s text; :class:`PlanFormatError` otherwise."""
+        try:
+            d = json.loads(s)
+        except ValueError as exc:
+            raise PlanFormatError(f"plan: not valid JSON ({exc})") from None
+        return cls.from_dict(d)
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _check_keys(d: Any, where: str, what: str, required: Sequence[str],
+                optional: Sequence[str] = ()) -> dict[str, Any]:
+    """``d`` as a dict after checking it has every required key and no other;
+    errors name the path ``where`` (``""`` at the top)."""
+    if not isinstance(d, Mapping):
+        raise PlanFormatError(f"{where or what}: expected an object (a dict), "
+                              f"got {type(d).__name__}")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise PlanFormatError(f"{_join(where, missing[0])}: missing from the {what}")
+    unknown = [k for k in d if k not in required and k not in optional]
+    if unknown:
+        raise PlanFormatError(f"{where or what}: unknown key {unknown[0]!r}; expected keys "
+                              f"{', '.join(list(required) + list(optional))}")
+    return dict(d)
+
+
+def _construct(cls: type, args: dict[str, Any], where: str) -> Any:
+    """``cls(**args)``, its field errors re-raised as PlanFormatError under ``where``."""
+    try:
+        return cls(**args)
+    except PlanFormatError:
+        raise
+    except (InvalidValueError, InvalidTypeError, UnsupportedDtypeError) as exc:
+        raise PlanFormatError(f"{where + '.' if where else ''}{exc}") from None
+
+
+def _problem_from_dict(d: Any, where: str) -> ConvProblem:
+    args = _check_keys(d, where, "problem", ("x_shape", "w_shape"),
+                       ("stride", "padding", "dilation", "groups", "dtype", "layout", "math",
+                        "compute_type"))
+    return _construct(ConvProblem, args, where)
+
+
+def _micro_from_dict(d: Any, where: str) -> MicroBatch:
+    args = _check_keys(d, where, "micro-batch", ("offset", "size", "algo"),
+                       ("math_type", "workspace_bytes", "time_ms"))
+    return _construct(MicroBatch, args, where)
+
+
+def _plan_from_dict(d: Any, where: str = "") -> "Plan":
+    if isinstance(d, list):
+        raise PlanFormatError(
+            f"{where or 'plan'}: expected one plan (a JSON object), got a list; a list of plans "
+            "as 'python -m mucudnn optimize --json' writes it is read by mucudnn.load_plans")
+    args = _check_keys(d, where, "plan", ("micro_batches", "workspace_bytes", "time_ms",
+                                          "undivided_time_ms"),
+                       ("problem", "direction", "workspace_limit", "policy"))
+    raw = args["micro_batches"]
+    if not isinstance(raw, list):
+        raise PlanFormatError(f"{_join(where, 'micro_batches')}: expected a list, "
+                              f"got {type(raw).__name__}")
+    args["micro_batches"] = tuple(_micro_from_dict(m, _join(where, f"micro_batches[{i}]"))
+                                  for i, m in enumerate(raw))
+    if args.get("problem") is not None:
+        args["problem"] = _problem_from_dict(args["problem"], _join(where, "problem"))
+    if args["undivided_time_ms"] is None:
+        args["undivided_time_ms"] = float("inf")
+    if isinstance(args.get("policy"), list):
+        args["policy"] = tuple(args["policy"])
+    for k in ("problem", "direction", "workspace_limit"):
+        args.setdefault(k, None)
+    return _construct(Plan, args, where)
 
 
 def _json_float(v: float) -> float | None:

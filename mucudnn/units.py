@@ -9,7 +9,9 @@ Units (case-insensitive except where noted):
 So ``64M`` and ``64MiB`` are 67,108,864 bytes and ``64MB`` is 64,000,000.
 A number may have a fraction or an exponent (``1.5GiB``, ``1e6``); the result
 is rounded down to whole bytes and must be finite, non-negative and below
-2**63.
+2**63. Errors are :class:`~mucudnn.errors.InvalidValueError` (a ValueError) or
+:class:`~mucudnn.errors.InvalidTypeError` (a TypeError), one line naming the
+argument.
 
 >>> parse_bytes("64MiB"), parse_bytes("64M"), parse_bytes("64MB")
 (67108864, 67108864, 64000000)
@@ -25,6 +27,8 @@ import math
 import re
 from typing import Any
 
+from .errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["parse_bytes", "format_bytes", "MAX_BYTES", "UNITS"]
 
 #: Exclusive upper bound of a size (an int64 must hold it).
@@ -39,40 +43,43 @@ UNITS: dict[str, int] = {
     "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12,
 }
 
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+# Note: the number has one way to match ("12" cannot split as "1" + "2"), so a
+# long string that fails fails in linear time (the old [0-9]*\.?[0-9]+ took
+# seconds on 8000 digits).
+_SIZE = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
 
 
 def parse_bytes(value: Any, name: str = "size") -> int:
     """``value`` (an int, or a string such as ``"64MiB"``) in bytes.
 
-    Raises ValueError naming ``name`` for anything else: a negative, fractional
-    or non-finite number, an unknown unit, a size of 2**63 bytes or more. A
-    bool is a TypeError.
+    Raises InvalidValueError (a ValueError) naming ``name`` for anything else:
+    a negative or non-finite number, an unknown unit, a size of 2**63 bytes or
+    more. A bool, None or other non-size is an InvalidTypeError (a TypeError).
     """
     if isinstance(value, bool):
-        raise TypeError(f"{name}: expected a size in bytes (an int or a string like '64MiB'), "
-                        f"got {value!r}")
+        raise InvalidTypeError(f"{name}: expected a size in bytes (an int or a string like "
+                               f"'64MiB'), got {value!r}")
     if isinstance(value, int) or (hasattr(value, "__index__") and not isinstance(value, str)):
         n = int(value)
         if not 0 <= n < MAX_BYTES:
-            raise ValueError(f"{name}: expected a size in bytes in [0, 2**63), got {n}")
+            raise InvalidValueError(f"{name}: expected a size in bytes in [0, 2**63), got {n}")
         return n
     if isinstance(value, float):
         text = repr(value)
     elif isinstance(value, str):
         text = value
     else:
-        raise TypeError(f"{name}: expected a size in bytes (an int or a string like '64MiB'), "
-                        f"got {type(value).__name__}")
+        raise InvalidTypeError(f"{name}: expected a size in bytes (an int or a string like "
+                               f"'64MiB'), got {type(value).__name__}")
     m = _SIZE.fullmatch(text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in UNITS:
-        raise ValueError(f"{name}: expected a size such as 64MiB, 1GiB, 512K, 64MB or a number "
-                         f"of bytes, got {value!r}")
+        raise InvalidValueError(f"{name}: expected a size such as 64MiB, 1GiB, 512K, 64MB or a "
+                                f"number of bytes, got {value!r}")
     number = float(m.group(1))
     total = number * UNITS[unit]
     if not math.isfinite(total) or total >= MAX_BYTES:
-        raise ValueError(f"{name}: {value!r} is too large (sizes must be below 2**63 bytes)")
+        raise InvalidValueError(f"{name}: {value!r} is too large (sizes must be below 2**63 bytes)")
     return int(total)
 
 

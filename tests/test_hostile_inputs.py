@@ -239,7 +239,9 @@ _CALL_ARGS = dict(args=st.lists(st.sampled_from([
 def check_call(args, alpha, beta):
     conv = mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), backend="numpy", policy="undivided",
                           cache=False)
-    x, w, y = args
+    # copies: the sampled arrays are shared between examples and y is written in place
+    x, w, y = (a.copy() if isinstance(a, np.ndarray) else a for a in args)
+    prior = y.copy() if isinstance(y, np.ndarray) else y
     try:
         out = conv.forward(x, w, y, alpha=alpha, beta=beta)
     except (ValueError, TypeError) as exc:
@@ -247,8 +249,7 @@ def check_call(args, alpha, beta):
             str(exc).startswith(("x is", "w is")), exc
         return
     assert out.shape == (2, 4, 3, 3)
-    want = reference(conv.problem, "forward", x, w, y if y is not None else None,
-                     float(alpha), float(beta))
+    want = reference(conv.problem, "forward", x, w, prior, float(alpha), float(beta))
     assert rel_err(out, want) < 1e-5
 
 

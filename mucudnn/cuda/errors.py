@@ -21,7 +21,7 @@ NO_DEVICE_ERRORS = frozenset({
 OUT_OF_MEMORY_ERRORS = frozenset({"cudaErrorMemoryAllocation"})
 
 
-class CudaError(MucudnnError):
+class CudaError(MucudnnError, RuntimeError):
     """A CUDA runtime call failed.
 
     ``function`` is the runtime function (``"cudaMalloc"``), ``error_name`` the
