@@ -401,7 +401,9 @@ def search_largest_batch(try_batch: Callable[[int], bool], candidates: Sequence[
 def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict,
                 device: torch.device, log: Callable[[str], None]) -> dict:
     total = torch.cuda.get_device_properties(device).total_memory
-    reserve = {"native": 0, "wr": args.workspace, "wd": args.total_workspace}[mode]
+    # Every mode's workspace comes from torch's caching allocator (mucudnn.torch
+    # takes it there per call, as native convolutions do), so one fraction for all.
+    reserve = 0
     fraction = max(0.0, min(1.0, (args.memory - reserve) / total))
     results: dict[int, dict] = {}
 
