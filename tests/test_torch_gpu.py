@@ -220,7 +220,7 @@ def test_workspace_bounds_and_where_it_lives():
     assert len(chosen) == 12 and sum(p.workspace_bytes for p in chosen) <= total
 
 
-def test_torch_compile_matches_eager():
+def test_torch_compile_matches_eager(no_tf32):
     torch._dynamo.reset()
     torch.manual_seed(5)
     model = mt.convert(SmallCNN().cuda())
@@ -245,7 +245,7 @@ def test_opcheck_on_cuda():
     torch.library.opcheck(torch.ops.mucudnn.conv.default, (x, w, b) + args)
 
 
-def test_cuda_graph_training_step_replays_like_eager():
+def test_cuda_graph_training_step_replays_like_eager(no_tf32):
     torch.manual_seed(7)
     model = mt.convert(SmallCNN().cuda())
     twin = copy.deepcopy(model)
