@@ -322,11 +322,14 @@ def test_error_strings():
 @needs_headers
 def test_enums_have_the_header_values():
     header = _header_enumerators()
+    installed = cd.get_version()
     checked = 0
     for enum_cls, prefix in enums.C_PREFIX.items():
         if not prefix:
             continue  # libraryPropertyType lives in CUDA's library_types.h
         for member_name, member in enum_cls.__members__.items():  # aliases included
+            if enums.BACKEND_MIN_VERSION.get((enum_cls, member_name), 0) > installed:
+                continue  # newer than the installed headers (and never set by mucudnn)
             name = enums.c_name((enum_cls, member_name))
             assert name in header, f"{name} is not in the headers"
             assert header[name] == int(member), name

@@ -469,6 +469,8 @@ BACKEND_MIN_VERSION: dict[tuple[type, str], int] = {
     (BackendKnobType, "SWAP_AB"): 91800,
     (BackendKnobType, "INPUT_TMA_ENABLE"): 92200,
     (BackendKnobType, "OUTPUT_TMA_ENABLE"): 92200,
+    (DataType, "BYTE_BOOLEAN"): 92500,
+    (DataType, "FP8_E5M3"): 92600,
 }
 
 
