@@ -40,6 +40,22 @@ def _have_gpu() -> bool:
 HAVE_GPU = _have_gpu()
 
 
+def _have_cudnn() -> bool:
+    try:
+        from mucudnn._cudnn import loader
+        loader.library()
+    except Exception:
+        return False
+    return True
+
+
+#: Whether a libcudnn loads (the cudnn extra, or MUCUDNN_CUDNN_LIBRARY); tests of
+#: the binding skip cleanly without one.
+HAVE_CUDNN = _have_cudnn()
+needs_cudnn = pytest.mark.skipif(not HAVE_CUDNN, reason="no libcudnn loads here (install the "
+                                 "cudnn extra: pip install \"mucudnn[cudnn]\")")
+
+
 def pytest_collection_modifyitems(config, items):
     if HAVE_GPU:
         return

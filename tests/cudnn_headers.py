@@ -6,11 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from mucudnn._cudnn import loader
+from mucudnn._cudnn.errors import CudnnLibraryError
 
 
 def header_dir() -> Path | None:
-    """The include/ directory next to the loaded library (the wheel's), if any."""
-    candidates = [Path(loader.library_path()).resolve().parent.parent / "include"]
+    """The include/ directory next to the loaded library (the wheel's), if any
+    (None where no libcudnn loads: the modules using it then skip)."""
+    try:
+        candidates = [Path(loader.library_path()).resolve().parent.parent / "include"]
+    except CudnnLibraryError:
+        return None
     try:
         spec = loader._find_spec("nvidia.cudnn")
     except ImportError:

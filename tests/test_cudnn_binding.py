@@ -32,7 +32,9 @@ from mucudnn._cudnn.enums import (
 )
 from mucudnn.problem import ConvProblem, from_canonical, packed_strides
 
-from conftest import HAVE_GPU
+from conftest import HAVE_GPU, needs_cudnn
+
+pytestmark = needs_cudnn
 
 
 # -- headers ----------------------------------------------------------------------------

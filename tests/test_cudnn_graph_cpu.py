@@ -40,7 +40,9 @@ from mucudnn._cudnn.enums import (
 )
 from mucudnn.problem import ConvProblem, Direction, packed_strides
 
-from conftest import HAVE_GPU
+from conftest import HAVE_GPU, needs_cudnn
+
+pytestmark = needs_cudnn
 
 #: The oldest cuDNN the graph backend runs on (the device's).
 OLDEST = (9, 19, 0)

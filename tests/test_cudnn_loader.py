@@ -21,6 +21,8 @@ from mucudnn._cudnn import errors, loader
 from mucudnn._cudnn.elf import ElfFormatError, read_soname
 from mucudnn.errors import MucudnnError
 
+from conftest import needs_cudnn
+
 CC = shutil.which("cc") or shutil.which("gcc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler to build fake libraries")
 MARK_ENV = "MUCUDNN_TEST_CTOR_MARK"
@@ -107,6 +109,7 @@ def test_env_non_elf_file_is_refused_before_loading(monkeypatch, tmp_path):
     assert len(info.value.attempts) == 1 and info.value.attempts[0].outcome == "refused"
 
 
+@needs_cudnn
 def test_env_sub_library_of_cudnn_is_refused_by_its_soname(monkeypatch):
     # libcudnn_graph.so.9 exports cudnnGetVersion but is not the library whose
     # functions the prototype table binds.
@@ -240,6 +243,7 @@ def readelf_soname(path: Path) -> str | None:
 needs_readelf = pytest.mark.skipif(shutil.which("readelf") is None, reason="no readelf")
 
 
+@needs_cudnn
 @needs_readelf
 def test_read_soname_agrees_with_readelf_on_the_wheel():
     libdir = Path(loader.library_path()).resolve().parent

@@ -30,6 +30,10 @@ from mucudnn._cudnn.errors import CudnnError, Int32RangeError, Int64RangeError
 from mucudnn.errors import MucudnnError
 from mucudnn.problem import ConvProblem, packed_strides
 
+from conftest import needs_cudnn
+
+pytestmark = needs_cudnn
+
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 I64_MIN, I64_MAX = -2**63, 2**63 - 1
 

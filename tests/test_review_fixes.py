@@ -13,6 +13,7 @@ from mucudnn.optimizer import BenchmarkCache, optimize_wr
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction, MicroBatch, make_plan, packed_strides
 
 from reference import reference, rel_err
+from conftest import needs_cudnn
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +28,7 @@ def test_handle_with_unlimited_workspace():
     assert plan.batch == 4
 
 
+@needs_cudnn
 def test_handle_refuses_mixed_layouts():
     """cuDNN allows an NHWC x with an NCHW-format filter or NCHW-strided y; a
     ConvProblem has one layout, so the handle must refuse, not write y wrongly."""
