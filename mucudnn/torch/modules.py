@@ -40,6 +40,20 @@ class MucudnnConvMixin:
     _mu_options: Options
     _mu_plans: str
 
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: Any = None, dtype: Any = None, *,
+                 workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                 policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> None:
+        # torch's constructor, then ours (the mixin comes first in the bases)
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride,  # type: ignore[call-arg]
+                         padding=padding, dilation=dilation, groups=groups, bias=bias,
+                         padding_mode=padding_mode, device=device, dtype=dtype)
+        self._mu_setup(workspace_limit, policy, backend)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._mu_repr()  # type: ignore[misc]
+
     def _mu_setup(self, workspace_limit: "int | None", policy: Any,
                   backend: "str | Backend | None", plans: str = "") -> None:
         opts = options(workspace_limit, policy, backend)  # checks them
@@ -81,19 +95,6 @@ class Conv2d(MucudnnConvMixin, nn.Conv2d):
 
     _nd = 2
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
-                 padding_mode: str = "zeros", device: Any = None, dtype: Any = None, *,
-                 workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-                 policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
-                         dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode,  # type: ignore[arg-type]
-                         device=device, dtype=dtype)
-        self._mu_setup(workspace_limit, policy, backend)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._mu_repr()
-
 
 class Conv3d(MucudnnConvMixin, nn.Conv3d):
     """``torch.nn.Conv3d`` run micro-batched by mucudnn.
@@ -105,16 +106,3 @@ class Conv3d(MucudnnConvMixin, nn.Conv3d):
     """
 
     _nd = 3
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
-                 padding_mode: str = "zeros", device: Any = None, dtype: Any = None, *,
-                 workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-                 policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
-                         dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode,  # type: ignore[arg-type]
-                         device=device, dtype=dtype)
-        self._mu_setup(workspace_limit, policy, backend)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._mu_repr()
