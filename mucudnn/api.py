@@ -79,7 +79,8 @@ from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, inspect_array
 from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, pool_for
-from .optimizer.planner import Planner
+from .optimizer.planner import Planner, workspace_limit_bytes
+from .optimizer.policies import normalize_policy
 from .problem import ConvProblem, Direction, Plan
 
 __all__ = ["Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
@@ -527,8 +528,8 @@ def _get_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any, pa
     be = get_backend(backend)
     p = ConvProblem(x_shape, w_shape, stride=stride, padding=padding, dilation=dilation,
                     groups=groups, dtype=dtype, layout=layout, math=math)
-    planner = Planner(be, workspace_limit, policy, False)  # validates the options
-    key = (p, planner.workspace_limit, planner.policy, id(be), bool(graph))
+    key = (p, workspace_limit_bytes(workspace_limit), normalize_policy(policy), id(be),
+           bool(graph))
     conv = _CONVS.get(key)
     if conv is None or conv.backend is not be:
         conv = Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,

@@ -28,7 +28,7 @@ from ..errors import PlanningInCaptureError, UnsupportedConfigError, WorkspaceUn
 from ..problem import ConvProblem, Direction, Plan
 from .graph import GraphCache
 from .planning import Planner
-from .runner import FULL_ALIGNMENT, BoundPlan, bind_plan, resolve_workspace
+from .runner import FULL_ALIGNMENT, BoundPlan, alignment_of, bind_plan, resolve_workspace
 from .views import check_micro_batches
 from .workspace import WorkspacePool, pool_for
 
@@ -52,10 +52,6 @@ class FallbackWarning(RuntimeWarning):
 
 class WorkspaceFallbackWarning(FallbackWarning):
     """A plan's workspace could not be allocated; a smaller plan ran instead."""
-
-
-def _align(p: int) -> int:
-    return 16 if not p & 15 else p & -p
 
 
 class Kernel:
@@ -271,7 +267,7 @@ class Kernel:
                 # the stream orders every use of a buffer instead.
                 return self._launch(x, w, y, alpha, beta, None, workspace, FULL_ALIGNMENT)
         return self._launch(x, w, y, alpha, beta, stream, workspace,
-                            (_align(x), _align(w), _align(y)))
+                            (alignment_of(x), alignment_of(w), alignment_of(y)))
 
     def _launch(self, x: Any, w: Any, y: Any, alpha: float, beta: float, stream: Any,
                 workspace: Any, aligns: tuple) -> Plan:

@@ -27,7 +27,8 @@ from ..problem import Direction, Plan
 from .views import check_micro_batches
 
 __all__ = ["BoundPlan", "bind_plan", "execute", "prepare", "micro_batch_betas",
-           "resolve_workspace", "nbytes_of", "FULL_ALIGNMENT"]
+           "resolve_workspace", "nbytes_of", "FULL_ALIGNMENT",
+           "alignment_of"]
 
 log = logging.getLogger("mucudnn")
 
@@ -119,10 +120,17 @@ def _addresses(backend: Backend, tensors: ConvTensors, workspace: Any) -> tuple[
             ws, nbytes_of(workspace))
 
 
+def alignment_of(address: int) -> int:
+    """The alignment in bytes (at most 16, what cuDNN's kernels care about) of
+    a device address; 16 for a null one."""
+    return 16 if not address & 15 else address & -address
+
+
 def _aligns(backend: Backend, addresses: tuple[Any, ...]) -> tuple[int, int, int]:
     if backend.is_host:
         return FULL_ALIGNMENT
-    return tuple(min(16, a & -a) if a else 16 for a in addresses[:3])  # type: ignore[return-value]
+    x, w, y = addresses[:3]
+    return alignment_of(x), alignment_of(w), alignment_of(y)
 
 
 def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1.0,

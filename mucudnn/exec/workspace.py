@@ -74,10 +74,6 @@ def _align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
-def _view(buffer: Any, start: int, stop: int) -> Any:
-    return buffer[start:stop]
-
-
 class WorkspacePool:
     """One growing workspace buffer of a backend on one stream, shared by WR plans.
 
@@ -266,7 +262,7 @@ class SegmentedWorkspace:
             raise WorkspaceUnavailable(
                 f"workspace: WD segments need {self.total_bytes} bytes, over the pool limit "
                 f"of {limit} bytes", self.total_bytes, limit)
-        self._buffer = None
+        self._buffer: Any = None  # a backend workspace buffer, or None for 0 bytes
         if self.total_bytes > 0:
             try:
                 self._buffer = backend.alloc_workspace(self.total_bytes)
@@ -283,7 +279,7 @@ class SegmentedWorkspace:
         off, n = self.segments[key]
         if n == 0:
             return None
-        return _view(self._buffer, off, off + n)
+        return self._buffer[off:off + n]
 
     def address(self, key: str) -> tuple[Any, int]:
         """``(address, size)`` of the segment of ``key`` for a launcher."""
