@@ -20,7 +20,7 @@ from mucudnn import ConvProblem, Direction
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.backend_api import live_backend_descriptors
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
-from mucudnn.backends.base import OUTPUT_OF
+from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.errors import UnsupportedConfigError
 from conv_support import CASES, DIRECTIONS, MiB, FindMemo, backend_fixture, problem, \
@@ -152,3 +152,55 @@ def test_caches_are_bounded_and_closed():
             arr.close()
     gc.collect()
     assert live_backend_descriptors() == live0
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+@pytest.mark.parametrize("case", ["2d-nchw", "2d-grouped-dilated", "2d-nhwc-stride2"])
+def test_parallel_finalization_finds_what_serial_finds(case, direction):
+    """Note [parallel finalization]: plans finalized on a thread pool (one handle)
+    are the plans the calling thread finalizes: the same configs, the same
+    workspace needs, and each runs correctly."""
+    p = problem(case, "float32", "default")
+    found = {}
+    for threads, prefilter in ((1, False), (8, True)):
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_threads=threads,
+                               find_prefilter=prefilter) as b:
+            res = b.find(p, direction, 8 * MiB)
+            found[threads] = {r.algo: r.workspace_bytes for r in res}
+            prof = b.find_profile
+            assert prof.calls == 1 and prof.timed == len(res) >= 1
+            assert prof.workspace_mismatch == 0
+            if threads == 8:
+                assert prof.skipped >= 0 and prof.finalized <= 2 * prof.configs
+                rng = np.random.default_rng(3)
+                hx, hw, hy = _host(p, rng)
+                for r in res:
+                    x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
+                    ws = b.alloc_workspace(r.workspace_bytes or 1)
+                    b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
+                    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
+                    want = reference(p, direction, hx, hw, hy)
+                    assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+    # the pre-filter only skips configs that could not fit 8 MiB anyway
+    assert found[1] == found[8]
+
+
+def test_engine_config_workspace_is_the_plans():
+    """CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE (read from heuristics results before any
+    plan exists) equals the finalized plan's workspace, so the pre-filter of
+    Note [parallel finalization] drops nothing that would have fit."""
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        seen = 0
+        for case in ("2d-nchw", "2d-1x1-stride2", "2d-7x7-asym"):
+            p = problem(case, "float32", "default")
+            for d in DIRECTIONS:
+                for info in b.engine_configs(p, d):
+                    if info.workspace_bytes is None:
+                        continue
+                    try:
+                        plan = b._plan(p, d, info.id, 1.0, 0.0, (16, 16, 16))
+                    except Exception:
+                        continue
+                    assert plan.workspace_bytes == info.workspace_bytes, (case, d, info.id)
+                    seen += 1
+        assert seen > 10

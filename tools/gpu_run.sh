@@ -53,6 +53,11 @@ for stage in "$@"; do
         --json "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1
       summary+=("overhead (rc $?):" "$(grep ' | ' "$OUT/overhead.txt")")
       ;;
+    cold)  # tools/cold_start.py: cold optimisation per network, with PyTorch's first iteration
+      timeout "${COLD_TIMEOUT:-560}" python3 tools/cold_start.py --torch ${COLD_ARGS:-} \
+        --json "$OUT/cold.json" > "$OUT/cold.txt" 2>&1
+      summary+=("cold (rc $?):" "$(grep '^|' "$OUT/cold.txt")")
+      ;;
     graph-replay)
       timeout 300 python3 tools/bench_graph_replay.py --json "$OUT/graph-replay.json" \
         > "$OUT/graph-replay.txt" 2>&1

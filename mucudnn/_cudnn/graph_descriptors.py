@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from ..problem import Direction, packed_strides
@@ -284,6 +284,9 @@ class EngineConfigInfo:
     knobs: tuple[tuple[int, int], ...]
     numerical_notes: tuple[int, ...] = ()
     behavior_notes: tuple[int, ...] = ()
+    #: CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE where cuDNN (>= 9.2) reports it for the
+    #: config before any plan is finalized; None where it does not.
+    workspace_bytes: Optional[int] = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -347,7 +350,21 @@ def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:
             t = k.get_enums(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, 1)[0]
             v = k.get_int64_scalar(A.KNOB_CHOICE_KNOB_VALUE)
             knobs.append((int(t), int(v)))
-    return EngineConfigInfo(idx, tuple(sorted(knobs)), notes, behavior)
+    return EngineConfigInfo(idx, tuple(sorted(knobs)), notes, behavior,
+                            engine_config_workspace(cfg))
+
+
+def engine_config_workspace(cfg: BackendDescriptor) -> Optional[int]:
+    """CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE of a finalized engine config, in bytes:
+    what its plan will need, known before finalizing one (cuDNN >= 9.2); None
+    where the library is older or does not report it."""
+    if loader.get_version() < BACKEND_MIN_VERSION.get(
+            (A, "ENGINECFG_WORKSPACE_SIZE"), 0):
+        return None
+    try:
+        return int(cfg.get_int64_scalar(A.ENGINECFG_WORKSPACE_SIZE))
+    except CudnnError:
+        return None
 
 
 def execution_plan(handle: Any, cfg: BackendDescriptor, finalize: bool = True) -> BackendDescriptor:

@@ -19,6 +19,7 @@ switching streams needs no ordering of its own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Any, Iterator, Optional
 
@@ -34,7 +35,7 @@ from ..dtypes import normalize_dtype
 from ..problem import ConvProblem, Direction
 from .base import BackendBase
 
-__all__ = ["DeviceBackend", "DEFAULT_FIND_WORKSPACE_CAP", "array_pointer"]
+__all__ = ["DeviceBackend", "DEFAULT_FIND_WORKSPACE_CAP", "FindProfile", "array_pointer"]
 
 #: Upper bound of the default Find workspace (the other bound is half the free memory).
 DEFAULT_FIND_WORKSPACE_CAP = 4 << 30
@@ -58,6 +59,40 @@ def array_pointer(name: str, a: Any, shape: tuple, dtype: str) -> int:
     if arr.dtype_name != dtype:
         raise ValueError(f"tensors.{name}: expected dtype {dtype}, got {arr.dtype_name}")
     return int(arr.ptr)
+
+
+@dataclasses.dataclass
+class FindProfile:
+    """Where a backend's ``find()`` spends its time, accumulated over calls
+    (``reset()`` zeroes it). Seconds are host wall time of each phase: building
+    operation graphs and asking heuristics, finalizing execution plans, and
+    timing them on the GPU (the legacy backend reports its one Find call as
+    timing). Counts: candidate configs (after the numerics filter), those
+    skipped before finalization (their engine config needs more workspace than
+    the cap), plans finalized, plans timed, and configs whose finalized
+    workspace differed from their engine config's (``workspace_mismatch``).
+
+    >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
+    1
+    """
+
+    calls: int = 0
+    configs: int = 0
+    skipped: int = 0
+    finalized: int = 0
+    timed: int = 0
+    workspace_mismatch: int = 0
+    heuristics_s: float = 0.0
+    finalize_s: float = 0.0
+    timing_s: float = 0.0
+    total_s: float = 0.0
+
+    def reset(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, f.default)
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
 
 
 class DeviceBackend(BackendBase):
@@ -99,6 +134,8 @@ class DeviceBackend(BackendBase):
         self._find_src: dict[str, Any] = {}
         self._find_out: Any = None
         self._find_ws: Any = None
+        #: Where find() spent its time (see FindProfile).
+        self.find_profile = FindProfile()
 
     # -- streams (Note [streams]) --------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 from typing import Any, Optional, Union
 
 from .._cudnn import enums
@@ -158,6 +159,8 @@ class CudnnBackend(DeviceBackend):
             raise ValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
         max_count_fn, find_fn, _, _, perf_t = _API[direction]
         math = int(enums.math_type(problem.math))
+        prof = self.find_profile
+        t_start = time.perf_counter()
         with self.on_home_stream():
             d = self.descriptors(problem)
             conv = d.conv(math)
@@ -176,6 +179,7 @@ class CudnnBackend(DeviceBackend):
                 args = (d.w, wp, d.y, yp, conv, d.x, xp)
             else:
                 args = (d.x, xp, d.y, yp, conv, d.w, wp)
+            t_find = time.perf_counter()
             try:
                 getattr(lib, find_fn)(self.handle, *args, len(perf), ctypes.byref(returned),
                                       perf, ws_ptr, ws_size)
@@ -183,6 +187,8 @@ class CudnnBackend(DeviceBackend):
                 exc.add_details(problem=problem, direction=str(direction),
                                 workspace_bytes=ws_size)
                 raise
+            finally:
+                prof.timing_s += time.perf_counter() - t_find
         fma = problem.math == "fma"
         out = []
         for p in perf[:returned.value]:
@@ -203,6 +209,9 @@ class CudnnBackend(DeviceBackend):
                                 workspace_bytes=memory, math_type=int(p.mathType),
                                 determinism=int(p.determinism)))
         out.sort(key=lambda a: a.time_ms)
+        prof.calls += 1
+        prof.timed += len(out)
+        prof.total_s += time.perf_counter() - t_start
         return out
 
     # -- workspace size --------------------------------------------------------------------

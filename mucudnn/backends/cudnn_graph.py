@@ -39,8 +39,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
+import threading
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence, Union
 
 from .._cudnn import graph_descriptors as gd
@@ -88,16 +92,23 @@ def canonical_id(algo: Any) -> str:
 class _Graph:
     """A cached operation graph; closed once evicted and no cached plan uses it."""
 
-    __slots__ = ("conv", "refs", "cached", "ids")
+    __slots__ = ("conv", "refs", "cached", "ids", "_refs_lock")
 
     def __init__(self, conv: gd.ConvGraph) -> None:
         self.conv = conv
         self.refs = 0
         self.cached = True
         self.ids: Optional[list[gd.EngineConfigInfo]] = None  # heuristics, once asked
+        # Plans are finalized on worker threads (Note [parallel finalization]).
+        self._refs_lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._refs_lock:
+            self.refs += 1
 
     def release(self) -> None:
-        self.refs -= 1
+        with self._refs_lock:
+            self.refs -= 1
         self._maybe_close()
 
     def evict(self) -> None:
@@ -105,7 +116,9 @@ class _Graph:
         self._maybe_close()
 
     def _maybe_close(self) -> None:
-        if self.refs <= 0 and not self.cached:
+        with self._refs_lock:
+            close = self.refs <= 0 and not self.cached
+        if close:
             self.conv.close()
 
 
@@ -136,7 +149,7 @@ class _Plan:
         self.holders = 0
         self.cached = True
         self.closed = False
-        graph.refs += 1
+        graph.acquire()
         try:
             self.engine = gd.engine(graph.conv.graph, idx)
             try:
@@ -191,7 +204,12 @@ class CudnnGraphBackend(DeviceBackend):
     arrays are shared with the legacy backend). ``heuristic_modes``: which heuristics ``find``
     asks, in order (mode B is skipped where cuDNN does not support it).
     ``find_warmup`` / ``find_repeat``: untimed and timed runs per candidate
-    (the median of ``find_repeat`` >= 3 is reported). ``plan_cache_size``,
+    (the median of ``find_repeat`` >= 3 is reported). ``find_threads``: host
+    threads that finalize ``find()``'s candidate plans (default: the CPU count,
+    at most 16; 1 finalizes on the calling thread; Note [parallel
+    finalization]). ``find_prefilter``: skip candidates whose engine config
+    reports more workspace than the cap before finalizing them (default True;
+    False finalizes every candidate, to measure what that costs). ``plan_cache_size``,
     ``graph_cache_size``, ``pack_cache_size``: LRU bounds (plans, operation
     graphs, variant packs per plan).
 
@@ -203,8 +221,10 @@ class CudnnGraphBackend(DeviceBackend):
     def __init__(self, device: Optional[int] = None, stream: Any = None,
                  find_workspace_limit: Optional[int] = None, *,
                  heuristic_modes: Sequence[str] = ("A", "B", "FALLBACK"),
-                 find_warmup: int = 1, find_repeat: int = 3, plan_cache_size: int = 256,
-                 graph_cache_size: int = 256, pack_cache_size: int = 64) -> None:
+                 find_warmup: int = 1, find_repeat: int = 3, find_threads: Optional[int] = None,
+                 find_prefilter: bool = True,
+                 plan_cache_size: int = 256, graph_cache_size: int = 256,
+                 pack_cache_size: int = 64) -> None:
         modes = [str(m).upper() for m in heuristic_modes]
         for m in modes:
             if m not in gd.HEUR_MODE_NAMES:
@@ -213,13 +233,18 @@ class CudnnGraphBackend(DeviceBackend):
         if int(find_repeat) < 3 or int(find_warmup) < 0:
             raise ValueError(f"need find_warmup >= 0 and find_repeat >= 3, got {find_warmup}, "
                              f"{find_repeat}")
+        if find_threads is None:
+            find_threads = min(16, os.cpu_count() or 1)
         for n, v in (("plan_cache_size", plan_cache_size), ("graph_cache_size", graph_cache_size),
-                     ("pack_cache_size", pack_cache_size)):
+                     ("pack_cache_size", pack_cache_size), ("find_threads", find_threads)):
             if int(v) < 1:
                 raise ValueError(f"{n}: expected >= 1, got {v}")
         super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
         self.heuristic_modes = tuple(modes)
         self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
+        self.find_threads = int(find_threads)
+        self.find_prefilter = bool(find_prefilter)
+        self._pool: Optional[ThreadPoolExecutor] = None
         self.plan_cache_size = int(plan_cache_size)
         self.graph_cache_size = int(graph_cache_size)
         self.pack_cache_size = int(pack_cache_size)
@@ -272,7 +297,11 @@ class CudnnGraphBackend(DeviceBackend):
             self._graphs.clear()
 
     def close(self) -> None:
-        """Release plans, graphs, find()'s scratch and the cuDNN handle."""
+        """Release plans, graphs, find()'s finalizing threads and scratch, and the
+        cuDNN handle."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self.clear_cache()
         super().close()
 
@@ -323,6 +352,63 @@ class CudnnGraphBackend(DeviceBackend):
             return list(g.ids)
 
     # -- find -----------------------------------------------------------------------------
+    # Note [parallel finalization]: finalizing an execution plan is where a cold
+    # find() spends its time (cuDNN compiles or loads the engine's kernels), and it
+    # is one ctypes call that releases the GIL. So find() finalizes its candidates
+    # on a thread pool, as cudnn-frontend's build_plan_at_index is meant to be
+    # used when autotuning, and times them one at a time on the GPU. Candidates
+    # whose engine config already says it needs more workspace than the cap
+    # (CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, cuDNN >= 9.2) are never finalized.
+    # Workers only build plans (descriptors of their own on a graph the calling
+    # thread holds); the caches are filled by the calling thread under the lock.
+    def _build_plans(self, problem: ConvProblem, direction: Direction,
+                     wanted: Sequence[tuple[str, float]]) -> dict[tuple[str, float], _Plan]:
+        """Finalized plans (alpha 1, 16-byte alignment) for ``(engine config id,
+        beta)`` pairs, from the cache or built on the pool; pairs that do not
+        finalize are left out."""
+        out: dict[tuple[str, float], _Plan] = {}
+        todo: list[tuple[str, float, tuple, _Graph]] = []
+        with self._lock:
+            for algo_id, beta in wanted:
+                key = self._graph_key(problem, direction, 1.0, beta, _FULL) + (algo_id,)
+                p = self._plans.get(key)
+                if p is not None and not p.closed:
+                    out[algo_id, beta] = p
+                    continue
+                g = self._graph(problem, direction, 1.0, beta, _FULL)
+                g.acquire()  # held while the workers build on it
+                todo.append((algo_id, beta, key, g))
+        device, handle, packs = self.device, self.handle, self.pack_cache_size
+
+        def build(item: tuple[str, float, tuple, _Graph]) -> Optional[_Plan]:
+            algo_id, beta, _key, g = item
+            with using_device(device):
+                try:
+                    return _Plan(g, algo_id, handle, packs)
+                except CudnnError as exc:
+                    log.debug("mucudnn: engine config %s does not finalize for %s %s "
+                              "(beta %s): %s", algo_id, problem, direction, beta, exc)
+                    return None
+
+        try:
+            if self.find_threads > 1 and len(todo) > 1:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.find_threads,
+                                                    thread_name_prefix="mucudnn-finalize")
+                built = list(self._pool.map(build, todo))
+            else:
+                built = [build(item) for item in todo]
+        finally:
+            for *_rest, g in todo:
+                g.release()
+        with self._lock:
+            for (algo_id, beta, key, _g), p in zip(todo, built):
+                if p is not None:
+                    self._plans.put(key, p)
+                    out[algo_id, beta] = p
+        self.find_profile.finalized += sum(p is not None for p in built)
+        return out
+
     def find(self, problem: ConvProblem, direction: Direction,
              workspace_limit: Optional[int]) -> list[AlgoPerf]:
         """Every engine config that finalized and ran for ``problem`` (at its own
@@ -331,70 +417,80 @@ class CudnnGraphBackend(DeviceBackend):
         limit = None if workspace_limit is None else int(workspace_limit)
         if limit is not None and limit < 0:
             raise ValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
+        prof = self.find_profile
+        t_start = time.perf_counter()
+        out: list[AlgoPerf] = []
         with self.on_home_stream():
             cap = self.find_workspace_cap()
             want = cap if limit is None else min(limit, cap)
-            plans: list[tuple[_Plan, gd.EngineConfigInfo]] = []
-            for info in self.engine_configs(problem, direction):
-                if not numerics_allowed(problem.math, info.numerical_notes):
+            t = time.perf_counter()
+            infos = [i for i in self.engine_configs(problem, direction)
+                     if numerics_allowed(problem.math, i.numerical_notes)]
+            prof.heuristics_s += time.perf_counter() - t
+            cands = [i for i in infos if not self.find_prefilter or i.workspace_bytes is None
+                     or i.workspace_bytes <= want]
+            prof.configs += len(infos)
+            prof.skipped += len(infos) - len(cands)
+            # Note [beta and workspace]: backward-filter needs the beta = 1 plans too.
+            betas = (0.0, 1.0) if direction is Direction.BACKWARD_FILTER else (0.0,)
+            t = time.perf_counter()
+            built = self._build_plans(problem, direction, [(i.id, b) for i in cands for b in betas])
+            prof.finalize_s += time.perf_counter() - t
+            plans = []
+            for info in cands:
+                p = built.get((info.id, 0.0))
+                if p is None:
                     continue
-                try:
-                    p = self._plan(problem, direction, info.id, 1.0, 0.0, _FULL)
-                except CudnnError as exc:
-                    log.debug("mucudnn: engine config %s does not finalize for %s %s: %s",
-                              info.id, problem, direction, exc)
-                    continue
-                if p.workspace_bytes <= want:
-                    plans.append((p, info))
-            if not plans:
-                return []
-            x = self._random(problem.x_shape, problem.dtype)
-            w = self._random(problem.w_shape, problem.dtype)
-            y = self._random(problem.output_shape, problem.dtype)
-            need = max(p.workspace_bytes for p, _ in plans)
-            ws = None
-            out: list[AlgoPerf] = []
-            try:
-                if need > 0:
-                    ws = self._alloc_find_workspace(need)
-                have = 0 if ws is None else int(ws.nbytes)
-                ws_ptr = None if ws is None or have == 0 else int(ws.ptr)
-                ptrs = (int(x.ptr), int(w.ptr), int(y.ptr))
-                aligns = tuple(gd.pointer_alignment(q) for q in ptrs)
-                if aligns != _FULL:  # pragma: no cover - fresh allocations are 256-aligned
-                    raise RuntimeError(f"find buffers are not 16-byte aligned: {aligns}")
-                handle = self.handle._as_parameter_
-                execute = lib.cudnnBackendExecute
-                for p, info in plans:
-                    if p.workspace_bytes > have:
-                        continue
-                    if p.closed:  # evicted by a small plan cache meanwhile: rebuild it
-                        p = self._plan(problem, direction, p.id, 1.0, 0.0, _FULL)
-                    pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs, ws_ptr)
-                    try:
-                        args = (handle, p.plan._as_parameter_, pack._as_parameter_)
-                        times = time_on_stream(lambda args=args: execute(*args), self.stream,
-                                                    warmup=self.find_warmup,
-                                                    repeat=self.find_repeat)
-                    except CudnnError as exc:
-                        log.debug("mucudnn: engine config %s failed to run for %s %s: %s",
-                                  p.id, problem, direction, exc)
-                        continue
-                    finally:
-                        pack.close()
-                    need = self._workspace_need(problem, direction, p.id)
-                    if need > want:
-                        continue
-                    out.append(AlgoPerf(algo=p.id, time_ms=float(statistics.median(times)),
-                                        workspace_bytes=need, math_type=0,
-                                        determinism=1 if info.deterministic else 0))
-                self.stream.synchronize()
-            finally:
-                for a in (x, w, y, ws):
-                    close = getattr(a, "close", None)
-                    if close is not None:
-                        close()
+                if info.workspace_bytes is not None and info.workspace_bytes != p.workspace_bytes:
+                    prof.workspace_mismatch += 1
+                # Note [beta and workspace]: the larger of the beta = 0 and beta = 1 needs.
+                p1 = built.get((info.id, 1.0), p)
+                need = max(p.workspace_bytes, p1.workspace_bytes)
+                if need <= want:
+                    plans.append((p, info, need))
+            t = time.perf_counter()
+            if plans:
+                out = self._time_plans(problem, direction, plans)
+            prof.timing_s += time.perf_counter() - t
+        prof.calls += 1
+        prof.timed += len(out)
+        prof.total_s += time.perf_counter() - t_start
         out.sort(key=lambda a: a.time_ms)
+        return out
+
+    def _time_plans(self, problem: ConvProblem, direction: Direction,
+                    plans: list[tuple[_Plan, gd.EngineConfigInfo, int]]) -> list[AlgoPerf]:
+        """Time each (plan, its config, its workspace need) on Find's scratch (home
+        stream, held by the caller)."""
+        ptrs = self._find_pointers(problem, direction)
+        aligns = tuple(gd.pointer_alignment(q) for q in ptrs)
+        if aligns != _FULL:  # pragma: no cover - fresh allocations are 256-aligned
+            raise RuntimeError(f"find buffers are not 16-byte aligned: {aligns}")
+        ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
+        handle = self.handle._as_parameter_
+        execute = lib.cudnnBackendExecute
+        out: list[AlgoPerf] = []
+        for p, info, need in plans:
+            if p.workspace_bytes > have:
+                continue
+            if p.closed:  # evicted by a small plan cache meanwhile: rebuild it
+                p = self._plan(problem, direction, p.id, 1.0, 0.0, _FULL)
+            pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs,
+                                   ws_ptr if p.workspace_bytes else None)
+            try:
+                args = (handle, p.plan._as_parameter_, pack._as_parameter_)
+                times = time_on_stream(lambda args=args: execute(*args), self.stream,
+                                       warmup=self.find_warmup, repeat=self.find_repeat)
+            except CudnnError as exc:
+                log.debug("mucudnn: engine config %s failed to run for %s %s: %s",
+                          p.id, problem, direction, exc)
+                continue
+            finally:
+                pack.close()
+            out.append(AlgoPerf(algo=p.id, time_ms=float(statistics.median(times)),
+                                workspace_bytes=need, math_type=0,
+                                determinism=1 if info.deterministic else 0))
+        self.stream.synchronize()
         return out
 
     # -- workspace size ------------------------------------------------------------------

@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""Cold start: how long a user waits for the first plans, and where the time goes.
+
+For each network (AlexNet 256, ResNet-18 128, ResNet-50 128 by default: the
+bench networks) and each configuration, a fresh process optimises every
+distinct conv kernel (layer x direction) as ``Convolution`` would on its first
+call: WR, ``--workspace`` per kernel (64 MiB), ``--policy`` (powerOfTwo), the
+cudnn-graph backend, an empty benchmark cache. It reports
+
+* ``process s``: from the worker's first line (before importing anything) to
+  the last plan: imports, CUDA context, cuDNN handle and optimisation;
+* ``optimise s``: the optimisation alone, and its breakdown from the backend's
+  :class:`~mucudnn.backends._device.FindProfile` (heuristics, finalization,
+  timing; candidates, skipped before finalization, finalized, timed);
+* ``predicted ms`` and ``executed ms``: the chosen plans' total (each distinct
+  kernel weighted by how often it occurs) as Find predicted it and as executed
+  (bound launchers on the backend's stream, CUDA events, 3 warm-up, median
+  of 10), so configurations can be compared on plan quality.
+
+Configurations (``--configs``): ``serial`` (one finalizing thread, no
+workspace pre-filter: how find() worked before), ``prefilter`` (one thread,
+configs over the cap skipped before finalization), ``parallel`` (pre-filter
+and ``--threads`` finalizing threads).
+
+``--torch`` adds PyTorch's first training iteration over the same
+convolutions in a fresh process (``cudnn.benchmark=True``, every distinct
+layer's forward and backward with x and w requiring grad), from the worker's
+first line, CUDA context included: the reference the cold-start target names.
+
+    python tools/cold_start.py --nets alexnet resnet18 resnet50 --torch --json out/cold.json
+"""
+
+from __future__ import annotations
+
+import time
+
+T_PROCESS = time.perf_counter()  # before any import: the process-level clock
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Any  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+CONFIGS = {"serial": dict(threads=1, prefilter=False),
+           "prefilter": dict(threads=1, prefilter=True),
+           "parallel": dict(threads=None, prefilter=True)}
+
+
+def _problems(net: str, batch: int | None) -> dict:
+    from mucudnn.networks import network, unique_problems
+    return unique_problems(network(net, batch))
+
+
+def worker_mucudnn(net: str, batch: int | None, threads: int | None, prefilter: bool,
+                   limit: int, policy: str, execute: bool) -> dict[str, Any]:
+    from mucudnn import optimize
+    from mucudnn.backends.cudnn_graph import CudnnGraphBackend
+    from mucudnn.bench import make_timer, random_tensors
+    from mucudnn.exec import prepare
+    from mucudnn.problem import Direction
+
+    be = CudnnGraphBackend(find_threads=threads, find_prefilter=prefilter)
+    t_ready = time.perf_counter()
+    groups = _problems(net, batch)
+    plans = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = os.path.join(tmp, "cold.sqlite")
+        t0 = time.perf_counter()
+        for p in groups:
+            for d in Direction:
+                plans[p, d] = optimize(p, d, limit, policy, backend=be, cache=cache,
+                                       progress=False)
+        t1 = time.perf_counter()
+    out: dict[str, Any] = {
+        "net": net, "threads": be.find_threads, "prefilter": prefilter,
+        "kernels": len(plans), "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
+        "optimise_s": t1 - t0, "profile": be.find_profile.as_dict(),
+        "predicted_ms": sum(q.time_ms * len(groups[p]) for (p, _d), q in plans.items()),
+        "plans": {f"{p.key()} {d.value}": [[(m.size, str(m.algo)) for m in q.micro_batches],
+                                                 q.time_ms]
+                  for (p, d), q in plans.items()},
+    }
+    if execute:
+        timer = make_timer(be)
+        total = 0.0
+        for i, ((p, d), q) in enumerate(plans.items()):
+            data = random_tensors(be, p, seed=i)
+            ws = be.alloc_workspace(max(q.workspace_bytes, 1))
+            with be.on_home_stream():
+                launch = prepare(q, be, data, 1.0, 0.0, ws, direction=d)
+                total += timer(launch, 3, 10) * len(groups[p])
+            del data, ws
+        out["executed_ms"] = total
+    return out
+
+
+def worker_torch(net: str, batch: int | None) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cudnn.benchmark = True
+    groups = _problems(net, batch)
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    t_ready = time.perf_counter()
+
+    def iteration() -> None:
+        for p in groups:
+            x = torch.randn(p.x_dims, device=dev, requires_grad=True)
+            w = torch.randn(p.w_dims, device=dev, requires_grad=True)
+            y = F.conv2d(x, w, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                         groups=p.groups)
+            y.backward(torch.randn_like(y))
+        torch.cuda.synchronize()
+
+    t0 = time.perf_counter()
+    iteration()
+    t1 = time.perf_counter()
+    iteration()
+    t2 = time.perf_counter()
+    return {"net": net, "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
+            "first_iteration_s": t1 - t0, "second_iteration_s": t2 - t1,
+            "kernels": 3 * len(groups)}
+
+
+def _run_worker(args: list[str], timeout: float) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker-json", path,
+                            *args], capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            return {"error": (r.stderr or r.stdout)[-2000:]}
+        with open(path) as fh:
+            return json.load(fh)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    finally:
+        os.unlink(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", nargs="+", default=["alexnet", "resnet18", "resnet50"])
+    ap.add_argument("--batch", type=int, default=None, help="default: each network's own")
+    ap.add_argument("--configs", nargs="+", default=["serial", "parallel"],
+                    choices=sorted(CONFIGS))
+    ap.add_argument("--threads", type=int, default=None,
+                    help="finalizing threads of the parallel configuration (default: backend's)")
+    ap.add_argument("--workspace", type=int, default=64 << 20, help="bytes per kernel")
+    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--torch", action="store_true", help="also PyTorch's first iteration")
+    ap.add_argument("--no-execute", action="store_true", help="skip executing the plans")
+    ap.add_argument("--timeout", type=float, default=400.0, help="seconds per worker")
+    ap.add_argument("--json", default=None)
+    # worker mode (internal)
+    ap.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--prefilter", type=int, default=1, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a.worker_json:
+        net = a.nets[0]
+        if a.worker == "torch":
+            res = worker_torch(net, a.batch)
+        else:
+            res = worker_mucudnn(net, a.batch, a.threads, bool(a.prefilter), a.workspace,
+                                 a.policy, not a.no_execute)
+        with open(a.worker_json, "w") as fh:
+            json.dump(res, fh)
+        return 0
+
+    results: list[dict[str, Any]] = []
+    common = ["--workspace", str(a.workspace), "--policy", a.policy]
+    if a.batch:
+        common += ["--batch", str(a.batch)]
+    if a.no_execute:
+        common.append("--no-execute")
+
+    def save() -> None:
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as fh:
+                json.dump(results, fh, indent=1)
+
+    for net in a.nets:
+        if a.torch:
+            r = _run_worker(["--worker", "torch", "--nets", net, *common], a.timeout)
+            r.update(config="torch", net=net)
+            results.append(r)
+            save()
+            print(f"[{net} torch] {r.get('process_s', r.get('error'))}", flush=True)
+        for c in a.configs:
+            cfg = CONFIGS[c]
+            threads = cfg["threads"] if cfg["threads"] is not None else a.threads
+            args = ["--worker", "mucudnn", "--nets", net, "--prefilter",
+                    str(int(cfg["prefilter"])), *common]
+            if threads is not None:
+                args += ["--threads", str(threads)]
+            r = _run_worker(args, a.timeout)
+            r.update(config=c, net=net)
+            results.append(r)
+            save()
+            print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}", flush=True)
+
+    print("| net | config | process s | optimise s | heuristics s | finalize s | timing s "
+          "| candidates | skipped | finalized | timed | ws mismatch | predicted ms "
+          "| executed ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['net']} | {r['config']} | error: {r['error'][-300:]!r} |")
+            continue
+        if r["config"] == "torch":
+            print(f"| {r['net']} | PyTorch first iteration | {r['process_s']:.1f} | "
+                  f"{r['first_iteration_s']:.1f} | | | | | | | | | | "
+                  f"(2nd iteration {r['second_iteration_s']:.2f} s) |")
+            continue
+        pr = r["profile"]
+        ex = r.get("executed_ms")
+        print(f"| {r['net']} | {r['config']} ({r['threads']} threads) | {r['process_s']:.1f} | "
+              f"{r['optimise_s']:.1f} | {pr['heuristics_s']:.1f} | {pr['finalize_s']:.1f} | "
+              f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['finalized']} | "
+              f"{pr['timed']} | {pr['workspace_mismatch']} | {r['predicted_ms']:.2f} | "
+              f"{'' if ex is None else f'{ex:.2f}'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
