@@ -493,3 +493,27 @@ def _header_version() -> tuple[int, int, int]:
     text = (HEADER.parent / "cudnn_version.h").read_text()
     get = lambda k: int(re.search(rf"#define CUDNN_{k}\s+(\d+)", text).group(1))  # noqa: E731
     return get("MAJOR"), get("MINOR"), get("PATCHLEVEL")
+
+
+def _info(idx, ws):
+    return gd.EngineConfigInfo(idx, (), (), (), ws)
+
+
+def test_find_cut_keeps_each_modes_best_and_one_without_workspace():
+    """Note [find cut-offs] (no GPU needed: the cut is a pure function of the
+    candidates and the heuristics' rankings)."""
+    from mucudnn.backends.cudnn_graph import _cut
+    cands = [_info(i, ws) for i, ws in enumerate([8, 4, 4, 2, 1, 9, 0, 3, 0])]
+    ids = [c.id for c in cands]
+    rankings = {"A": ids[:5], "B": [ids[5], ids[0]], "FALLBACK": [ids[7], ids[8], ids[6]]}
+    kept = _cut(cands, 2, rankings)
+    # A's best two, B's best two, FALLBACK's best two, in heuristics order
+    assert [c.id for c in kept] == [ids[0], ids[1], ids[5], ids[7], ids[8]]
+    # without a zero-workspace config among them, the best-ranked one is added
+    rankings = {"A": ids[:5]}
+    assert [c.global_index for c in _cut(cands, 2, rankings)] == [0, 1, 6]
+    # configs that do not fit the cap were never candidates: rankings may name them
+    assert [c.global_index for c in _cut(cands[1:], 1, {"A": ids})] == [1, 6]
+    # k=None or few candidates: all of them
+    assert _cut(cands, None, rankings) == cands
+    assert _cut(cands[:3], 5, rankings) == cands[:3]

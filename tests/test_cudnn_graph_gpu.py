@@ -164,7 +164,8 @@ def test_parallel_finalization_finds_what_serial_finds(case, direction):
     found = {}
     for threads, prefilter in ((1, False), (8, True)):
         with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_threads=threads,
-                               find_prefilter=prefilter) as b:
+                               find_prefilter=prefilter, find_top_k=None,
+                               find_probe_ratio=None) as b:
             res = b.find(p, direction, 8 * MiB)
             found[threads] = {r.algo: r.workspace_bytes for r in res}
             prof = b.find_profile
@@ -204,3 +205,22 @@ def test_engine_config_workspace_is_the_plans():
                     assert plan.workspace_bytes == info.workspace_bytes, (case, d, info.id)
                     seen += 1
         assert seen > 10
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_find_cut_offs_keep_the_best_ranked(direction):
+    """Note [find cut-offs]: with find_top_k=k, find() times the k best-ranked
+    candidates of each heuristics mode that fit (plus one that needs no
+    workspace), a subset of what timing everything finds; probing reports
+    every timed candidate."""
+    p = problem("2d-nchw", "float32", "default")
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=None,
+                           find_probe_ratio=None) as b:
+        full = {r.algo for r in b.find(p, direction, 8 * MiB)}
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=2,
+                           find_probe_ratio=1.01) as b:
+        res = b.find(p, direction, 8 * MiB)
+        prof = b.find_profile
+        assert 1 <= len(res) <= 7 and {r.algo for r in res} <= full
+        assert prof.cut >= prof.configs - prof.skipped - 7
+        assert prof.timed == len(res) and prof.probed_out <= len(res)

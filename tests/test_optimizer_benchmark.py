@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mucudnn.backends.base import ConvTensors
-from mucudnn.optimizer import (BenchmarkCache, batch_sizes, benchmark, optimize,
+from mucudnn.optimizer import (BenchmarkCache, batch_sizes, benchmark, optimize, optimize_wr,
                                optimize_network)
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction
 
@@ -204,7 +204,8 @@ def test_optimize_on_numpy_backend_end_to_end(cache):
     limit = inner.workspace_size(p.with_batch(2), Direction.FORWARD, im2col)
     plan = optimize(p, Direction.FORWARD, workspace_limit=limit, policy="powerOfTwo",
                     backend=be, cache=cache)
-    assert be.finds == 4  # sizes 8, 4, 2, 1
+    finds = be.finds  # sizes 8, 4, then 2 and 1 unless pruned (Note [size pruning])
+    assert 2 <= finds <= 4
     assert plan.problem == p and plan.direction is Direction.FORWARD
     assert plan.batch == 8 and plan.workspace_bytes <= limit
     for m in plan.micro_batches:
@@ -213,7 +214,7 @@ def test_optimize_on_numpy_backend_end_to_end(cache):
     # A warm cache does no Find at all.
     again = optimize(p, Direction.FORWARD, workspace_limit=limit, policy="powerOfTwo",
                      backend=be, cache=cache)
-    assert be.finds == 4 and again.micro_batches == plan.micro_batches
+    assert be.finds == finds and again.micro_batches == plan.micro_batches
     # Running the plan micro-batch by micro-batch gives the undivided result.
     rng = np.random.default_rng(0)
     x = rng.standard_normal(p.x_shape).astype(np.float32)
@@ -246,3 +247,45 @@ def test_optimize_network_on_numpy_backend(cache):
     assert sum(p.workspace_bytes for p in plans.values()) <= total
     for (name, d), plan in plans.items():
         assert plan.problem == layers[name] and plan.direction is d and plan.batch == 4
+
+
+class CurveBackend:
+    """Fake Find whose best time per sample under the cap falls with the size
+    until ``knee`` and rises below it (what a cap makes of real kernels)."""
+
+    name = "curve"
+    device_name = "Fake"
+    version = "0"
+
+    def __init__(self, knee):
+        self.knee = knee
+        self.sizes = []
+
+    def find(self, problem, direction, workspace_limit):
+        n = problem.batch
+        self.sizes.append(n)
+        per_sample = 1.0 + abs(np.log2(n) - np.log2(self.knee))  # best at the knee
+        return [AlgoPerf(0, per_sample * n, 0)]
+
+
+@pytest.mark.parametrize("batch,knee,want", [
+    (256, 32, [256, 128, 64, 32, 16]),        # stops one size past the best
+    (256, 256, [256, 128]),                   # the undivided call is best
+    (100, 64, [100, 64, 32, 4]),              # 100 = 64 + 32 + 4: the remainder's size stays
+    (100, 16, [100, 64, 32, 16, 8, 4]),       # 100 = 6 x 16 + 4
+])
+def test_size_pruning_stops_past_the_best_size(batch, knee, want):
+    """Note [size pruning]: largest first, the descent stops at the first size more
+    than PRUNE_MARGIN worse per sample than a larger one; the remainder's sizes
+    are still benchmarked, and the WR plan is the one every size would give."""
+    be = CurveBackend(knee)
+    p = ConvProblem((batch, 3, 7, 7), (4, 3, 3, 3), padding=1)
+    perf = benchmark(be, p, Direction.FORWARD, "powerOfTwo", 1 << 20, cache=False,
+                     prune_sizes=True)
+    assert be.sizes == want and sorted(perf, reverse=True) == want
+    full = benchmark(CurveBackend(knee), p, Direction.FORWARD, "powerOfTwo", 1 << 20,
+                     cache=False)
+    assert len(full) == len(batch_sizes("powerOfTwo", batch))
+    pruned_plan = optimize_wr(perf, batch, 1 << 20, "powerOfTwo")
+    full_plan = optimize_wr(full, batch, 1 << 20, "powerOfTwo")
+    assert pruned_plan.time_ms == pytest.approx(full_plan.time_ms)

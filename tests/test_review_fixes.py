@@ -69,7 +69,9 @@ def test_one_shot_iterable_policy_is_read_once():
     be.find = lambda p, d, lim: (sizes.append(p.batch), orig(p, d, lim))[1]
     c = mu.Convolution((8, 2, 5, 5), (3, 2, 3, 3), backend=be, policy=(s for s in (4, 2)))
     c.forward(np.ones((8, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32))
-    assert sorted(set(sizes)) == [2, 4, 8]
+    # read twice, the policy would be empty the second time and only 8 benchmarked;
+    # size 2 may be pruned (Note [size pruning])
+    assert {4, 8} <= set(sizes) <= {2, 4, 8}
 
 
 def test_host_backend_is_safe_across_threads():

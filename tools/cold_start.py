@@ -17,10 +17,11 @@ cudnn-graph backend, an empty benchmark cache. It reports
   (bound launchers on the backend's stream, CUDA events, 3 warm-up, median
   of 10), so configurations can be compared on plan quality.
 
-Configurations (``--configs``): ``serial`` (one finalizing thread, no
-workspace pre-filter: how find() worked before), ``prefilter`` (one thread,
-configs over the cap skipped before finalization), ``parallel`` (pre-filter
-and ``--threads`` finalizing threads).
+Configurations (``--configs``, :data:`CONFIGS`): ``serial`` (how find()
+worked before: one thread, every candidate finalized and fully timed),
+``exhaustive`` (every candidate that fits the cap, finalized on the pool,
+fully timed: the plan-quality reference), ``default`` (the backend's
+defaults: Note [find cut-offs]), and variants of it.
 
 ``--torch`` adds PyTorch's first training iteration over the same
 convolutions in a fresh process (``cudnn.benchmark=True``, every distinct
@@ -46,9 +47,19 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-CONFIGS = {"serial": dict(threads=1, prefilter=False),
-           "prefilter": dict(threads=1, prefilter=True),
-           "parallel": dict(threads=None, prefilter=True)}
+#: name -> CudnnGraphBackend keyword arguments (find_threads None: the backend's default).
+CONFIGS: dict[str, dict[str, Any]] = {
+    # how find() worked before: one thread, every candidate finalized and timed
+    "serial": dict(find_threads=1, find_prefilter=False, find_top_k=None,
+                   find_probe_ratio=None),
+    # every candidate that fits the cap, finalized on the pool, each timed fully
+    "exhaustive": dict(find_top_k=None, find_probe_ratio=None),
+    # the defaults: the 8 best-ranked candidates (+ one without workspace), probing
+    "default": {},
+    "top4": dict(find_top_k=4),
+    "top12": dict(find_top_k=12),
+    "default-noB": dict(heuristic_modes=("A", "FALLBACK")),
+}
 
 
 def _problems(net: str, batch: int | None) -> dict:
@@ -56,15 +67,15 @@ def _problems(net: str, batch: int | None) -> dict:
     return unique_problems(network(net, batch))
 
 
-def worker_mucudnn(net: str, batch: int | None, threads: int | None, prefilter: bool,
-                   limit: int, policy: str, execute: bool) -> dict[str, Any]:
+def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy: str,
+                   execute: bool) -> dict[str, Any]:
     from mucudnn import optimize
     from mucudnn.backends.cudnn_graph import CudnnGraphBackend
     from mucudnn.bench import make_timer, random_tensors
     from mucudnn.exec import prepare
     from mucudnn.problem import Direction
 
-    be = CudnnGraphBackend(find_threads=threads, find_prefilter=prefilter)
+    be = CudnnGraphBackend(**CONFIGS[config])
     t_ready = time.perf_counter()
     groups = _problems(net, batch)
     plans = {}
@@ -77,7 +88,7 @@ def worker_mucudnn(net: str, batch: int | None, threads: int | None, prefilter: 
                                        progress=False)
         t1 = time.perf_counter()
     out: dict[str, Any] = {
-        "net": net, "threads": be.find_threads, "prefilter": prefilter,
+        "net": net, "threads": be.find_threads, "options": repr(CONFIGS[config]),
         "kernels": len(plans), "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
         "optimise_s": t1 - t0, "profile": be.find_profile.as_dict(),
         "predicted_ms": sum(q.time_ms * len(groups[p]) for (p, _d), q in plans.items()),
@@ -148,10 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", nargs="+", default=["alexnet", "resnet18", "resnet50"])
     ap.add_argument("--batch", type=int, default=None, help="default: each network's own")
-    ap.add_argument("--configs", nargs="+", default=["serial", "parallel"],
+    ap.add_argument("--configs", nargs="+", default=["exhaustive", "default"],
                     choices=sorted(CONFIGS))
-    ap.add_argument("--threads", type=int, default=None,
-                    help="finalizing threads of the parallel configuration (default: backend's)")
     ap.add_argument("--workspace", type=int, default=64 << 20, help="bytes per kernel")
     ap.add_argument("--policy", default="powerOfTwo")
     ap.add_argument("--torch", action="store_true", help="also PyTorch's first iteration")
@@ -161,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     # worker mode (internal)
     ap.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--prefilter", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
     if a.worker_json:
@@ -169,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.worker == "torch":
             res = worker_torch(net, a.batch)
         else:
-            res = worker_mucudnn(net, a.batch, a.threads, bool(a.prefilter), a.workspace,
-                                 a.policy, not a.no_execute)
+            res = worker_mucudnn(net, a.batch, a.worker, a.workspace, a.policy,
+                                 not a.no_execute)
         with open(a.worker_json, "w") as fh:
             json.dump(res, fh)
         return 0
@@ -196,37 +204,34 @@ def main(argv: list[str] | None = None) -> int:
             save()
             print(f"[{net} torch] {r.get('process_s', r.get('error'))}", flush=True)
         for c in a.configs:
-            cfg = CONFIGS[c]
-            threads = cfg["threads"] if cfg["threads"] is not None else a.threads
-            args = ["--worker", "mucudnn", "--nets", net, "--prefilter",
-                    str(int(cfg["prefilter"])), *common]
-            if threads is not None:
-                args += ["--threads", str(threads)]
-            r = _run_worker(args, a.timeout)
+            r = _run_worker(["--worker", c, "--nets", net, *common], a.timeout)
             r.update(config=c, net=net)
             results.append(r)
             save()
             print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}", flush=True)
 
     print("| net | config | process s | optimise s | heuristics s | finalize s | timing s "
-          "| candidates | skipped | finalized | timed | ws mismatch | predicted ms "
-          "| executed ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| candidates | skipped | cut | finalized | timed | probed out | ws mismatch "
+          "| predicted ms | executed ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             print(f"| {r['net']} | {r['config']} | error: {r['error'][-300:]!r} |")
             continue
         if r["config"] == "torch":
             print(f"| {r['net']} | PyTorch first iteration | {r['process_s']:.1f} | "
-                  f"{r['first_iteration_s']:.1f} | | | | | | | | | | "
+                  f"{r['first_iteration_s']:.1f} | | | | | | | | | | | | "
                   f"(2nd iteration {r['second_iteration_s']:.2f} s) |")
             continue
         pr = r["profile"]
         ex = r.get("executed_ms")
+        modes = ", ".join(f"{m} {v:.1f}" for m, v in pr.get("modes_s", {}).items())
         print(f"| {r['net']} | {r['config']} ({r['threads']} threads) | {r['process_s']:.1f} | "
-              f"{r['optimise_s']:.1f} | {pr['heuristics_s']:.1f} | {pr['finalize_s']:.1f} | "
-              f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['finalized']} | "
-              f"{pr['timed']} | {pr['workspace_mismatch']} | {r['predicted_ms']:.2f} | "
+              f"{r['optimise_s']:.1f} | {pr['heuristics_s']:.1f} ({modes}) | "
+              f"{pr['finalize_s']:.1f} | "
+              f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['cut']} | "
+              f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} | "
+              f"{pr['workspace_mismatch']} | {r['predicted_ms']:.2f} | "
               f"{'' if ex is None else f'{ex:.2f}'} |")
     return 0
 

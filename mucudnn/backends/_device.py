@@ -69,7 +69,9 @@ class FindProfile:
     timing them on the GPU (the legacy backend reports its one Find call as
     timing). Counts: candidate configs (after the numerics filter), those
     skipped before finalization (their engine config needs more workspace than
-    the cap), plans finalized, plans timed, and configs whose finalized
+    the cap), those cut by the heuristics' rank (``cut``), plans finalized,
+    plans timed, plans timed once only because their first run was already
+    far slower than the best (``probed_out``), and configs whose finalized
     workspace differed from their engine config's (``workspace_mismatch``).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
@@ -82,16 +84,21 @@ class FindProfile:
     finalized: int = 0
     timed: int = 0
     workspace_mismatch: int = 0
+    cut: int = 0
+    probed_out: int = 0
     heuristics_s: float = 0.0
     finalize_s: float = 0.0
     timing_s: float = 0.0
     total_s: float = 0.0
+    #: heuristics seconds per mode ("A", "B", "FALLBACK")
+    modes_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def reset(self) -> None:
+        fresh = FindProfile()
         for f in dataclasses.fields(self):
-            setattr(self, f.name, f.default)
+            setattr(self, f.name, getattr(fresh, f.name))
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 

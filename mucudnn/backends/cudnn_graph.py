@@ -37,6 +37,7 @@ names what runs).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -83,6 +84,35 @@ def numerics_allowed(math: str, numerical_notes: Sequence[int]) -> bool:
     return True
 
 
+def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
+         rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
+    """Note [find cut-offs]: of the candidates (which fit the cap), those among
+    the ``k`` best-ranked of some heuristics mode's ranking (``rankings``: mode
+    -> config ids, best first), plus the best-ranked one known to need no
+    workspace, which runs under any limit (a plan for a tight budget, or a
+    re-plan when memory runs out); in heuristics order.
+
+    Timing every candidate is what makes a cold find() slow: a network's
+    kernels have about thirty candidates per micro-batch size, and most of
+    the time goes to the slow ones that heuristics rank last. Each mode keeps
+    its own best (mode A's ranking alone missed AlexNet's best backward-filter
+    engines, which only FALLBACK names). Cutting is checked against timing
+    everything on the bench networks (executed plan totals, docs/BENCHMARKS.md,
+    "Cold start").
+    """
+    if k is None or len(cands) <= k:
+        return list(cands)
+    allowed = {c.id for c in cands}
+    keep: set[str] = set()
+    for ids in rankings.values():
+        keep.update([i for i in ids if i in allowed][:k])
+    if not any(c.workspace_bytes == 0 for c in cands if c.id in keep):
+        zero = next((c for c in cands if c.workspace_bytes == 0), None)
+        if zero is not None:
+            keep.add(zero.id)
+    return [c for c in cands if c.id in keep]
+
+
 def canonical_id(algo: Any) -> str:
     """The canonical form of an engine-config id (ValueError if it is none)."""
     idx, knobs = gd.parse_engine_config_id(algo)
@@ -92,13 +122,14 @@ def canonical_id(algo: Any) -> str:
 class _Graph:
     """A cached operation graph; closed once evicted and no cached plan uses it."""
 
-    __slots__ = ("conv", "refs", "cached", "ids", "_refs_lock")
+    __slots__ = ("conv", "refs", "cached", "ids", "mode_ids", "_refs_lock")
 
     def __init__(self, conv: gd.ConvGraph) -> None:
         self.conv = conv
         self.refs = 0
         self.cached = True
         self.ids: Optional[list[gd.EngineConfigInfo]] = None  # heuristics, once asked
+        self.mode_ids: dict[str, list[str]] = {}  # each mode's ranking (config ids)
         # Plans are finalized on worker threads (Note [parallel finalization]).
         self._refs_lock = threading.Lock()
 
@@ -209,7 +240,14 @@ class CudnnGraphBackend(DeviceBackend):
     at most 16; 1 finalizes on the calling thread; Note [parallel
     finalization]). ``find_prefilter``: skip candidates whose engine config
     reports more workspace than the cap before finalizing them (default True;
-    False finalizes every candidate, to measure what that costs). ``plan_cache_size``,
+    False finalizes every candidate, to measure what that costs).
+    ``find_top_k``: finalize and time only the candidates that fit the cap
+    and are among the ``k`` best-ranked of some heuristics mode, plus the
+    best-ranked one that needs no workspace; None times every candidate
+    (Note [find cut-offs]). ``find_probe_ratio``: a
+    candidate whose first timed run is more than this many times the best
+    median so far is not run again (its one time is reported); None always
+    takes the median of ``find_repeat``. ``plan_cache_size``,
     ``graph_cache_size``, ``pack_cache_size``: LRU bounds (plans, operation
     graphs, variant packs per plan).
 
@@ -222,7 +260,8 @@ class CudnnGraphBackend(DeviceBackend):
                  find_workspace_limit: Optional[int] = None, *,
                  heuristic_modes: Sequence[str] = ("A", "B", "FALLBACK"),
                  find_warmup: int = 1, find_repeat: int = 3, find_threads: Optional[int] = None,
-                 find_prefilter: bool = True,
+                 find_prefilter: bool = True, find_top_k: Optional[int] = 6,
+                 find_probe_ratio: Optional[float] = 1.5,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
                  pack_cache_size: int = 64) -> None:
         modes = [str(m).upper() for m in heuristic_modes]
@@ -244,6 +283,13 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
         self.find_threads = int(find_threads)
         self.find_prefilter = bool(find_prefilter)
+        if find_top_k is not None and int(find_top_k) < 1:
+            raise ValueError(f"find_top_k: expected None or an int >= 1, got {find_top_k!r}")
+        if find_probe_ratio is not None and not float(find_probe_ratio) > 1.0:
+            raise ValueError(f"find_probe_ratio: expected None or a number > 1, got "
+                             f"{find_probe_ratio!r}")
+        self.find_top_k = None if find_top_k is None else int(find_top_k)
+        self.find_probe_ratio = None if find_probe_ratio is None else float(find_probe_ratio)
         self._pool: Optional[ThreadPoolExecutor] = None
         self.plan_cache_size = int(plan_cache_size)
         self.graph_cache_size = int(graph_cache_size)
@@ -332,13 +378,17 @@ class CudnnGraphBackend(DeviceBackend):
             if g.ids is not None:
                 return list(g.ids)
             seen: dict[str, gd.EngineConfigInfo] = {}
+            modes_s = self.find_profile.modes_s
             for m in self._modes_for(problem):
+                t = time.perf_counter()
                 try:
                     cfgs = g.conv.engine_configs(m)
                 except CudnnError as exc:
+                    modes_s[m] = modes_s.get(m, 0.0) + time.perf_counter() - t
                     log.debug("mucudnn: heuristics mode %s refused %s %s: %s", m, problem,
                               direction, exc)
                     continue
+                ranking = g.mode_ids.setdefault(m, [])
                 for c in cfgs:
                     try:
                         info = gd.engine_config_info(c)
@@ -348,6 +398,8 @@ class CudnnGraphBackend(DeviceBackend):
                     finally:
                         c.close()
                     seen.setdefault(info.id, info)
+                    ranking.append(info.id)
+                modes_s[m] = modes_s.get(m, 0.0) + time.perf_counter() - t
             g.ids = list(seen.values())
             return list(g.ids)
 
@@ -431,6 +483,11 @@ class CudnnGraphBackend(DeviceBackend):
                      or i.workspace_bytes <= want]
             prof.configs += len(infos)
             prof.skipped += len(infos) - len(cands)
+            with self._lock:
+                rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
+            kept = _cut(cands, self.find_top_k, rankings)
+            prof.cut += len(cands) - len(kept)
+            cands = kept
             # Note [beta and workspace]: backward-filter needs the beta = 1 plans too.
             betas = (0.0, 1.0) if direction is Direction.BACKWARD_FILTER else (0.0,)
             t = time.perf_counter()
@@ -470,6 +527,7 @@ class CudnnGraphBackend(DeviceBackend):
         handle = self.handle._as_parameter_
         execute = lib.cudnnBackendExecute
         out: list[AlgoPerf] = []
+        ratio, best = self.find_probe_ratio, math.inf
         for p, info, need in plans:
             if p.workspace_bytes > have:
                 continue
@@ -479,16 +537,22 @@ class CudnnGraphBackend(DeviceBackend):
                                    ws_ptr if p.workspace_bytes else None)
             try:
                 args = (handle, p.plan._as_parameter_, pack._as_parameter_)
-                times = time_on_stream(lambda args=args: execute(*args), self.stream,
-                                       warmup=self.find_warmup, repeat=self.find_repeat)
+                run = functools.partial(execute, *args)
+                times = time_on_stream(run, self.stream, warmup=self.find_warmup, repeat=1)
+                if ratio is None or times[0] <= ratio * best:
+                    times += time_on_stream(run, self.stream, warmup=0,
+                                            repeat=self.find_repeat - 1)
+                else:
+                    self.find_profile.probed_out += 1
             except CudnnError as exc:
                 log.debug("mucudnn: engine config %s failed to run for %s %s: %s",
                           p.id, problem, direction, exc)
                 continue
             finally:
                 pack.close()
-            out.append(AlgoPerf(algo=p.id, time_ms=float(statistics.median(times)),
-                                workspace_bytes=need, math_type=0,
+            t_ms = float(statistics.median(times))
+            best = min(best, t_ms)
+            out.append(AlgoPerf(algo=p.id, time_ms=t_ms, workspace_bytes=need, math_type=0,
                                 determinism=1 if info.deterministic else 0))
         self.stream.synchronize()
         return out

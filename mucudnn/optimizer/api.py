@@ -83,8 +83,9 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     batch_sizes(policy, problem.batch)  # validate the policy before any work
     be = resolve_backend(backend)
     t0 = time.perf_counter()
+    # Note [size pruning]: WR under this cap needs only the sizes that can win.
     perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
-                     retime=retime, progress=progress)
+                     retime=retime, progress=progress, prune_sizes=cap == limit)
     t1 = time.perf_counter()
     plan = optimize_wr(perf, problem.batch, limit, policy, quantum=problem.batch_quantum())
     t2 = time.perf_counter()

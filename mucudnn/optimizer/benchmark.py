@@ -28,6 +28,41 @@ log = logging.getLogger("mucudnn")
 #: More sizes than this get a progress bar (unless progress=False).
 PROGRESS_MIN_SIZES = 8
 
+#: prune_sizes: stop halving once the best time per sample under the cap is this
+#: much worse than at a larger size (Note [size pruning]).
+PRUNE_MARGIN = 0.10
+
+
+# Note [size pruning]: a cold benchmark times every candidate at every size of
+# the policy, and the sizes below the best one rarely win: under a per-kernel
+# cap, halving a micro-batch helps while the fast algorithms do not fit, and
+# once they do, smaller calls only cost more per sample (on the H200, no WR
+# plan of AlexNet, ResNet-18 or ResNet-50 at 64 MiB used a micro-batch under
+# 16; docs/BENCHMARKS.md, "Cold start"). So with ``prune_sizes`` the sizes are
+# benchmarked largest first and the descent stops at the first size whose best
+# time per sample is more than PRUNE_MARGIN worse than a larger size's; the
+# smaller sizes that the remainder of the batch needs (its greedy decomposition
+# into the policy's sizes) are still benchmarked, so every split of the batch
+# the descent reached can be completed. Pruning is for WR under the cap it was
+# decided at; WD (whose Pareto fronts want the small, low-workspace sizes) and
+# re-plans under less memory benchmark every size.
+
+
+def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
+    """The sizes (below ``smallest``, from ``sizes``) that complete ``batch`` once
+    it is cut into pieces of ``smallest``: a greedy decomposition of the rest.
+
+    >>> _remainder_sizes(100, 32, [100, 64, 32, 16, 8, 4, 2, 1])
+    [4]
+    """
+    rest = batch % smallest
+    out = []
+    for s in sorted((x for x in sizes if x < smallest), reverse=True):
+        if s <= rest:
+            out.append(s)
+            rest -= s
+    return out
+
 
 def resolve_backend(backend: Any) -> Backend:
     """A complete Backend from a Backend (or anything
@@ -70,7 +105,7 @@ def _retime(backend: Any, problem: ConvProblem, direction: Direction, cap: int,
 def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
               policy: Policy = "powerOfTwo", workspace_cap: int = 64 << 20,
               cache: Any = None, retime: int = 0, progress: "bool | None" = None, *,
-              repeats: int = 4,
+              repeats: int = 4, prune_sizes: bool = False,
               on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None
               ) -> dict[int, list[AlgoPerf]]:
     """Find results for every micro-batch size of ``policy``: ``{size: [AlgoPerf, ...]}``.
@@ -86,7 +121,9 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     ``retime=k`` re-times the ``k`` fastest algorithms of each size (on a
     cache miss only) as the median of ``repeats + 1`` timings, by running
     ``find`` ``repeats`` more times (the Backend protocol has no
-    single-algorithm timing call). ``progress``: a tqdm bar; None shows one
+    single-algorithm timing call). ``prune_sizes``: stop at the sizes that
+    cannot win a WR plan under ``workspace_cap`` (Note [size pruning]); the
+    result then lacks them. ``progress``: a tqdm bar; None shows one
     when there are more than 8 sizes (and stderr is a terminal), True always,
     False never. ``on_size(size, results, from_cache)`` is called per size.
     """
@@ -108,8 +145,14 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     out: dict[int, list[AlgoPerf]] = {}
     hits = 0
     t0 = time.perf_counter()
+    best_per_sample = float("inf")
+    needed: set[int] | None = None  # once pruning stopped the descent: the remainder's sizes
     try:
         for s in sizes:
+            if needed is not None and s not in needed:
+                if bar is not None:
+                    bar.update(1)
+                continue
             p = problem.with_batch(s)
             found = store.get(be, p, direction, cap)
             from_cache = found is not None
@@ -128,13 +171,20 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                 on_size(s, found, from_cache)
             if bar is not None:
                 bar.update(1)
+            if prune_sizes and needed is None and found:
+                per_sample = found[0].time_ms / s
+                if per_sample > (1 + PRUNE_MARGIN) * best_per_sample:
+                    needed = set(_remainder_sizes(problem.batch, s, sizes))
+                    log.debug("benchmark %s %s: sizes below %d pruned (remainder needs %s)",
+                              direction.value, problem.key(), s, sorted(needed))
+                best_per_sample = min(best_per_sample, per_sample)
     finally:
         if bar is not None:
             bar.close()
         # Note: GPU backends keep Find's scratch (random inputs, workspace)
         # across the sizes of one benchmark; hand it back once it is done.
-        if hits < len(sizes):
+        if hits < len(out):
             be.release_find_buffers()
-    log.debug("benchmark %s: %d sizes (%d from cache) in %.2f s", direction.value, len(sizes),
-              hits, time.perf_counter() - t0)
+    log.debug("benchmark %s: %d of %d sizes (%d from cache) in %.2f s", direction.value,
+              len(out), len(sizes), hits, time.perf_counter() - t0)
     return out
