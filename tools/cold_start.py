@@ -12,6 +12,7 @@ cudnn-graph backend, an empty benchmark cache. It reports
 * ``optimise s``: the optimisation alone, and its breakdown from the backend's
   :class:`~mucudnn.backends._device.FindProfile` (heuristics, finalization,
   timing; candidates, skipped before finalization, finalized, timed);
+* ``sizes``: micro-batch sizes benchmarked (Note [size pruning]);
 * ``predicted ms`` and ``executed ms``: the chosen plans' total (each distinct
   kernel weighted by how often it occurs) as Find predicted it and as executed
   (bound launchers on the backend's stream, CUDA events, 3 warm-up, median
@@ -48,12 +49,13 @@ from typing import Any  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 #: name -> CudnnGraphBackend keyword arguments (find_threads None: the backend's default).
+#: "prune_sizes": False benchmarks every size of the policy (Note [size pruning]).
 CONFIGS: dict[str, dict[str, Any]] = {
     # how find() worked before: one thread, every candidate finalized and timed
     "serial": dict(find_threads=1, find_prefilter=False, find_top_k=None,
-                   find_probe_ratio=None),
-    # every candidate that fits the cap, finalized on the pool, each timed fully
-    "exhaustive": dict(find_top_k=None, find_probe_ratio=None),
+                   find_probe_ratio=None, prune_sizes=False),
+    # every size, every candidate that fits the cap, each timed fully
+    "exhaustive": dict(find_top_k=None, find_probe_ratio=None, prune_sizes=False),
     # the defaults: the 8 best-ranked candidates (+ one without workspace), probing
     "default": {},
     "top4": dict(find_top_k=4),
@@ -69,27 +71,34 @@ def _problems(net: str, batch: int | None) -> dict:
 
 def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy: str,
                    execute: bool) -> dict[str, Any]:
-    from mucudnn import optimize
     from mucudnn.backends.cudnn_graph import CudnnGraphBackend
     from mucudnn.bench import make_timer, random_tensors
     from mucudnn.exec import prepare
+    from mucudnn.optimizer import benchmark, optimize_wr
     from mucudnn.problem import Direction
 
-    be = CudnnGraphBackend(**CONFIGS[config])
+    options = dict(CONFIGS[config])
+    prune = options.pop("prune_sizes", True)
+    be = CudnnGraphBackend(**options)
     t_ready = time.perf_counter()
     groups = _problems(net, batch)
     plans = {}
+    sizes = 0
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cold.sqlite")
         t0 = time.perf_counter()
         for p in groups:
             for d in Direction:
-                plans[p, d] = optimize(p, d, limit, policy, backend=be, cache=cache,
-                                       progress=False)
+                # what optimize() (and so Convolution's first call) does, pruning aside
+                perf = benchmark(be, p, d, policy, limit, cache=cache, progress=False,
+                                 prune_sizes=prune)
+                sizes += len(perf)
+                plans[p, d] = optimize_wr(perf, p.batch, limit, policy,
+                                          quantum=p.batch_quantum())
         t1 = time.perf_counter()
     out: dict[str, Any] = {
         "net": net, "threads": be.find_threads, "options": repr(CONFIGS[config]),
-        "kernels": len(plans), "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
+        "kernels": len(plans), "sizes": sizes, "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
         "optimise_s": t1 - t0, "profile": be.find_profile.as_dict(),
         "predicted_ms": sum(q.time_ms * len(groups[p]) for (p, _d), q in plans.items()),
         "plans": {f"{p.key()} {d.value}": [[(m.size, str(m.algo)) for m in q.micro_batches],
@@ -210,24 +219,24 @@ def main(argv: list[str] | None = None) -> int:
             save()
             print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}", flush=True)
 
-    print("| net | config | process s | optimise s | heuristics s | finalize s | timing s "
+    print("| net | config | process s | optimise s | sizes | heuristics s | finalize s | timing s "
           "| candidates | skipped | cut | finalized | timed | probed out | ws mismatch "
           "| predicted ms | executed ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             print(f"| {r['net']} | {r['config']} | error: {r['error'][-300:]!r} |")
             continue
         if r["config"] == "torch":
             print(f"| {r['net']} | PyTorch first iteration | {r['process_s']:.1f} | "
-                  f"{r['first_iteration_s']:.1f} | | | | | | | | | | | | "
+                  f"{r['first_iteration_s']:.1f} | | | | | | | | | | | | | "
                   f"(2nd iteration {r['second_iteration_s']:.2f} s) |")
             continue
         pr = r["profile"]
         ex = r.get("executed_ms")
         modes = ", ".join(f"{m} {v:.1f}" for m, v in pr.get("modes_s", {}).items())
         print(f"| {r['net']} | {r['config']} ({r['threads']} threads) | {r['process_s']:.1f} | "
-              f"{r['optimise_s']:.1f} | {pr['heuristics_s']:.1f} ({modes}) | "
+              f"{r['optimise_s']:.1f} | {r['sizes']} | {pr['heuristics_s']:.1f} ({modes}) | "
               f"{pr['finalize_s']:.1f} | "
               f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['cut']} | "
               f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} | "
