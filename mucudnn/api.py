@@ -30,12 +30,24 @@ Arrays
   written in place and returned. With no output given, a torch input gets a
   ``torch.empty`` tensor on the same device and a CuPy input a ``cupy.empty``
   array; other producers get a DeviceArray.
+* Anything else with ``__dlpack__``/``__dlpack_device__`` (JAX arrays, CPU
+  torch tensors, other libraries' arrays behind the protocol): CUDA arrays are
+  used zero-copy, their producer asked to order its pending work before the
+  backend's home stream (the call runs there); their memory is held until the
+  call's work is done. Host (CPU) arrays are taken as NumPy views, zero-copy,
+  and treated as NumPy arrays. A result allocated for you comes back in the
+  caller's kind through the producer's ``from_dlpack`` (a JAX array for JAX
+  inputs, a torch tensor for CPU torch tensors), else as a DeviceArray (or
+  NumPy array); a given output is written in place and returned as given
+  (read-only ones, and JAX arrays, which are immutable, are refused).
 
 Streams (Note [streams] in ``backends/_device.py``): a call runs on the
 stream its inputs' producer orders work on, as a native library call does:
 torch's current stream, CuPy's current stream, a DeviceArray's stream, the v3
-``stream`` field of ``__cuda_array_interface__``. No event and no host wait is
-added. For a producer whose stream is unknown (interface v2) the device is
+``stream`` field of ``__cuda_array_interface__``, the backend's home stream for
+DLPack arrays (whose producer ordered its work before it). No event and no
+host wait is added (for DLPack arrays, one event marks when their memory may be
+given back). For a producer whose stream is unknown (interface v2) the device is
 synchronised before the call and the call's stream before returning. Device
 arrays must be C-contiguous (no copy is made) and on the backend's device.
 
@@ -74,8 +86,10 @@ import numpy as np
 from .backends import Backend, get_backend
 from .caches import LRU, clear_all
 from .cuda import Event, Stream, synchronize as device_synchronize
-from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, inspect_array, \
-    torch_workspace
+from .cuda.dlpack import release_after
+from .errors import InvalidValueError
+from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, framework_of, inspect_array, \
+    shape_and_dtype, torch_workspace
 from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, pool_for
@@ -273,14 +287,20 @@ class Convolution:
                   beta: Any) -> tuple[list[ArrayInfo], ArrayInfo | None, float, float, str]:
         """Check every argument; return (input infos, output info, alpha, beta, mode).
 
-        mode is "host" (NumPy arrays) or "device". No device work happens here.
+        mode is "host" (NumPy arrays) or "device". No device work happens here,
+        but for what a CUDA DLPack producer's ``__dlpack__`` queues (its pending
+        work ordered before the backend's home stream).
         """
         alpha = _scalar("alpha", alpha)
         beta = _scalar("beta", beta)
         p = self.problem
         (n1, r1), (n2, r2), (no, ro) = _ARGS[direction]
-        infos = [inspect_array(n1, a), inspect_array(n2, b)]
-        oinfo = inspect_array(no, out) if out is not None else None
+        # A CUDA DLPack producer orders its pending work before the stream handed
+        # to __dlpack__: the backend's home stream (the call runs there, or waits for it).
+        be = self.backend
+        home = None if be.is_host else int(be.stream.handle)
+        infos = [inspect_array(n1, a, stream=home), inspect_array(n2, b, stream=home)]
+        oinfo = inspect_array(no, out, stream=home) if out is not None else None
         if out is None and beta != 0:
             raise ValueError(
                 f"{no}: beta={beta} reads the prior {no}, but no {no} was given; pass {no}= "
@@ -298,8 +318,10 @@ class Convolution:
         host = [i for i in infos if i.kind == "numpy"]
         dev = [i for i in infos if i.kind != "numpy"]
         if host and dev:
+            what = ("a NumPy array" if host[0].source is None
+                    else f"host memory ({type(host[0].source).__name__})")
             raise TypeError(
-                f"{host[0].name} is a NumPy array but {dev[0].name} is a device array; "
+                f"{host[0].name} is {what} but {dev[0].name} is a device array; "
                 "pass all inputs as NumPy arrays or all as device arrays")
         mode = "host" if host else "device"
         if mode == "device" and self.backend.is_host:
@@ -316,8 +338,14 @@ class Convolution:
                     f"{no}: the inputs are device arrays, so {no} must be one too, got a NumPy array")
             if not oinfo.contiguous:
                 raise ValueError(f"{no}: expected a C-contiguous array (it is written in place)")
-            if oinfo.kind == "numpy" and not out.flags.writeable:
+            if oinfo.kind == "numpy" and not oinfo.obj.flags.writeable:
+                if oinfo.source is not None:  # NumPy imports legacy capsules read-only too
+                    raise ValueError(
+                        f"{no}: the output is read-only as NumPy imports it through DLPack "
+                        "(flagged read-only, or a legacy capsule that cannot say it is "
+                        "writable)")
                 raise ValueError(f"{no}: the output array is read-only")
+            _check_writable_dlpack(no, oinfo)
         for info in infos:
             if not info.contiguous and info.kind != "numpy":
                 raise ValueError(
@@ -346,22 +374,25 @@ class Convolution:
         kernel = self.kernel(direction)
         be = self.backend
         if mode == "host":
+            # oinfo.obj is the NumPy array to write (a view of a DLPack output);
+            # a given output is returned as the caller passed it.
             arrs = [np.ascontiguousarray(i.obj) for i in infos]
+            hout = oinfo.obj if oinfo is not None else None
             if be.is_host:
-                res = out if out is not None else be.empty(p.shape_of(ro), p.dtype)
+                res = hout if hout is not None else be.empty(p.shape_of(ro), p.dtype)
                 t = (arrs[0], arrs[1], res)
                 kernel.launch(t[i0], t[i1], t[i2], alpha, beta)
-                return res
+                return out if out is not None else framework_for(infos[0]).adopt(infos[0], res)
             dev = [be.from_host(a_) for a_ in arrs]
-            dout = be.from_host(out) if (out is not None and beta != 0) else be.empty(
+            dout = be.from_host(hout) if (hout is not None and beta != 0) else be.empty(
                 p.shape_of(ro), p.dtype)
             t = (be.address(dev[0]), be.address(dev[1]), be.address(dout))
             kernel.launch(t[i0], t[i1], t[i2], alpha, beta, None)
             host = be.to_host(dout)
-            if out is not None:
-                np.copyto(out, host)
+            if hout is not None:
+                np.copyto(hout, host)
                 return out
-            return host
+            return framework_for(infos[0]).adopt(infos[0], host)
         # device mode
         fw = framework_for(infos[0])
         stream = fw.stream(infos[0])
@@ -373,14 +404,20 @@ class Convolution:
         rinfo = oinfo if oinfo is not None else inspect_array(_ARGS[direction][2][0], result)
         self._order_producers(infos + [rinfo], stream)
         ptrs = (infos[0].ptr, infos[1].ptr, rinfo.ptr)
-        kernel.launch(ptrs[i0], ptrs[i1], ptrs[i2], alpha, beta, stream,
-                      fw.workspace(infos[0]))
+        owners = [i.owner for i in (infos[0], infos[1], rinfo) if i.owner is not None]
+        try:
+            kernel.launch(ptrs[i0], ptrs[i1], ptrs[i2], alpha, beta, stream,
+                          fw.workspace(infos[0]))
+        finally:
+            if owners:  # DLPack imports: let go once the queued work is done
+                release_after(be.stream.handle if stream is None else stream, owners,
+                              be.device)
         if unknown:  # ... and finish before returning
             be.synchronize()
         elif infos[0].framework == "torch" and all(i.framework == "torch" for i in infos) \
                 and rinfo.framework == "torch":
             self._fast[direction] = _TorchFast(self, direction, infos[0].obj)
-        return result
+        return result if out is not None else fw.adopt(infos[0], result)
 
     def _order_producers(self, infos: list[ArrayInfo], stream: int | None) -> None:
         """Make ``stream`` wait for arguments produced on other known streams
@@ -398,6 +435,22 @@ class Convolution:
             with Event(timing=False) as ev:
                 ev.record(s)
                 Stream.wrap(target).wait_event(ev)
+
+
+def _check_writable_dlpack(name: str, info: ArrayInfo) -> None:
+    """Refuse a DLPack output that must not or cannot be written in place."""
+    if info.source is None:
+        return
+    if framework_of(info.source) in ("jax", "jaxlib"):
+        raise InvalidValueError(f"{name}: JAX arrays are immutable; pass no {name} (the result "
+                                "comes back as a new JAX array)")
+    owner = info.owner
+    if owner is not None and owner.readonly:
+        raise InvalidValueError(f"{name}: the DLPack output is read-only (its producer set the "
+                                "READ_ONLY flag)")
+    if owner is not None and owner.copied:
+        raise InvalidValueError(f"{name}: its producer exported a copy (the DLPack IS_COPIED "
+                                "flag); it could not be written in place")
 
 
 def _overlap(a: ArrayInfo, b: ArrayInfo) -> bool:
@@ -512,14 +565,14 @@ def clear_caches() -> None:
 
 
 def _array_dtype(name: str, obj: Any) -> str:
-    info = inspect_array(name, obj)
-    if info.dtype is None:
+    dtype = shape_and_dtype(name, obj)[1]
+    if dtype is None:
         raise ValueError(f"{name}: unsupported dtype {getattr(obj, 'dtype', '?')}")
-    return info.dtype
+    return dtype
 
 
 def _shape_of(name: str, obj: Any) -> tuple[int, ...]:
-    return inspect_array(name, obj).shape
+    return shape_and_dtype(name, obj)[0]
 
 
 def _get_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any, padding: Any,

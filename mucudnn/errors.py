@@ -15,6 +15,7 @@ the builtin it has always derived from (``ValueError``, ``MemoryError``,
     ├── InvalidValueError (ValueError)      ├── InvalidTypeError (TypeError)
     │   └── PlanFormatError (+ KeyError; problem.py, plans_io.py)
     ├── MissingDependencyError (ImportError): an optional package, with its pip command
+    ├── DLPackError (BufferError: a DLPack exchange that cannot be made; cuda/dlpack.py)
     ├── CacheFileError (OSError: a path that is not a mucudnn cache; optimizer/cache)
     ├── CacheArgumentError (TypeError, ValueError: a bad cache= argument; optimizer/cache)
     └── CacheMissError (LookupError: offline backend)

@@ -160,7 +160,12 @@ def test_find_respects_the_limit(be):
         everything = _find(be, p, direction)
         none = be.find(p, direction, 0)
         assert none and all(a.workspace_bytes == 0 for a in none)
-        assert {a.algo for a in none} <= {a.algo for a in everything}
+        if getattr(be, "find_top_k", None) is None:
+            assert {a.algo for a in none} <= {a.algo for a in everything}
+        else:
+            # Note [find cut-offs]: each mode's k best of what fits the cap, so a
+            # smaller cap may time configs a larger one cut; each still needs none
+            assert all(be.workspace_size(p, direction, a.algo, a.math_type) == 0 for a in none)
         small = be.find(p, direction, 64 << 10)
         assert all(a.workspace_bytes <= 64 << 10 for a in small)
         for a in everything:

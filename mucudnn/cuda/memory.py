@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from . import _lifetime, _runtime
+from . import _lifetime, _runtime, dlpack as _dlpack
 from .device import current_device, mem_get_info, require_device
 from ..dtypes import dtype_from_typestr, dtype_name, is_bfloat16, normalize_dtype, typestr
 from ._runtime import check
@@ -394,6 +394,24 @@ class DeviceArray:
         # consumer that honours it is ordered after our queued writes.
         handle = self.stream.handle if self.stream is not None else default_stream(self.device).handle
         return cuda_array_interface(self.ptr, self.shape, self.dtype, self.readonly, handle)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The array as a DLPack capsule, zero-copy (``torch.from_dlpack(a)``,
+        ``cupy.from_dlpack(a)``, ``jax.numpy.from_dlpack(a)`` take it).
+
+        The consumer's ``stream`` (an int; None: the legacy default stream; -1:
+        no ordering) waits for the work queued on the array's stream.
+        ``max_version`` >= (1, 0) gives a versioned capsule, which carries the
+        read-only flag; a read-only array has no legacy capsule (BufferError).
+        ``dl_device`` other than ``(2, a.device)`` or ``copy=True``:
+        BufferError (no copy is made). See :mod:`mucudnn.cuda.dlpack`.
+        """
+        return _dlpack.export_device_array(self, stream=stream, max_version=max_version,
+                                           dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, device)``: CUDA memory (kDLCUDA) on device ``self.device``."""
+        return (_dlpack.kDLCUDA, self.device)
 
     # -- views ------------------------------------------------------------
 

@@ -2,16 +2,24 @@
 
 Kinds:
 
-* ``"numpy"`` -- a NumPy array (host memory);
+* ``"numpy"`` -- a NumPy array (host memory), or host memory taken zero-copy
+  through DLPack (a CPU torch tensor, any producer whose ``__dlpack_device__``
+  is the CPU or pinned host memory): ``obj`` is then a NumPy view of it and
+  ``source`` the caller's object;
 * ``"device"`` -- a :class:`mucudnn.cuda.DeviceArray`;
-* ``"cai"`` -- any other object with ``__cuda_array_interface__`` (CuPy, Numba,
-  ...) or a CUDA torch tensor, used zero-copy.
+* ``"cai"`` -- any other device array used zero-copy: a CUDA torch tensor, an
+  object with ``__cuda_array_interface__`` (CuPy, Numba, ...), or a CUDA array
+  taken through DLPack (JAX, ...; framework ``"dlpack"``, ``owner`` the
+  :class:`~mucudnn.cuda.dlpack.ImportedTensor` that holds it).
 
 :func:`inspect_array` only *looks* at arrays (shape, dtype, strides, device,
 pointer); it does no device work, so the API validates every argument before
-touching a GPU. :class:`Framework` says, for a device argument, on which
-stream its producer orders work, how to allocate an output of its kind and
-where per-call workspace comes from. Framework modules (torch, cupy) are never
+touching a GPU. The one exception is a CUDA DLPack producer, whose
+``__dlpack__`` is called with the stream the call will run on (it orders the
+producer's pending work before that stream's). :class:`Framework` says, for a
+device argument, on which stream its producer orders work, how to allocate an
+output of its kind, where per-call workspace comes from and how a result is
+handed back in the caller's kind. Framework modules (torch, cupy, jax) are never
 imported here: an array of theirs means they are already loaded.
 """
 
@@ -25,14 +33,20 @@ from typing import Any
 import numpy as np
 
 from ..cuda import DeviceArray
-from ..errors import UnsupportedDtypeError, WorkspaceUnavailable
+from ..cuda.dlpack import (DEVICE_NAMES, import_capsule, kDLCPU, kDLCUDA, kDLCUDAHost,
+                           kDLCUDAManaged)
+from ..errors import InvalidTypeError, UnsupportedDtypeError, WorkspaceUnavailable
 from ..problem import conv_dtype
 
-__all__ = ["ArrayInfo", "inspect_array", "framework_of", "Framework", "framework_for",
-           "UNKNOWN_STREAM"]
+__all__ = ["ArrayInfo", "inspect_array", "shape_and_dtype", "framework_of", "Framework",
+           "framework_for", "UNKNOWN_STREAM"]
 
 #: A producer stream that cannot be known (``__cuda_array_interface__`` v2).
 UNKNOWN_STREAM = -1
+
+#: Producers whose arrays are taken through ``__cuda_array_interface__`` even
+#: though they speak DLPack too (their Framework knows their current stream).
+_CAI_FRAMEWORKS = frozenset({"cupy"})
 
 
 @dataclass
@@ -48,7 +62,9 @@ class ArrayInfo:
     ptr: int             # 0 for numpy
     nbytes: int
     device: int | None   # CUDA device ordinal where known
-    framework: str = ""  # "torch", "cupy", "numpy", "mucudnn", or the producer's module
+    framework: str = ""  # "torch", "cupy", "numpy", "mucudnn", "dlpack", or the producer's module
+    source: Any = None   # the caller's object when obj is a view of it (DLPack), else None
+    owner: Any = None    # what holds a CUDA DLPack import (release it after the work)
 
 
 def _dtype_or_none(d: Any) -> str | None:
@@ -93,52 +109,129 @@ def _device_of(obj: Any) -> int | None:
     return None
 
 
-def inspect_array(name: str, obj: Any) -> ArrayInfo:
-    """Classify and describe an argument; TypeError naming it if it is no array."""
+def _numpy_info(name: str, obj: np.ndarray) -> ArrayInfo:
+    if not obj.dtype.isnative:
+        raise UnsupportedDtypeError(
+            f"{name}: the array's byte order ({obj.dtype.str}) is not the machine's; "
+            "convert it first (a.astype(a.dtype.newbyteorder('=')))")
+    return ArrayInfo(name, obj, "numpy", tuple(obj.shape), _dtype_or_none(obj.dtype),
+                     bool(obj.flags.c_contiguous), 0, int(obj.nbytes), None, "numpy")
+
+
+def _cai_of(name: str, obj: Any) -> Any:
+    try:
+        return obj.__cuda_array_interface__
+    except AttributeError:
+        return None
+    except Exception as exc:  # e.g. torch bfloat16 / tensors requiring grad
+        raise TypeError(f"{name}: its __cuda_array_interface__ is not usable ({exc})") from None
+
+
+def _cai_info(name: str, obj: Any, cai: Any, fw: str) -> ArrayInfo:
+    shape = tuple(int(s) for s in cai["shape"])
+    try:
+        npdt = np.dtype(cai["typestr"]) if cai["typestr"] not in ("<V2", "|V2") else None
+    except TypeError:
+        npdt = None
+    dt: str | None
+    if cai["typestr"] in ("<V2", "|V2"):
+        dt, itemsize = "bfloat16", 2
+    else:
+        dt = _dtype_or_none(npdt) if npdt is not None else None
+        itemsize = npdt.itemsize if npdt is not None else 0
+    contiguous = _contiguous_cai(shape, cai.get("strides"), itemsize)
+    return ArrayInfo(name, obj, "cai", shape, dt, contiguous, int(cai["data"][0]),
+                     math.prod(shape) * itemsize, _device_of(obj), fw)
+
+
+def _dlpack_info(name: str, obj: Any, stream: int | None) -> ArrayInfo:
+    """An argument taken through DLPack: host memory as a NumPy view, CUDA memory
+    zero-copy (its producer's ``__dlpack__`` called with ``stream``)."""
+    try:
+        dev_type, dev_id = (int(v) for v in obj.__dlpack_device__())
+    except Exception as exc:
+        raise InvalidTypeError(f"{name}: its __dlpack_device__() is not usable ({exc})") from None
+    if dev_type in (kDLCPU, kDLCUDAHost):
+        try:
+            view = np.from_dlpack(obj)
+        except Exception as exc:  # bfloat16, a tensor requiring grad, ...
+            raise InvalidTypeError(
+                f"{name}: NumPy cannot take this {type(obj).__name__} through DLPack "
+                f"({type(exc).__name__}: {exc}); convert it to a NumPy array first") from None
+        info = _numpy_info(name, view)
+        info.framework, info.source = "dlpack", obj
+        return info
+    if dev_type not in (kDLCUDA, kDLCUDAManaged):
+        where = DEVICE_NAMES.get(dev_type, f"device type {dev_type}")
+        raise InvalidTypeError(f"{name}: a DLPack array in {where} memory; mucudnn takes host "
+                               "(CPU) and CUDA memory")
+    try:
+        t = import_capsule(obj, stream)
+    except Exception as exc:
+        raise InvalidTypeError(f"{name}: its __dlpack__ failed ({type(exc).__name__}: "
+                               f"{exc})") from None
+    contiguous = _contiguous_cai(t.shape, t.strides, 1)  # element strides
+    return ArrayInfo(name, obj, "cai", t.shape, t.dtype, contiguous, t.ptr, t.nbytes,
+                     t.device[1], "dlpack", source=obj, owner=t)
+
+
+def _is_dlpack(obj: Any) -> bool:
+    return hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
+
+
+def inspect_array(name: str, obj: Any, *, stream: int | None = None) -> ArrayInfo:
+    """Classify and describe an argument; TypeError naming it if it is no array.
+
+    Checked in this order: NumPy arrays, DeviceArrays, torch tensors (CUDA
+    ones directly, others through DLPack), arrays of frameworks with their own
+    handling of ``__cuda_array_interface__`` (CuPy), then any object with
+    ``__dlpack__``/``__dlpack_device__``, then any other object with
+    ``__cuda_array_interface__``. ``stream`` is the stream the call will run on,
+    passed to a CUDA DLPack producer's ``__dlpack__`` (None: the protocol's
+    default, the legacy stream); only such a producer sees it.
+    """
     if isinstance(obj, np.ndarray):
-        if not obj.dtype.isnative:
-            raise UnsupportedDtypeError(
-                f"{name}: the array's byte order ({obj.dtype.str}) is not the machine's; "
-                "convert it first (a.astype(a.dtype.newbyteorder('=')))")
-        return ArrayInfo(name, obj, "numpy", tuple(obj.shape), _dtype_or_none(obj.dtype),
-                         bool(obj.flags.c_contiguous), 0, int(obj.nbytes), None, "numpy")
+        return _numpy_info(name, obj)
     if isinstance(obj, DeviceArray):
         return ArrayInfo(name, obj, "device", tuple(obj.shape), _dtype_or_none(obj.dtype_name),
                          True, int(obj.ptr), int(obj.nbytes), obj.device, "mucudnn")
     fw = framework_of(obj)
     if fw == "torch" and hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):
-        if not obj.is_cuda:
-            raise TypeError(f"{name}: a CPU torch tensor is host memory; pass {name}.numpy() "
-                            "or a CUDA tensor (mucudnn.torch runs CPU tensors on the NumPy "
-                            "backend)")
+        if not obj.is_cuda:  # host (or another device's) memory: through DLPack
+            return _dlpack_info(name, obj, stream)
         shape = tuple(int(s) for s in obj.shape)
         return ArrayInfo(name, obj, "cai", shape, _dtype_or_none(obj.dtype),
                          bool(obj.is_contiguous()), int(obj.data_ptr()),
                          math.prod(shape) * int(obj.element_size()), _device_of(obj), "torch")
-    try:
-        cai = obj.__cuda_array_interface__
-    except AttributeError:
-        cai = None
-    except Exception as exc:  # e.g. torch bfloat16 / tensors requiring grad
-        raise TypeError(f"{name}: its __cuda_array_interface__ is not usable ({exc})") from None
+    if fw in _CAI_FRAMEWORKS:
+        cai = _cai_of(name, obj)
+        if cai is not None:
+            return _cai_info(name, obj, cai, fw)
+    if _is_dlpack(obj):
+        return _dlpack_info(name, obj, stream)
+    cai = _cai_of(name, obj)
     if cai is not None:
-        shape = tuple(int(s) for s in cai["shape"])
-        try:
-            npdt = np.dtype(cai["typestr"]) if cai["typestr"] not in ("<V2", "|V2") else None
-        except TypeError:
-            npdt = None
-        dt: str | None
-        if cai["typestr"] in ("<V2", "|V2"):
-            dt, itemsize = "bfloat16", 2
-        else:
-            dt = _dtype_or_none(npdt) if npdt is not None else None
-            itemsize = npdt.itemsize if npdt is not None else 0
-        contiguous = _contiguous_cai(shape, cai.get("strides"), itemsize)
-        return ArrayInfo(name, obj, "cai", shape, dt, contiguous, int(cai["data"][0]),
-                         math.prod(shape) * itemsize, _device_of(obj), fw)
+        return _cai_info(name, obj, cai, fw)
     raise TypeError(
-        f"{name}: expected a NumPy array, a mucudnn.cuda.DeviceArray or an object with "
-        f"__cuda_array_interface__ (torch, CuPy), got {type(obj).__name__}")
+        f"{name}: expected a NumPy array, a mucudnn.cuda.DeviceArray, an object with "
+        f"__dlpack__ (JAX, CuPy, torch, NumPy) or with __cuda_array_interface__ (Numba, ...), "
+        f"got {type(obj).__name__}")
+
+
+def shape_and_dtype(name: str, obj: Any) -> tuple[tuple[int, ...], str | None]:
+    """Shape and dtype name of an argument, read without exporting a DLPack
+    producer's capsule when it has ``shape`` and ``dtype`` attributes (the
+    functional helpers size their Convolution with them; the call itself then
+    validates everything)."""
+    if not isinstance(obj, (np.ndarray, DeviceArray)) and _is_dlpack(obj):
+        shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
+        if shape is not None and dtype is not None:
+            try:
+                return tuple(int(s) for s in shape), _dtype_or_none(dtype)
+            except (TypeError, ValueError):
+                pass
+    info = inspect_array(name, obj)
+    return info.shape, info.dtype
 
 
 class Framework:
@@ -166,6 +259,11 @@ class Framework:
         """A per-call workspace allocator from the producer's memory pool, or None
         (the engine's pool for the stream)."""
         return None
+
+    def adopt(self, like: ArrayInfo, result: Any) -> Any:
+        """A result allocated for the call, in the kind of ``like`` (the caller's
+        first input); the generic producer's is the result itself."""
+        return result
 
 
 class _DeviceArrays(Framework):
@@ -239,8 +337,30 @@ class _Cupy(Framework):
         return alloc
 
 
+class _DLPack(Framework):
+    """Arrays taken through DLPack. Their producer ordered its work before the
+    backend's home stream (the stream handed to ``__dlpack__``), so the call runs
+    there; results go back through the producer's ``from_dlpack``."""
+
+    name = "dlpack"
+
+    def stream(self, info: ArrayInfo) -> int | None:
+        return None
+
+    def adopt(self, like: ArrayInfo, result: Any) -> Any:
+        """``result`` (a DeviceArray, or a NumPy array for host inputs) as the
+        caller's kind: ``x.__array_namespace__().from_dlpack`` (JAX, NumPy 2,
+        CuPy), else the producer's module's ``from_dlpack`` (torch), else as is."""
+        src = like.source
+        namespace = getattr(src, "__array_namespace__", None)
+        module = namespace() if namespace is not None else sys.modules.get(framework_of(src))
+        from_dlpack = getattr(module, "from_dlpack", None)
+        return result if from_dlpack is None else from_dlpack(result)
+
+
+#: Producers with a Framework of their own (CuPy keeps its __cuda_array_interface__ path).
 _FRAMEWORKS: dict[str, Framework] = {"torch": _Torch(), "cupy": _Cupy(),
-                                     "mucudnn": _DeviceArrays()}
+                                     "mucudnn": _DeviceArrays(), "dlpack": _DLPack()}
 _GENERIC = Framework()
 
 
