@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from ..cuda import (CudaOutOfMemoryError, DeviceArray, as_device_array, as_strea
                     require_device, using_device)
 from ..dtypes import normalize_dtype
 from ..problem import ConvProblem, Direction
-from .base import BackendBase
+from .base import BackendBase, Launcher
 
 __all__ = ["DeviceBackend", "DEFAULT_FIND_WORKSPACE_CAP", "FindProfile", "array_pointer"]
 
@@ -290,6 +290,26 @@ class DeviceBackend(BackendBase):
         for b in bufs:
             if b is not None:
                 b.close()
+
+    # -- launchers ---------------------------------------------------------------------------
+    def _launcher(self, call: Callable[[int, int, int, int, int], None], keep: tuple,
+                  workspace_bytes: int, algo: Any) -> Launcher:
+        """``call`` as a bound launcher: where the host has several GPUs, the
+        backend's device is made current around it; the launcher holds ``keep``
+        (what ``call`` executes: Notes [shared descriptors] and [plan lifetimes])
+        and carries ``workspace_bytes`` and ``algo``."""
+        launch = call
+        if self._multi_device:
+            device = self.device
+
+            def launch(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+                with using_device(device):
+                    call(x, w, y, ws, ws_size)
+
+        launch.keep = keep  # type: ignore[attr-defined]
+        launch.workspace_bytes = int(workspace_bytes)  # type: ignore[attr-defined]
+        launch.algo = algo  # type: ignore[attr-defined]
+        return launch  # type: ignore[return-value]
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:

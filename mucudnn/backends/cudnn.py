@@ -30,7 +30,6 @@ from .._cudnn.structs import (
     cudnnConvolutionFwdAlgoPerf_t,
 )
 from ..caches import LRU
-from ..cuda import using_device
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DEFAULT_FIND_WORKSPACE_CAP, DeviceBackend, array_pointer
@@ -331,15 +330,4 @@ class CudnnBackend(DeviceBackend):
                 if st:
                     fail(st, ws_size)
 
-        launch = call
-        if self._multi_device:
-            device = self.device
-
-            def launch(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
-                with using_device(device):
-                    call(x, w, y, ws, ws_size)
-
-        launch.keep = (a, b, d, conv, self.handle)  # type: ignore[attr-defined]
-        launch.workspace_bytes = need  # type: ignore[attr-defined]
-        launch.algo = algo  # type: ignore[attr-defined]
-        return launch  # type: ignore[return-value]
+        return self._launcher(call, (a, b, d, conv, self.handle), need, algo)

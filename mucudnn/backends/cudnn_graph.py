@@ -668,19 +668,9 @@ class CudnnGraphBackend(DeviceBackend):
             if st:
                 fail(st, ws_size)
 
-        launch = call
-        if self._multi_device:
-            device = self.device
-
-            def launch(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
-                with using_device(device):
-                    call(x, w, y, ws, ws_size)
-
+        launch = self._launcher(call, (plan, self.handle), plan.workspace_bytes, plan.id)
         weakref.finalize(launch, self._release_plan, plan)
-        launch.keep = (plan, self.handle)  # type: ignore[attr-defined]
-        launch.workspace_bytes = int(plan.workspace_bytes)  # type: ignore[attr-defined]
-        launch.algo = plan.id  # type: ignore[attr-defined]
-        return launch  # type: ignore[return-value]
+        return launch
 
     def _release_plan(self, plan: _Plan) -> None:
         with self._lock:
