@@ -517,3 +517,53 @@ def test_find_cut_keeps_each_modes_best_and_one_without_workspace():
     # k=None or few candidates: all of them
     assert _cut(cands, None, rankings) == cands
     assert _cut(cands[:3], 5, rankings) == cands[:3]
+
+
+@given(lo=st.integers(-4, 40), span=st.integers(-2, 300), stride=st.integers(1, 9),
+       limit=st.one_of(st.none(), st.integers(1, 12)))
+def test_knob_values_stay_on_the_range_and_its_stride(lo, span, stride, limit):
+    """KnobInfo.values: every value is minimum + a multiple of stride, within
+    [minimum, maximum], ascending; at most ``limit`` of them, both ends kept
+    when the range is sampled; every value when it fits."""
+    info = gd.KnobInfo(3, lo, lo + span, stride)
+    vals = info.values(limit)
+    everything = list(range(lo, lo + span + 1, stride)) if span >= 0 else []
+    assert list(vals) == sorted(set(vals))
+    assert set(vals) <= set(everything)
+    if limit is None or len(everything) <= limit:
+        assert list(vals) == everything
+    else:
+        assert len(vals) <= limit and vals[0] == lo
+        assert limit == 1 or vals[-1] == everything[-1]
+
+
+@given(base=st.dictionaries(st.integers(0, 30), st.integers(-3, 50), max_size=4),
+       ranges=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5), st.integers(0, 6)),
+                       max_size=4, unique_by=lambda t: t[0]),
+       values=st.integers(1, 5))
+def test_knob_variants_move_one_knob_at_a_time(base, ranges, values):
+    """Note [knob search]: the base first, then settings that differ from it in
+    exactly one knob, whose value comes from that knob's range; no repeats."""
+    from mucudnn.backends.cudnn_graph import knob_variants
+
+    knobs = [gd.KnobInfo(t, lo, lo + span) for t, lo, span in ranges]
+    out = knob_variants(sorted(base.items()), knobs, values)
+    assert out[0] == tuple(sorted(base.items()))
+    assert len(out) == len(set(out))
+    legal = {k.knob_type: set(k.values(values)) for k in knobs}
+    for setting in out[1:]:
+        d = dict(setting)
+        changed = [t for t in set(d) | set(base) if d.get(t) != base.get(t)]
+        assert len(changed) == 1 and d[changed[0]] in legal[changed[0]]
+    expected = 1 + sum(len([v for v in k.values(values) if v != base.get(k.knob_type)])
+                       for k in knobs)
+    assert len(out) == expected
+
+
+def test_search_options_are_checked_before_any_device_work():
+    from mucudnn.backends.cudnn_graph import CudnnGraphBackend
+
+    for kw, word in (({"search": "all"}, "search"), ({"search_knob_values": 0}, "search_knob"),
+                     ({"search_max_configs": True}, "search_max")):
+        with pytest.raises(ValueError, match=word):
+            CudnnGraphBackend(**kw)

@@ -224,3 +224,61 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
         assert 1 <= len(res) <= 7 and {r.algo for r in res} <= full
         assert prof.cut >= prof.configs - prof.skipped - 7
         assert prof.timed == len(res) and prof.probed_out <= len(res)
+
+
+def test_engine_knob_infos_are_readable_ranges():
+    """CUDNN_ATTR_ENGINE_KNOB_INFO of the graph's engines: typed ranges (min <=
+    max, stride >= 1) whose values the engine accepts in an engine config."""
+    p = problem("2d-nchw", "float32", "default")
+    with gd.ConvGraph(p, Direction.BACKWARD_DATA) as g:
+        engines = knobbed = accepted = 0
+        for idx in range(g.global_engine_count()):
+            try:
+                eng = gd.engine(g.graph, idx)
+            except Exception:
+                continue
+            with eng:
+                engines += 1
+                for k in gd.engine_knob_infos(eng):
+                    assert k.minimum <= k.maximum and k.stride >= 1, (idx, k)
+                    knobbed += 1
+                    for v in k.values(2):
+                        try:
+                            ws = CudnnGraphBackend._config_workspace(eng, [(k.knob_type, v)])
+                        except Exception:
+                            continue
+                        assert ws is None or ws >= 0
+                        accepted += 1
+    assert engines >= 5 and knobbed >= 5 and accepted >= 5
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_knob_search_adds_configs_that_run_correctly(direction):
+    """Note [knob search]: search="knobs" times heuristics' configs plus knob
+    settings around them; every config it reports fits the limit and computes
+    the convolution (checked against float64), and its best is no slower than
+    a third over the heuristics-only best (both are timed on the same GPU;
+    usually it is faster or equal)."""
+    p = problem("2d-nchw", "float32", "default")
+    limit = 2 * MiB
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        base = b.find(p, direction, limit)
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, search="knobs",
+                           search_knob_values=3, search_max_configs=24) as b:
+        res = b.find(p, direction, limit)
+        prof = b.find_profile
+        assert prof.knob_configs >= 1 and prof.knob_s > 0
+        assert len(res) > len(base) - 1
+        assert all(r.workspace_bytes <= limit for r in res)
+        assert min(r.time_ms for r in res) <= 1.34 * min(r.time_ms for r in base)
+        rng = np.random.default_rng(5)
+        hx, hw, hy = _host(p, rng)
+        want = reference(p, direction, hx, hw, hy)
+        extra = [r for r in res if r.algo not in {q.algo for q in base}][:6]
+        assert extra
+        for r in extra:
+            x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
+            ws = b.alloc_workspace(r.workspace_bytes or 1)
+            b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
+            out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
+            assert rel_err(b.to_host(out), want) < 2e-2, r.algo

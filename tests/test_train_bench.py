@@ -119,3 +119,21 @@ def test_doctests(tb):
     import doctest
 
     assert doctest.testmod(tb).failed == 0
+
+
+def test_strict_fp32_runs_with_tf32_off(tb, tmp_path):
+    """fp32strict trains with TF32 off for convolutions and matmuls (the precision
+    of the 30-step loss check); the converted model tracks native within 1e-3."""
+    out = tmp_path / "s.json"
+    rc = tb.main(["--device", "cpu", "--models", "tiny", "--steps", "2", "--warmup", "1",
+                  "--batch", "4", "--precisions", "fp32strict", "--modes", "native", "wr",
+                  "--json", str(out)])
+    assert rc == 0
+    import torch
+    assert torch.backends.cudnn.allow_tf32 is False
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    torch.backends.cudnn.allow_tf32 = True
+    report = json.loads(out.read_text())
+    assert {r["precision"] for r in report["runs"]} == {"fp32strict"}
+    (t,) = report["loss_tracking"]
+    assert t["precision"] == "fp32strict" and t["within_1e-3"]

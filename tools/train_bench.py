@@ -8,8 +8,10 @@ momentum, it trains with each combination of
 * mode: ``native`` (``torch.backends.cudnn.benchmark=True``), ``wr``
   (``mucudnn.torch.convert``, ``--workspace`` per kernel), ``wd`` (one
   ``--total-workspace`` budget for all kernels);
-* precision: ``fp32`` (TF32 allowed, PyTorch's default for convolutions) and
-  ``amp`` (autocast bfloat16, channels_last model and inputs);
+* precision: ``fp32`` (TF32 allowed, PyTorch's default for convolutions),
+  ``amp`` (autocast bfloat16, channels_last model and inputs) and
+  ``fp32strict`` (TF32 off for convolutions and matmuls: the precision in
+  which converted losses must track native ones within 1e-3 for 30 steps);
 * execution: ``eager`` and ``graph`` (the whole training step captured with
   ``torch.cuda.graph`` after the warm-up steps and replayed);
 
@@ -75,7 +77,7 @@ except ImportError:  # pragma: no cover
 
 MODELS = ("resnet18", "resnet50", "vgg16", "alexnet", "tiny")
 MODES = ("native", "wr", "wd")
-PRECISIONS = ("fp32", "amp")
+PRECISIONS = ("fp32", "amp", "fp32strict")
 EXECUTIONS = ("eager", "graph")
 DEFAULT_BATCH = {"alexnet": 256, "resnet18": 256, "resnet50": 128, "vgg16": 128, "tiny": 8}
 IMAGE_SIZE = {"tiny": 32}
@@ -140,7 +142,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50"])
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32", "amp"])
     ap.add_argument("--execution", choices=EXECUTIONS + ("both",), default="both")
     ap.add_argument("--batch", type=_positive, default=None,
                     help="mini-batch size (default per model: %s)" % DEFAULT_BATCH)
@@ -265,8 +267,9 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
     steps = args.steps if steps is None else steps
     warmup = args.warmup if warmup is None else warmup
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = precision != "fp32strict"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     free0 = _free_bytes(device)
     model, opt = prepare(args, name, mode, precision, init_state, device)
     size = IMAGE_SIZE.get(name, 224)
@@ -482,7 +485,7 @@ def plan_runs(args: argparse.Namespace, device: torch.device) -> list[tuple[str,
 def _row(r: dict) -> str:
     mem = r.get("max_memory_allocated")
     used = r.get("device_memory_used")
-    return (f"{r['model']:9s} {r['precision']:4s} {r['execution']:5s} {r['mode']:6s} "
+    return (f"{r['model']:9s} {r['precision']:10s} {r['execution']:5s} {r['mode']:6s} "
             f"{r['batch']:5d} {r['median_step_ms']:9.2f} {r['images_per_s']:9.0f} "
             f"{format_bytes(mem) if mem is not None else '-':>10s} "
             f"{format_bytes(used) if used is not None else '-':>10s}")

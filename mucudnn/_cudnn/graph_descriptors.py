@@ -44,7 +44,7 @@ __all__ = [
     "operation_graph", "engine_heuristics", "heuristic_engine_configs", "engine", "knob_choice",
     "engine_config", "engine_config_info", "engine_info", "execution_plan",
     "plan_workspace_size", "variant_pack", "ConvGraph", "pointer_alignment", "MAX_ALIGNMENT",
-    "HEUR_MODE_NAMES",
+    "HEUR_MODE_NAMES", "KnobInfo", "engine_knob_infos",
 ]
 
 #: Tensor unique ids, in forward naming (dx is "x", dw is "w", dy is "y").
@@ -333,6 +333,56 @@ def engine_info(eng: BackendDescriptor) -> tuple[int, tuple[int, ...], tuple[int
     except CudnnError:  # pragma: no cover - read-only extra, not needed to run
         behavior = ()
     return idx, tuple(sorted(set(notes))), tuple(sorted(set(behavior)))
+
+
+@dataclass(frozen=True)
+class KnobInfo:
+    """CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR: one knob of an engine and its range.
+
+    >>> KnobInfo(2, 0, 10, 4).values()
+    (0, 4, 8)
+    >>> KnobInfo(2, 0, 100, 1).values(limit=5)
+    (0, 25, 50, 75, 100)
+    """
+
+    knob_type: int
+    minimum: int
+    maximum: int
+    stride: int = 1
+
+    def values(self, limit: Optional[int] = None) -> tuple[int, ...]:
+        """The values the knob may take (minimum to maximum by stride); where there
+        are more than ``limit``, ``limit`` of them spread evenly, both ends kept."""
+        step = max(1, int(self.stride))
+        if self.maximum < self.minimum:
+            return ()
+        count = (self.maximum - self.minimum) // step + 1
+        if limit is None or count <= limit:
+            return tuple(self.minimum + i * step for i in range(count))
+        if limit <= 1:
+            return (self.minimum,)
+        picks = sorted({round(i * (count - 1) / (limit - 1)) for i in range(limit)})
+        return tuple(self.minimum + i * step for i in picks)
+
+
+def engine_knob_infos(eng: BackendDescriptor) -> tuple[KnobInfo, ...]:
+    """CUDNN_ATTR_ENGINE_KNOB_INFO of a finalized engine: its knobs, by type."""
+    infos = _read_array(
+        lambda n: eng.get_descriptors(A.ENGINE_KNOB_INFO, D.KNOB_INFO_DESCRIPTOR, n),
+        lambda: eng.count(A.ENGINE_KNOB_INFO, T.BACKEND_DESCRIPTOR),
+        _type_count(BackendKnobType))
+    out = []
+    for k in infos:
+        with k:
+            t = k.get_enums(A.KNOB_INFO_TYPE, T.KNOB_TYPE, 1)[0]
+            lo = k.get_int64_scalar(A.KNOB_INFO_MINIMUM_VALUE)
+            hi = k.get_int64_scalar(A.KNOB_INFO_MAXIMUM_VALUE)
+            try:
+                stride = k.get_int64_scalar(A.KNOB_INFO_STRIDE)
+            except (CudnnError, ValueError):  # pragma: no cover - stride is optional
+                stride = 1
+            out.append(KnobInfo(int(t), int(lo), int(hi), int(stride)))
+    return tuple(sorted(out, key=lambda i: i.knob_type))
 
 
 def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:

@@ -73,6 +73,8 @@ class FindProfile:
     plans timed, plans timed once only because their first run was already
     far slower than the best (``probed_out``), and configs whose finalized
     workspace differed from their engine config's (``workspace_mismatch``).
+    ``knob_configs`` / ``knob_s``: configs the knob-space search added and the
+    host seconds spent enumerating them (cudnn-graph's ``search="knobs"``).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -86,7 +88,9 @@ class FindProfile:
     workspace_mismatch: int = 0
     cut: int = 0
     probed_out: int = 0
+    knob_configs: int = 0
     heuristics_s: float = 0.0
+    knob_s: float = 0.0
     finalize_s: float = 0.0
     timing_s: float = 0.0
     total_s: float = 0.0

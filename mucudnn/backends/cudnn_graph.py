@@ -37,6 +37,7 @@ names what runs).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -50,6 +51,7 @@ from typing import Any, Optional, Sequence, Union
 
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.backend_api import BackendDescriptor
+from .._cudnn.enums import BackendBehaviorNote as Behavior
 from .._cudnn.enums import BackendNumericalNote as Note
 from .._cudnn.errors import CudnnError
 from .._cudnn.prototypes import lib, raise_status
@@ -60,8 +62,8 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
 
-__all__ = ["CudnnGraphBackend", "numerics_allowed", "format_engine_config_id",
-           "parse_engine_config_id"]
+__all__ = ["CudnnGraphBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
+           "format_engine_config_id", "parse_engine_config_id"]
 
 log = logging.getLogger("mucudnn")
 
@@ -70,6 +72,9 @@ parse_engine_config_id = gd.parse_engine_config_id
 
 _MAX = gd.MAX_ALIGNMENT
 _FULL = (_MAX, _MAX, _MAX)
+
+#: find()'s search spaces (Note [knob search]).
+SEARCH_MODES = ("heuristics", "knobs")
 
 
 def numerics_allowed(math: str, numerical_notes: Sequence[int]) -> bool:
@@ -113,6 +118,26 @@ def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
     return [c for c in cands if c.id in keep]
 
 
+def knob_variants(base: Sequence[tuple[int, int]], knobs: Sequence[gd.KnobInfo],
+                  values: int) -> list[tuple[tuple[int, int], ...]]:
+    """Note [knob search]: the knob settings tried around ``base`` (an engine
+    config's knob choices): ``base`` itself, then each knob moved alone through
+    up to ``values`` of its values, the others kept; sorted knob tuples, no
+    repeats.
+
+    >>> knob_variants([(2, 1)], [gd.KnobInfo(2, 0, 2), gd.KnobInfo(3, 0, 1)], 6)
+    [((2, 1),), ((2, 0),), ((2, 2),), ((2, 1), (3, 0)), ((2, 1), (3, 1))]
+    """
+    start = dict(base)
+    out: dict[tuple[tuple[int, int], ...], None] = {tuple(sorted(start.items())): None}
+    for k in knobs:
+        for v in k.values(values):
+            d = dict(start)
+            d[k.knob_type] = v
+            out.setdefault(tuple(sorted(d.items())), None)
+    return list(out)
+
+
 def canonical_id(algo: Any) -> str:
     """The canonical form of an engine-config id (ValueError if it is none)."""
     idx, knobs = gd.parse_engine_config_id(algo)
@@ -122,7 +147,7 @@ def canonical_id(algo: Any) -> str:
 class _Graph:
     """A cached operation graph; closed once evicted and no cached plan uses it."""
 
-    __slots__ = ("conv", "refs", "cached", "ids", "mode_ids", "_refs_lock")
+    __slots__ = ("conv", "refs", "cached", "ids", "mode_ids", "knob_space", "_refs_lock")
 
     def __init__(self, conv: gd.ConvGraph) -> None:
         self.conv = conv
@@ -130,6 +155,7 @@ class _Graph:
         self.cached = True
         self.ids: Optional[list[gd.EngineConfigInfo]] = None  # heuristics, once asked
         self.mode_ids: dict[str, list[str]] = {}  # each mode's ranking (config ids)
+        self.knob_space: Optional[list[gd.EngineConfigInfo]] = None  # search="knobs", once
         # Plans are finalized on worker threads (Note [parallel finalization]).
         self._refs_lock = threading.Lock()
 
@@ -247,7 +273,11 @@ class CudnnGraphBackend(DeviceBackend):
     (Note [find cut-offs]). ``find_probe_ratio``: a
     candidate whose first timed run is more than this many times the best
     median so far is not run again (its one time is reported); None always
-    takes the median of ``find_repeat``. ``plan_cache_size``,
+    takes the median of ``find_repeat``. ``search``: ``"heuristics"`` (the
+    configs heuristics name) or ``"knobs"`` (those plus the knob space of
+    every engine of the operation graph, Note [knob search]), with
+    ``search_knob_values`` values tried per knob and at most
+    ``search_max_configs`` added configs per find() call. ``plan_cache_size``,
     ``graph_cache_size``, ``pack_cache_size``: LRU bounds (plans, operation
     graphs, variant packs per plan).
 
@@ -262,6 +292,8 @@ class CudnnGraphBackend(DeviceBackend):
                  find_warmup: int = 1, find_repeat: int = 3, find_threads: Optional[int] = None,
                  find_prefilter: bool = True, find_top_k: Optional[int] = 6,
                  find_probe_ratio: Optional[float] = 1.5,
+                 search: str = "heuristics", search_knob_values: int = 6,
+                 search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
                  pack_cache_size: int = 64) -> None:
         modes = [str(m).upper() for m in heuristic_modes]
@@ -278,6 +310,12 @@ class CudnnGraphBackend(DeviceBackend):
                      ("pack_cache_size", pack_cache_size), ("find_threads", find_threads)):
             if int(v) < 1:
                 raise ValueError(f"{n}: expected >= 1, got {v}")
+        if search not in SEARCH_MODES:
+            raise ValueError(f"search: expected one of {list(SEARCH_MODES)}, got {search!r}")
+        for n, v in (("search_knob_values", search_knob_values),
+                     ("search_max_configs", search_max_configs)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{n}: expected an int >= 1, got {v!r}")
         super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
         self.heuristic_modes = tuple(modes)
         self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
@@ -290,6 +328,9 @@ class CudnnGraphBackend(DeviceBackend):
                              f"{find_probe_ratio!r}")
         self.find_top_k = None if find_top_k is None else int(find_top_k)
         self.find_probe_ratio = None if find_probe_ratio is None else float(find_probe_ratio)
+        self.search = search
+        self.search_knob_values = search_knob_values
+        self.search_max_configs = search_max_configs
         self._pool: Optional[ThreadPoolExecutor] = None
         self.plan_cache_size = int(plan_cache_size)
         self.graph_cache_size = int(graph_cache_size)
@@ -403,6 +444,91 @@ class CudnnGraphBackend(DeviceBackend):
             g.ids = list(seen.values())
             return list(g.ids)
 
+    # -- knob search ---------------------------------------------------------------------
+    # Note [knob search]: heuristics name a few dozen engine configs, each an
+    # engine with one setting of its knobs (tile sizes, split-K, swizzle, ...).
+    # Under a tight workspace cap the best of those can be far behind what the
+    # same engines reach with other knob values (a smaller split-K buffer, a
+    # tile that needs less scratch). ``search="knobs"`` adds, for every engine
+    # of the operation graph (CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT) that
+    # the problem's numerics allow, the settings around each config heuristics
+    # named for it (or around its defaults where they named none): each knob
+    # moved alone through up to ``search_knob_values`` of the values its
+    # CUDNN_ATTR_ENGINE_KNOB_INFO range allows (a coordinate neighbourhood, not
+    # the full product, which runs to millions). Each setting's engine config is
+    # finalized and its workspace read (CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE)
+    # before any plan is built, so configs over the cap and settings cuDNN
+    # refuses cost microseconds. Engines that compile kernels at run time
+    # (RUNTIME_COMPILATION) keep only the configs heuristics named: each new
+    # setting would be a new compilation. Added configs are ordered by their
+    # engine's best heuristics rank, and at most ``search_max_configs`` of those
+    # fitting the cap are timed per find() call; probing (``find_probe_ratio``)
+    # keeps the slow ones cheap.
+    def _knob_space(self, problem: ConvProblem, direction: Direction,
+                    heuristic: Sequence[gd.EngineConfigInfo]) -> list[gd.EngineConfigInfo]:
+        """The knob-space configs of Note [knob search] (cached per graph), each
+        with its engine config's workspace; heuristics' own configs left out."""
+        with self._lock, using_device(self.device):
+            g = self._graph(problem, direction, 1.0, 0.0, _FULL)
+            if g.knob_space is not None:
+                return list(g.knob_space)
+            t = time.perf_counter()
+            rank: dict[int, int] = {}
+            bases: dict[int, list[tuple[tuple[int, int], ...]]] = {}
+            for r, info in enumerate(heuristic):
+                rank.setdefault(info.global_index, r)
+                bases.setdefault(info.global_index, []).append(info.knobs)
+            seen = {info.id for info in heuristic}
+            found: list[tuple[int, int, gd.EngineConfigInfo]] = []
+            for idx in range(int(g.conv.global_engine_count())):
+                try:
+                    eng = gd.engine(g.conv.graph, idx)
+                except CudnnError:
+                    continue  # not an engine for this graph
+                with eng:
+                    try:
+                        _, notes, behavior = gd.engine_info(eng)
+                        knobs = gd.engine_knob_infos(eng)
+                    except CudnnError as exc:  # pragma: no cover - unreadable engine
+                        log.debug("mucudnn: engine %d of %s %s unreadable: %s", idx, problem,
+                                  direction, exc)
+                        continue
+                    if not numerics_allowed(problem.math, notes):
+                        continue
+                    if int(Behavior.RUNTIME_COMPILATION) in behavior:
+                        continue
+                    for base in bases.get(idx) or [()]:
+                        for setting in knob_variants(base, knobs, self.search_knob_values):
+                            info = gd.EngineConfigInfo(idx, setting, notes, behavior)
+                            if info.id in seen:
+                                continue
+                            seen.add(info.id)
+                            try:
+                                ws = self._config_workspace(eng, setting)
+                            except (CudnnError, ValueError):
+                                continue  # cuDNN refuses this setting
+                            info = dataclasses.replace(info, workspace_bytes=ws)
+                            found.append((rank.get(idx, len(heuristic)), len(found), info))
+            found.sort(key=lambda e: e[:2])
+            g.knob_space = [info for *_, info in found]
+            self.find_profile.knob_s += time.perf_counter() - t
+            return list(g.knob_space)
+
+    @staticmethod
+    def _config_workspace(eng: BackendDescriptor,
+                          setting: Sequence[tuple[int, int]]) -> Optional[int]:
+        """The workspace of ``eng`` with knob ``setting`` (None where cuDNN does not
+        report it before a plan); CudnnError where cuDNN refuses the setting."""
+        knobs: list[BackendDescriptor] = []
+        try:
+            for t, v in setting:
+                knobs.append(gd.knob_choice(t, v))
+            with gd.engine_config(eng, knobs) as cfg:
+                return gd.engine_config_workspace(cfg)
+        finally:
+            for k in knobs:
+                k.close()
+
     # -- find -----------------------------------------------------------------------------
     # Note [parallel finalization]: finalizing an execution plan is where a cold
     # find() spends its time (cuDNN compiles or loads the engine's kernels), and it
@@ -488,6 +614,15 @@ class CudnnGraphBackend(DeviceBackend):
             kept = _cut(cands, self.find_top_k, rankings)
             prof.cut += len(cands) - len(kept)
             cands = kept
+            if self.search == "knobs":
+                # Note [knob search]: the knob space after heuristics' own configs.
+                have = {c.id for c in cands}
+                extra = [i for i in self._knob_space(problem, direction, infos)
+                         if i.id not in have and (i.workspace_bytes is None
+                                                  or i.workspace_bytes <= want)]
+                extra = extra[:self.search_max_configs]
+                prof.knob_configs += len(extra)
+                cands = cands + extra
             # Note [beta and workspace]: backward-filter needs the beta = 1 plans too.
             betas = (0.0, 1.0) if direction is Direction.BACKWARD_FILTER else (0.0,)
             t = time.perf_counter()
