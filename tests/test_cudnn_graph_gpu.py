@@ -227,29 +227,33 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
 
 
 def test_engine_knob_infos_are_readable_ranges():
-    """CUDNN_ATTR_ENGINE_KNOB_INFO of the graph's engines: typed ranges (min <=
-    max, stride >= 1) whose values the engine accepts in an engine config."""
+    """CUDNN_ATTR_ENGINE_KNOB_INFO of the engines heuristics name: typed ranges
+    (min <= max, stride >= 1); each named config rebuilt from its engine and
+    knobs reports the heuristics' workspace, and knob settings one step from
+    it (Note [knob search]) are accepted by cuDNN."""
+    from mucudnn.backends.cudnn_graph import knob_variants
+
     p = problem("2d-nchw", "float32", "default")
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        infos = b.engine_configs(p, Direction.BACKWARD_DATA)
+    rebuilt = knobbed = accepted = 0
     with gd.ConvGraph(p, Direction.BACKWARD_DATA) as g:
-        engines = knobbed = accepted = 0
-        for idx in range(g.global_engine_count()):
-            try:
-                eng = gd.engine(g.graph, idx)
-            except Exception:
-                continue
-            with eng:
-                engines += 1
-                for k in gd.engine_knob_infos(eng):
-                    assert k.minimum <= k.maximum and k.stride >= 1, (idx, k)
-                    knobbed += 1
-                    for v in k.values(2):
-                        try:
-                            ws = CudnnGraphBackend._config_workspace(eng, [(k.knob_type, v)])
-                        except Exception:
-                            continue
-                        assert ws is None or ws >= 0
-                        accepted += 1
-    assert engines >= 5 and knobbed >= 5 and accepted >= 5
+        for info in infos[:12]:
+            with gd.engine(g.graph, info.global_index) as eng:
+                knobs = gd.engine_knob_infos(eng)
+                for k in knobs:
+                    assert k.minimum <= k.maximum and k.stride >= 1, (info.id, k)
+                knobbed += len(knobs)
+                ws = CudnnGraphBackend._config_workspace(eng, info.knobs)
+                assert ws == info.workspace_bytes, info.id
+                rebuilt += 1
+                for setting in knob_variants(info.knobs, knobs, 2)[1:]:
+                    try:
+                        CudnnGraphBackend._config_workspace(eng, setting)
+                    except Exception:
+                        continue
+                    accepted += 1
+    assert rebuilt >= 3 and knobbed >= 3 and accepted >= 3, (rebuilt, knobbed, accepted)
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
@@ -265,6 +269,7 @@ def test_knob_search_adds_configs_that_run_correctly(direction):
         base = b.find(p, direction, limit)
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, search="knobs",
                            search_knob_values=3, search_max_configs=24) as b:
+        assert b.name == "cudnn-graph+knobs"
         res = b.find(p, direction, limit)
         prof = b.find_profile
         assert prof.knob_configs >= 1 and prof.knob_s > 0

@@ -277,7 +277,9 @@ class CudnnGraphBackend(DeviceBackend):
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
     ``search_knob_values`` values tried per knob and at most
-    ``search_max_configs`` added configs per find() call. ``plan_cache_size``,
+    ``search_max_configs`` added configs per find() call (the backend is then
+    named ``"cudnn-graph+knobs"``: its cache entries and plans are its own).
+    ``plan_cache_size``,
     ``graph_cache_size``, ``pack_cache_size``: LRU bounds (plans, operation
     graphs, variant packs per plan).
 
@@ -329,6 +331,10 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_top_k = None if find_top_k is None else int(find_top_k)
         self.find_probe_ratio = None if find_probe_ratio is None else float(find_probe_ratio)
         self.search = search
+        if search == "knobs":
+            # Note [knob search]: a different candidate set measures differently, so
+            # its benchmark-cache entries and memoised plans are kept apart.
+            self.name = "cudnn-graph+knobs"
         self.search_knob_values = search_knob_values
         self.search_max_configs = search_max_configs
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -463,7 +469,14 @@ class CudnnGraphBackend(DeviceBackend):
     # setting would be a new compilation. Added configs are ordered by their
     # engine's best heuristics rank, and at most ``search_max_configs`` of those
     # fitting the cap are timed per find() call; probing (``find_probe_ratio``)
-    # keeps the slow ones cheap.
+    # keeps the slow ones cheap. The backend is named "cudnn-graph+knobs", so
+    # its measurements and plans never mix with heuristics-only ones (the
+    # benchmark cache and the plan memo key on the backend's name).
+    #
+    # Measured on the H200 (tools/knob_search.py, docs/BENCHMARKS.md "Knob
+    # search"): executed totals of the eight kernels that keep 64 MiB plans
+    # behind PyTorch fall 8% at 64 MiB and 4% at 128 MiB, up to 25% on one
+    # kernel, for 1.5-11x the optimisation time: an option, not the default.
     def _knob_space(self, problem: ConvProblem, direction: Direction,
                     heuristic: Sequence[gd.EngineConfigInfo]) -> list[gd.EngineConfigInfo]:
         """The knob-space configs of Note [knob search] (cached per graph), each
