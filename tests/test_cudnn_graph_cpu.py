@@ -567,3 +567,15 @@ def test_search_options_are_checked_before_any_device_work():
                      ({"search_max_configs": True}, "search_max")):
         with pytest.raises(ValueError, match=word):
             CudnnGraphBackend(**kw)
+
+
+def test_knob_search_backend_is_registered_under_its_own_name():
+    """get_backend("cudnn-graph+knobs") is the graph backend with search="knobs":
+    its own name, so cache entries and plan memos never mix with heuristics'."""
+    import mucudnn
+    from mucudnn.backends.cudnn_graph import CudnnGraphKnobsBackend
+
+    assert "cudnn-graph+knobs" in mucudnn.available_backends()
+    assert CudnnGraphKnobsBackend.name == "cudnn-graph+knobs"
+    with pytest.raises(ValueError, match="search_max_configs"):
+        CudnnGraphKnobsBackend(search_max_configs=0)

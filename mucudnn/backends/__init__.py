@@ -1,4 +1,5 @@
-"""Backends: the Backend protocol and its implementations (numpy, cudnn, cudnn-graph).
+"""Backends: the Backend protocol and its implementations (numpy, cudnn, cudnn-graph,
+and cudnn-graph+knobs: the graph backend searching each engine's knobs).
 
 >>> get_backend("numpy").name
 'numpy'
@@ -14,7 +15,7 @@ from typing import Any
 from ..cuda import current_device, device_count
 from .base import OUTPUT_OF, Backend, BackendBase, ConvTensors, Launcher, adapt
 from .cudnn import CudnnBackend
-from .cudnn_graph import CudnnGraphBackend
+from .cudnn_graph import CudnnGraphBackend, CudnnGraphKnobsBackend
 from .numpy import NumpyBackend
 
 __all__ = ["Backend", "BackendBase", "ConvTensors", "CudnnBackend", "CudnnGraphBackend", "Launcher",
@@ -28,6 +29,7 @@ _REGISTRY: dict[str, type] = {
     "numpy": NumpyBackend,
     "cudnn": CudnnBackend,
     "cudnn-graph": CudnnGraphBackend,
+    "cudnn-graph+knobs": CudnnGraphKnobsBackend,  # Note [knob search]
 }
 #: (name, device) -> the shared instance. Bounded by names x devices; backends
 #: hold handles and device memory, so they live as long as the process.

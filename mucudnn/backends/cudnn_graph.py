@@ -62,7 +62,7 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
 
-__all__ = ["CudnnGraphBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
+__all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
 
 log = logging.getLogger("mucudnn")
@@ -331,10 +331,9 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_top_k = None if find_top_k is None else int(find_top_k)
         self.find_probe_ratio = None if find_probe_ratio is None else float(find_probe_ratio)
         self.search = search
-        if search == "knobs":
-            # Note [knob search]: a different candidate set measures differently, so
-            # its benchmark-cache entries and memoised plans are kept apart.
-            self.name = "cudnn-graph+knobs"
+        # Note [knob search]: a different candidate set measures differently, so
+        # its benchmark-cache entries and memoised plans are kept apart.
+        self.name = "cudnn-graph+knobs" if search == "knobs" else "cudnn-graph"
         self.search_knob_values = search_knob_values
         self.search_max_configs = search_max_configs
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -823,3 +822,14 @@ class CudnnGraphBackend(DeviceBackend):
     def _release_plan(self, plan: _Plan) -> None:
         with self._lock:
             plan.release()
+
+
+class CudnnGraphKnobsBackend(CudnnGraphBackend):
+    """``get_backend("cudnn-graph+knobs")``: :class:`CudnnGraphBackend` with
+    ``search="knobs"`` (Note [knob search]); the same options otherwise."""
+
+    name = "cudnn-graph+knobs"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("search", "knobs")
+        super().__init__(*args, **kwargs)
