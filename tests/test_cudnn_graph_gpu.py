@@ -270,7 +270,8 @@ def test_knob_search_adds_configs_that_run_correctly(direction):
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, search="knobs",
                            search_knob_values=3, search_max_configs=24) as b:
         assert b.name == "cudnn-graph+knobs"
-        assert CudnnGraphBackend(search="heuristics").name == "cudnn-graph"
+        with CudnnGraphBackend(search="heuristics") as plain:
+            assert plain.name == "cudnn-graph"
         res = b.find(p, direction, limit)
         prof = b.find_profile
         assert prof.knob_configs >= 1 and prof.knob_s > 0
