@@ -93,6 +93,7 @@ from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, framework_of,
 from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, pool_for
+from .optimizer.benchmark import check_deterministic
 from .optimizer.planner import Planner, workspace_limit_bytes
 from .optimizer.policies import normalize_policy
 from .problem import ConvProblem, Direction, Plan
@@ -154,6 +155,10 @@ class Convolution:
     cache
         Benchmark cache passed to the optimizer (None: the default SQLite file,
         or ``MUCUDNN_CACHE``; False or "off" disables it).
+    deterministic
+        Plan only with configurations cuDNN marks deterministic, so results are
+        bitwise reproducible run to run (default False; Note [deterministic
+        plans] in :mod:`mucudnn.optimizer.benchmark`).
 
     Each direction is planned on first use (by :class:`mucudnn.optimizer.Planner`,
     which remembers plans per process and reads the SQLite cache), so
@@ -170,12 +175,13 @@ class Convolution:
                  math: str = "default", workspace_limit: Any = 64 << 20,
                  policy: Any = "powerOfTwo", backend: "str | Backend | None" = None,
                  graph: bool = False, plans: Mapping[Any, Plan] | None = None,
-                 cache: Any = None) -> None:
+                 cache: Any = None, deterministic: bool = False) -> None:
         self.problem = ConvProblem(x_shape, w_shape, stride=stride, padding=padding,
                                    dilation=dilation, groups=groups, dtype=dtype, layout=layout,
                                    math=math)
         if not isinstance(graph, bool):
             raise TypeError(f"graph: expected True or False, got {graph!r}")
+        check_deterministic(deterministic)
         forced: dict[Direction, Plan] = {}
         for k, v in (plans or {}).items():
             d = Direction.parse(k)
@@ -183,8 +189,10 @@ class Convolution:
                 raise TypeError(f"plans[{d.value}]: expected a Plan, got {type(v).__name__}")
             forced[d] = v
         self.backend: Backend = get_backend(backend)
-        self.planner = Planner(self.backend, workspace_limit, policy, cache)
+        self.planner = Planner(self.backend, workspace_limit, policy, cache,
+                               deterministic=deterministic)
         self.workspace_limit = self.planner.workspace_limit
+        self.deterministic = self.planner.deterministic
         self.policy = self.planner.policy
         self.cache = cache
         self.graph = graph
@@ -531,7 +539,8 @@ class MicroBatchHandle(HandleEngine):
     ``backend``: a name ("cudnn-graph", "cudnn", "numpy"), a Backend, or None
     (the default: cudnn-graph where a GPU is present, else numpy). On "numpy",
     pass NumPy arrays where cuDNN takes pointers (tests).
-    ``workspace_limit``/``policy``/``cache``/``graph`` as for :class:`Convolution`.
+    ``workspace_limit``/``policy``/``cache``/``graph``/``deterministic`` as for
+    :class:`Convolution`.
 
     >>> h = MicroBatchHandle("numpy", workspace_limit="1MiB")
     >>> h.workspace_limit
@@ -540,12 +549,14 @@ class MicroBatchHandle(HandleEngine):
 
     def __init__(self, backend: "str | Backend | None" = None, *,
                  workspace_limit: Any = 64 << 20, policy: Any = "powerOfTwo",
-                 graph: bool = False, cache: Any = None) -> None:
+                 graph: bool = False, cache: Any = None, deterministic: bool = False) -> None:
+        check_deterministic(deterministic)
         be = get_backend(backend)
-        planner = Planner(be, workspace_limit, policy, cache)
+        planner = Planner(be, workspace_limit, policy, cache, deterministic=deterministic)
         super().__init__(be, planner, graph=graph)
         self.policy = planner.policy
         self.cache = cache
+        self.deterministic = planner.deterministic
 
 
 # -- functional helpers -----------------------------------------------------------------

@@ -15,8 +15,31 @@ from hypothesis import strategies as st
 import mucudnn.cuda as mc
 from mucudnn.api import Convolution
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
-from mucudnn.problem import ConvProblem, Direction, from_canonical
+from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
+from mucudnn.problem import AlgoPerf, ConvProblem, Direction, from_canonical
 from reference import to_canonical_array
+
+# -- a backend with non-deterministic algorithms ------------------------------------------------
+
+class AtomicNumpyBackend(NumpyBackend):
+    """The NumPy backend as a GPU's Find looks with atomics-based algorithms:
+    every algorithm but DIRECT (0) reports ``determinism=0`` and a time 1000x
+    shorter than measured (so it wins whenever its workspace fits); DIRECT
+    stays deterministic. The results are NumPy's (all exact). Its ``version``
+    differs from the plain backend's, so the plan memo keeps them apart."""
+
+    def __init__(self) -> None:
+        super().__init__(repeats=1)
+        self.version = f"{self.version}+atomics"
+
+    def find(self, problem, direction, workspace_limit):
+        out = []
+        for a in super().find(problem, direction, workspace_limit):
+            direct = a.algo == NumpyAlgo.DIRECT
+            out.append(AlgoPerf(a.algo, a.time_ms if direct else a.time_ms / 1000,
+                                a.workspace_bytes, a.math_type, 1 if direct else 0))
+        return sorted(out, key=lambda a: a.time_ms)
+
 
 # -- random problems --------------------------------------------------------------------------
 

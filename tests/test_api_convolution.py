@@ -19,7 +19,7 @@ from mucudnn.backends import get_backend
 from mucudnn.exec import WorkspaceFallbackWarning
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, from_canonical, make_plan
 
-from conv_support import convolution_for, normal_tensors, run_direction
+from conv_support import AtomicNumpyBackend, convolution_for, normal_tensors, run_direction
 from reference import reference, rel_err
 from test_exec_engine import Spy
 
@@ -284,6 +284,42 @@ def test_constructor_validation():
     conv = Convolution((2, 3, 5, 5), (4, 3, 3, 3), backend="numpy", plans={"fwd": bad})
     with pytest.raises(ValueError, match="cover 1 rows"):
         conv.plan("forward")
+
+
+def test_deterministic_convolution_and_handle_plan_deterministic_algorithms():
+    """deterministic=True reaches the Planner: every direction runs DIRECT, the one
+    algorithm AtomicNumpyBackend reports deterministic, although the others look
+    1000x faster; the results are the same convolution."""
+    be = AtomicNumpyBackend()
+    p = ConvProblem((6, 3, 7, 7), (4, 3, 3, 3), padding=1)
+    x, w, y = normal_tensors(p, np.random.default_rng(3))
+    free = Convolution(p.x_shape, p.w_shape, padding=1, backend=be, workspace_limit=None)
+    det = Convolution(p.x_shape, p.w_shape, padding=1, backend=be, workspace_limit=None,
+                      deterministic=True)
+    assert (free.deterministic, det.deterministic) == (False, True)
+    assert det.planner.deterministic and not free.planner.deterministic
+    for d in Direction:
+        assert {m.algo for m in free.plan(d).micro_batches} <= {1, 2}
+        assert {m.algo for m in det.plan(d).micro_batches} == {0}
+    dy = np.ones(p.output_shape, np.float32)
+    for got, ref_ in [(det.forward(x, w), reference(p, "forward", x, w, y)),
+                      (det.backward_filter(x, dy), free.backward_filter(x, dy))]:
+        assert rel_err(got, ref_) < 1e-5
+    h = api.MicroBatchHandle(be, workspace_limit="1MiB", deterministic=True)
+    assert h.deterministic and h.planner.deterministic
+    joint = h.planner.plan_jointly({"c": (p, Direction.BACKWARD_FILTER)}, 1 << 20)
+    assert {m.algo for m in joint["c"].micro_batches} == {0}
+    assert not api.MicroBatchHandle(be).planner.deterministic
+
+
+@pytest.mark.parametrize("bad", [1, None, "true", np.bool_(False)])
+def test_deterministic_argument_is_checked_before_any_backend_call(bad):
+    spy = Spy()
+    with pytest.raises(TypeError, match=r"^deterministic: expected True or False"):
+        Convolution(P.x_shape, P.w_shape, padding=1, backend=spy, deterministic=bad)
+    with pytest.raises(TypeError, match=r"^deterministic: expected True or False"):
+        api.MicroBatchHandle(spy, deterministic=bad)
+    assert spy.calls == []
 
 
 # -- functional helpers ----------------------------------------------------------------------------

@@ -1,16 +1,22 @@
-"""benchmark() with a counting fake backend, and optimize()/optimize_network() end to end."""
+"""benchmark() with a counting fake backend, optimize()/optimize_network() end to end, and
+deterministic=True through them and the Planner (Note [deterministic plans])."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import statistics
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mucudnn.backends.base import ConvTensors
-from mucudnn.optimizer import (BenchmarkCache, batch_sizes, benchmark, optimize, optimize_wr,
-                               optimize_network)
+from mucudnn.errors import UnsupportedConfigError
+from mucudnn.optimizer import (BenchmarkCache, Planner, batch_sizes, benchmark, optimize,
+                               optimize_network, optimize_wr, zero_workspace_plan)
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction
 
 P = ConvProblem((32, 4, 6, 6), (4, 4, 3, 3), padding=1)
@@ -289,3 +295,189 @@ def test_size_pruning_stops_past_the_best_size(batch, knee, want):
     pruned_plan = optimize_wr(perf, batch, 1 << 20, "powerOfTwo")
     full_plan = optimize_wr(full, batch, 1 << 20, "powerOfTwo")
     assert pruned_plan.time_ms == pytest.approx(full_plan.time_ms)
+
+
+# -- deterministic plans (Note [deterministic plans]) ---------------------------------------------
+
+#: determinism values a backend or a cache entry may carry, and whether each is deterministic
+DETERMINISM = {0: False, 1: True, None: True, "0": False, "NON_DETERMINISTIC": False,
+               "CUDNN_NON_DETERMINISTIC": False, "CUDNN_DETERMINISTIC": True}
+
+
+class DetBackend(CountingBackend):
+    """CountingBackend's algorithms with determinism: algo 1 (the fastest) is
+    non-deterministic, algo 2 deterministic, algo 0 (no workspace) unknown; algo 3
+    needs no workspace either, beats algo 0 and is non-deterministic in the
+    string form a cache entry may hold."""
+
+    name = "det"
+
+    def __init__(self, everything_atomic=False):
+        super().__init__()
+        self.everything_atomic = everything_atomic
+
+    def find(self, problem, direction, workspace_limit):
+        n = problem.batch
+        out = [AlgoPerf(0, 1.0 * n, 0, 0, None), AlgoPerf(1, 0.1 * n + 0.05, 100 * n, 0, 0),
+               AlgoPerf(2, 0.2 * n + 0.05, 10 * n, 0, 1),
+               AlgoPerf(3, 0.5 * n, 0, 0, "CUDNN_NON_DETERMINISTIC")]
+        if self.everything_atomic:
+            out = [AlgoPerf(a.algo, a.time_ms, a.workspace_bytes, 0, 0) for a in out]
+        self.calls.append((n, direction, workspace_limit))
+        return sorted((r for r in out if r.workspace_bytes <= workspace_limit),
+                      key=lambda r: r.time_ms)
+
+
+def _algos(plan):
+    return {m.algo for m in plan.micro_batches}
+
+
+def test_deterministic_never_picks_a_non_deterministic_config(cache):
+    be = DetBackend()
+    free = optimize(P, Direction.FORWARD, workspace_limit=1 << 20, backend=be, cache=cache)
+    assert _algos(free) == {1}                      # the fastest: not deterministic
+    n = len(be.calls)
+    det = optimize(P, Direction.FORWARD, workspace_limit=1 << 20, backend=be, cache=cache,
+                   deterministic=True)
+    # the cache answered for every size benchmarked before (it kept every entry); pruning,
+    # judged by the deterministic entries, may go down one size further
+    seen = {c[0] for c in be.calls[:n]}
+    assert not any(c[0] in seen for c in be.calls[n:])
+    assert _algos(det) == {2} and det.time_ms == pytest.approx(0.2 * 32 + 0.05)
+    assert det.time_ms > free.time_ms
+    # under no workspace: algo 3 (non-deterministic, as a string) is left out for algo 0
+    zero = optimize(P, "fwd", workspace_limit=0, policy="undivided", backend=be, cache=cache)
+    assert _algos(zero) == {3}
+    zero_det = optimize(P, "fwd", workspace_limit=0, policy="undivided", backend=be,
+                        cache=cache, deterministic=True)
+    assert _algos(zero_det) == {0}
+    # the stored entry still holds every algorithm, determinism included
+    stored = benchmark(DetBackend(), P, "fwd", "undivided", 1 << 20, cache=cache,
+                       progress=False)
+    assert {(a.algo, a.determinism) for a in stored[32]} == \
+        {(0, None), (1, 0), (2, 1), (3, "CUDNN_NON_DETERMINISTIC")}
+    only = benchmark(DetBackend(), P, "fwd", "undivided", 1 << 20, cache=cache,
+                     progress=False, deterministic=True)
+    assert [a.algo for a in only[32]] == [a.algo for a in stored[32] if a.algo in (0, 2)]
+
+
+@st.composite
+def determinism_tables(draw, batch=8):
+    """{size: [AlgoPerf]} for the powerOfTwo sizes of ``batch``: distinct algos,
+    random times, workspaces and determinism values (every form listed above)."""
+    table = {}
+    for s in batch_sizes("powerOfTwo", batch):
+        algos = draw(st.lists(st.integers(0, 7), min_size=1, max_size=5, unique=True))
+        table[s] = [AlgoPerf(a, draw(st.floats(0.01, 10.0)), draw(st.sampled_from([0, 40, 400])),
+                             0, draw(st.sampled_from(list(DETERMINISM)))) for a in algos]
+    return table
+
+
+class TableBackend:
+    name = "table"
+    device_name = "Fake"
+    version = "0"
+
+    def __init__(self, table):
+        self.table = table
+
+    def find(self, problem, direction, workspace_limit):
+        return [a for a in self.table[problem.batch] if a.workspace_bytes <= workspace_limit]
+
+
+@given(determinism_tables(), st.sampled_from([0, 40, 100, 400]))
+def test_deterministic_plans_are_the_best_of_the_deterministic_entries(table, limit):
+    """optimize(deterministic=True) is WR over the deterministic entries alone: never a
+    non-deterministic one, however fast; the same time as WR on a hand-filtered table;
+    an error naming ``deterministic`` exactly where that table has no plan."""
+    p = P.with_batch(8)
+    be = TableBackend(table)
+    kept = {s: [a for a in v if DETERMINISM[a.determinism]] for s, v in table.items()}
+    try:
+        want = optimize_wr(kept, 8, limit, "powerOfTwo", quantum=p.batch_quantum())
+    except ValueError:
+        want = None
+    # benchmark_cap above the limit: no size pruning, so every size is compared
+    run = functools.partial(optimize, p, "fwd", limit, "powerOfTwo", be, False,
+                            benchmark_cap=1 << 20)
+    if want is None:
+        with pytest.raises(ValueError, match="deterministic=True"):
+            run(deterministic=True)
+        return
+    plan = run(deterministic=True)
+    assert plan.time_ms == pytest.approx(want.time_ms)
+    for m in plan.micro_batches:
+        (entry,) = [a for a in table[m.size] if a.algo == m.algo]
+        assert DETERMINISM[entry.determinism] and entry.workspace_bytes <= limit
+    assert run().time_ms <= plan.time_ms * (1 + 1e-9)   # determinism only costs time
+
+
+def test_planner_keys_memo_replan_and_zero_workspace_plans_respect_deterministic(cache):
+    be = DetBackend()
+    free, det = Planner(be, 1 << 20, cache=cache), Planner(be, 1 << 20, cache=cache,
+                                                            deterministic=True)
+    k_free, k_det = free.key(P, Direction.FORWARD), det.key(P, Direction.FORWARD)
+    assert k_free != k_det and (k_free.deterministic, k_det.deterministic) == (False, True)
+    assert dataclasses.replace(k_free, deterministic=True) == k_det  # the only difference
+    assert "deterministic=True" in repr(det) and "deterministic" not in repr(free)
+    # the process-wide memo keeps the two apart, whichever is planned first
+    assert _algos(det.plan(P, Direction.FORWARD)) == {2}
+    assert _algos(free.plan(P, Direction.FORWARD)) == {1}
+    assert _algos(det.plan(P, Direction.FORWARD)) == {2}
+    # re-plans: under ample workspace, without algo 2, and with no workspace at all
+    assert _algos(det.replan(P, Direction.FORWARD, 1 << 20)) == {2}
+    assert _algos(free.replan(P, Direction.FORWARD, 1 << 20, exclude={1})) == {2}
+    no2 = det.replan(P, Direction.FORWARD, 1 << 20, exclude={2})
+    assert _algos(no2) == {0} and no2.workspace_bytes == 0
+    assert _algos(free.replan(P, Direction.FORWARD, 0)) == {3}
+    assert _algos(det.replan(P, Direction.FORWARD, 0)) == {0}
+    assert _algos(zero_workspace_plan(P, Direction.FORWARD, be, cache=cache)) == {3}
+    assert _algos(zero_workspace_plan(P, Direction.FORWARD, be, cache=cache,
+                                      deterministic=True)) == {0}
+    with pytest.raises(UnsupportedConfigError, match="deterministic=True"):
+        zero_workspace_plan(P, Direction.FORWARD, be, cache=cache, exclude={0},
+                            deterministic=True)
+    with pytest.raises(UnsupportedConfigError, match="deterministic=True"):
+        det.replan(P, Direction.BACKWARD_DATA, 0, exclude={0})
+    assert _algos(free.replan(P, Direction.BACKWARD_DATA, 0, exclude={0})) == {3}
+    # WD through the planner
+    kernels = {"a": (P, Direction.FORWARD), "b": (P, Direction.BACKWARD_FILTER)}
+    assert [_algos(p) for p in det.plan_jointly(kernels, 1 << 20).values()] == [{2}, {2}]
+    assert [_algos(p) for p in free.plan_jointly(kernels, 1 << 20).values()] == [{1}, {1}]
+
+
+def test_nothing_deterministic_fits_names_deterministic(cache):
+    atomic = DetBackend(everything_atomic=True)
+    plan = optimize(P, "fwd", 1 << 20, backend=atomic, cache=cache)
+    assert _algos(plan) == {1}
+    with pytest.raises(ValueError, match="no plan.*deterministic=True"):
+        optimize(P, "fwd", 1 << 20, backend=atomic, cache=cache, deterministic=True)
+    layers = {"a": P, "b": P.with_batch(16)}
+    assert optimize_network(layers, 1 << 20, ["fwd"], backend=atomic, cache=cache)
+    with pytest.raises(ValueError, match="deterministic=True"):
+        optimize_network(layers, 1 << 20, ["fwd"], backend=atomic, cache=cache,
+                         deterministic=True)
+    with pytest.raises(ValueError, match="deterministic=True"):
+        Planner(atomic, 1 << 20, cache=cache, deterministic=True).plan(P, Direction.FORWARD)
+    # deterministic configurations that exist but do not fit: the same error, saying so
+    with pytest.raises(ValueError, match="deterministic=True"):
+        optimize(P, "fwd", 0, "undivided", backend=_NoZero(), cache=cache, deterministic=True)
+    # without deterministic=True the message does not blame it
+    with pytest.raises(ValueError, match="no plan") as info:
+        optimize(P, "fwd", 0, "undivided", backend=_NoZero(), cache=cache)
+    assert "deterministic" not in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [1, 0, None, "yes", np.bool_(True)])
+def test_deterministic_must_be_a_bool(cache, bad):
+    be = DetBackend()
+    calls = [
+        lambda: optimize(P, "fwd", 1 << 20, backend=be, cache=cache, deterministic=bad),
+        lambda: optimize_network({"a": P}, 1 << 20, backend=be, cache=cache, deterministic=bad),
+        lambda: benchmark(be, P, "fwd", "undivided", 1 << 20, cache=cache, deterministic=bad),
+        lambda: Planner(be, deterministic=bad),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"^deterministic: expected True or False"):
+            call()
+    assert be.calls == []

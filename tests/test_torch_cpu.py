@@ -1,10 +1,12 @@
 """mucudnn.torch on the CPU (NumPy backend): autograd against torch's native
 convolutions and float64 gradcheck, the modules and convert() against
 nn.Conv2d/Conv3d over optimizer steps, state_dict round trips, WD mode,
-channels_last, autocast, torch.compile and the custom ops (opcheck)."""
+channels_last, autocast, torch.compile and the custom ops (opcheck), and
+torch's determinism switches."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
@@ -25,6 +27,8 @@ from mucudnn import Direction  # noqa: E402
 from mucudnn.caches import clear_all  # noqa: E402
 from mucudnn.problem import MicroBatch, make_plan  # noqa: E402
 from mucudnn.torch import engine, functional, ops  # noqa: E402
+
+from conv_support import AtomicNumpyBackend  # noqa: E402
 
 #: A limit small enough that the NumPy backend's workspace-hungry algorithms
 #: need several micro-batches on the test shapes (checked in a test below).
@@ -541,6 +545,100 @@ def test_wd_model_copies_pickles_and_replans_after_a_failure(monkeypatch):
     # in a process that has never seen the planner, a fresh one under the same token
     fresh = convert_mod._restore_planner(8 << 10, "powerOfTwo", "", "src-not-seen-before")
     assert fresh.token == "src-not-seen-before" and fresh.plans == {}
+
+
+# -- determinism (Note [deterministic plans]) --------------------------------------------------------
+
+@contextlib.contextmanager
+def _determinism(cudnn, algorithms):
+    """torch's two determinism switches set for the block, restored after it."""
+    old = (torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.backends.cudnn.deterministic = cudnn
+    torch.use_deterministic_algorithms(algorithms)
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic = old[0]
+        torch.use_deterministic_algorithms(old[1], warn_only=old[2])
+
+
+def _algos(conv):
+    return {d: {int(m.algo) for m in p.micro_batches} for d, p in conv.plans.items()}
+
+
+def test_determinism_flags_choose_the_plans_at_every_call():
+    """AtomicNumpyBackend reports every algorithm but DIRECT (0) non-deterministic
+    and 1000x faster: calls plan with them, but not under torch's determinism
+    switches, which are read at each call (so a change acts at the next one)."""
+    clear_all()
+    be = AtomicNumpyBackend()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(4, 5, 8, 8, generator=g, dtype=torch.float64)
+    ref = torch.autograd.grad(F.conv2d(x, w, padding=1), (x, w), dy)
+
+    def run():
+        y = mt.conv2d(x, w, padding=1, backend=be, workspace_limit=None)
+        grads = torch.autograd.grad(y, (x, w), dy)
+        for a, r in zip(grads, ref):
+            _close(a, r, rtol=1e-12, atol=1e-12)
+        return mt.cached_convolutions()
+
+    with _determinism(False, False):
+        assert not engine.deterministic()
+        (free,) = run()
+    assert not free.deterministic
+    assert all(a and a <= {1, 2} for a in _algos(free).values()) and len(free.plans) == 3
+    with _determinism(True, False):
+        assert engine.deterministic()
+        convs = run()
+    assert len(convs) == 2 and convs[0] is free
+    det = convs[1]
+    assert det.deterministic and det.planner.deterministic
+    assert _algos(det) == {d: {0} for d in Direction}
+    with _determinism(False, True):  # torch.use_deterministic_algorithms: the same mode
+        assert engine.deterministic()
+        assert run() == [free, det]
+    with _determinism(False, False):  # switched off again: the first Convolution
+        assert run() == [det, free]
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.booleans(), st.booleans())
+def test_the_convolution_cache_key_follows_the_determinism_flags(cudnn, algorithms):
+    x, w = torch.ones(2, 3, 5, 5), torch.ones(4, 3, 3, 3)
+    with _determinism(cudnn, algorithms):
+        assert engine.deterministic() == (cudnn or algorithms)
+        conv = engine.convolution(x, w, "NCHW", engine.ConvConfig((1, 1), (0, 0), (1, 1), 1,
+                                                                   -1, "undivided", "", ""))
+        key = next(k for k in engine._CONVS.keys() if engine._CONVS.get(k) is conv)
+        assert engine.key_deterministic(key) == conv.deterministic == (cudnn or algorithms)
+
+
+def test_wd_mode_plans_deterministically_under_the_flags():
+    clear_all()
+    be = AtomicNumpyBackend()
+    model = mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)),
+                       mode="wd", total_workspace=1 << 30, backend=be)
+    planner = model.mucudnn_planner
+    x = torch.randn(3, 3, 6, 6)
+    with _determinism(True, False):
+        model(x).sum().backward()
+        det = planner.plans
+        assert len(det) == 2
+        assert all(p.micro_batches and {int(m.algo) for m in p.micro_batches} == {0}
+                   for plans in det.values() for p in plans.values())
+    with _determinism(False, False):
+        assert planner.plans == {}        # nothing planned in this mode yet
+        model(x).sum().backward()         # the next forward plans jointly again
+        free = planner.plans
+        assert set(free) == set(det) and planner.pending == 0
+        assert all({int(m.algo) for m in p.micro_batches} <= {1, 2}
+                   for plans in free.values() for p in plans.values())
+    with _determinism(True, False):
+        assert planner.plans == det       # kept apart, both still there
 
 
 # -- caches -----------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 Against torch's native (cuDNN) convolutions: float32 (FMA math and TF32),
 float16 and bfloat16, 2-D and 3-D, channels_last, autocast, a converted model
 over optimizer steps, WR/WD workspace bounds, torch.compile, a CUDA-graph
-captured training step (replay == eager), the engine running on torch's
-current stream, and planning refused inside a capture.
+captured training step (replay == eager, in deterministic mode), bitwise
+reproducible weight gradients under ``torch.backends.cudnn.deterministic``,
+the engine running on torch's current stream, and planning refused inside a
+capture.
 
 Run: ``python -m pytest -q -m gpu tests/test_torch_gpu.py``
 """
@@ -44,6 +46,16 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.fixture
+def deterministic():
+    """torch.backends.cudnn.deterministic on: mucudnn.torch plans deterministic
+    configurations only (Note [deterministic plans])."""
+    old = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    yield
+    torch.backends.cudnn.deterministic = old
 
 
 def rel(a, b) -> float:
@@ -245,7 +257,11 @@ def test_opcheck_on_cuda():
     torch.library.opcheck(torch.ops.mucudnn.conv.default, (x, w, b) + args)
 
 
-def test_cuda_graph_training_step_replays_like_eager(no_tf32):
+def test_cuda_graph_training_step_replays_like_eager(no_tf32, deterministic):
+    """Deterministic mode: the captured model and its eager twin run the same
+    deterministic plans (one Convolution per problem serves both), so they agree to
+    rounding in the native layers (BatchNorm, Linear), not merely to atomics' noise."""
+    mucudnn.caches.clear_all()  # earlier tests' (non-deterministic) Convolutions
     torch.manual_seed(7)
     model = mt.convert(SmallCNN().cuda())
     twin = copy.deepcopy(model)
@@ -277,10 +293,43 @@ def test_cuda_graph_training_step_replays_like_eager(no_tf32):
         loss = _step(twin, twin_opt, x, t)
         torch.cuda.synchronize()
         assert rel(static_loss, loss) < 1e-5
+    convs = mt.cached_convolutions()
+    assert convs and all(c.deterministic for c in convs)
     for p, q in zip(model.parameters(), twin.parameters()):
-        assert rel(p, q) < 1e-4
+        assert rel(p, q) <= 1e-6
     for b, c in zip(model.buffers(), twin.buffers()):
-        assert torch.equal(b, c) if not b.is_floating_point() else rel(b, c) < 1e-4
+        assert torch.equal(b, c) if not b.is_floating_point() else rel(b, c) <= 1e-6
+
+
+def test_deterministic_mode_gives_bitwise_identical_weight_gradients(no_tf32, deterministic):
+    """A converted conv's backward-filter (micro-batched where 16-sample calls win:
+    beta = 1 accumulation in the plan's fixed order) with deterministic
+    configurations only: repeated backward passes give the same bits."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    conv = mt.convert(nn.Conv2d(64, 64, 3, padding=1, bias=False).cuda(), policy=[16])
+    x = torch.randn(64, 64, 28, 28, device="cuda", generator=g)
+    dy = torch.randn(64, 64, 28, 28, device="cuda", generator=g)
+    grads = []
+    for _ in range(3):
+        conv.zero_grad(set_to_none=True)
+        conv(x).backward(dy)
+        grads.append(conv.weight.grad.clone())
+    torch.cuda.synchronize()
+    assert all(torch.equal(grads[0], other) for other in grads[1:])
+    (used,) = [c for c in mt.cached_convolutions()
+               if c.problem.x_shape == (64, 64, 28, 28) and tuple(c.policy) == (16,)]
+    assert used.deterministic
+    # every micro-batch runs a configuration the backend's Find called deterministic
+    d = mucudnn.Direction.BACKWARD_FILTER
+    plan = used.plans[d]
+    perf = mucudnn.optimizer.benchmark(used.backend, used.problem, d, used.policy,
+                                       used.workspace_limit, progress=False)
+    for m in plan.micro_batches:
+        (entry,) = [a for a in perf[m.size] if a.algo == m.algo and a.math_type == m.math_type]
+        assert entry.determinism != 0, (m, entry)
+    x64, w64 = x.double(), conv.weight.detach().double().requires_grad_(True)
+    (dw64,) = torch.autograd.grad(F.conv2d(x64, w64, padding=1), w64, dy.double())
+    assert rel(grads[0], dw64) < 1e-4
 
 
 def test_planning_inside_capture_is_refused():

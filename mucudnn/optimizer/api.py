@@ -13,11 +13,12 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Hashable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar
 
+from ..errors import InvalidValueError
 from ..problem import ConvProblem, Direction, Plan
 from ..units import format_bytes, parse_bytes
-from .benchmark import benchmark, resolve_backend, resolve_cache
+from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_cache
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
 from .policies import Policy, batch_sizes, normalize_policy
@@ -62,10 +63,27 @@ def _check_bytes(name: str, v: Any) -> int:
     return parse_bytes(v, name)
 
 
+R = TypeVar("R")
+
+
+def _solve(solver: Callable[..., R], deterministic: bool, *args: Any, **kw: Any) -> R:
+    """``solver(*args, **kw)``; when only deterministic configurations were
+    allowed, its "no plan" ValueError says so (an InvalidValueError, a
+    ValueError, naming ``deterministic``; Note [deterministic plans])."""
+    try:
+        return solver(*args, **kw)
+    except ValueError as exc:
+        if deterministic:
+            raise InvalidValueError(f"{exc} (deterministic=True: the configurations cuDNN "
+                                    "marks non-deterministic were left out)") from exc
+        raise
+
+
 def optimize(problem: ConvProblem, direction: "Direction | str",
              workspace_limit: int = DEFAULT_WORKSPACE_LIMIT, policy: Policy = "powerOfTwo",
              backend: Any = None, cache: Any = None, *, benchmark_cap: int | None = None,
-             retime: int = 0, progress: "bool | None" = None) -> Plan:
+             retime: int = 0, progress: "bool | None" = None,
+             deterministic: bool = False) -> Plan:
     """The fastest micro-batch plan for ``problem`` in ``direction`` under a
     per-kernel ``workspace_limit`` (bytes).
 
@@ -74,10 +92,14 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     none), under the workspace cap ``max(workspace_limit, benchmark_cap)``,
     then solves WR (:func:`optimize_wr`). The Plan carries ``problem`` and
     ``direction``. A larger ``benchmark_cap`` makes the cache entries reusable
-    for later, larger limits. Raises ValueError when no plan fits the limit.
+    for later, larger limits. ``deterministic=True`` plans with the
+    configurations cuDNN marks deterministic only (Note [deterministic plans]
+    in :mod:`.benchmark`). Raises ValueError when no plan fits the limit
+    (naming ``deterministic`` when that left configurations out).
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
+    check_deterministic(deterministic)
     limit = _check_bytes("workspace_limit", workspace_limit)
     cap = max(limit, _check_bytes("benchmark_cap", benchmark_cap or 0))
     batch_sizes(policy, problem.batch)  # validate the policy before any work
@@ -85,9 +107,11 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     t0 = time.perf_counter()
     # Note [size pruning]: WR under this cap needs only the sizes that can win.
     perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
-                     retime=retime, progress=progress, prune_sizes=cap == limit)
+                     retime=retime, progress=progress, prune_sizes=cap == limit,
+                     deterministic=deterministic)
     t1 = time.perf_counter()
-    plan = optimize_wr(perf, problem.batch, limit, policy, quantum=problem.batch_quantum())
+    plan = _solve(optimize_wr, deterministic, perf, problem.batch, limit, policy,
+                  quantum=problem.batch_quantum())
     t2 = time.perf_counter()
     plan = dataclasses.replace(plan, problem=problem, direction=direction,
                                extra={**plan.extra, "benchmark_s": t1 - t0,
@@ -100,8 +124,8 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
                      total_workspace: int,
                      directions: "Iterable[Direction | str] | None" = None,
                      policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
-                     retime: int = 0, progress: "bool | None" = None
-                     ) -> dict[tuple[Any, Direction], Plan]:
+                     retime: int = 0, progress: "bool | None" = None,
+                     deterministic: bool = False) -> dict[tuple[Any, Direction], Plan]:
     """One plan per (layer, direction) sharing one workspace budget (WD).
 
     ``problems`` maps a layer name to its ConvProblem; ``directions`` defaults
@@ -111,13 +135,15 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
     kernel so that the workspaces sum to at most ``total_workspace`` bytes with
     the least total time. Returns ``{(name, Direction): Plan}``; each Plan's
     ``workspace_limit`` is its own workspace (the kernel's share of the budget).
-    Raises ValueError when even the smallest plans do not fit together.
+    ``deterministic=True`` plans with deterministic configurations only (as
+    :func:`optimize`). Raises ValueError when even the smallest plans do not
+    fit together (naming ``deterministic`` when that left configurations out).
     """
     items = list(problems.items()) if isinstance(problems, Mapping) else list(problems)
     dirs = [Direction.parse(d) for d in (ALL_DIRECTIONS if directions is None else directions)]
     kernels = {(name, d): (p, d) for name, p in items for d in dirs}
     return plan_jointly(kernels, total_workspace, policy, backend, cache, retime=retime,
-                        progress=progress)
+                        progress=progress, deterministic=deterministic)
 
 
 K = TypeVar("K", bound=Hashable)
@@ -125,11 +151,14 @@ K = TypeVar("K", bound=Hashable)
 
 def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_workspace: int,
                  policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
-                 retime: int = 0, progress: "bool | None" = None) -> dict[K, Plan]:
+                 retime: int = 0, progress: "bool | None" = None,
+                 deterministic: bool = False) -> dict[K, Plan]:
     """WD over named kernels: ``{key: (problem, direction)}`` -> ``{key: Plan}``,
     the plans' workspaces summing to at most ``total_workspace`` bytes with the
-    least total time (see :func:`optimize_network`, which calls this)."""
+    least total time (see :func:`optimize_network`, which calls this;
+    ``deterministic`` as there)."""
     policy = normalize_policy(policy)  # a one-shot iterable is read once
+    check_deterministic(deterministic)
     total = _check_bytes("total_workspace", total_workspace)
     for p, _ in kernels.values():
         batch_sizes(policy, p.batch)
@@ -148,15 +177,16 @@ def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_works
         t0 = time.perf_counter()
         if (p, d) not in seen:
             perf = benchmark(be, p, d, policy, total, cache=store, retime=retime,
-                             progress=progress)
+                             progress=progress, deterministic=deterministic)
             t1 = time.perf_counter()
-            seen[(p, d)] = (perf, pareto_front(perf, p.batch, policy, quantum=p.batch_quantum()))
+            seen[(p, d)] = (perf, _solve(pareto_front, deterministic, perf, p.batch, policy,
+                                         quantum=p.batch_quantum()))
         else:
             t1 = t0
         perfs[name], fronts[name] = seen[(p, d)]
         times[name] = (t1 - t0, time.perf_counter() - t1)
     t0 = time.perf_counter()
-    chosen = optimize_wd(fronts, total)
+    chosen = _solve(optimize_wd, deterministic, fronts, total)
     wd_s = time.perf_counter() - t0
     out: dict[Any, Plan] = {}
     for name, plan in chosen.items():

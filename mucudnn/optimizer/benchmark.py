@@ -5,6 +5,8 @@ miss ``backend.find(problem.with_batch(size), direction, workspace_cap)`` runs
 and its results (every algorithm that succeeded, with its workspace) are
 stored. A limit only filters afterwards (WR and WD do that), so one benchmark
 serves every limit up to the cap. A warm cache makes no backend call at all.
+``deterministic=True`` likewise filters what the cache (or Find) answered:
+:func:`deterministic_only`, Note [deterministic plans].
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tqdm.auto import tqdm
 
 from ..backends import Backend, get_backend
+from ..errors import InvalidTypeError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .cache import BenchmarkCache, resolve
 from .policies import Policy, batch_sizes, normalize_policy
 
-__all__ = ["benchmark", "resolve_cache", "resolve_backend"]
+__all__ = ["benchmark", "resolve_cache", "resolve_backend", "deterministic_only",
+           "is_deterministic", "check_deterministic"]
 
 log = logging.getLogger("mucudnn")
 
@@ -46,6 +50,68 @@ PRUNE_MARGIN = 0.10
 # the descent reached can be completed. Pruning is for WR under the cap it was
 # decided at; WD (whose Pareto fronts want the small, low-workspace sizes) and
 # re-plans under less memory benchmark every size.
+
+
+# Note [deterministic plans]: cuDNN marks some algorithms (legacy API:
+# ``determinism`` CUDNN_NON_DETERMINISTIC) and engine configs (graph API: the
+# numerical note NONDETERMINISTIC) as giving results that may differ run to run,
+# mostly backward-filter (and some backward-data) kernels that accumulate with
+# atomics in whatever order threads finish; the backends report them as
+# ``AlgoPerf.determinism == 0`` (1: deterministic; None: unknown, which the NumPy
+# backend's and hand-made tables use and which counts as deterministic).
+# ``deterministic=True`` (optimize, optimize_network, plan_jointly, Planner and
+# so Convolution, MicroBatchHandle, and mucudnn.torch under
+# torch.backends.cudnn.deterministic / torch.use_deterministic_algorithms)
+# drops the determinism-0 entries from the benchmark results before WR or WD
+# solves, in one place: :func:`deterministic_only`, applied by
+# :func:`benchmark` after the cache answers (the cache keeps every entry, so one
+# benchmark serves both modes, and pruning judges the sizes by what may run).
+# Micro-batching keeps a plan of deterministic configurations bitwise
+# reproducible: forward and backward-data micro-batches write disjoint slices of
+# the output, and micro-batched backward-filter accumulates its micro-batches into
+# dw one after another, in the plan's fixed order, on one stream, the first with
+# the caller's beta and the rest with beta = 1 (exec.runner.micro_batch_betas),
+# so the same plan on the same inputs adds the same partial sums in the same
+# order every run. When no deterministic configuration fits, the errors say
+# ``deterministic=True`` (:func:`check_deterministic`).
+
+#: ``determinism`` values meaning "not deterministic": the int, and the string
+#: forms a cache entry may hold (cache_entries accepts short strings): the
+#: cudnnDeterminism_t value and names, and the graph API's numerical note.
+_NON_DETERMINISTIC = frozenset({"0", "NON_DETERMINISTIC", "CUDNN_NON_DETERMINISTIC",
+                                "NONDETERMINISTIC", "CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC"})
+
+
+def is_deterministic(a: AlgoPerf) -> bool:
+    """False for an entry cuDNN marks non-deterministic (``determinism`` 0, or a
+    string form of it); True for 1 and for None (unknown: the NumPy backend's
+    algorithms are deterministic). Note [deterministic plans].
+
+    >>> is_deterministic(AlgoPerf(1, 0.5, 0, determinism=0)), is_deterministic(AlgoPerf(1, 0.5, 0))
+    (False, True)
+    """
+    d = a.determinism
+    if isinstance(d, str):
+        return d.strip().upper() not in _NON_DETERMINISTIC
+    return d is None or d != 0
+
+
+def deterministic_only(results: Iterable[AlgoPerf]) -> list[AlgoPerf]:
+    """``results`` without the entries that are not deterministic, order kept
+    (the one filter of ``deterministic=True``; Note [deterministic plans]).
+
+    >>> [a.algo for a in deterministic_only([AlgoPerf(1, 0.1, 0, 0, 0), AlgoPerf(0, 0.9, 0, 0, 1)])]
+    [0]
+    """
+    return [a for a in results if is_deterministic(a)]
+
+
+def check_deterministic(value: Any) -> bool:
+    """A ``deterministic`` argument: True or False; InvalidTypeError (a TypeError)
+    naming it otherwise."""
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"deterministic: expected True or False, got {value!r}")
+    return value
 
 
 def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
@@ -106,8 +172,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
               policy: Policy = "powerOfTwo", workspace_cap: int = 64 << 20,
               cache: Any = None, retime: int = 0, progress: "bool | None" = None, *,
               repeats: int = 4, prune_sizes: bool = False,
-              on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None
-              ) -> dict[int, list[AlgoPerf]]:
+              on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None,
+              deterministic: bool = False) -> dict[int, list[AlgoPerf]]:
     """Find results for every micro-batch size of ``policy``: ``{size: [AlgoPerf, ...]}``.
 
     ``backend``: a Backend, a backend name, or None (the default). ``problem``
@@ -126,6 +192,9 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     result then lacks them. ``progress``: a tqdm bar; None shows one
     when there are more than 8 sizes (and stderr is a terminal), True always,
     False never. ``on_size(size, results, from_cache)`` is called per size.
+    ``deterministic``: leave out the entries cuDNN marks non-deterministic
+    (:func:`deterministic_only`, after the cache answered: the cache stores
+    every entry; Note [deterministic plans]).
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
@@ -135,6 +204,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             or int(workspace_cap) < 0:
         raise ValueError(f"workspace_cap: expected an int >= 0 (bytes), got {workspace_cap!r}")
     cap = int(workspace_cap)
+    check_deterministic(deterministic)
     if isinstance(retime, bool) or int(retime) < 0:
         raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
     sizes = batch_sizes(policy, problem.batch)
@@ -164,6 +234,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             else:
                 hits += 1
             found = sorted((r for r in found if r.workspace_bytes <= cap), key=lambda r: r.time_ms)
+            if deterministic:
+                found = deterministic_only(found)
             out[s] = found
             log.debug("benchmark %s %s size %d: %d algorithms%s", direction.value, problem.key(),
                       s, len(found), " (cache)" if from_cache else "")

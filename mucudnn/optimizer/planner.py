@@ -30,7 +30,7 @@ from ..errors import UnsupportedConfigError
 from ..problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, MicroBatch, Plan, make_plan
 from ..units import parse_bytes
 from .api import DEFAULT_WORKSPACE_LIMIT, optimize, plan_jointly
-from .benchmark import benchmark, resolve_backend, resolve_cache
+from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_cache
 from .dp import optimize_wr
 from .policies import Policy, normalize_policy
 
@@ -63,6 +63,8 @@ class PlanKey:
     #: available to a re-plan (None for a first plan).
     exclude: frozenset = frozenset()
     available: int | None = None
+    #: Deterministic configurations only (Note [deterministic plans]).
+    deterministic: bool = False
 
 
 _PLANS: LRU[PlanKey, Plan] = LRU("optimizer.plans", PLAN_MEMO_SIZE)
@@ -78,16 +80,20 @@ def workspace_limit_bytes(value: Any, name: str = "workspace_limit") -> int | No
 
 def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: Backend,
                         policy: Any = None, cache: Any = None,
-                        exclude: Collection[Any] = ()) -> Plan:
+                        exclude: Collection[Any] = (), *, deterministic: bool = False) -> Plan:
     """One undivided call with the fastest measured algorithm needing no workspace
-    (from the benchmark cache where it holds the full batch)."""
-    perf = benchmark(backend, problem, direction, "undivided", 0, cache=cache, progress=False)
+    (from the benchmark cache where it holds the full batch); a deterministic
+    one with ``deterministic=True`` (Note [deterministic plans])."""
+    perf = benchmark(backend, problem, direction, "undivided", 0, cache=cache, progress=False,
+                     deterministic=deterministic)
     zero = [a for a in perf.get(problem.batch, ())
             if int(a.workspace_bytes) == 0 and a.algo not in exclude]
     if not zero:
+        det = ("; deterministic=True: the non-deterministic ones were left out"
+               if deterministic else "")
         raise UnsupportedConfigError(
             f"no zero-workspace algorithm is left for {problem} {direction} on backend "
-            f"{backend.name} (excluded: {sorted(map(str, exclude))})")
+            f"{backend.name} (excluded: {sorted(map(str, exclude))}{det})")
     a = min(zero, key=lambda e: e.time_ms)
     mb = MicroBatch(0, problem.batch, a.algo, a.math_type, 0, float(a.time_ms))
     return make_plan([mb], undivided_time_ms=float(a.time_ms), workspace_limit=0,
@@ -100,11 +106,15 @@ class Planner:
     ``workspace_limit``: bytes per kernel (an int, a size string such as
     ``"64MiB"``, or None for unlimited); ``policy``: the batch-size policy;
     ``cache``: the benchmark cache (None: the default, False/"off": none, a
-    path or a BenchmarkCache); ``retime``: see :func:`mucudnn.optimizer.benchmark`.
+    path or a BenchmarkCache); ``retime``: see :func:`mucudnn.optimizer.benchmark`;
+    ``deterministic``: plan (and re-plan) with the configurations cuDNN marks
+    deterministic only (Note [deterministic plans]).
     """
 
     def __init__(self, backend: Any = None, workspace_limit: Any = DEFAULT_WORKSPACE_LIMIT,
-                 policy: Policy = "powerOfTwo", cache: Any = None, retime: int = 0) -> None:
+                 policy: Policy = "powerOfTwo", cache: Any = None, retime: int = 0, *,
+                 deterministic: bool = False) -> None:
+        self.deterministic = check_deterministic(deterministic)
         self.workspace_limit = workspace_limit_bytes(workspace_limit)
         self.policy = normalize_policy(policy)  # a one-shot iterable is read once
         self.backend = resolve_backend(backend)
@@ -115,8 +125,9 @@ class Planner:
         self._cache_name = str(self.cache.path) if self.cache.enabled else "off"
 
     def __repr__(self) -> str:
+        det = ", deterministic=True" if self.deterministic else ""
         return (f"Planner({self.backend.name!r}, workspace_limit={self.workspace_limit}, "
-                f"policy={self.policy!r}, cache={self._cache_name!r})")
+                f"policy={self.policy!r}, cache={self._cache_name!r}{det})")
 
     def _limit(self) -> int:
         return UNLIMITED_WORKSPACE if self.workspace_limit is None else self.workspace_limit
@@ -126,7 +137,7 @@ class Planner:
         be = self.backend
         return PlanKey(be.name, be.device_name, be.version, problem, Direction.parse(direction),
                        self.workspace_limit, self.policy, self._cache_name, self.retime,
-                       frozenset(exclude), available)
+                       frozenset(exclude), available, self.deterministic)
 
     # -- the Planner protocol ----------------------------------------------------------
     def plan(self, problem: ConvProblem, direction: Direction) -> Plan:
@@ -135,7 +146,8 @@ class Planner:
         plan = _PLANS.get(key)
         if plan is None:
             plan = optimize(problem, key.direction, self._limit(), self.policy, self.backend,
-                            cache=self.cache, retime=self.retime)
+                            cache=self.cache, retime=self.retime,
+                            deterministic=self.deterministic)
             _PLANS.put(key, plan)
         return plan
 
@@ -151,7 +163,8 @@ class Planner:
             return plan
         cap = min(self._limit(), available)
         perf = benchmark(self.backend, problem, direction, self.policy, self._limit(),
-                         cache=self.cache, retime=self.retime, progress=False)
+                         cache=self.cache, retime=self.retime, progress=False,
+                         deterministic=self.deterministic)
         if exclude:
             perf = {s: [a for a in v if a.algo not in exclude] for s, v in perf.items()}
         try:
@@ -162,7 +175,7 @@ class Planner:
             log.info("mucudnn: no WR plan under %d bytes for %s %s (%s); using a "
                      "zero-workspace plan", cap, problem, direction, exc)
             plan = zero_workspace_plan(problem, direction, self.backend, self.policy,
-                                       self.cache, exclude)
+                                       self.cache, exclude, deterministic=self.deterministic)
         _PLANS.put(key, plan)
         return plan
 
@@ -170,5 +183,6 @@ class Planner:
                      total_workspace: int) -> dict[str, Plan]:
         """WD: one plan per kernel, workspaces summing to at most ``total_workspace``."""
         return plan_jointly(kernels, total_workspace, self.policy, self.backend, self.cache,
-                            retime=self.retime, progress=False)
+                            retime=self.retime, progress=False,
+                            deterministic=self.deterministic)
 

@@ -28,6 +28,12 @@ What runs where
   ``autograd.Function`` (less host time per call).
 * CUDA graphs: after a warm-up step (which plans and allocates), a whole
   training step can be captured with ``torch.cuda.graph`` and replayed.
+* ``torch.backends.cudnn.deterministic = True`` or
+  ``torch.use_deterministic_algorithms(True)``: plans use only the
+  configurations cuDNN marks deterministic (``mucudnn.Convolution(...,
+  deterministic=True)``), so convolutions are bitwise reproducible run to
+  run. Read at every call, as ``torch.backends.cudnn.allow_tf32`` is: a
+  change takes effect at the next call (:func:`.engine.deterministic`).
 
 Where the workspace comes from
 ------------------------------
@@ -47,7 +53,7 @@ Caches (each a :class:`mucudnn.caches.LRU`; :func:`mucudnn.caches.clear_all` emp
 --------------------------------------------------------------------------------------------
 * ``torch.convolutions`` (:mod:`.engine`, :data:`MAX_CONVOLUTIONS` = 512): one
   :class:`mucudnn.Convolution` per packed x/w shape, dtype, layout, math mode,
-  device and options; :func:`clear` empties it too.
+  device, options and determinism; :func:`clear` empties it too.
 * ``torch.backends`` (:mod:`.engine`, 64): the backend of each (name, CUDA device).
 * ``torch.options`` (:mod:`.functional`, 64): checked ``workspace_limit``/``policy``/``backend``.
 * ``torch.wd_plans`` (one per :class:`WDPlanner`, 4096): WD plans by (layer, problem);

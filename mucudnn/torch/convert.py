@@ -28,6 +28,13 @@ Two modes:
   are then planned on their own under ``total_workspace`` if ever run).
   Warm up before capturing CUDA graphs: nothing may be planned in a capture.
 
+In both modes, while ``torch.backends.cudnn.deterministic`` or
+``torch.use_deterministic_algorithms(True)`` is on, the plans use only the
+configurations cuDNN marks deterministic (read at every call, so a change
+takes effect at the next call; in WD mode the next forward plans jointly
+again under the new setting): training is then bitwise reproducible run to
+run as far as the convolutions go.
+
 >>> import torch
 >>> from torch import nn
 >>> model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
@@ -69,8 +76,10 @@ class WDPlanner:
     """The joint (WD) planner of one converted model (see the module doc).
 
     ``plans`` maps ``(layer name, problem key)`` to ``{Direction: Plan}`` for
-    every problem planned so far; :meth:`plan_pending` plans the problems seen
-    since the last call. It is reachable as ``model.mucudnn_planner``.
+    every problem planned so far (under the determinism torch asks for now:
+    deterministic and other plans are kept apart); :meth:`plan_pending` plans
+    the problems seen since the last call. It is reachable as
+    ``model.mucudnn_planner``.
     """
 
     def __init__(self, total_workspace: int, policy: Any, backend: str,
@@ -78,8 +87,10 @@ class WDPlanner:
         self.total_workspace = int(total_workspace)
         self.policy = policy
         self.backend = backend
-        self._plans: "LRU[tuple[str, str], dict[Direction, Plan]]" = LRU("torch.wd_plans", 4096)
-        self._pending: dict[tuple[str, str], tuple[ConvProblem, Backend, tuple]] = {}
+        #: keyed by (layer name, problem key, deterministic)
+        self._plans: "LRU[tuple[str, str, bool], dict[Direction, Plan]]" = LRU("torch.wd_plans",
+                                                                                4096)
+        self._pending: dict[tuple[str, str, bool], tuple[ConvProblem, Backend, tuple]] = {}
         self._lock = threading.Lock()
         self.token = engine.register_plan_source(self, token)
 
@@ -95,17 +106,22 @@ class WDPlanner:
     # engine.PlanSource
     def plans_for(self, layer: str, problem: ConvProblem, backend: Backend,
                   key: tuple) -> "Mapping[Direction, Plan] | None":
-        hit = self._plans.get((layer, problem.key()))
+        name = (layer, problem.key(), engine.key_deterministic(key))
+        hit = self._plans.get(name)
         if hit is not None:
             return hit
         with self._lock:
-            self._pending[(layer, problem.key())] = (problem, backend, key)
+            self._pending[name] = (problem, backend, key)
         return None
 
     @property
     def plans(self) -> dict[tuple[str, str], dict[Direction, Plan]]:
-        """``{(layer name, problem key): {Direction: Plan}}`` planned so far (a copy)."""
-        return {k: dict(v) for k in self._plans.keys() if (v := self._plans.get(k)) is not None}
+        """``{(layer name, problem key): {Direction: Plan}}`` planned so far (a copy),
+        deterministic ones while torch asks for determinism (:func:`engine.deterministic`),
+        the others otherwise."""
+        det = engine.deterministic()
+        return {k[:2]: dict(v) for k in self._plans.keys()
+                if k[2] == det and (v := self._plans.get(k)) is not None}
 
     @property
     def pending(self) -> int:
@@ -130,13 +146,15 @@ class WDPlanner:
     def _plan(self, pending: dict, directions: "tuple[Direction, ...] | None") -> None:
         dirs = directions or (Direction.FORWARD, Direction.BACKWARD_DATA,
                               Direction.BACKWARD_FILTER)
-        by_backend: dict[int, tuple[Backend, dict[tuple[str, str], ConvProblem]]] = {}
+        # one joint plan per backend and determinism (Note [deterministic plans])
+        groups: dict[tuple[int, bool],
+                     tuple[Backend, dict[tuple[str, str, bool], ConvProblem]]] = {}
         for name, (problem, be, _key) in pending.items():
-            by_backend.setdefault(id(be), (be, {}))[1][name] = problem
-        for be, problems in by_backend.values():
+            groups.setdefault((id(be), name[2]), (be, {}))[1][name] = problem
+        for (_, det), (be, problems) in groups.items():
             chosen = optimize_network(problems, self.total_workspace, directions=dirs,
-                                      policy=self.policy, backend=be)
-            got: dict[tuple[str, str], dict[Direction, Plan]] = {}
+                                      policy=self.policy, backend=be, deterministic=det)
+            got: dict[tuple[str, str, bool], dict[Direction, Plan]] = {}
             for (name, d), plan in chosen.items():
                 got.setdefault(name, {})[d] = plan
             for name, plans in got.items():

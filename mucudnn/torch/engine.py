@@ -16,10 +16,19 @@ problem in a bounded cache, and calls its ``forward`` / ``backward_data`` /
   (bfloat16 through an int16 view and ``ml_dtypes.bfloat16``); CUDA tensors
   are passed to the engine as torch tensors (zero-copy), on the backend
   ``mucudnn.get_backend(backend, device=index)`` of their device.
+* Determinism: while ``torch.backends.cudnn.deterministic`` or
+  ``torch.use_deterministic_algorithms(True)`` is on, calls plan with the
+  configurations cuDNN marks deterministic only (``Convolution(...,
+  deterministic=True)``; Note [deterministic plans] in
+  :mod:`mucudnn.optimizer.benchmark`), so that results are bitwise
+  reproducible run to run. Both flags are read at every call, as the TF32
+  flag is, and are part of the cache key: a change takes effect at the next
+  call. (The NumPy backend, for CPU tensors, is deterministic either way.)
 * A Convolution is kept per distinct (shapes, dtype, layout, math mode,
-  options, device) in an LRU of :data:`MAX_CONVOLUTIONS` entries named
-  ``"torch.convolutions"`` (:func:`mucudnn.caches.clear_all` empties it). A
-  new batch size is a new problem and gets its own Convolution (and plans).
+  options, device, determinism) in an LRU of :data:`MAX_CONVOLUTIONS`
+  entries named ``"torch.convolutions"`` (:func:`mucudnn.caches.clear_all`
+  empties it). A new batch size is a new problem and gets its own
+  Convolution (and plans).
 
 >>> import torch
 >>> cfg = ConvConfig((1, 1), (1, 1), (1, 1), 1, 64 << 20, "powerOfTwo", "", "")
@@ -48,8 +57,9 @@ from ..errors import MucudnnError, UnsupportedDtypeError
 from ..problem import ConvProblem, Direction, Plan
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
-           "channels_last", "convolution", "forward", "backward", "output_shape",
-           "register_plan_source", "release_workspace", "workspace_bytes", "clear"]
+           "channels_last", "convolution", "deterministic", "forward", "backward",
+           "key_deterministic", "output_shape", "register_plan_source", "release_workspace",
+           "workspace_bytes", "clear"]
 
 log = logging.getLogger("mucudnn")
 
@@ -92,7 +102,8 @@ class PlanSource(Protocol):
     ``plans_for`` is called when a Convolution is built for ``layer``; it
     returns the plans to install, or None (then the Convolution plans each
     direction itself and the source may remember ``key`` to :func:`forget` it
-    once it has plans).
+    once it has plans). ``key_deterministic(key)`` says whether the call asks
+    for deterministic plans.
     """
 
     def plans_for(self, layer: str, problem: ConvProblem, backend: Backend,
@@ -252,6 +263,35 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+#: torch's two determinism switches. The getters behind
+#: ``torch.backends.cudnn.deterministic`` (a module property: ~0.5 µs a read)
+#: and ``torch.are_deterministic_algorithms_enabled()``: ~0.1 µs together.
+_CUDNN_DETERMINISTIC: Any = getattr(torch._C, "_get_cudnn_deterministic", None) \
+    or (lambda: torch.backends.cudnn.deterministic)
+_DETERMINISTIC_ALGORITHMS: Any = getattr(torch._C, "_get_deterministic_algorithms", None) \
+    or torch.are_deterministic_algorithms_enabled
+
+
+def deterministic() -> bool:
+    """True while torch asks for deterministic convolutions:
+    ``torch.backends.cudnn.deterministic`` or
+    ``torch.use_deterministic_algorithms(True)`` (read at every call;
+    Note [deterministic plans]).
+
+    >>> import torch
+    >>> with torch.backends.cudnn.flags(deterministic=True):
+    ...     deterministic()
+    True
+    """
+    return bool(_CUDNN_DETERMINISTIC() or _DETERMINISTIC_ALGORITHMS())
+
+
+def key_deterministic(key: tuple) -> bool:
+    """Whether the Convolution of cache ``key`` (as :class:`PlanSource` gets it)
+    plans deterministically."""
+    return bool(key[-1])
+
+
 def _math(dtype: torch.dtype, device: torch.device) -> str:
     if dtype == torch.float32 and device.type == "cuda" and not torch.backends.cudnn.allow_tf32:
         return "fma"  # PyTorch forbids TF32 for convolutions: so do we
@@ -281,7 +321,9 @@ def convolution(xv: torch.Tensor, wv: torch.Tensor, layout: str, cfg: ConvConfig
     """The cached Convolution for packed tensors ``xv``/``wv`` in ``layout``."""
     dev = xv.device
     math = _math(xv.dtype, dev)
-    key = (tuple(xv.shape), tuple(wv.shape), xv.dtype, layout, math, dev.type, dev.index, cfg)
+    det = _CUDNN_DETERMINISTIC() or _DETERMINISTIC_ALGORITHMS()  # last: key_deterministic
+    key = (tuple(xv.shape), tuple(wv.shape), xv.dtype, layout, math, dev.type, dev.index, cfg,
+           det)
     conv = _CONVS.get(key)
     if conv is None:
         conv = _CONVS.get_or_create(key, lambda: _make(key, xv, wv, layout, math, cfg))
@@ -306,13 +348,14 @@ def _make(key: tuple, xv: torch.Tensor, wv: torch.Tensor, layout: str, math: str
             raise TorchBridgeError(f"plans: no plan source {tok!r} (its model was deleted?)")
         plans = source.plans_for(layer, problem, be, key)
     limit = None if cfg.workspace_limit < 0 else cfg.workspace_limit
-    log.debug("mucudnn.torch: new Convolution %s on %s%s", problem.key(), be.name,
-              " with forced plans" if plans else "")
+    det = key_deterministic(key)
+    log.debug("mucudnn.torch: new Convolution %s on %s%s%s", problem.key(), be.name,
+              " with forced plans" if plans else "", " (deterministic)" if det else "")
     return Convolution(problem.x_shape, problem.w_shape, stride=problem.stride,
                        padding=problem.padding, dilation=problem.dilation,
                        groups=problem.groups, dtype=dtype, layout=layout, math=math,
                        workspace_limit=limit, policy=_policy(cfg.policy), backend=be,
-                       plans=dict(plans) if plans else None)
+                       plans=dict(plans) if plans else None, deterministic=det)
 
 
 def forget(key: tuple) -> None:

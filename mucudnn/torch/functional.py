@@ -246,7 +246,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None
     of micro-batch sizes) and ``backend`` (None: ``numpy`` for CPU tensors,
     mucudnn's default GPU backend for CUDA tensors) are as in
     :class:`mucudnn.Convolution`. Under ``torch.autocast`` the inputs are
-    cast to the autocast dtype, as native convolutions are.
+    cast to the autocast dtype, as native convolutions are. While
+    ``torch.backends.cudnn.deterministic`` or
+    ``torch.use_deterministic_algorithms(True)`` is on (read at every call),
+    the plans use only configurations cuDNN marks deterministic, so results
+    are bitwise reproducible run to run.
 
     >>> import torch
     >>> y = conv2d(torch.ones(3, 5, 5), torch.ones(2, 3, 3, 3), stride=2)

@@ -5,7 +5,10 @@ They are subclasses with the same constructor (plus keyword-only
 ``workspace_limit``, ``policy``, ``backend``), the same parameters and the same
 ``state_dict`` keys, so a model can load either kind's checkpoint. A
 ``padding_mode`` other than ``"zeros"`` is handled as torch does: ``F.pad``
-with that mode, then a convolution without padding.
+with that mode, then a convolution without padding. As native convolutions,
+they honour ``torch.backends.cudnn.deterministic`` and
+``torch.use_deterministic_algorithms(True)`` at every call: deterministic
+plans only (see :func:`mucudnn.torch.conv2d`).
 
 >>> import torch
 >>> conv = Conv2d(3, 8, 3, padding=1, workspace_limit=16 << 20)
