@@ -236,8 +236,9 @@ def test_engine_knob_infos_are_readable_ranges():
     p = problem("2d-nchw", "float32", "default")
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
         infos = b.engine_configs(p, Direction.BACKWARD_DATA)
-    rebuilt = knobbed = accepted = 0
-    with gd.ConvGraph(p, Direction.BACKWARD_DATA) as g:
+        # the backend's own graph: built on its handle, as find() and run() build
+        g = b._graph(p, Direction.BACKWARD_DATA, 1.0, 0.0, (16, 16, 16)).conv
+        rebuilt = knobbed = accepted = 0
         for info in infos[:12]:
             with gd.engine(g.graph, info.global_index) as eng:
                 knobs = gd.engine_knob_infos(eng)

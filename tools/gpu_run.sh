@@ -4,6 +4,7 @@
 #   bash tools/gpu_run.sh tests            # all `gpu` tests
 #   bash tools/gpu_run.sh tests bench      # tests, then AlexNet/ResNet-18 bench at 64 MiB
 #   NETS=vgg16 bash tools/gpu_run.sh train # tools/train_bench.py (PyTorch training, native vs mucudnn.torch)
+#   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
@@ -70,6 +71,14 @@ for stage in "$@"; do
           > "$OUT/train-$net.txt" 2>&1
         summary+=("train $net (rc $?): $(tail -25 "$OUT/train-$net.txt" | tr -s ' ' | tr '\n' ';')")
       done
+      ;;
+    frontier)  # tools/frontier.py: executed time per workspace limit, PyTorch's point; JSON, .md, PNG
+      # SIGTERM from timeout stops the run in progress and still writes the figure and table
+      timeout -k 30 "${FRONTIER_TIMEOUT:-560}" python3 tools/frontier.py \
+        --max-seconds "${FRONTIER_MAX_S:-420}" ${FRONTIER_ARGS:-} --json "$OUT/frontier.json" \
+        --figure "$OUT/frontier.png" > "$OUT/frontier.txt" 2>&1
+      rc=$?; cp "$OUT"/frontier.png "$OUT"/frontier.md "$FINAL"/ 2>/dev/null  # also outside logs.tgz
+      summary+=("frontier (rc $rc): $(grep -E '^\[' "$OUT/frontier.txt" | tail -1)" "$(grep '^|' "$OUT/frontier.txt")")
       ;;
     *) echo "unknown stage $stage" ;;
   esac

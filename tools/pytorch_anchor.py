@@ -6,9 +6,12 @@ Forward is ``F.conv2d``; backward-data and backward-filter are
 ``aten.convolution_backward`` with one output mask each, so each direction is
 timed alone (CUDA events, warm-up, median of ``--repeat``). Peak memory is the
 caching allocator's peak during the timed call minus what was allocated before
-it (so: output + workspace).
+it (so: output + workspace); ``peak_extra_bytes - output_bytes`` estimates the
+workspace alone. ``--layout NHWC`` runs channels-last (``torch.channels_last``
+tensors, as the problem's layout says).
 
     python tools/pytorch_anchor.py --net alexnet --batch 256 --json out.json
+    python tools/pytorch_anchor.py --net resnet50 --dtype bfloat16 --layout NHWC
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+from typing import Sequence
 
 
 def time_layer(p, repeat: int = 10, warmup: int = 3, tf32: bool = True) -> dict:
@@ -47,6 +51,10 @@ def time_layer(p, repeat: int = 10, warmup: int = 3, tf32: bool = True) -> dict:
 
     fns = {"forward": fwd, "backward_data": lambda: bwd([True, False, False]),
            "backward_filter": lambda: bwd([False, True, False])}
+    # what each direction writes: y, dx, dw
+    out_bytes = {"forward": dy.numel() * dy.element_size(),
+                 "backward_data": x.numel() * x.element_size(),
+                 "backward_filter": w.numel() * w.element_size()}
     out = {}
     for name, fn in fns.items():
         for _ in range(warmup):
@@ -64,31 +72,39 @@ def time_layer(p, repeat: int = 10, warmup: int = 3, tf32: bool = True) -> dict:
             ts.append((a, b))
         torch.cuda.synchronize()
         out[name] = {"ms": statistics.median(a.elapsed_time(b) for a, b in ts),
-                     "peak_extra_bytes": torch.cuda.max_memory_allocated() - base}
+                     "peak_extra_bytes": torch.cuda.max_memory_allocated() - base,
+                     "output_bytes": out_bytes[name]}
     x = w = dy = None  # release the tensors (the closures above are done with them)
     torch.cuda.empty_cache()
     return out
 
 
-def run(net: str, batch: int, dtype: str = "float32", repeat: int = 10) -> dict:
+def run(net: str, batch: int, dtype: str = "float32", repeat: int = 10, layout: str = "NCHW",
+        layers: Sequence[str] | None = None) -> dict:
+    """PyTorch's time for every conv layer of ``net`` (each distinct problem weighted by its
+    count), fwd + bwd-data + bwd-filter, and its peak extra memory per kernel (the max).
+
+    ``layout`` "NHWC" runs channels-last; ``layers`` restricts to some layer names."""
     import torch
 
-    from mucudnn.networks import network, unique_problems
+    from mucudnn.networks import select, unique_problems
 
-    probs = network(net, batch, dtype=dtype)
-    layers = {}
+    probs = {l.name: l.problem(batch, dtype=dtype, layout=layout) for l in select(net, layers)}
+    per_layer = {}
     total = {"forward": 0.0, "backward_data": 0.0, "backward_filter": 0.0}
-    peak = 0
+    peak = peak_ws = 0
     for p, names in unique_problems(probs).items():
         r = time_layer(p, repeat=repeat)
-        layers[names[0]] = {"count": len(names), **r}
+        per_layer[names[0]] = {"count": len(names), **r}
         for d in total:
             total[d] += len(names) * r[d]["ms"]
             peak = max(peak, r[d]["peak_extra_bytes"])
-    return {"net": net, "batch": batch, "dtype": dtype, "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version(), "device": torch.cuda.get_device_name(),
-            "layers": layers, "total_ms": sum(total.values()), "total_by_direction": total,
-            "max_peak_extra_bytes": peak}
+            peak_ws = max(peak_ws, r[d]["peak_extra_bytes"] - r[d].get("output_bytes", 0))
+    return {"net": net, "batch": batch, "dtype": dtype, "layout": layout,
+            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+            "device": torch.cuda.get_device_name(), "layers": per_layer,
+            "total_ms": sum(total.values()), "total_by_direction": total,
+            "max_peak_extra_bytes": peak, "max_peak_workspace_bytes": peak_ws}
 
 
 def main(argv=None) -> int:
@@ -96,12 +112,15 @@ def main(argv=None) -> int:
     ap.add_argument("--net", nargs="+", default=["alexnet"])
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
+                    help="NHWC: channels-last tensors")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from mucudnn.networks import DEFAULT_BATCH
 
-    results = [run(n, args.batch or DEFAULT_BATCH[n], args.dtype, args.repeat) for n in args.net]
+    results = [run(n, args.batch or DEFAULT_BATCH[n], args.dtype, args.repeat, layout=args.layout)
+               for n in args.net]
     for r in results:
         print(f"PyTorch {r['torch']} cuDNN {r['cudnn']}: {r['net']} batch {r['batch']}: "
               f"{r['total_ms']:.2f} ms fwd+bwd, max peak extra "
