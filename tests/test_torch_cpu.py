@@ -318,6 +318,30 @@ def test_channels_last_runs_nhwc_without_copies_and_returns_channels_last():
     assert v.data_ptr() == x.data_ptr() and v.shape == (3, 6, 6, 4)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_in_place_op_on_the_output_is_allowed_as_after_a_native_conv(channels_last, bias):
+    """Note [outputs are not views]: VGG's and AlexNet's ReLU(inplace=True) right
+    after a conv. The output is a base tensor (not a view made inside the
+    autograd Function), so the in-place op is allowed and the gradients equal
+    native ones; channels-last outputs stay channels-last."""
+    torch.manual_seed(11)
+    native = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1, bias=bias), nn.ReLU(inplace=True),
+                           nn.Conv2d(6, 4, 3, bias=bias), nn.ReLU(inplace=True))
+    model = mt.convert(copy.deepcopy(native))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    native, model = native.to(memory_format=fmt), model.to(memory_format=fmt)
+    x = torch.randn(5, 3, 9, 9).contiguous(memory_format=fmt)
+    y = model(x)
+    yr = native(x)
+    assert y._base is None and y.is_contiguous(memory_format=fmt)
+    _close(y, yr)
+    y.square().sum().backward()
+    yr.square().sum().backward()
+    for p, q in zip(model.parameters(), native.parameters()):
+        _close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_channels_last_3d():
     x = torch.randn(2, 3, 4, 5, 4).contiguous(memory_format=torch.channels_last_3d)
     w = torch.randn(4, 3, 2, 2, 2)

@@ -44,7 +44,7 @@ import logging
 import threading
 import uuid
 import weakref
-from typing import Any, Mapping, NamedTuple, Protocol
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -249,8 +249,20 @@ def _view(t: torch.Tensor, cl: bool) -> torch.Tensor:
     return t.contiguous(memory_format=_CL[nd]).permute(_TO_CL[nd]).contiguous()
 
 
-def _logical(t: torch.Tensor, cl: bool) -> torch.Tensor:
-    return t.permute(_FROM_CL[t.dim()]) if cl else t
+def _empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+           cl: bool) -> torch.Tensor:
+    """A new tensor of torch's logical ``shape``, channels-last where ``cl``
+    (Note [outputs are not views])."""
+    if cl:
+        return torch.empty(list(shape), dtype=dtype, device=device,
+                           memory_format=_CL[len(shape)])
+    return torch.empty(list(shape), dtype=dtype, device=device)
+
+
+def _packed(t: torch.Tensor, cl: bool) -> torch.Tensor:
+    """The packed NHWC/NDHWC view of a tensor from :func:`_empty` (itself where
+    not ``cl``): the engine writes through it."""
+    return t.permute(_TO_CL[t.dim()]) if cl else t
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -447,19 +459,22 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
     nd = x.dim()
     shape = output_shape(x.shape, w.shape, cfg.stride, cfg.padding, cfg.dilation)
     dev = x.device
-    if cl:
-        y = torch.empty([shape[0], *shape[2:], shape[1]], dtype=x.dtype, device=dev)
-    else:
-        y = torch.empty(shape, dtype=x.dtype, device=dev)
+    # Note [outputs are not views]: outputs are allocated in torch's logical
+    # shape (channels-last strides where the convolution runs NHWC) and the
+    # engine writes through a packed view of them, so what the autograd
+    # Function returns is a base tensor: an in-place op on it (VGG's and
+    # AlexNet's ReLU(inplace=True) right after a conv) is then allowed, as
+    # after a native conv.
+    y = _empty(shape, x.dtype, dev, cl)
     if shape[0] == 0:
-        return _logical(y, cl)
-    xv, wv = _view(x, cl), _view(w, cl)
+        return y
+    xv, wv, yv = _view(x, cl), _view(w, cl), _packed(y, cl)
     with _on_device(dev), _no_autocast(dev):
         conv = convolution(xv, wv, _LAYOUT[(nd, cl)], cfg)
-        _run(conv.forward, xv, wv, y)
+        _run(conv.forward, xv, wv, yv)
         if bias is not None:
-            y.add_(bias if cl else bias.view(_BIAS_VIEW[nd]))
-    return _logical(y, cl)
+            yv.add_(bias if cl else bias.view(_BIAS_VIEW[nd]))
+    return y
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
@@ -478,11 +493,9 @@ def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig
     if not (need_x or need_w):
         return dx, dw, db
     if need_x:
-        dx = torch.empty([x.shape[0], *x.shape[2:], x.shape[1]] if cl else list(x.shape),
-                         dtype=x.dtype, device=dev)
+        dx = _empty(x.shape, x.dtype, dev, cl)  # Note [outputs are not views]
     if need_w:
-        dw = torch.empty([w.shape[0], *w.shape[2:], w.shape[1]] if cl else list(w.shape),
-                         dtype=w.dtype, device=dev)
+        dw = _empty(w.shape, w.dtype, dev, cl)
     if x.shape[0] == 0:
         if dw is not None:
             dw.zero_()
@@ -491,8 +504,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig
         with _on_device(dev), _no_autocast(dev):
             conv = convolution(xv, wv, _LAYOUT[(nd, cl)], cfg)
             if dx is not None:
-                _run(conv.backward_data, dyv, wv, dx)
+                _run(conv.backward_data, dyv, wv, _packed(dx, cl))
             if dw is not None:
-                _run(conv.backward_filter, xv, dyv, dw)
-    return (None if dx is None else _logical(dx, cl),
-            None if dw is None else _logical(dw, cl), db)
+                _run(conv.backward_filter, xv, dyv, _packed(dw, cl))
+    return dx, dw, db
