@@ -341,6 +341,13 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
         "device_memory_used": (free0 - free1) if free0 is not None else None,
         "mucudnn_workspace_bytes": mt.workspace_bytes(device) if mode != "native" else 0,
     }
+    if mode != "native":
+        # what a step launches: micro-batches of every plan of this run's batch
+        # (each costs host time in eager mode, docs/BENCHMARKS.md "The call path")
+        plans = [pl for c in mt.cached_convolutions() if c.problem.batch == batch
+                 for pl in c.plans.values()]
+        out["mucudnn_plans"] = len(plans)
+        out["mucudnn_micro_batches"] = sum(len(pl.micro_batches) for pl in plans)
     planner = getattr(model, "mucudnn_planner", None)
     if planner is not None:
         chosen = [p for plans in planner.plans.values() for p in plans.values()]
