@@ -72,7 +72,6 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "floa
 
 _CL = {4: torch.channels_last, 5: torch.channels_last_3d}
 _TO_CL = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
-_FROM_CL = {4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
 _BIAS_VIEW = {4: (-1, 1, 1), 5: (-1, 1, 1, 1)}
 _LAYOUT = {(4, False): "NCHW", (4, True): "NHWC", (5, False): "NCDHW", (5, True): "NDHWC"}
 
@@ -333,9 +332,8 @@ def convolution(xv: torch.Tensor, wv: torch.Tensor, layout: str, cfg: ConvConfig
     """The cached Convolution for packed tensors ``xv``/``wv`` in ``layout``."""
     dev = xv.device
     math = _math(xv.dtype, dev)
-    det = _CUDNN_DETERMINISTIC() or _DETERMINISTIC_ALGORITHMS()  # last: key_deterministic
     key = (tuple(xv.shape), tuple(wv.shape), xv.dtype, layout, math, dev.type, dev.index, cfg,
-           det)
+           deterministic())  # last: key_deterministic
     conv = _CONVS.get(key)
     if conv is None:
         conv = _CONVS.get_or_create(key, lambda: _make(key, xv, wv, layout, math, cfg))
