@@ -82,6 +82,16 @@ def test_identity_and_protocol(be):
         assert 0 < free <= total
 
 
+def test_blocked_workspace_is_over_the_limit_or_none(be):
+    """Backend.blocked_workspace (Note [size pruning]): None or more than the
+    limit; None under a limit every configuration fits."""
+    p = problem("2d-nchw", "float32", "default")
+    for d in DIRECTIONS:
+        assert be.blocked_workspace(p, d, 1 << 40) is None
+        b = be.blocked_workspace(p, d, 0)
+        assert b is None or b > 0
+
+
 # -- every algorithm is right ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("config", list(CONFIGS) + ["bf16-default"])

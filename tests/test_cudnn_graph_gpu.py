@@ -207,6 +207,28 @@ def test_engine_config_workspace_is_the_plans():
         assert seen > 10
 
 
+def test_blocked_workspace_names_what_the_cap_leaves_out():
+    """Note [size pruning]: AlexNet conv1's bf16 channels-last backward-filter
+    (the H200 case): at batch 64 the engines heuristics rank first need tens of
+    MB of workspace, so under 1 MiB the blocked workspace is theirs, it shrinks
+    with the batch, and under a cap they fit there is none; every number is one
+    the heuristics report for a config that find() skipped for the cap."""
+    d = Direction.BACKWARD_FILTER
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        got = {}
+        for n in (64, 32):
+            p = ConvProblem((n, 224, 224, 3), (64, 11, 11, 3), stride=4, padding=2,
+                            dtype="bfloat16", layout="NHWC")
+            got[n] = b.blocked_workspace(p, d, 1 * MiB)
+            over = [i.workspace_bytes for i in b.engine_configs(p, d)
+                    if i.workspace_bytes is not None and i.workspace_bytes > 1 * MiB]
+            assert got[n] is not None and got[n] in over
+            assert b.blocked_workspace(p, d, max(over)) is None
+            found = b.find(p, d, 1 * MiB)
+            assert found and all(r.workspace_bytes <= 1 * MiB for r in found)
+        assert got[32] < got[64] and got[64] > 8 * MiB
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_cut_offs_keep_the_best_ranked(direction):
     """Note [find cut-offs]: with find_top_k=k, find() times the k best-ranked

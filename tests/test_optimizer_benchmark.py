@@ -297,6 +297,70 @@ def test_size_pruning_stops_past_the_best_size(batch, knee, want):
     assert pruned_plan.time_ms == pytest.approx(full_plan.time_ms)
 
 
+class BlockedBackend:
+    """AlexNet conv1's bf16 backward-filter as the H200 showed it: one engine fits
+    the cap at every size (``slow`` ms per sample, and worse per sample at small
+    sizes), while the engines heuristics prefer need ``per_sample_ws`` bytes per
+    sample of workspace and run at ``fast`` ms per sample once they fit."""
+
+    name = "blocked"
+    device_name = "Fake"
+    version = "0"
+
+    def __init__(self, per_sample_ws, fast=0.0025, slow=0.0127, report=True):
+        self.per_sample_ws, self.fast, self.slow, self.report = per_sample_ws, fast, slow, report
+        self.sizes = []
+
+    def find(self, problem, direction, workspace_limit):
+        n = problem.batch
+        self.sizes.append(n)
+        out = [AlgoPerf(1, self.slow * n * (1 + 64 / n), 93136)]
+        if self.per_sample_ws * n <= workspace_limit:
+            out.append(AlgoPerf(49, self.fast * n + 0.01, self.per_sample_ws * n))
+        return sorted(out, key=lambda r: r.time_ms)
+
+    def blocked_workspace(self, problem, direction, workspace_limit):
+        ws = self.per_sample_ws * problem.batch
+        return ws if self.report and ws > workspace_limit else None
+
+
+def test_size_pruning_descends_to_configurations_blocked_by_the_cap(tmp_path):
+    """Note [size pruning]: the descent goes on past a size that is worse per
+    sample while configurations heuristics prefer are over the cap and would fit
+    a smaller size; the plan then uses them (it stopped at 128 before)."""
+    cap = 64 << 20
+    p = ConvProblem((256, 3, 224, 224), (64, 3, 11, 11), stride=4, padding=2)
+    be = BlockedBackend(803_300)  # 206 MB at 256, 51 MB at 64: fits from 64 down
+    perf = benchmark(be, p, Direction.BACKWARD_FILTER, "powerOfTwo", cap, cache=False,
+                     prune_sizes=True)
+    assert be.sizes == [256, 128, 64, 32, 16]
+    plan = optimize_wr(perf, 256, cap, "powerOfTwo")
+    assert {m.algo for m in plan.micro_batches} == {49} and plan.time_ms < 1.0
+    full = optimize_wr(benchmark(BlockedBackend(803_300), p, Direction.BACKWARD_FILTER,
+                                 "powerOfTwo", cap, cache=False), 256, cap, "powerOfTwo")
+    assert plan.time_ms == pytest.approx(full.time_ms)
+    # a backend that cannot tell prunes as before, and so misses them
+    silent = BlockedBackend(803_300, report=False)
+    perf = benchmark(silent, p, Direction.BACKWARD_FILTER, "powerOfTwo", cap, cache=False,
+                     prune_sizes=True)
+    assert silent.sizes == [256, 128]
+    assert {m.algo for m in optimize_wr(perf, 256, cap, "powerOfTwo").micro_batches} == {1}
+    # configurations that would fit only below an eighth of the batch are not chased
+    far = BlockedBackend(803_300 * 16)
+    benchmark(far, p, Direction.BACKWARD_FILTER, "powerOfTwo", cap, cache=False,
+              prune_sizes=True)
+    assert far.sizes == [256, 128]
+    # warm: the same sizes from the cache, the backend not asked again
+    cache_path = tmp_path / "c.sqlite"
+    cold = BlockedBackend(803_300)
+    first = benchmark(cold, p, Direction.BACKWARD_FILTER, "powerOfTwo", cap,
+                      cache=str(cache_path), prune_sizes=True)
+    warm = BlockedBackend(803_300, report=False)
+    again = benchmark(warm, p, Direction.BACKWARD_FILTER, "powerOfTwo", cap,
+                      cache=str(cache_path), prune_sizes=True)
+    assert warm.sizes == [] and sorted(again) == sorted(first) == [16, 32, 64, 128, 256]
+
+
 # -- deterministic plans (Note [deterministic plans]) ---------------------------------------------
 
 #: determinism values a backend or a cache entry may carry, and whether each is deterministic

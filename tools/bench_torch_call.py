@@ -15,7 +15,9 @@ autograd forward + backward):
 3. ``model``: a whole training step (forward, backward, SGD) of torchvision
    models at a small batch, where the host is the limit: median wall time per
    step with a sync after each, native vs converted (64 MiB per kernel).
-4. ``kernels``: torch.profiler over three training steps of a model at its
+4. ``mprofile``: cProfile of ten such steps (AMP), native and converted,
+   written to ``--out``.
+5. ``kernels``: torch.profiler over three training steps of a model at its
    training batch, native vs converted: device time per kernel name, the top
    rows and the total (to find time spent outside the plans' kernels).
 
@@ -46,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import mucudnn.torch as mt  # noqa: E402
 
-PARTS = ("layer", "profile", "model", "kernels")
+PARTS = ("layer", "profile", "model", "mprofile", "kernels")
 
 
 def host_us(fn: Callable[[], Any], n: int = 600, every: int = 50) -> float:
@@ -184,6 +186,33 @@ def part_model(res: dict, models: Sequence[str], batch: int,
     res["model"] = rows
 
 
+def part_mprofile(res: dict, out: str, models: Sequence[str], batch: int) -> None:
+    """cProfile of converted training steps (AMP) at the small batch, native beside it."""
+    torch.backends.cudnn.benchmark = True
+    for name in models:
+        for converted in (False, True):
+            step, model = _model(name, True, converted, batch)
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+            prof.disable()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(50)
+            key = "mucudnn" if converted else "native"
+            with open(os.path.join(out, f"mprofile-{name}-{key}.txt"), "w") as f:
+                f.write(s.getvalue())
+            print(f"mprofile {name} {key}: " + s.getvalue().strip().splitlines()[0], flush=True)
+            del step, model
+            mt.clear()
+            torch.cuda.empty_cache()
+    res["mprofile"] = "see mprofile-*.txt"
+
+
 def part_kernels(res: dict, out: str, name: str, batch: int) -> None:
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
     torch.backends.cudnn.benchmark = True
@@ -238,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             part_profile(res, args.out)
         elif part == "model":
             part_model(res, args.models, args.model_batch, args.model_precisions)
+        elif part == "mprofile":
+            part_mprofile(res, args.out, args.models, args.model_batch)
         else:
             part_kernels(res, args.out, args.kernels_model, args.kernels_batch)
         if args.json:

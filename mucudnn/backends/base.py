@@ -107,6 +107,16 @@ class Backend(Protocol):
         """Bytes of workspace ``algo`` needs for ``problem``."""
         ...
 
+    def blocked_workspace(self, problem: ConvProblem, direction: Direction,
+                          workspace_limit: int) -> int | None:
+        """The least workspace over ``workspace_limit`` among the configurations
+        that the library's heuristics rank ahead of every one that fits it, for
+        ``problem`` at its own batch; None when there is none or the backend
+        cannot tell. Cheap (no timing): size pruning descends to smaller
+        micro-batches while such a configuration would fit one (Note [size
+        pruning] in :mod:`mucudnn.optimizer.benchmark`)."""
+        ...
+
     def run(self, direction: Direction, algo: Algo, math_type: Algo, tensors: ConvTensors,
             alpha: float, beta: float, workspace: Any) -> None:
         """One call: output = alpha * conv(...) + beta * output, in place."""
@@ -212,6 +222,10 @@ class BackendBase:
                        math_type: Algo = 0) -> int:
         raise NotImplementedError(f"backend {self.name!r} does not know workspace sizes")
 
+    def blocked_workspace(self, problem: ConvProblem, direction: Direction,
+                          workspace_limit: int) -> int | None:
+        return None  # no heuristics to ask
+
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         self._cannot("allocate arrays")
 
@@ -256,9 +270,9 @@ def _run_launcher(backend: Any, direction: Direction, algo: Algo, math_type: Alg
 REQUIRED = ("name", "find")
 #: Members an adapted object may bring; the rest take BackendBase's defaults.
 _OPTIONAL_ATTRS = ("device_name", "version", "is_host", "device", "stream", "supports_graphs")
-_OPTIONAL_METHODS = ("workspace_size", "run", "bind", "address", "activate", "on_home_stream",
-                     "mem_get_info", "release_find_buffers", "empty", "from_host", "to_host",
-                     "alloc_workspace", "synchronize")
+_OPTIONAL_METHODS = ("workspace_size", "blocked_workspace", "run", "bind", "address", "activate",
+                     "on_home_stream", "mem_get_info", "release_find_buffers", "empty",
+                     "from_host", "to_host", "alloc_workspace", "synchronize")
 
 
 class _Adapted(BackendBase):

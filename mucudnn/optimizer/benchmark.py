@@ -47,7 +47,17 @@ PRUNE_MARGIN = 0.10
 # time per sample is more than PRUNE_MARGIN worse than a larger size's; the
 # smaller sizes that the remainder of the batch needs (its greedy decomposition
 # into the policy's sizes) are still benchmarked, so every split of the batch
-# the descent reached can be completed. Pruning is for WR under the cap it was
+# the descent reached can be completed. Before it stops, the descent asks the
+# backend (``Backend.blocked_workspace``, no timing) whether configurations
+# that heuristics rank ahead of every one that fits the cap were left out for
+# their workspace; if one would fit a smaller size (its workspace taken as
+# proportional to the batch, down to an eighth of the batch), the descent goes
+# on to that size and judges again there. Without this, AlexNet conv1's bf16
+# channels-last backward-filter stopped at 128 and ran its one fitting engine
+# (3.3 ms at 256) where 4 x 64 with the engines heuristics prefer fits 64 MiB
+# (0.64 ms unlimited at 256; H200, docs/BENCHMARKS.md). A warm run (the size
+# came from the cache) goes on where the next size is in the cache, as far as
+# the cold run went, without asking the backend. Pruning is for WR under the cap it was
 # decided at; WD (whose Pareto fronts want the small, low-workspace sizes) and
 # re-plans under less memory benchmark every size.
 
@@ -128,6 +138,33 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
             out.append(s)
             rest -= s
     return out
+
+
+def _blocked_reach(backend: Backend, problem: ConvProblem, direction: Direction, cap: int,
+                   smaller: list[int]) -> int | None:
+    """Note [size pruning]: the largest of ``smaller`` (sizes below
+    ``problem.batch``, largest first) at which a configuration that heuristics
+    prefer but that is over ``cap`` at ``problem.batch`` fits, its workspace
+    taken as proportional to the batch; None if no such size is at least an
+    eighth of the batch.
+
+    >>> class B:
+    ...     def blocked_workspace(self, problem, direction, cap): return 200
+    >>> p = ConvProblem((256, 3, 8, 8), (4, 3, 3, 3))
+    >>> _blocked_reach(B(), p, Direction.FORWARD, 64, [128, 64, 32, 16, 8])
+    64
+    >>> _blocked_reach(B(), p, Direction.FORWARD, 4, [128, 64, 32, 16, 8]) is None
+    True
+    """
+    blocked = backend.blocked_workspace(problem, direction, cap)
+    if blocked is None or blocked <= cap:
+        return None
+    for size in smaller:
+        if size * 8 < problem.batch:
+            break
+        if blocked * size <= cap * problem.batch:
+            return size
+    return None
 
 
 def resolve_backend(backend: Any) -> Backend:
@@ -217,6 +254,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     t0 = time.perf_counter()
     best_per_sample = float("inf")
     needed: set[int] | None = None  # once pruning stopped the descent: the remainder's sizes
+    floor = problem.batch  # pruning judges sizes at or below this (Note [size pruning])
     try:
         for s in sizes:
             if needed is not None and s not in needed:
@@ -245,10 +283,23 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                 bar.update(1)
             if prune_sizes and needed is None and found:
                 per_sample = found[0].time_ms / s
-                if per_sample > (1 + PRUNE_MARGIN) * best_per_sample:
-                    needed = set(_remainder_sizes(problem.batch, s, sizes))
-                    log.debug("benchmark %s %s: sizes below %d pruned (remainder needs %s)",
-                              direction.value, problem.key(), s, sorted(needed))
+                if s <= floor and per_sample > (1 + PRUNE_MARGIN) * best_per_sample:
+                    smaller = [x for x in sizes if x < s]
+                    if from_cache:  # warm: the descent goes as far as the cold one did
+                        reach = smaller[0] if smaller and store.get(
+                            be, problem.with_batch(smaller[0]), direction, cap) is not None \
+                            else None
+                    else:
+                        reach = _blocked_reach(be, p, direction, cap, smaller)
+                    if reach is None:
+                        needed = set(_remainder_sizes(problem.batch, s, sizes))
+                        log.debug("benchmark %s %s: sizes below %d pruned (remainder needs %s)",
+                                  direction.value, problem.key(), s, sorted(needed))
+                    else:
+                        floor = reach
+                        log.debug("benchmark %s %s: descending to %d, where configurations "
+                                  "over the cap at %d may fit", direction.value, problem.key(),
+                                  reach, s)
                 best_per_sample = min(best_per_sample, per_sample)
     finally:
         if bar is not None:

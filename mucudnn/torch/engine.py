@@ -54,6 +54,7 @@ from ..backends import Backend, available_backends, get_backend
 from ..caches import LRU
 from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
 from ..errors import MucudnnError, UnsupportedDtypeError
+from ..exec.arrays import torch_workspace
 from ..problem import ConvProblem, Direction, Plan
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
@@ -371,6 +372,7 @@ def _make(key: tuple, xv: torch.Tensor, wv: torch.Tensor, layout: str, math: str
 def forget(key: tuple) -> None:
     """Drop one cached Convolution (its next use builds it again)."""
     _CONVS.pop(key)
+    _WARM.clear()  # records hold Convolutions (Note [the warm torch path])
 
 
 def clear(backends: bool = True) -> None:
@@ -381,6 +383,7 @@ def clear(backends: bool = True) -> None:
     []
     """
     _CONVS.clear()
+    _WARM.clear()
     if backends:
         _BACKENDS.clear()
 
@@ -453,6 +456,30 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
             cfg: ConvConfig) -> torch.Tensor:
     """``conv(x, w) + bias`` in torch's logical shapes; the output is
     channels-last when the convolution ran NHWC/NDHWC."""
+    if x.is_cuda:  # Note [the warm torch path]
+        warm = _warm(x, w, cfg)
+        if warm is not None:
+            return warm.forward(x, w, bias)
+    return _forward(x, w, bias, cfg)
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
+             need_x: bool, need_w: bool, need_bias: bool
+             ) -> tuple["torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]:
+    """``(dx, dw, dbias)`` for the gradient ``dy`` of :func:`forward`'s output;
+    None for each one not asked for. ``dbias`` is ``dy`` summed over the batch
+    and spatial dimensions."""
+    if x.is_cuda:  # Note [the warm torch path]
+        warm = _warm(x, w, cfg)
+        if warm is not None:
+            return warm.backward(dy, x, w, need_x, need_w, need_bias)
+    return _backward(dy, x, w, cfg, need_x, need_w, need_bias)
+
+
+def _forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
+             cfg: ConvConfig) -> torch.Tensor:
+    """:func:`forward` through :class:`~mucudnn.Convolution`'s checked path
+    (CPU tensors, empty batches)."""
     cl = channels_last(x, w)
     nd = x.dim()
     shape = output_shape(x.shape, w.shape, cfg.stride, cfg.padding, cfg.dilation)
@@ -475,12 +502,10 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
     return y
 
 
-def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
-             need_x: bool, need_w: bool, need_bias: bool
-             ) -> tuple["torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]:
-    """``(dx, dw, dbias)`` for the gradient ``dy`` of :func:`forward`'s output;
-    None for each one not asked for. ``dbias`` is ``dy`` summed over the batch
-    and spatial dimensions."""
+def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
+              need_x: bool, need_w: bool, need_bias: bool
+              ) -> tuple["torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]:
+    """:func:`backward` through :class:`~mucudnn.Convolution`'s checked path."""
     cl = channels_last(x, w)
     nd = x.dim()
     dev = x.device
@@ -506,3 +531,119 @@ def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig
             if dw is not None:
                 _run(conv.backward_filter, xv, dyv, _packed(dw, cl))
     return dx, dw, db
+
+
+# -- the warm path -------------------------------------------------------------------------------
+# Note [the warm torch path]: on the device's host a conv step (forward and
+# both backward passes) through Convolution's checked path cost about 290 us
+# more than a native conv's (tools/bench_torch_call.py: 470 vs 180 us), enough
+# to make host-bound eager training (ResNet-50 under AMP) 44% slower. For CUDA
+# tensors the three directions of one signature (logical shapes, dtype,
+# device, layout, options, TF32 and determinism flags) are resolved once into a
+# _Warm record: the Convolution, its three kernels' ``launch`` and the output
+# shape and memory format. A call then makes its operands contiguous in that
+# memory format (a no-op for the tensors a model passes), allocates outputs in
+# torch's logical shape (Note [outputs are not views]) and launches on torch's
+# current stream with a workspace from torch's caching allocator. A
+# channels-last tensor's data pointer is the packed NHWC/NDHWC array's, so no
+# permuted views are made; shapes and dtypes hold by construction, so
+# Convolution's per-call checks are skipped (the first call of a signature
+# plans, and argument checks happen in functional.py before any device work).
+# Records are rebuilt from the Convolution cache after :func:`forget` or
+# :func:`clear`; CPU tensors and empty batches take the checked path.
+_WARM: "LRU[tuple, _Warm]" = LRU("torch.warm_calls", MAX_CONVOLUTIONS)
+_TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
+    or (lambda: torch.backends.cudnn.allow_tf32)
+#: torch's current raw stream of a device, and its current device (None in a
+#: torch built without CUDA: every call then takes the checked path).
+_STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_CUR_DEVICE: Any = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def _warm(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | None":
+    """The warm record of this call's signature (made on first use); None where
+    the checked path must run (an empty batch)."""
+    cl = _is_cl(x) or _is_cl(w)
+    key = (tuple(x.shape), tuple(w.shape), x.dtype, x.get_device(), cl, cfg, _TF32(),
+           deterministic())
+    warm = _WARM.peek(key)
+    if warm is None:
+        if x.shape[0] == 0 or _STREAM is None:
+            return None
+        warm = _Warm(x, w, cl, cfg)
+        _WARM.put(key, warm)
+    return warm
+
+
+class _Warm:
+    """One signature's resolved state (Note [the warm torch path])."""
+
+    __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
+                 "ws", "bias_view", "sum_dims")
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig) -> None:
+        nd = x.dim()
+        dev = x.device
+        with _on_device(dev):
+            conv = convolution(_view(x, cl), _view(w, cl), _LAYOUT[(nd, cl)], cfg)
+        self.conv = conv
+        self.fwd = conv.kernel(Direction.FORWARD).launch
+        self.bwd_data = conv.kernel(Direction.BACKWARD_DATA).launch
+        self.bwd_filter = conv.kernel(Direction.BACKWARD_FILTER).launch
+        self.y_shape = tuple(output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
+                                          cfg.dilation))
+        self.fmt = _CL[nd] if cl else torch.contiguous_format
+        self.index = x.get_device()
+        self.ws = torch_workspace(dev)
+        self.bias_view = _BIAS_VIEW[nd]
+        self.sum_dims = [0] + list(range(2, nd))
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor,
+                bias: "torch.Tensor | None") -> torch.Tensor:
+        fmt = self.fmt
+        x = x.contiguous(memory_format=fmt)
+        w = w.contiguous(memory_format=fmt)
+        y = torch.empty(self.y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+        index = self.index
+        with _device_ctx(index):
+            self.fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0, _STREAM(index),
+                     self.ws)
+        if bias is not None:
+            y.add_(bias.view(self.bias_view))
+        return y
+
+    def backward(self, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, need_x: bool,
+                 need_w: bool, need_bias: bool
+                 ) -> tuple["torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]:
+        db = dx = dw = None
+        if need_bias:
+            if torch.is_autocast_enabled("cuda"):
+                with torch.autocast("cuda", enabled=False):  # sum would autocast to float32
+                    db = dy.sum(dim=self.sum_dims)
+            else:
+                db = dy.sum(dim=self.sum_dims)
+        if not (need_x or need_w):
+            return dx, dw, db
+        fmt = self.fmt
+        dy = dy.contiguous(memory_format=fmt)
+        index = self.index
+        with _device_ctx(index):
+            stream = _STREAM(index)
+            if need_x:
+                w = w.contiguous(memory_format=fmt)
+                dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+                self.bwd_data(dx.data_ptr(), w.data_ptr(), dy.data_ptr(), 1.0, 0.0, stream,
+                              self.ws)
+            if need_w:
+                x = x.contiguous(memory_format=fmt)
+                dw = torch.empty(w.shape, dtype=w.dtype, device=w.device, memory_format=fmt)
+                self.bwd_filter(x.data_ptr(), dw.data_ptr(), dy.data_ptr(), 1.0, 0.0, stream,
+                                self.ws)
+        return dx, dw, db
+
+
+def _device_ctx(index: int) -> Any:
+    """``torch.cuda.device(index)`` unless it is the current device already."""
+    if _CUR_DEVICE is not None and _CUR_DEVICE() != index:
+        return torch.cuda.device(index)
+    return _NULL
