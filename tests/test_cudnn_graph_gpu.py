@@ -248,6 +248,31 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
         assert prof.timed == len(res) and prof.probed_out <= len(res)
 
 
+def test_cold_probe_reports_every_candidate():
+    """Note [cold probe]: with the warm-up run timed, find() still reports every
+    candidate it timed without the probe, each under the cap; with a ratio just
+    over 1 some candidates stop after their warm-up (counted in cold_out)."""
+    p = problem("2d-nchw", "float32", "default")
+    d = Direction.BACKWARD_FILTER
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=None,
+                           find_probe_ratio=None, find_cold_ratio=None) as b:
+        full = {r.algo for r in b.find(p, d, 8 * MiB)}
+        assert b.find_profile.cold_out == 0
+    import mucudnn.backends.cudnn_graph as cg
+    floor, cg.COLD_PROBE_FLOOR_MS = cg.COLD_PROBE_FLOOR_MS, 0.0
+    try:
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=None,
+                               find_probe_ratio=None, find_cold_ratio=1.01) as b:
+            res = b.find(p, d, 8 * MiB)
+            assert {r.algo for r in res} == full
+            assert all(r.workspace_bytes <= 8 * MiB and r.time_ms > 0 for r in res)
+            assert 0 < b.find_profile.cold_out < len(res)
+    finally:
+        cg.COLD_PROBE_FLOOR_MS = floor
+    with pytest.raises(ValueError, match="find_cold_ratio"):
+        CudnnGraphBackend(find_cold_ratio=1.0)
+
+
 def test_engine_knob_infos_are_readable_ranges():
     """CUDNN_ATTR_ENGINE_KNOB_INFO of the engines heuristics name: typed ranges
     (min <= max, stride >= 1); each named config rebuilt from its engine and

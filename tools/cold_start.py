@@ -53,9 +53,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 CONFIGS: dict[str, dict[str, Any]] = {
     # how find() worked before: one thread, every candidate finalized and timed
     "serial": dict(find_threads=1, find_prefilter=False, find_top_k=None,
-                   find_probe_ratio=None, prune_sizes=False),
+                   find_probe_ratio=None, find_cold_ratio=None, prune_sizes=False),
     # every size, every candidate that fits the cap, each timed fully
-    "exhaustive": dict(find_top_k=None, find_probe_ratio=None, prune_sizes=False),
+    "exhaustive": dict(find_top_k=None, find_probe_ratio=None, find_cold_ratio=None,
+                       prune_sizes=False),
+    # the defaults without the timed warm-up run (Note [cold probe])
+    "no-cold-probe": dict(find_cold_ratio=None),
     # the defaults: the 8 best-ranked candidates (+ one without workspace), probing
     "default": {},
     "top4": dict(find_top_k=4),
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}", flush=True)
 
     print("| net | config | process s | optimise s | sizes | heuristics s | finalize s | timing s "
-          "| candidates | skipped | cut | finalized | timed | probed out | ws mismatch "
+          "| candidates | skipped | cut | finalized | timed | probed out + cold out | ws mismatch "
           "| predicted ms | executed ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['optimise_s']:.1f} | {r['sizes']} | {pr['heuristics_s']:.1f} ({modes}) | "
               f"{pr['finalize_s']:.1f} | "
               f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['cut']} | "
-              f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} | "
+              f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)} | "
               f"{pr['workspace_mismatch']} | {r['predicted_ms']:.2f} | "
               f"{'' if ex is None else f'{ex:.2f}'} |")
     return 0

@@ -71,7 +71,8 @@ class FindProfile:
     skipped before finalization (their engine config needs more workspace than
     the cap), those cut by the heuristics' rank (``cut``), plans finalized,
     plans timed, plans timed once only because their first run was already
-    far slower than the best (``probed_out``), and configs whose finalized
+    far slower than the best (``probed_out``), plans timed by their warm-up run
+    only (``cold_out``, Note [cold probe] in cudnn_graph), and configs whose finalized
     workspace differed from their engine config's (``workspace_mismatch``).
     ``knob_configs`` / ``knob_s``: configs the knob-space search added and the
     host seconds spent enumerating them (cudnn-graph's ``search="knobs"``).
@@ -88,6 +89,7 @@ class FindProfile:
     workspace_mismatch: int = 0
     cut: int = 0
     probed_out: int = 0
+    cold_out: int = 0
     knob_configs: int = 0
     heuristics_s: float = 0.0
     knob_s: float = 0.0
