@@ -222,7 +222,7 @@ def part_kernels(res: dict, out: str, name: str, batch: int) -> None:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
@@ -231,6 +231,10 @@ def part_kernels(res: dict, out: str, name: str, batch: int) -> None:
                                           max_name_column_width=90)
         with open(os.path.join(out, f"kernels-{name}-{key}.txt"), "w") as f:
             f.write(table)
+        cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40,
+                                        max_name_column_width=60)
+        with open(os.path.join(out, f"host-{name}-{key}.txt"), "w") as f:
+            f.write(cpu)
         evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         total = sum(e.self_device_time_total for e in evs) / 3 / 1e3
         top = sorted(evs, key=lambda e: -e.self_device_time_total)[:12]
