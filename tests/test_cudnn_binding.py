@@ -756,3 +756,25 @@ def test_stream_handle_conversion():
         stream_handle(object())
     with pytest.raises(ValueError, match="stream"):
         stream_handle(-1)
+
+
+def test_fast_variant_pack_is_counted_and_closed_whether_or_not_it_finalizes():
+    """Note [variant packs on the hot path]: the raw-built pack is a counted
+    descriptor; finalized where cuDNN can (a GPU machine), else the failing
+    call's CudnnError with cuDNN's message and nothing left alive."""
+    from mucudnn._cudnn import graph_descriptors as gd
+    from mucudnn._cudnn.backend_api import live_backend_descriptors
+    from mucudnn._cudnn.errors import CudnnError
+
+    uids = gd.uid_array((gd.UID_X, gd.UID_W, gd.UID_Y))
+    assert list(uids) == [1, 2, 3]
+    before = live_backend_descriptors()
+    try:
+        d = gd.fast_variant_pack(uids, 0x7F0000000000, 0x7F0000001000, 0x7F0000002000, 0)
+    except CudnnError as exc:
+        assert "cudnnBackend" in str(exc) and "VARIANT_PACK" in str(exc)
+    else:
+        assert d.finalized and not d.closed
+        assert live_backend_descriptors() != before
+        d.close()
+    assert live_backend_descriptors() == before

@@ -854,7 +854,8 @@ class CudnnGraphBackend(DeviceBackend):
         h = self.handle.handle
         pd = plan.plan.handle
         packs = plan.packs
-        uids = (gd.UID_X, gd.UID_W, gd.UID_Y)
+        uids = gd.uid_array((gd.UID_X, gd.UID_W, gd.UID_Y))
+        make_pack = gd.fast_variant_pack
         last: list[Any] = [None, None]  # the previous call's pointers and pack
 
         def fail(status: int, ws_size: int) -> None:
@@ -867,8 +868,8 @@ class CudnnGraphBackend(DeviceBackend):
                 pack = last[1]
             else:
                 pack = packs.get(key)
-                if pack is None:
-                    pack = gd.variant_pack(uids, key[:3], ws or None)
+                if pack is None:  # Note [variant packs on the hot path]
+                    pack = make_pack(uids, key[0], key[1], key[2], ws)
                     packs.put(key, pack)
                 last[0], last[1] = key, pack
             st = execute(h, pd, pack.handle)
