@@ -307,14 +307,15 @@ class BlockedBackend:
     device_name = "Fake"
     version = "0"
 
-    def __init__(self, per_sample_ws, fast=0.0025, slow=0.0127, report=True):
+    def __init__(self, per_sample_ws, fast=0.0025, slow=0.0127, report=True, slow_ws=93136):
         self.per_sample_ws, self.fast, self.slow, self.report = per_sample_ws, fast, slow, report
+        self.slow_ws = slow_ws
         self.sizes = []
 
     def find(self, problem, direction, workspace_limit):
         n = problem.batch
         self.sizes.append(n)
-        out = [AlgoPerf(1, self.slow * n * (1 + 64 / n), 93136)]
+        out = [AlgoPerf(1, self.slow * n * (1 + 64 / n), self.slow_ws)]
         if self.per_sample_ws * n <= workspace_limit:
             out.append(AlgoPerf(49, self.fast * n + 0.01, self.per_sample_ws * n))
         return sorted(out, key=lambda r: r.time_ms)
@@ -359,6 +360,30 @@ def test_size_pruning_descends_to_configurations_blocked_by_the_cap(tmp_path):
     again = benchmark(warm, p, Direction.BACKWARD_FILTER, "powerOfTwo", cap,
                       cache=str(cache_path), prune_sizes=True)
     assert warm.sizes == [] and sorted(again) == sorted(first) == [16, 32, 64, 128, 256]
+
+
+@given(log_batch=st.integers(4, 9), per_sample_ws=st.integers(1 << 10, 64 << 20),
+       fast=st.floats(0.001, 0.02), slow_factor=st.floats(1.5, 50.0),
+       cap_log=st.integers(16, 28))
+def test_pruned_plan_is_the_full_plan_where_blocked_configs_fit_an_eighth(
+        log_batch, per_sample_ws, fast, slow_factor, cap_log):
+    """Note [size pruning], property: with a backend that reports what the cap
+    blocks, the pruned WR plan is as fast as the plan from every size whenever
+    the preferred configuration fits some size of at least an eighth of the
+    batch (the descent's reach), and never slower than the undivided call."""
+    batch, cap = 1 << log_batch, 1 << cap_log
+    be = BlockedBackend(per_sample_ws, fast=fast, slow=fast * slow_factor, slow_ws=0)
+    p = ConvProblem((batch, 3, 9, 9), (4, 3, 3, 3), padding=1)
+    d = Direction.BACKWARD_FILTER
+    pruned = optimize_wr(benchmark(be, p, d, "powerOfTwo", cap, cache=False, prune_sizes=True),
+                         batch, cap, "powerOfTwo")
+    full_perf = benchmark(BlockedBackend(per_sample_ws, fast=fast, slow=fast * slow_factor,
+                                         slow_ws=0), p, d, "powerOfTwo", cap, cache=False)
+    full = optimize_wr(full_perf, batch, cap, "powerOfTwo")
+    assert pruned.time_ms <= min(r.time_ms for r in full_perf[batch]) + 1e-9
+    fits = [n for n in batch_sizes("powerOfTwo", batch) if per_sample_ws * n <= cap]
+    if fits and fits[0] * 8 >= batch:
+        assert pruned.time_ms == pytest.approx(full.time_ms)
 
 
 # -- deterministic plans (Note [deterministic plans]) ---------------------------------------------
