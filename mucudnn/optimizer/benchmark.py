@@ -255,6 +255,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     best_per_sample = float("inf")
     needed: set[int] | None = None  # once pruning stopped the descent: the remainder's sizes
     floor = problem.batch  # pruning judges sizes at or below this (Note [size pruning])
+    peeked: dict[int, Any] = {}  # a size's cache answer, read once by the warm descent
     try:
         for s in sizes:
             if needed is not None and s not in needed:
@@ -262,7 +263,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                     bar.update(1)
                 continue
             p = problem.with_batch(s)
-            found = store.get(be, p, direction, cap)
+            found = peeked.pop(s) if s in peeked else store.get(be, p, direction, cap)
             from_cache = found is not None
             if found is None:
                 found = list(be.find(p, direction, cap))
@@ -286,9 +287,12 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                 if s <= floor and per_sample > (1 + PRUNE_MARGIN) * best_per_sample:
                     smaller = [x for x in sizes if x < s]
                     if from_cache:  # warm: the descent goes as far as the cold one did
-                        reach = smaller[0] if smaller and store.get(
-                            be, problem.with_batch(smaller[0]), direction, cap) is not None \
-                            else None
+                        reach = None
+                        if smaller:
+                            peeked[smaller[0]] = store.get(
+                                be, problem.with_batch(smaller[0]), direction, cap)
+                            if peeked[smaller[0]] is not None:
+                                reach = smaller[0]
                     else:
                         reach = _blocked_reach(be, p, direction, cap, smaller)
                     if reach is None:
