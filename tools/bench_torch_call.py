@@ -47,24 +47,9 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import mucudnn.torch as mt  # noqa: E402
+from bench_call_overhead import host_us  # noqa: E402  (tools/, beside this script)
 
 PARTS = ("layer", "profile", "model", "mprofile", "kernels")
-
-
-def host_us(fn: Callable[[], Any], n: int = 600, every: int = 50) -> float:
-    """Median host time of one ``fn()`` in microseconds (sync between batches only)."""
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-        if i % every == every - 1:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return statistics.median(ts) * 1e6
 
 
 def _layer_step(precision: str, converted: bool, bias: bool) -> Callable[[], None]:
@@ -105,23 +90,30 @@ def part_layer(res: dict) -> None:
     res["layer"] = rows
 
 
+def _profiled(step: Callable[[], None], n: int, rows: int) -> str:
+    """cProfile of ``n`` calls of ``step`` (the device synchronised inside the
+    profile), the top ``rows`` functions by own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(rows)
+    return s.getvalue()
+
+
 def part_profile(res: dict, out: str) -> None:
     for precision in ("amp", "fp32"):
         step = _layer_step(precision, True, False)
         for _ in range(50):
             step()
         torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(2000):
-            step()
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(45)
+        text = _profiled(step, 2000, 45)
         path = os.path.join(out, f"profile-{precision}.txt")
         with open(path, "w") as f:
-            f.write(s.getvalue())
+            f.write(text)
         print(f"profile {precision}: {path}", flush=True)
     res["profile"] = "see profile-*.txt"
 
@@ -195,18 +187,11 @@ def part_mprofile(res: dict, out: str, models: Sequence[str], batch: int) -> Non
             for _ in range(5):
                 step()
             torch.cuda.synchronize()
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(10):
-                step()
-            torch.cuda.synchronize()
-            prof.disable()
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(50)
+            text = _profiled(step, 10, 50)
             key = "mucudnn" if converted else "native"
             with open(os.path.join(out, f"mprofile-{name}-{key}.txt"), "w") as f:
-                f.write(s.getvalue())
-            print(f"mprofile {name} {key}: " + s.getvalue().strip().splitlines()[0], flush=True)
+                f.write(text)
+            print(f"mprofile {name} {key}: " + text.strip().splitlines()[0], flush=True)
             del step, model
             mt.clear()
             torch.cuda.empty_cache()
