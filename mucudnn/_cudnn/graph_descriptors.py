@@ -452,12 +452,14 @@ def variant_pack(uids: Sequence[int], pointers: Sequence[Optional[int]],
 # a variant pack, a descriptor finalized with them; in training every call has
 # new pointers (fresh activations, gradients, workspace from the caching
 # allocator), so each call builds one, as cudnn-frontend's execute does in C++.
-# Through :func:`variant_pack`'s checked setters that cost about 40 us of host
-# time per call on the H200's host (tools/bench_torch_call.py, ResNet-50 under
-# AMP). :func:`fast_variant_pack` sets the same three attributes through the
+# :func:`variant_pack`'s checked setters convert, range-check and record every
+# value in Python on each of those calls. :func:`fast_variant_pack` sets the
+# same three attributes through the
 # raw entry points with arguments the caller has already checked (ints, the
 # uids fixed per graph): one checked create (which counts the descriptor and
-# arms its finalizer, as every descriptor's), three sets and a finalize.
+# arms its finalizer, as every descriptor's), three sets and a finalize. On the
+# H200 the full GPU suite passed with it; its gain was within the noise of the
+# host timings (docs/BENCHMARKS.md, "Fourth session").
 def fast_variant_pack(uids: Any, x: int, w: int, y: int,
                       workspace: int) -> BackendDescriptor:
     """:func:`variant_pack` for the hot path (Note [variant packs on the hot
