@@ -454,9 +454,8 @@ def variant_pack(uids: Sequence[int], pointers: Sequence[Optional[int]],
 # allocator), so each call builds one, as cudnn-frontend's execute does in C++.
 # :func:`variant_pack`'s checked setters convert, range-check and record every
 # value in Python on each of those calls. :func:`fast_variant_pack` sets the
-# same three attributes through the
-# raw entry points with arguments the caller has already checked (ints, the
-# uids fixed per graph): one checked create (which counts the descriptor and
+# same three attributes through the raw entry points with arguments the caller
+# has already checked (ints, the uids fixed per graph): one checked create (which counts the descriptor and
 # arms its finalizer, as every descriptor's), three sets and a finalize. On the
 # H200 the full GPU suite passed with it; its gain was within the noise of the
 # host timings (docs/BENCHMARKS.md, "Fourth session").
