@@ -803,3 +803,23 @@ def test_docstring_examples(name):
 
     mod = importlib.import_module("mucudnn.torch" + name)
     assert doctest.testmod(mod).failed == 0
+
+
+def test_a_second_differentiation_raises_and_create_graph_first_gradients_are_right():
+    """Note [eager backward cost]: once_differentiable guards only under
+    create_graph=True; the first-order gradients stay those of native conv2d."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(mt.conv2d(x, w, padding=1).square().sum(), x, create_graph=True)
+    (rx,) = torch.autograd.grad(F.conv2d(x, w, padding=1).square().sum(), x)
+    torch.testing.assert_close(gx.detach(), rx)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gx.sum().backward()
+    # an ordinary backward (grad mode off inside it) gives native's gradients
+    x.grad = w.grad = None
+    mt.conv2d(x, w, padding=1).square().sum().backward()
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    F.conv2d(xr, wr, padding=1).square().sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(w.grad, wr.grad)

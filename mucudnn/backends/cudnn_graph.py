@@ -867,7 +867,7 @@ class CudnnGraphBackend(DeviceBackend):
             if key == last[0]:             # packs serve every micro-batch that uses it
                 pack = last[1]
             else:
-                pack = packs.get(key)
+                pack = packs.peek(key)  # lock-free: a miss only builds the pack again
                 if pack is None:  # Note [variant packs on the hot path]
                     pack = make_pack(uids, key[0], key[1], key[2], ws)
                     packs.put(key, pack)

@@ -58,7 +58,7 @@ from ..exec.arrays import torch_workspace
 from ..problem import ConvProblem, Direction, Plan
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
-           "channels_last", "convolution", "deterministic", "forward", "backward",
+           "channels_last", "convolution", "deterministic", "forward", "backward", "warm_call",
            "key_deterministic", "output_shape", "register_plan_source", "release_workspace",
            "workspace_bytes", "clear"]
 
@@ -456,10 +456,9 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
             cfg: ConvConfig) -> torch.Tensor:
     """``conv(x, w) + bias`` in torch's logical shapes; the output is
     channels-last when the convolution ran NHWC/NDHWC."""
-    if x.is_cuda:  # Note [the warm torch path]
-        warm = _warm(x, w, cfg)
-        if warm is not None:
-            return warm.forward(x, w, bias)
+    warm = warm_call(x, w, cfg)  # Note [the warm torch path]
+    if warm is not None:
+        return warm.forward(x, w, bias)
     return _forward(x, w, bias, cfg)
 
 
@@ -469,10 +468,9 @@ def backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig
     """``(dx, dw, dbias)`` for the gradient ``dy`` of :func:`forward`'s output;
     None for each one not asked for. ``dbias`` is ``dy`` summed over the batch
     and spatial dimensions."""
-    if x.is_cuda:  # Note [the warm torch path]
-        warm = _warm(x, w, cfg)
-        if warm is not None:
-            return warm.backward(dy, x, w, need_x, need_w, need_bias)
+    warm = warm_call(x, w, cfg)  # Note [the warm torch path]
+    if warm is not None:
+        return warm.backward(dy, x, w, need_x, need_w, need_bias)
     return _backward(dy, x, w, cfg, need_x, need_w, need_bias)
 
 
@@ -538,8 +536,8 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfi
 # both backward passes) through Convolution's checked path cost about 290 us
 # more than a native conv's (tools/bench_torch_call.py: 470 vs 180 us), enough
 # to make host-bound eager training (ResNet-50 under AMP) 44% slower. For CUDA
-# tensors the three directions of one signature (logical shapes, dtype,
-# device, layout, options, TF32 and determinism flags) are resolved once into a
+# tensors the three directions of one signature (logical shapes and strides,
+# dtype, device, options, TF32 and determinism flags) are resolved once into a
 # _Warm record: the Convolution, its three kernels' ``launch`` and the output
 # shape and memory format. A call then makes its operands contiguous in that
 # memory format (a no-op for the tensors a model passes), allocates outputs in
@@ -550,7 +548,10 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfi
 # Convolution's per-call checks are skipped (the first call of a signature
 # plans, and argument checks happen in functional.py before any device work).
 # Records are rebuilt from the Convolution cache after :func:`forget` or
-# :func:`clear`; CPU tensors and empty batches take the checked path.
+# :func:`clear`; CPU tensors and empty batches take the checked path. The
+# eager autograd Function looks its record up once, in the forward, and keeps
+# it on ``ctx`` for the backward (no second lookup; the backward runs with the
+# TF32 and determinism flags its forward saw, as the plans it saved imply).
 _WARM: "LRU[tuple, _Warm]" = LRU("torch.warm_calls", MAX_CONVOLUTIONS)
 _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
     or (lambda: torch.backends.cudnn.allow_tf32)
@@ -560,17 +561,23 @@ _STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CUR_DEVICE: Any = getattr(torch._C, "_cuda_getDevice", None)
 
 
-def _warm(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | None":
-    """The warm record of this call's signature (made on first use); None where
-    the checked path must run (an empty batch)."""
-    cl = _is_cl(x) or _is_cl(w)
-    key = (tuple(x.shape), tuple(w.shape), x.dtype, x.get_device(), cl, cfg, _TF32(),
+def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | None":
+    """The warm record of this call's signature (made on first use; Note [the
+    warm torch path]); None where the checked path must run (CPU tensors, an
+    empty batch). Its ``forward(x, w, bias)`` and ``backward(dy, x, w,
+    need_x, need_w, need_bias)`` are :func:`forward`'s and :func:`backward`'s
+    for tensors of this signature; the autograd Function keeps the forward's
+    record for its backward."""
+    if not x.is_cuda:
+        return None
+    # the strides stand for the memory format: the layout follows from them
+    key = (x.shape, x.stride(), w.shape, w.stride(), x.dtype, x.get_device(), cfg, _TF32(),
            deterministic())
     warm = _WARM.peek(key)
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
-        warm = _Warm(x, w, cl, cfg)
+        warm = _Warm(x, w, _is_cl(x) or _is_cl(w), cfg)
         _WARM.put(key, warm)
     return warm
 

@@ -39,6 +39,16 @@ _TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_fixed_stride_order",)
               if hasattr(torch.Tag, t))
 
 
+# Note [eager backward cost]: in host-bound eager training (ResNet-50 under AMP
+# at small batches on the H200 host) every microsecond of a conv's Python is
+# paid 53 times a step (docs/BENCHMARKS.md, "Fifth session"). So the eager
+# Function's forward looks up the warm record once (Note [the warm torch path]
+# in engine.py) and keeps it on ``ctx``; and ``once_differentiable`` (whose
+# ``torch.no_grad()`` and output checks cost about 19 us a call under cProfile
+# there) wraps the backward only when grad mode is on in it, i.e. under
+# ``create_graph=True``, the one case where its guard against a second
+# differentiation does anything. In an ordinary backward grad mode is off,
+# which is all its ``no_grad`` would ensure.
 class ConvFunction(torch.autograd.Function):
     """Eager autograd path: ``ConvFunction.apply(x, w, bias, cfg)``."""
 
@@ -47,15 +57,45 @@ class ConvFunction(torch.autograd.Function):
                 cfg: ConvConfig) -> Tensor:
         ctx.cfg = cfg
         ctx.save_for_backward(x, w)
+        warm = ctx.warm = engine.warm_call(x, w, cfg)
+        if warm is not None:
+            return warm.forward(x, w, bias)
         return engine.forward(x, w, bias, cfg)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, dy: Tensor) -> tuple:
-        x, w = ctx.saved_tensors
-        nx, nw, nb = ctx.needs_input_grad[:3]
+        if _GRAD_ENABLED():  # create_graph=True (Note [eager backward cost])
+            return _backward_once(ctx, dy)
+        return _conv_function_backward(ctx, dy)
+
+
+_GRAD_ENABLED = torch.is_grad_enabled
+
+
+def _conv_function_backward(ctx: Any, dy: Tensor) -> tuple:
+    x, w = ctx.saved_tensors
+    nx, nw, nb = ctx.needs_input_grad[:3]
+    warm = ctx.warm
+    if warm is not None:
+        dx, dw, db = warm.backward(dy, x, w, nx, nw, nb)
+    else:
         dx, dw, db = engine.backward(dy, x, w, ctx.cfg, nx, nw, nb)
-        return dx, dw, db, None
+    return dx, dw, db, None
+
+
+_backward_once = once_differentiable(_conv_function_backward)
+
+# Note [Function.apply's Python wrapper]: in the torch releases our users run
+# (2.11 on the H200 machine) ``Function.apply`` is a Python classmethod: it
+# checks for a ``setup_context`` (ConvFunction has none), unwraps dead functorch
+# wrappers (tensors that outlived a torch.func transform) and calls
+# ``torch._C._FunctionBase.apply``; newer releases made ``apply`` that C
+# method itself. Outside functorch transforms :func:`apply` calls the C method
+# directly (about 15 us a call less under cProfile on the H200 host); under a
+# transform (``torch._C._are_functorch_transforms_active()``) it takes
+# ``ConvFunction.apply``, which raises torch's own error (no setup_context).
+_C_APPLY: Any = torch._C._FunctionBase.__dict__["apply"].__get__(None, ConvFunction)
+_FUNCTORCH_ACTIVE: Any = torch._C._are_functorch_transforms_active
 
 
 def _cfg(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
@@ -144,5 +184,7 @@ def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig) -> Tens
                     cfg.groups, cfg.workspace_limit, cfg.policy, cfg.backend, cfg.plans)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        return ConvFunction.apply(x, w, bias, cfg)
+        if _FUNCTORCH_ACTIVE():  # Note [Function.apply's Python wrapper]
+            return ConvFunction.apply(x, w, bias, cfg)
+        return _C_APPLY(x, w, bias, cfg)
     return engine.forward(x, w, bias, cfg)
