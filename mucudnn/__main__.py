@@ -2,6 +2,7 @@
 
     python -m mucudnn bench --net alexnet --batch 256 --workspace 64MiB --policy powerOfTwo
     python -m mucudnn optimize --net resnet18 --workspace 64MiB --json plans.json
+    python -m mucudnn optimize --net resnet50 --devices 0,1   # benchmark on two GPUs
     python -m mucudnn plot --net alexnet --out figures/
     python -m mucudnn cache info | export h200.sqlite.gz | import h200.sqlite.gz | merge a b -o c
     python -m mucudnn --version
@@ -40,7 +41,8 @@ from .cuda import device_count
 from .errors import MucudnnError
 from .exec.workspace import env_workspace_limit
 from .networks import DEFAULT_BATCH, NETWORKS, select
-from .optimizer import CachedBackend, cache_tools, optimize, optimize_network
+from .optimizer import (CachedBackend, cache_tools, check_devices, optimize, optimize_kernels,
+                        optimize_network)
 from .optimizer.policies import normalize_policy
 from .plot import plot_network
 from .problem import Direction
@@ -115,6 +117,23 @@ def _directions(text: str) -> list[str]:
             f"got {text!r}") from None
 
 
+def parse_devices(text: str) -> list[int]:
+    """A ``--devices`` value: comma-separated CUDA device ordinals, each once;
+    CommandLineError naming ``--devices`` otherwise.
+
+    >>> parse_devices("0,1"), parse_devices(" 2 ")
+    ([0, 1], [2])
+    """
+    try:
+        ids = [int(v.strip(), 10) for v in str(text).split(",")]
+        return list(check_devices(ids))
+    except ValueError as exc:  # int() and check_devices (an InvalidValueError)
+        why = str(exc).removeprefix("devices: ") if str(exc).startswith("devices:") else ""
+        raise CommandLineError(
+            f"argument --devices: expected CUDA device ordinals like 0,1, each once; got "
+            f"{text!r}{f' ({why})' if why else ''}") from None
+
+
 def _json_file(text: str) -> str:
     """A file to write: its folder must exist and it must not be a folder."""
     if os.path.isdir(text):
@@ -154,7 +173,7 @@ class _Parser(argparse.ArgumentParser):
         return ns
 
 
-def _common(p: argparse.ArgumentParser, offline: bool) -> None:
+def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) -> None:
     p.add_argument("--net", required=True, choices=sorted(NETWORKS), help="network")
     p.add_argument("--batch", type=positive_int, default=None,
                    help="mini-batch size (default: the paper's: alexnet 256, resnet 128, "
@@ -185,6 +204,11 @@ def _common(p: argparse.ArgumentParser, offline: bool) -> None:
                    default=[d.value for d in Direction],
                    help="comma-separated: forward,backward_data,backward_filter (default: all)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    if devices:
+        p.add_argument("--devices", default=None, metavar="0,1",
+                       help="benchmark in one process per CUDA device, the distinct kernels "
+                            "spread over them, into the one cache (with the numpy backend: "
+                            "one host process per entry)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log each plan; show tracebacks of errors")
 
@@ -237,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"mucudnn {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="optimise, execute and time every conv layer of a network")
-    _common(b, offline=False)
+    _common(b, offline=False, devices=True)
     b.add_argument("--repeat", type=positive_int, default=None,
                    help="timed runs per plan (median; default 10 on a GPU, 3 on NumPy)")
     b.add_argument("--json", type=_json_file, default=None,
@@ -247,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
     o = sub.add_parser("optimize", help="print a table of the plans of a network; "
                                         "--json saves them for mucudnn.load_plans")
-    _common(o, offline=True)
+    _common(o, offline=True, devices=True)
     o.add_argument("--json", type=_json_file, default=None,
                    help="write the plans to this JSON file (read it with mucudnn.load_plans)")
     o.set_defaults(func=cmd_optimize)
@@ -279,6 +303,12 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
     env_workspace_limit()  # a bad MUCUDNN_WORKSPACE_LIMIT fails now, naming itself
     select(args.net, _layers(args))  # unknown layer names fail now
     batch = args.batch if args.batch is not None else DEFAULT_BATCH[args.net]
+    devices = getattr(args, "devices", None)
+    if devices is not None:
+        args.devices = devices = parse_devices(devices)
+        if getattr(args, "offline", False):
+            raise CommandLineError("argument --devices: --offline answers from the cache and "
+                                   "benchmarks nothing; leave out one of them")
     if getattr(args, "offline", False):
         be = CachedBackend(args.backend or "cudnn-graph")
         print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
@@ -302,6 +332,11 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
                      "--layers picks fewer layers)")
         print(note + "; --backend numpy runs the batch you ask for", flush=True)
         batch = small
+    if devices is not None and backend != "numpy" and have_gpu and max(devices) >= device_count():
+        n = device_count()
+        raise CommandLineError(f"argument --devices: this machine has {n} CUDA device"
+                               f"{'s' if n != 1 else ''} (0..{n - 1}), got "
+                               f"{','.join(map(str, devices))}")
     if args.dtype == "bfloat16" and (backend == "numpy" or args.command == "bench"):
         require("ml_dtypes", "bfloat16", "bfloat16 arrays on the host")
     return backend, batch
@@ -318,7 +353,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     warmup=1 if backend == "numpy" else 3,
                     layers=_layers(args),
                     directions=args.directions, progress=not args.no_progress,
-                    graph=args.graph)
+                    graph=args.graph, devices=args.devices)
     print(format_table(r))
     if backend == "numpy":
         print(CPU_TIMINGS_NOTE)
@@ -334,11 +369,18 @@ def cmd_optimize(args: argparse.Namespace) -> int:
              for l in select(args.net, _layers(args))}
     dirs = args.directions
     progress = not args.no_progress
+    devices = getattr(args, "devices", None)
     if args.mode == "wd":
         total = (args.total_workspace if args.total_workspace is not None
                  else args.workspace * len(probs) * len(dirs))
+        # Note [benchmarking on several devices]: devices= only where asked for.
+        more = {"devices": devices} if devices is not None else {}
         plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
-                                 progress=progress)
+                                 progress=progress, **more)
+    elif devices is not None:
+        plans = optimize_kernels({(name, d): (p, d) for name, p in probs.items() for d in dirs},
+                                 args.workspace, args.policy, backend, progress=progress,
+                                 devices=devices)
     else:
         memo: dict = {}  # a repeated layer (same problem) shares its plan
         plans = {}

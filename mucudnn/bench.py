@@ -32,8 +32,10 @@ from .cuda import CudaGraph, time_on_stream
 from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
-from .optimizer import benchmark, optimize_wd, optimize_wr, pareto_front
+from .errors import InvalidValueError
+from .optimizer import benchmark, check_devices, optimize_wd, optimize_wr, pareto_front
 from .optimizer.benchmark import resolve_cache
+from .optimizer.spread import run as spread_run
 from .problem import ConvProblem, Direction, Plan
 
 log = logging.getLogger("mucudnn")
@@ -97,6 +99,8 @@ class NetworkResult:
     optimize_cold_s: float = float("nan")
     optimize_warm_s: float = float("nan")
     graph: bool = False
+    #: The CUDA devices the cold benchmark was spread over (None: this process's backend).
+    devices: list[int] | None = None
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     def total(self, attr: str) -> float:
@@ -191,7 +195,8 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                 layers: Sequence[str] | None = None,
                 directions: Iterable["Direction | str"] | None = None,
                 progress: bool = True, time_alone: bool = True,
-                graph: bool = False, tensors: dict | None = None) -> NetworkResult:
+                graph: bool = False, tensors: dict | None = None,
+                devices: Sequence[int] | None = None) -> NetworkResult:
     """Benchmark, optimise, execute and time every conv layer of ``net``.
 
     ``mode`` is "wr" (each kernel under ``workspace_limit``) or "wd" (one
@@ -201,10 +206,17 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     micro-batch sequence captured once as a CUDA graph and replayed.
     ``tensors`` (a dict) keeps the random device tensors of each problem
     between calls, so several limits and modes reuse them.
+    ``devices=[0, 1]``: the cold benchmark runs in one worker process per CUDA
+    device, the distinct kernels spread over them (Note [benchmarking on
+    several devices] in :mod:`mucudnn.optimizer.spread`); the warm pass, the
+    plans and their execution stay in this process, on ``backend``'s device,
+    which must be of the same kind as the workers' (InvalidValueError
+    otherwise). ``backend`` is then a name or None.
     Returns a :class:`NetworkResult`; :func:`format_table` prints it.
     """
     if mode not in ("wr", "wd"):
         raise ValueError(f"mode: expected 'wr' or 'wd', got {mode!r}")
+    devs = check_devices(devices) if devices is not None else None
     be = get_backend(backend)
     store = resolve_cache(cache)
     dirs = [Direction.parse(d) for d in (directions or ALL_DIRECTIONS)]
@@ -217,16 +229,33 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     result = NetworkResult(net=net, batch=batch, dtype=dtype, backend=be.name,
                            device=be.device_name, version=be.version,
                            workspace_limit=workspace_limit, policy=policy, mode=mode,
-                           total_workspace=total_workspace if mode == "wd" else None)
-    bar = _progress(len(kernels), progress, f"{net}: benchmarking")
+                           total_workspace=total_workspace if mode == "wd" else None,
+                           devices=list(devs) if devs is not None else None)
+    bar = _progress(len(kernels), progress and devs is None, f"{net}: benchmarking")
 
-    def optimise() -> tuple[dict, dict]:
+    def optimise(spread: bool = False) -> tuple[dict, dict]:
         perfs, plans = {}, {}
-        for layer, _names, p, d in kernels:
-            perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
-                                        cache=store, progress=False)
-            if bar is not None:
-                bar.update(1)
+        if spread:
+            # Note [benchmarking on several devices]: the workers measure under
+            # the key this process's backend reads back in the warm pass.
+            res = spread_run([(p, d) for _l, _n, p, d in kernels], policy,
+                             max(workspace_limit, UNLIMITED), backend if backend is not None
+                             else be.name, store, devices=devs, progress=progress)
+            here = (be.name, be.device_name, be.version)
+            if res.identity is not None and tuple(res.identity) != here:
+                raise InvalidValueError(
+                    f"devices: the workers on devices {list(devs or ())} measured with "
+                    f"{res.identity[0]} on {res.identity[1]} ({res.identity[2]}), but the "
+                    f"plans run here with {here[0]} on {here[1]} ({here[2]}): pass devices "
+                    "of the same model as the backend's")
+            for (layer, _names, _p, d), perf in zip(kernels, res.perfs):
+                perfs[layer, d] = perf
+        else:
+            for layer, _names, p, d in kernels:
+                perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
+                                            cache=store, progress=False)
+                if bar is not None:
+                    bar.update(1)
         if mode == "wr":
             for layer, _names, p, d in kernels:
                 plans[layer, d] = optimize_wr(perfs[layer, d], batch, workspace_limit, policy,
@@ -247,7 +276,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
         return perfs, plans
 
     t0 = time.perf_counter()
-    perfs, plans = optimise()
+    perfs, plans = optimise(spread=devs is not None)
     result.optimize_cold_s = time.perf_counter() - t0
     if bar is not None:
         bar.close()
@@ -355,7 +384,8 @@ def format_table(r: NetworkResult) -> str:
                                 for i, (v, w) in enumerate(zip(row, widths)))
     lines = [head, fmt(cols), fmt(["-" * w for w in widths])]
     lines += [fmt(row) for row in rows[:-1]] + [fmt(["-" * w for w in widths]), fmt(rows[-1])]
-    lines.append(f"optimisation: cold {r.optimize_cold_s:.2f} s, warm (cached) "
+    on = f" on devices {','.join(map(str, r.devices))}" if r.devices else ""
+    lines.append(f"optimisation: cold {r.optimize_cold_s:.2f} s{on}, warm (cached) "
                  f"{r.optimize_warm_s:.3f} s; dispatch overhead "
                  f"{100 * r.dispatch_overhead:+.1f}% over the micro-batch kernels timed alone")
     return "\n".join(lines)

@@ -24,12 +24,22 @@ worked before: one thread, every candidate finalized and fully timed),
 fully timed: the plan-quality reference), ``default`` (the backend's
 defaults: Note [find cut-offs]), and variants of it.
 
+``--devices 0,1`` benchmarks on several GPUs of the host: the worker hands
+every distinct kernel to :func:`mucudnn.optimizer.benchmark_many` (one
+process per GPU, longest kernels first; Note [benchmarking on several
+devices]) with ``functools.partial(CudnnGraphBackend, **options)`` and solves
+WR per kernel as on one GPU; ``process s`` still counts from the worker's
+first line, so it includes starting the GPU processes. The breakdown columns
+come from the worker's own backend, which does not benchmark then: they show
+``-``. ``executed ms`` runs the plans on device 0 of the worker.
+
 ``--torch`` adds PyTorch's first training iteration over the same
 convolutions in a fresh process (``cudnn.benchmark=True``, every distinct
 layer's forward and backward with x and w requiring grad), from the worker's
 first line, CUDA context included: the reference the cold-start target names.
 
     python tools/cold_start.py --nets alexnet resnet18 resnet50 --torch --json out/cold.json
+    python tools/cold_start.py --nets alexnet resnet18 resnet50 --devices 0,1 --json out/cold2.json
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import time
 T_PROCESS = time.perf_counter()  # before any import: the process-level clock
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -73,42 +84,54 @@ def _problems(net: str, batch: int | None) -> dict:
 
 
 def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy: str,
-                   execute: bool) -> dict[str, Any]:
+                   execute: bool, devices: list[int] | None = None) -> dict[str, Any]:
     from mucudnn.backends.cudnn_graph import CudnnGraphBackend
     from mucudnn.bench import make_timer, random_tensors
     from mucudnn.exec import prepare
-    from mucudnn.optimizer import benchmark, optimize_wr
+    from mucudnn.optimizer import benchmark, benchmark_many, optimize_wr
     from mucudnn.problem import Direction
 
     options = dict(CONFIGS[config])
     prune = options.pop("prune_sizes", True)
-    be = CudnnGraphBackend(**options)
+    # Note [benchmarking on several devices]: with devices the GPU processes
+    # benchmark and this one needs a backend only to execute the plans (made
+    # after them, so it is not on the clock).
+    be = CudnnGraphBackend(**options) if not devices else None
     t_ready = time.perf_counter()
     groups = _problems(net, batch)
     plans = {}
     sizes = 0
+    tasks = [(p, d) for p in groups for d in Direction]
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cold.sqlite")
         t0 = time.perf_counter()
-        for p in groups:
-            for d in Direction:
-                # what optimize() (and so Convolution's first call) does, pruning aside
-                perf = benchmark(be, p, d, policy, limit, cache=cache, progress=False,
-                                 prune_sizes=prune)
-                sizes += len(perf)
-                plans[p, d] = optimize_wr(perf, p.batch, limit, policy,
-                                          quantum=p.batch_quantum())
+        if devices:
+            perfs = benchmark_many(tasks, policy, limit,
+                                   functools.partial(CudnnGraphBackend, **options), cache,
+                                   devices=devices, prune_sizes=prune, progress=False)
+        else:
+            # what optimize() (and so Convolution's first call) does, pruning aside
+            perfs = [benchmark(be, p, d, policy, limit, cache=cache, progress=False,
+                               prune_sizes=prune) for p, d in tasks]
+        for (p, d), perf in zip(tasks, perfs):
+            sizes += len(perf)
+            plans[p, d] = optimize_wr(perf, p.batch, limit, policy, quantum=p.batch_quantum())
         t1 = time.perf_counter()
+    if be is None and execute:
+        be = CudnnGraphBackend(**options)  # device 0, after the clock stopped
     out: dict[str, Any] = {
-        "net": net, "threads": be.find_threads, "options": repr(CONFIGS[config]),
+        "net": net, "threads": be.find_threads if be is not None else None,
+        "options": repr(CONFIGS[config]), "devices": devices,
         "kernels": len(plans), "sizes": sizes, "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
-        "optimise_s": t1 - t0, "profile": be.find_profile.as_dict(),
+        "optimise_s": t1 - t0,
+        "profile": be.find_profile.as_dict() if be is not None and not devices else {},
         "predicted_ms": sum(q.time_ms * len(groups[p]) for (p, _d), q in plans.items()),
         "plans": {f"{p.key()} {d.value}": [[(m.size, str(m.algo)) for m in q.micro_batches],
                                                  q.time_ms]
                   for (p, d), q in plans.items()},
     }
     if execute:
+        assert be is not None
         timer = make_timer(be)
         total = 0.0
         for i, ((p, d), q) in enumerate(plans.items()):
@@ -167,6 +190,33 @@ def _run_worker(args: list[str], timeout: float) -> dict[str, Any]:
         os.unlink(path)
 
 
+def _devices(text: str | None) -> list[int] | None:
+    """``--devices 0,1`` as a list (None when not given)."""
+    if not text:
+        return None
+    from mucudnn.optimizer import check_devices
+    try:
+        return list(check_devices([int(v, 10) for v in text.split(",")]))
+    except ValueError as exc:
+        raise SystemExit(f"cold_start.py: --devices: expected ordinals like 0,1 ({exc})") from None
+
+
+#: The FindProfile columns of the table (after "sizes").
+BREAKDOWN_COLUMNS = 10
+
+
+def _breakdown(pr: dict[str, Any]) -> str:
+    """The FindProfile columns; ``-`` where there is none (several devices: the
+    GPU processes' backends measured, not the worker's)."""
+    if not pr:
+        return " | ".join(["-"] * BREAKDOWN_COLUMNS)
+    modes = ", ".join(f"{m} {v:.1f}" for m, v in pr.get("modes_s", {}).items())
+    return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f} | "
+            f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['cut']} | "
+            f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)} | "
+            f"{pr['workspace_mismatch']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", nargs="+", default=["alexnet", "resnet18", "resnet50"])
@@ -177,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="powerOfTwo")
     ap.add_argument("--torch", action="store_true", help="also PyTorch's first iteration")
     ap.add_argument("--no-execute", action="store_true", help="skip executing the plans")
+    ap.add_argument("--devices", default=None, metavar="0,1",
+                    help="benchmark on these CUDA devices, one process each (default: one "
+                         "GPU, in the worker)")
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds per worker")
     ap.add_argument("--json", default=None)
     # worker mode (internal)
@@ -190,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             res = worker_torch(net, a.batch)
         else:
             res = worker_mucudnn(net, a.batch, a.worker, a.workspace, a.policy,
-                                 not a.no_execute)
+                                 not a.no_execute, _devices(a.devices))
         with open(a.worker_json, "w") as fh:
             json.dump(res, fh)
         return 0
@@ -201,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--batch", str(a.batch)]
     if a.no_execute:
         common.append("--no-execute")
+    if a.devices:
+        _devices(a.devices)  # a bad list fails here, not in every worker
+        common += ["--devices", a.devices]
 
     def save() -> None:
         if a.json:
@@ -217,34 +273,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{net} torch] {r.get('process_s', r.get('error'))}", flush=True)
         for c in a.configs:
             r = _run_worker(["--worker", c, "--nets", net, *common], a.timeout)
+            r.setdefault("devices", _devices(a.devices))
             r.update(config=c, net=net)
             results.append(r)
             save()
             print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}", flush=True)
 
-    print("| net | config | process s | optimise s | sizes | heuristics s | finalize s | timing s "
-          "| candidates | skipped | cut | finalized | timed | probed out + cold out | ws mismatch "
-          "| predicted ms | executed ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| net | config | devices | process s | optimise s | sizes | heuristics s | finalize s "
+          "| timing s | candidates | skipped | cut | finalized | timed | probed out + cold out "
+          "| ws mismatch | predicted ms | executed ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             print(f"| {r['net']} | {r['config']} | error: {r['error'][-300:]!r} |")
             continue
         if r["config"] == "torch":
-            print(f"| {r['net']} | PyTorch first iteration | {r['process_s']:.1f} | "
+            print(f"| {r['net']} | PyTorch first iteration | default | {r['process_s']:.1f} | "
                   f"{r['first_iteration_s']:.1f} | | | | | | | | | | | | | "
                   f"(2nd iteration {r['second_iteration_s']:.2f} s) |")
             continue
-        pr = r["profile"]
         ex = r.get("executed_ms")
-        modes = ", ".join(f"{m} {v:.1f}" for m, v in pr.get("modes_s", {}).items())
-        print(f"| {r['net']} | {r['config']} ({r['threads']} threads) | {r['process_s']:.1f} | "
-              f"{r['optimise_s']:.1f} | {r['sizes']} | {pr['heuristics_s']:.1f} ({modes}) | "
-              f"{pr['finalize_s']:.1f} | "
-              f"{pr['timing_s']:.1f} | {pr['configs']} | {pr['skipped']} | {pr['cut']} | "
-              f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)} | "
-              f"{pr['workspace_mismatch']} | {r['predicted_ms']:.2f} | "
-              f"{'' if ex is None else f'{ex:.2f}'} |")
+        devs = ",".join(map(str, r.get("devices") or [])) or "default"
+        threads = f" ({r['threads']} threads)" if r.get("threads") else ""
+        print(f"| {r['net']} | {r['config']}{threads} | {devs} | {r['process_s']:.1f} | "
+              f"{r['optimise_s']:.1f} | {r['sizes']} | {_breakdown(r.get('profile') or {})} | "
+              f"{r['predicted_ms']:.2f} | {'' if ex is None else f'{ex:.2f}'} |")
     return 0
 
 

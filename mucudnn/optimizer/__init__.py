@@ -5,7 +5,7 @@
 [100, 64, 32, 16, 8, 4, 2, 1]
 """
 
-from .api import DEFAULT_WORKSPACE_LIMIT, optimize, optimize_network
+from .api import DEFAULT_WORKSPACE_LIMIT, optimize, optimize_kernels, optimize_network
 from .benchmark import benchmark
 from .cache import (BenchmarkCache, CacheArgumentError, CacheFileError, CacheWarning,
                     default_cache_path)
@@ -14,10 +14,12 @@ from .ilp import optimize_wd
 from .offline import CachedBackend, CacheMissError
 from .planner import Planner, PlanKey, zero_workspace_plan
 from .policies import POLICIES, batch_sizes
+from .spread import benchmark_many, check_devices
 
 __all__ = [
     "BenchmarkCache", "CacheArgumentError", "CacheFileError", "CacheMissError", "CacheWarning",
     "CachedBackend", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
-    "benchmark", "default_cache_path", "optimize", "optimize_network", "optimize_wd",
+    "benchmark", "benchmark_many", "check_devices", "default_cache_path", "optimize",
+    "optimize_kernels", "optimize_network", "optimize_wd",
     "optimize_wr", "pareto_front", "Planner", "PlanKey", "zero_workspace_plan",
 ]

@@ -1,0 +1,453 @@
+"""Benchmarking many kernels at once, in this process or spread over several GPUs of one host.
+
+:func:`benchmark_many` benchmarks a list of ``(problem, direction)`` tasks
+(each distinct task once) exactly as :func:`~.benchmark.benchmark` does one,
+and returns the perf tables in task order. With ``devices=[0, 1]`` one worker
+process per device does the benchmarking and the results come back merged
+(Note [benchmarking on several devices]); :func:`~.api.optimize`,
+:func:`~.api.optimize_network`, :func:`~.api.plan_jointly`,
+:func:`~.api.optimize_kernels`, :func:`mucudnn.bench.run_network` and the
+command line's ``--devices`` go through it.
+
+>>> from mucudnn.problem import ConvProblem, Direction
+>>> p = ConvProblem((4, 3, 6, 6), (2, 3, 3, 3), padding=1)
+>>> fwd, bwd, again = benchmark_many([(p, "forward"), (p, "backward_data"), (p, "forward")],
+...                                  "powerOfTwo", 1 << 20, "numpy", cache=False)
+>>> sorted(fwd), fwd is again
+([1, 2, 4], True)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import pickle
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NamedTuple
+
+from tqdm.auto import tqdm
+
+from ..backends import (DEFAULT_GPU_BACKEND, CudnnBackend, CudnnGraphBackend, NumpyBackend,
+                        available_backends, get_backend)
+from ..cuda import device_count, require_device, set_device
+from ..errors import InvalidTypeError, InvalidValueError
+from ..problem import AlgoPerf, ConvProblem, Direction
+from .benchmark import (PROGRESS_MIN_SIZES, benchmark, check_deterministic, resolve_backend,
+                        resolve_cache)
+from .policies import Policy, batch_sizes, normalize_policy
+
+__all__ = ["benchmark_many", "check_devices"]
+
+log = logging.getLogger("mucudnn")
+
+Perf = dict[int, list[AlgoPerf]]
+Identity = tuple[str, str, str]
+
+
+# Note [benchmarking on several devices]: a cold optimisation is almost all
+# Find: cuDNN timing every candidate at every micro-batch size of every
+# distinct kernel, one after another on one GPU. Kernels are independent, so
+# ``devices=[0, 1]`` spreads them over GPUs of one host:
+#
+# * One worker *process* per device (concurrent.futures.ProcessPoolExecutor
+#   with the "spawn" start method; never fork: a forked CUDA context is
+#   unusable). Processes, not threads: each GPU gets its own CUDA context,
+#   cuDNN handle and interpreter, so the Python around Find (building
+#   descriptors, the benchmark loop, the cache) never queues for one GIL
+#   (ctypes calls release it; the Python between them does not). The
+#   initializer takes a device ordinal from a shared queue; the worker builds
+#   its backend once, on its first task, with ``device=`` that ordinal (a
+#   library GPU backend's worker first makes it the current device, so no
+#   stray call makes a context on device 0). Not in the initializer: an
+#   initializer's exception only breaks the pool, while a task's comes back
+#   to the caller with its own type.
+# * The unit of work is a distinct (problem, direction): its sizes share
+#   Find's scratch buffers, and with size pruning (Note [size pruning]) each
+#   size decides whether the next is measured, so they stay together in one
+#   worker and ``benchmark()`` runs there unchanged: plans are made from the
+#   same measurements the one-device path makes. Tasks are submitted
+#   longest first (estimated by their FLOPs at the full batch) and the
+#   workers pull them as they finish (longest-processing-time-first list
+#   scheduling: the last task to start is a short one). ``optimize`` of one
+#   kernel without pruning splits the kernel into its sizes (each benchmarked
+#   as its own "undivided" task, the same cache entries); with pruning (its
+#   default) the sizes depend on each other, so one worker on ``devices[0]``
+#   benchmarks them: ``devices`` then only chooses the GPU.
+# * Results travel two ways: every worker writes its entries to the one
+#   SQLite cache through its own connection (WAL, busy timeout, retried
+#   UPSERTs: several processes lose nothing, see cache.py), and returns its
+#   perf tables, which is all there is with ``cache=False``.
+# * The parent never builds a backend: it would create a CUDA context (time
+#   and memory on device 0) only to wait. For the library's GPU backends it
+#   asks ``device_count()`` to check the ordinals up front (another factory
+#   checks its own ``device``, in the worker). The workers report (backend
+#   name, device name, library version); these must agree, or
+#   InvalidValueError names the devices: measurements from an A100 and an
+#   H200 would make plans that hold on neither, and their cache entries live
+#   under different keys.
+# * ``backend`` is a name, None (MUCUDNN_BACKEND, else the default GPU
+#   backend), or a picklable factory called as ``factory(device=i)`` in the
+#   worker (a Backend class, or ``functools.partial(CudnnGraphBackend,
+#   find_top_k=4)``); an instance cannot be sent to another process. A host
+#   backend (the name "numpy", or a class whose ``is_host`` is true) has no
+#   device: it is built without one and each ``devices`` entry is then one
+#   host worker process (how the CPU tests exercise all of this).
+# * What it costs: each worker starts Python, imports mucudnn and creates a
+#   CUDA context and cuDNN handle before its first Find, a few seconds paid
+#   on all devices at once; a call answered entirely from the cache still
+#   pays them (run warm calls without ``devices``, as ``run_network``'s warm
+#   pass does). The workers share the host's cores: the graph backend's
+#   finalization pool (``find_threads``, default min(16, cores)) is per
+#   worker.
+
+
+class _Task(NamedTuple):
+    number: int  # among the distinct tasks
+    problem: ConvProblem
+    direction: Direction
+
+
+class _Done(NamedTuple):
+    number: int
+    perf: Perf
+    seconds: float  # benchmarking this task, in its worker
+    startup: float  # building the worker's backend (its first task only; else 0)
+    device: int
+    identity: Identity
+
+
+@dataclass
+class SpreadResult:
+    """What :func:`run` measured: ``perfs`` per task (in task order; a repeated
+    task shares its first occurrence's dict), ``seconds`` per task (the time
+    benchmarking it, 0 for a repeat), ``identity`` (backend name, device name,
+    library version; None when there were no tasks) and ``per_device``
+    ({device: (tasks, seconds)}; empty in-process)."""
+
+    perfs: list[Perf]
+    seconds: list[float]
+    identity: Identity | None
+    per_device: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+
+# -- checking arguments ----------------------------------------------------------------------------
+def check_devices(devices: Any) -> tuple[int, ...]:
+    """A ``devices`` argument: a non-empty sequence of distinct CUDA device
+    ordinals (ints >= 0), returned as a tuple; InvalidTypeError (a TypeError)
+    or InvalidValueError (a ValueError) naming ``devices`` otherwise.
+
+    >>> check_devices([0, 1])
+    (0, 1)
+    >>> check_devices("0,1")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    mucudnn.errors.InvalidTypeError: devices: expected a sequence of CUDA device ordinals ...
+    """
+    want = "a sequence of CUDA device ordinals such as [0, 1]"
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise InvalidTypeError(f"devices: expected {want}, got {devices!r} "
+                               f"({type(devices).__name__})")
+    out = []
+    for d in devices:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise InvalidTypeError(f"devices: expected {want}, got the entry {d!r} "
+                                   f"({type(d).__name__})")
+        if int(d) < 0:
+            raise InvalidValueError(f"devices: expected ordinals >= 0, got {int(d)}")
+        out.append(int(d))
+    if not out:
+        raise InvalidValueError(f"devices: expected {want}, got an empty sequence")
+    twice = sorted({d for d in out if out.count(d) > 1})
+    if twice:
+        raise InvalidValueError(f"devices: each device once, got {out} "
+                                f"(repeated: {', '.join(map(str, twice))})")
+    return tuple(out)
+
+
+def _default_backend_name() -> str:
+    """``MUCUDNN_BACKEND`` if set, else the default GPU backend, as get_backend()
+    would pick on a GPU, without touching the device."""
+    env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
+    if env:
+        if env not in available_backends():
+            raise InvalidValueError(f"MUCUDNN_BACKEND: expected one of {available_backends()}, "
+                                    f"got {env!r}")
+        return env
+    return DEFAULT_GPU_BACKEND
+
+
+def _factory_target(spec: Any) -> Any:
+    while isinstance(spec, functools.partial):
+        spec = spec.func
+    return spec
+
+
+def _backend_spec(backend: Any) -> tuple[Any, bool, bool]:
+    """(what the workers build their backend from, whether it is a host backend
+    (built without a device), whether it is one of the library's GPU backends
+    (whose ordinals are checked here; another factory checks its own)).
+    Note [benchmarking on several devices]."""
+    if backend is None:
+        backend = _default_backend_name()
+    if isinstance(backend, str):
+        key = backend.lower()
+        if key not in available_backends():
+            raise InvalidValueError(f"backend: expected one of {available_backends()}, "
+                                    f"got {backend!r}")
+        host = key == NumpyBackend.name
+        return key, host, not host
+    target = _factory_target(backend)
+    if not isinstance(target, type) and hasattr(backend, "find"):
+        raise InvalidTypeError(
+            f"backend: with devices=, each worker process builds its own backend, so pass a "
+            f"backend name, None, or a picklable factory called as factory(device=i) (a "
+            f"Backend class, or functools.partial(CudnnGraphBackend, find_top_k=4)); got the "
+            f"instance {backend!r}")
+    if not callable(backend):
+        raise InvalidTypeError(f"backend: expected a backend name, None or a factory "
+                               f"(callable as factory(device=i)), got {backend!r}")
+    try:
+        pickle.dumps(backend)
+    except Exception as exc:
+        raise InvalidTypeError(
+            f"backend: with devices=, the factory goes to worker processes and must be "
+            f"picklable (a module-level class or function, or functools.partial of one), "
+            f"got {backend!r}: {exc}") from None
+    if isinstance(target, type):
+        # the library's GPU backends: their ordinals can be checked here
+        return backend, bool(getattr(target, "is_host", False)), \
+            issubclass(target, (CudnnBackend, CudnnGraphBackend))
+    return backend, False, False
+
+
+def _check_ordinals(devices: tuple[int, ...]) -> None:
+    n = device_count()
+    if n == 0:
+        require_device()  # NoDeviceError, with the runtime's reason
+    bad = [d for d in devices if d >= n]
+    if bad:
+        raise InvalidValueError(f"devices: this machine has {n} CUDA device"
+                                f"{'s' if n != 1 else ''} (ordinals 0..{n - 1}), got {list(devices)}")
+
+
+def _check_common(policy: Any, cap: Any, retime: Any, deterministic: Any,
+                  tasks: list[tuple[ConvProblem, Direction]]) -> int:
+    check_deterministic(deterministic)
+    if isinstance(cap, bool) or not hasattr(cap, "__index__") or int(cap) < 0:
+        raise ValueError(f"workspace_cap: expected an int >= 0 (bytes), got {cap!r}")
+    if isinstance(retime, bool) or not hasattr(retime, "__index__") or int(retime) < 0:
+        raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
+    for p, _d in tasks:
+        if not isinstance(p, ConvProblem):
+            raise InvalidTypeError(f"tasks: expected (ConvProblem, Direction) pairs, got {p!r}")
+        batch_sizes(policy, p.batch)
+    return int(cap)
+
+
+# -- the worker process ----------------------------------------------------------------------------
+#: This worker process's state (set by _init_worker; one worker per devices entry).
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(devices: Any, spec: Any, host: bool, gpu: bool,
+                 settings: dict[str, Any]) -> None:
+    _WORKER.clear()
+    _WORKER.update(settings, device=devices.get(), spec=spec, host=host, gpu=gpu, backend=None)
+
+
+def _build(spec: Any, host: bool, gpu: bool, device: int) -> Any:
+    """The worker's backend: a host backend without a device, else on ``device``
+    (which a library GPU backend's worker also makes its main thread's current
+    device, so that nothing in it makes a context on device 0)."""
+    if gpu:
+        set_device(device)
+    if isinstance(spec, str):
+        return get_backend(spec) if host else get_backend(spec, device=device)
+    return resolve_backend(spec() if host else spec(device=device))
+
+
+def _work(task: _Task) -> _Done:
+    w = _WORKER
+    startup = 0.0
+    if w["backend"] is None:
+        t = time.perf_counter()
+        w["backend"] = _build(w["spec"], w["host"], w["gpu"], w["device"])
+        startup = time.perf_counter() - t
+    be = w["backend"]
+    t0 = time.perf_counter()
+    perf = benchmark(be, task.problem, task.direction, w["policy"], w["cap"], cache=w["cache"],
+                     retime=w["retime"], progress=False, prune_sizes=w["prune_sizes"],
+                     deterministic=w["deterministic"])
+    return _Done(task.number, perf, time.perf_counter() - t0, startup, w["device"],
+                 (str(be.name), str(be.device_name), str(be.version)))
+
+
+# -- the parent ------------------------------------------------------------------------------------
+def _distinct(tasks: Iterable[tuple[ConvProblem, "Direction | str"]]
+              ) -> tuple[list[tuple[ConvProblem, Direction]], list[int]]:
+    """The distinct tasks in first-seen order, and each task's index among them."""
+    index: dict[tuple[ConvProblem, Direction], int] = {}
+    where = []
+    for item in tasks:
+        try:
+            p, d = item
+        except (TypeError, ValueError):
+            raise InvalidTypeError(f"tasks: expected (ConvProblem, Direction) pairs, "
+                                   f"got {item!r}") from None
+        key = (p, Direction.parse(d))
+        where.append(index.setdefault(key, len(index)))
+    return list(index), where
+
+
+def _cost(p: ConvProblem) -> int:
+    """The order tasks are submitted in: longest first, estimated by FLOPs."""
+    return int(p.flops())
+
+
+def _mismatch(devices: tuple[int, ...], seen: dict[int, Identity]) -> InvalidValueError:
+    names = "; ".join(f"device {d}: {b} on {n} ({v})" for d, (b, n, v) in sorted(seen.items()))
+    return InvalidValueError(
+        f"devices: the workers on devices {list(devices)} do not measure on one kind of device "
+        f"and library ({names}); plans measured on one would not hold on another: pass "
+        "devices of one model, with one cuDNN version")
+
+
+def run(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy, cap: int,
+        backend: Any = None, cache: Any = None, *, devices: Any = None, retime: int = 0,
+        prune_sizes: bool = False, deterministic: bool = False,
+        progress: "bool | None" = None) -> SpreadResult:
+    """:func:`benchmark_many` with the times per task and the workers' identity
+    (what :mod:`.api` and :mod:`mucudnn.bench` need to label their plans)."""
+    policy = normalize_policy(policy)  # a one-shot iterable is read once
+    distinct, where = _distinct(tasks)
+    cap = _check_common(policy, cap, retime, deterministic, distinct)
+    if devices is None:
+        be = resolve_backend(backend)
+        store = resolve_cache(cache)
+        perfs: list[Perf] = []
+        secs: list[float] = []
+        for p, d in distinct:
+            t0 = time.perf_counter()
+            perfs.append(benchmark(be, p, d, policy, cap, cache=store, retime=retime,
+                                   progress=progress, prune_sizes=prune_sizes,
+                                   deterministic=deterministic))
+            secs.append(time.perf_counter() - t0)
+        return _in_task_order(perfs, secs, where, (be.name, be.device_name, be.version))
+    devs = check_devices(devices)
+    spec, host, gpu = _backend_spec(backend)
+    if gpu:
+        _check_ordinals(devs)
+    store = resolve_cache(cache)
+    if not distinct:
+        return SpreadResult([], [], None)
+    if store.enabled:
+        store.read_only  # noqa: B018 (opens the file, and creates its schema, once, here)
+    settings = dict(policy=policy, cap=cap, cache=store, retime=int(retime),
+                    prune_sizes=bool(prune_sizes), deterministic=deterministic)
+    return _spread(distinct, where, devs, spec, host, gpu, settings, progress)
+
+
+def _in_task_order(perfs: list[Perf], secs: list[float], where: list[int],
+                   identity: Identity | None,
+                   per_device: dict[int, tuple[int, float]] | None = None) -> SpreadResult:
+    first: set[int] = set()
+    seconds = []
+    for i in where:
+        seconds.append(0.0 if i in first else secs[i])
+        first.add(i)
+    return SpreadResult([perfs[i] for i in where], seconds, identity, per_device or {})
+
+
+def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
+            devs: tuple[int, ...], spec: Any, host: bool, gpu: bool,
+            settings: dict[str, Any], progress: "bool | None") -> SpreadResult:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    workers = min(len(devs), len(distinct))
+    for d in devs[:workers]:
+        queue.put(d)
+    order = sorted(range(len(distinct)), key=lambda i: -_cost(distinct[i][0]))
+    perfs: list[Perf | None] = [None] * len(distinct)
+    secs = [0.0] * len(distinct)
+    seen: dict[int, Identity] = {}
+    busy: dict[int, list[float]] = {}  # device -> [tasks, seconds benchmarking, startup]
+    bar = None
+    if progress is not False and (progress or len(distinct) > PROGRESS_MIN_SIZES):
+        bar = tqdm(total=len(distinct), unit="kernel", leave=False,
+                   desc=f"mucudnn benchmark on devices {','.join(map(str, devs))}",
+                   disable=None if progress is None else False)
+    t_all = time.perf_counter()
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                               initargs=(queue, spec, host, gpu, settings))
+    with pool:  # on the way out: every worker process joined
+        try:
+            pending: set[Future] = {pool.submit(_work, _Task(i, *distinct[i])) for i in order}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    r: _Done = fut.result()  # a worker's exception, re-raised with its type
+                    seen.setdefault(r.device, r.identity)
+                    if len(set(seen.values())) > 1:
+                        raise _mismatch(devs, seen)
+                    perfs[r.number], secs[r.number] = r.perf, r.seconds
+                    b = busy.setdefault(r.device, [0, 0.0, 0.0])
+                    b[0] += 1
+                    b[1] += r.seconds
+                    b[2] += r.startup
+                    if bar is not None:
+                        bar.update(1)
+        except BaseException:
+            # Note: the queued tasks are dropped (the with-statement alone would
+            # wait for all of them); the running ones, one per worker, finish.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    total = time.perf_counter() - t_all
+    for d in devs:
+        if d in busy:
+            n, s, start = busy[d]
+            log.info("benchmark %s %d (%s): %d of %d kernels, %.2f s benchmarking "
+                     "(backend ready in %.2f s)", "host worker" if host else "on device", d,
+                     seen[d][1], int(n), len(distinct), s, start)
+    log.info("benchmark: %d kernels on %d devices in %.2f s", len(distinct), workers, total)
+    identity = next(iter(seen.values()))
+    assert all(p is not None for p in perfs)
+    return _in_task_order(perfs, secs, where, identity,  # type: ignore[arg-type]
+                          {d: (int(b[0]), b[1]) for d, b in busy.items()})
+
+
+def benchmark_many(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy,
+                   cap: int, backend: Any = None, cache: Any = None, *, devices: Any = None,
+                   retime: int = 0, prune_sizes: bool = False, deterministic: bool = False,
+                   progress: "bool | None" = None) -> list[Perf]:
+    """Find results for many ``(problem, direction)`` tasks: one
+    ``{size: [AlgoPerf, ...]}`` per task, in task order, each as
+    :func:`~.benchmark.benchmark` gives it (``policy``, workspace cap ``cap``,
+    ``cache``, ``retime``, ``prune_sizes``, ``deterministic`` as there). A task
+    that occurs again is benchmarked once; its entries are the same dict.
+
+    ``devices=None``: in this process, through ``backend`` (a Backend, a name,
+    or None for the default), one task after another. ``devices=[0, 1]``: one
+    worker process per device benchmarks the distinct tasks, longest first,
+    and the results are merged (and written to the one cache by the workers);
+    ``backend`` is then a name, None (``MUCUDNN_BACKEND``, else
+    cudnn-graph), or a picklable factory called as ``factory(device=i)`` (a
+    Backend class, ``functools.partial(CudnnGraphBackend, find_top_k=4)``);
+    with a host backend ("numpy") each entry is one host worker process.
+    Note [benchmarking on several devices].
+
+    Raises InvalidTypeError/InvalidValueError naming ``devices`` or
+    ``backend`` before any work for a bad argument (an instance as
+    ``backend`` with ``devices``), InvalidValueError naming the devices when
+    the workers report different devices or library versions, and a worker's
+    exception with its own type.
+    """
+    return run(tasks, policy, cap, backend, cache, devices=devices, retime=retime,
+               prune_sizes=prune_sizes, deterministic=deterministic, progress=progress).perfs
