@@ -206,9 +206,9 @@ def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) ->
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     if devices:
         p.add_argument("--devices", default=None, metavar="0,1",
-                       help="benchmark in one process per CUDA device, the distinct kernels "
+                       help="benchmark on these CUDA devices (a process each), the distinct kernels "
                             "spread over them, into the one cache (with the numpy backend: "
-                            "one host process per entry)")
+                            "one host worker per entry)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log each plan; show tracebacks of errors")
 

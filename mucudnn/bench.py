@@ -206,10 +206,11 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     micro-batch sequence captured once as a CUDA graph and replayed.
     ``tensors`` (a dict) keeps the random device tensors of each problem
     between calls, so several limits and modes reuse them.
-    ``devices=[0, 1]``: the cold benchmark runs in one worker process per CUDA
-    device, the distinct kernels spread over them (Note [benchmarking on
-    several devices] in :mod:`mucudnn.optimizer.spread`); the warm pass, the
-    plans and their execution stay in this process, on ``backend``'s device,
+    ``devices=[0, 1]``: the cold benchmark runs on those CUDA devices (this
+    process on the first, a worker process on each other), the distinct
+    kernels spread over them (Note [benchmarking on several devices] in
+    :mod:`mucudnn.optimizer.spread`); the warm pass, the plans and their
+    execution stay in this process, on ``backend``'s device,
     which must be of the same kind as the workers' (InvalidValueError
     otherwise). ``backend`` is then a name or None.
     Returns a :class:`NetworkResult`; :func:`format_table` prints it.

@@ -683,10 +683,17 @@ FMA_TOL = 1e-5
 
 def _jax_gpu():
     jax = pytest.importorskip("jax")
+    # JAX's first use initialises every GPU and leaves the last one current on
+    # this thread (seen on a two-GPU H200 host): put back the device that was
+    # current, which the Convolutions below take as theirs, so that they and
+    # JAX's first GPU are the same device.
+    before = mu.cuda.current_device() if mu.cuda.device_count() else None
     try:
         devices = jax.devices("gpu")
     except RuntimeError:
         devices = []
+    if before is not None:
+        mu.cuda.set_device(before)
     if not devices:
         pytest.skip("JAX sees no GPU")
     return jax

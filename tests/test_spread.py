@@ -213,6 +213,7 @@ def test_each_distinct_kernel_is_benchmarked_once_into_the_one_cache(tmp_path, m
     measured = [(k, d) for _pid, k, d in lines]
     assert len(measured) == len(set(measured)) == 9 * 5     # 3 distinct layers x 3 x 5 sizes
     assert len({pid for pid, _k, _d in lines}) == 2          # both workers took part
+    assert str(os.getpid()) in {pid for pid, _k, _d in lines}   # this process is one of them
     assert sorted(res.per_device) == [0, 1]
     assert sum(n for n, _s in res.per_device.values()) == 9
     assert res.identity == ("fake-spread", "Fake GPU", "1")

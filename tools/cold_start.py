@@ -25,8 +25,8 @@ fully timed: the plan-quality reference), ``default`` (the backend's
 defaults: Note [find cut-offs]), and variants of it.
 
 ``--devices 0,1`` benchmarks on several GPUs of the host: the worker hands
-every distinct kernel to :func:`mucudnn.optimizer.benchmark_many` (one
-process per GPU, longest kernels first; Note [benchmarking on several
+every distinct kernel to :func:`mucudnn.optimizer.benchmark_many` (this
+process on the first GPU, a worker process on each other, longest kernels first; Note [benchmarking on several
 devices]) with ``functools.partial(CudnnGraphBackend, **options)`` and solves
 WR per kernel as on one GPU; ``process s`` still counts from the worker's
 first line, so it includes starting the GPU processes. The breakdown columns
@@ -88,7 +88,7 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
     from mucudnn.backends.cudnn_graph import CudnnGraphBackend
     from mucudnn.bench import make_timer, random_tensors
     from mucudnn.exec import prepare
-    from mucudnn.optimizer import benchmark, benchmark_many, optimize_wr
+    from mucudnn.optimizer import benchmark, optimize_wr, spread
     from mucudnn.problem import Direction
 
     options = dict(CONFIGS[config])
@@ -102,13 +102,19 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
     plans = {}
     sizes = 0
     tasks = [(p, d) for p in groups for d in Direction]
+    spread_info: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cold.sqlite")
         t0 = time.perf_counter()
         if devices:
-            perfs = benchmark_many(tasks, policy, limit,
-                                   functools.partial(CudnnGraphBackend, **options), cache,
-                                   devices=devices, prune_sizes=prune, progress=False)
+            # spread.run is benchmark_many with the per-device accounting
+            res = spread.run(tasks, policy, limit, functools.partial(CudnnGraphBackend, **options),
+                             cache, devices=devices, prune_sizes=prune, progress=False)
+            perfs = res.perfs
+            spread_info = {"per_device": {str(k): list(v) for k, v in res.per_device.items()},
+                           "startup": {str(k): v for k, v in res.startup.items()},
+                           "task_seconds": sum(res.seconds),
+                           "longest_task_s": max(res.seconds, default=0.0)}
         else:
             # what optimize() (and so Convolution's first call) does, pruning aside
             perfs = [benchmark(be, p, d, policy, limit, cache=cache, progress=False,
@@ -121,7 +127,7 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
         be = CudnnGraphBackend(**options)  # device 0, after the clock stopped
     out: dict[str, Any] = {
         "net": net, "threads": be.find_threads if be is not None else None,
-        "options": repr(CONFIGS[config]), "devices": devices,
+        "options": repr(CONFIGS[config]), "devices": devices, "spread": spread_info,
         "kernels": len(plans), "sizes": sizes, "process_s": t1 - T_PROCESS, "startup_s": t_ready - T_PROCESS,
         "optimise_s": t1 - t0,
         "profile": be.find_profile.as_dict() if be is not None and not devices else {},
@@ -277,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             r.update(config=c, net=net)
             results.append(r)
             save()
-            print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}", flush=True)
+            print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}"
+                  + (f" spread {r['spread']}" if r.get("spread") else ""), flush=True)
 
     print("| net | config | devices | process s | optimise s | sizes | heuristics s | finalize s "
           "| timing s | candidates | skipped | cut | finalized | timed | probed out + cold out "

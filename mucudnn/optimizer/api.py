@@ -115,12 +115,12 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     in :mod:`.benchmark`). Raises ValueError when no plan fits the limit
     (naming ``deterministic`` when that left configurations out).
 
-    ``devices=[0, 1]`` benchmarks in worker processes on those CUDA devices
+    ``devices=[0, 1]`` benchmarks on those CUDA devices
     (``backend`` then a name, None or a factory; Note [benchmarking on
     several devices]): with a ``benchmark_cap`` above the limit the sizes
     are spread over the devices; without one, sizes are pruned (Note [size
-    pruning]) and each depends on the last, so one worker on ``devices[0]``
-    benchmarks them all.
+    pruning]) and each depends on the last, so this process benchmarks them
+    all on ``devices[0]``.
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
@@ -168,9 +168,10 @@ def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
     ``optimize(problem, direction, ...)`` gives; a repeated (problem,
     direction) is planned once and shares its Plan.
 
-    ``devices=[0, 1]``: the distinct kernels are benchmarked in one worker
-    process per CUDA device, longest first (each kernel's sizes in one worker,
-    pruned as :func:`optimize` prunes them), then solved here (Note
+    ``devices=[0, 1]``: the distinct kernels are benchmarked on those CUDA
+    devices (this process on the first, a worker process on each other),
+    longest first (each kernel's sizes in one worker, pruned as
+    :func:`optimize` prunes them), then solved here (Note
     [benchmarking on several devices]); ``backend`` is then a name, None or a
     factory. Arguments otherwise as :func:`optimize`.
     """
@@ -226,9 +227,10 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
     ``deterministic=True`` plans with deterministic configurations only (as
     :func:`optimize`). Raises ValueError when even the smallest plans do not
     fit together (naming ``deterministic`` when that left configurations out).
-    ``devices=[0, 1]`` benchmarks the distinct kernels in one worker process
-    per CUDA device (``backend`` then a name, None or a factory; Note
-    [benchmarking on several devices]) and solves as without it.
+    ``devices=[0, 1]`` benchmarks the distinct kernels on those CUDA devices,
+    one worker each (this process on the first; ``backend`` then a name, None
+    or a factory; Note [benchmarking on several devices]) and solves as
+    without it.
     """
     items = list(problems.items()) if isinstance(problems, Mapping) else list(problems)
     dirs = [Direction.parse(d) for d in (ALL_DIRECTIONS if directions is None else directions)]

@@ -2,8 +2,9 @@
 
 :func:`benchmark_many` benchmarks a list of ``(problem, direction)`` tasks
 (each distinct task once) exactly as :func:`~.benchmark.benchmark` does one,
-and returns the perf tables in task order. With ``devices=[0, 1]`` one worker
-process per device does the benchmarking and the results come back merged
+and returns the perf tables in task order. With ``devices=[0, 1]`` this process (on
+the first device) and one worker process per other device do the
+benchmarking and the results come back merged
 (Note [benchmarking on several devices]); :func:`~.api.optimize`,
 :func:`~.api.optimize_network`, :func:`~.api.plan_jointly`,
 :func:`~.api.optimize_kernels`, :func:`mucudnn.bench.run_network` and the
@@ -25,8 +26,10 @@ import multiprocessing
 import os
 import pickle
 import time
+from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import (FIRST_COMPLETED, Future, ProcessPoolExecutor,
+                                ThreadPoolExecutor, wait)
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
@@ -54,18 +57,23 @@ Identity = tuple[str, str, str]
 # distinct kernel, one after another on one GPU. Kernels are independent, so
 # ``devices=[0, 1]`` spreads them over GPUs of one host:
 #
-# * One worker *process* per device (concurrent.futures.ProcessPoolExecutor
-#   with the "spawn" start method; never fork: a forked CUDA context is
-#   unusable). Processes, not threads: each GPU gets its own CUDA context,
-#   cuDNN handle and interpreter, so the Python around Find (building
-#   descriptors, the benchmark loop, the cache) never queues for one GIL
-#   (ctypes calls release it; the Python between them does not). The
-#   initializer takes a device ordinal from a shared queue; the worker builds
-#   its backend once, on its first task, with ``device=`` that ordinal (a
-#   library GPU backend's worker first makes it the current device, so no
-#   stray call makes a context on device 0). Not in the initializer: an
-#   initializer's exception only breaks the pool, while a task's comes back
-#   to the caller with its own type.
+# * This process benchmarks on the first device (in a thread of its own, with
+#   that device current there), and one worker *process* per other device
+#   (concurrent.futures.ProcessPoolExecutor with the "spawn" start method;
+#   never fork: a forked CUDA context is unusable). This process needs no
+#   start, so it works while the others start Python, import mucudnn and make
+#   their CUDA context (on the two-GPU H200 host, all-process workers left
+#   AlexNet at 0.91x and ResNet-50 at 0.73x of one GPU's cold time;
+#   docs/BENCHMARKS.md, "Fifth session"). Processes, not threads, for the
+#   other devices: each gets its own interpreter, so the Python around Find
+#   (building descriptors, the benchmark loop, the cache) never queues for
+#   one GIL (ctypes calls release it; the Python between them does not). A
+#   worker's initializer takes a device ordinal from a shared queue; the
+#   worker builds its backend once, on its first task, with ``device=`` that
+#   ordinal (a library GPU backend's worker first makes it the current
+#   device, so no stray call makes a context on device 0). Not in the
+#   initializer: an initializer's exception only breaks the pool, while a
+#   task's comes back to the caller with its own type.
 # * The unit of work is a distinct (problem, direction): its sizes share
 #   Find's scratch buffers, and with size pruning (Note [size pruning]) each
 #   size decides whether the next is measured, so they stay together in one
@@ -76,34 +84,34 @@ Identity = tuple[str, str, str]
 #   scheduling: the last task to start is a short one). ``optimize`` of one
 #   kernel without pruning splits the kernel into its sizes (each benchmarked
 #   as its own "undivided" task, the same cache entries); with pruning (its
-#   default) the sizes depend on each other, so one worker on ``devices[0]``
-#   benchmarks them: ``devices`` then only chooses the GPU.
+#   default) the sizes depend on each other, so this process benchmarks
+#   them on ``devices[0]``: ``devices`` then only chooses the GPU.
 # * Results travel two ways: every worker writes its entries to the one
 #   SQLite cache through its own connection (WAL, busy timeout, retried
 #   UPSERTs: several processes lose nothing, see cache.py), and returns its
 #   perf tables, which is all there is with ``cache=False``.
-# * The parent never builds a backend: it would create a CUDA context (time
-#   and memory on device 0) only to wait. For the library's GPU backends it
-#   asks ``device_count()`` to check the ordinals up front (another factory
-#   checks its own ``device``, in the worker). The workers report (backend
-#   name, device name, library version); these must agree, or
-#   InvalidValueError names the devices: measurements from an A100 and an
-#   H200 would make plans that hold on neither, and their cache entries live
-#   under different keys.
+# * Each worker, this process's included, is handed its next task when it
+#   is free (at most one task each in flight). Before handing out work this
+#   process asks ``device_count()`` to check the ordinals of the library's GPU
+#   backends (another factory checks its own ``device``, in its worker). The
+#   workers report (backend name, device name, library version); these must
+#   agree, or InvalidValueError names the devices: measurements from an A100
+#   and an H200 would make plans that hold on neither, and their cache
+#   entries live under different keys.
 # * ``backend`` is a name, None (MUCUDNN_BACKEND, else the default GPU
 #   backend), or a picklable factory called as ``factory(device=i)`` in the
 #   worker (a Backend class, or ``functools.partial(CudnnGraphBackend,
 #   find_top_k=4)``); an instance cannot be sent to another process. A host
 #   backend (the name "numpy", or a class whose ``is_host`` is true) has no
 #   device: it is built without one and each ``devices`` entry is then one
-#   host worker process (how the CPU tests exercise all of this).
-# * What it costs: each worker starts Python, imports mucudnn and creates a
-#   CUDA context and cuDNN handle before its first Find, a few seconds paid
-#   on all devices at once; a call answered entirely from the cache still
-#   pays them (run warm calls without ``devices``, as ``run_network``'s warm
-#   pass does). The workers share the host's cores: the graph backend's
-#   finalization pool (``find_threads``, default min(16, cores)) is per
-#   worker.
+#   host worker (how the CPU tests exercise all of this).
+# * What it costs: each worker process starts Python, imports mucudnn and
+#   creates a CUDA context and cuDNN handle before its first Find, a few
+#   seconds during which this process is already benchmarking; a call
+#   answered entirely from the cache still pays them (run warm calls without
+#   ``devices``, as ``run_network``'s warm pass does). The workers share the
+#   host's cores: the graph backend's finalization pool (``find_threads``,
+#   default min(16, cores)) is per worker.
 
 
 class _Task(NamedTuple):
@@ -116,7 +124,7 @@ class _Done(NamedTuple):
     number: int
     perf: Perf
     seconds: float  # benchmarking this task, in its worker
-    startup: float  # building the worker's backend (its first task only; else 0)
+    startup: float  # from the pool's start to the worker's backend built (first task; else 0)
     device: int
     identity: Identity
 
@@ -127,12 +135,14 @@ class SpreadResult:
     task shares its first occurrence's dict), ``seconds`` per task (the time
     benchmarking it, 0 for a repeat), ``identity`` (backend name, device name,
     library version; None when there were no tasks) and ``per_device``
-    ({device: (tasks, seconds)}; empty in-process)."""
+    ({device: (tasks, seconds)}; empty in-process) and ``startup`` ({device:
+    seconds from the pool's start until the worker's backend was built})."""
 
     perfs: list[Perf]
     seconds: list[float]
     identity: Identity | None
     per_device: dict[int, tuple[int, float]] = field(default_factory=dict)
+    startup: dict[int, float] = field(default_factory=dict)
 
 
 # -- checking arguments ----------------------------------------------------------------------------
@@ -275,9 +285,10 @@ def _work(task: _Task) -> _Done:
     w = _WORKER
     startup = 0.0
     if w["backend"] is None:
-        t = time.perf_counter()
         w["backend"] = _build(w["spec"], w["host"], w["gpu"], w["device"])
-        startup = time.perf_counter() - t
+        # wall clock: the pool started in the parent (process start, imports,
+        # CUDA context and cuDNN handle all count)
+        startup = time.time() - w["t_spawn"]
     be = w["backend"]
     t0 = time.perf_counter()
     perf = benchmark(be, task.problem, task.direction, w["policy"], w["cap"], cache=w["cache"],
@@ -363,15 +374,33 @@ def _in_task_order(perfs: list[Perf], secs: list[float], where: list[int],
     return SpreadResult([perfs[i] for i in where], seconds, identity, per_device or {})
 
 
+def _work_here(task: _Task, state: dict[str, Any]) -> _Done:
+    """:func:`_work` in this process, on the first device (Note [benchmarking on
+    several devices]): ``state`` is its settings and backend."""
+    startup = 0.0
+    if state["backend"] is None:
+        state["backend"] = _build(state["spec"], state["host"], state["gpu"], state["device"])
+        startup = time.time() - state["t_spawn"]
+    be = state["backend"]
+    t0 = time.perf_counter()
+    perf = benchmark(be, task.problem, task.direction, state["policy"], state["cap"],
+                     cache=state["cache"], retime=state["retime"], progress=False,
+                     prune_sizes=state["prune_sizes"], deterministic=state["deterministic"])
+    return _Done(task.number, perf, time.perf_counter() - t0, startup, state["device"],
+                 (str(be.name), str(be.device_name), str(be.version)))
+
+
 def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
             devs: tuple[int, ...], spec: Any, host: bool, gpu: bool,
             settings: dict[str, Any], progress: "bool | None") -> SpreadResult:
     ctx = multiprocessing.get_context("spawn")
-    queue = ctx.SimpleQueue()
     workers = min(len(devs), len(distinct))
-    for d in devs[:workers]:
+    here, remote = devs[0], devs[1:workers]
+    queue = ctx.SimpleQueue()
+    for d in remote:
         queue.put(d)
-    order = sorted(range(len(distinct)), key=lambda i: -_cost(distinct[i][0]))
+    # longest first; each worker is handed the next one when it is free
+    order = deque(sorted(range(len(distinct)), key=lambda i: -_cost(distinct[i][0])))
     perfs: list[Perf | None] = [None] * len(distinct)
     secs = [0.0] * len(distinct)
     seen: dict[int, Identity] = {}
@@ -382,45 +411,68 @@ def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
                    desc=f"mucudnn benchmark on devices {','.join(map(str, devs))}",
                    disable=None if progress is None else False)
     t_all = time.perf_counter()
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(queue, spec, host, gpu, settings))
-    with pool:  # on the way out: every worker process joined
-        try:
-            pending: set[Future] = {pool.submit(_work, _Task(i, *distinct[i])) for i in order}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    r: _Done = fut.result()  # a worker's exception, re-raised with its type
-                    seen.setdefault(r.device, r.identity)
-                    if len(set(seen.values())) > 1:
-                        raise _mismatch(devs, seen)
-                    perfs[r.number], secs[r.number] = r.perf, r.seconds
-                    b = busy.setdefault(r.device, [0, 0.0, 0.0])
-                    b[0] += 1
-                    b[1] += r.seconds
-                    b[2] += r.startup
-                    if bar is not None:
-                        bar.update(1)
-        except BaseException:
-            # Note: the queued tasks are dropped (the with-statement alone would
-            # wait for all of them); the running ones, one per worker, finish.
+    settings = dict(settings, t_spawn=time.time())
+    state = dict(settings, device=here, spec=spec, host=host, gpu=gpu, backend=None)
+    local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mucudnn-benchmark")
+    pool = ProcessPoolExecutor(max_workers=len(remote), mp_context=ctx,
+                               initializer=_init_worker,
+                               initargs=(queue, spec, host, gpu, settings)) if remote else None
+    slots: dict[Future, Any] = {}
+
+    def hand_out(executor: Any) -> None:
+        """The next task (if any) to ``executor``'s one worker, which is free."""
+        if order:
+            n = order.popleft()
+            if executor is local:
+                fut = local.submit(_work_here, _Task(n, *distinct[n]), state)
+            else:
+                fut = executor.submit(_work, _Task(n, *distinct[n]))
+            slots[fut] = executor
+
+    try:
+        hand_out(local)
+        for _ in remote:
+            hand_out(pool)
+        while slots:
+            done, _pending = wait(list(slots), return_when=FIRST_COMPLETED)
+            for fut in done:
+                executor = slots.pop(fut)
+                r: _Done = fut.result()  # a worker's exception, re-raised with its type
+                seen.setdefault(r.device, r.identity)
+                if len(set(seen.values())) > 1:
+                    raise _mismatch(devs, seen)
+                perfs[r.number], secs[r.number] = r.perf, r.seconds
+                b = busy.setdefault(r.device, [0, 0.0, 0.0])
+                b[0] += 1
+                b[1] += r.seconds
+                b[2] += r.startup
+                if bar is not None:
+                    bar.update(1)
+                hand_out(executor)
+    finally:
+        # on an error the tasks not handed out are dropped; the running ones
+        # (one per worker) finish, and every worker process is joined
+        order.clear()
+        local.shutdown(wait=True)
+        if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
+        if bar is not None:
+            bar.close()
     total = time.perf_counter() - t_all
     for d in devs:
         if d in busy:
             n, s, start = busy[d]
             log.info("benchmark %s %d (%s): %d of %d kernels, %.2f s benchmarking "
-                     "(backend ready in %.2f s)", "host worker" if host else "on device", d,
+                     "(backend ready %.2f s after the pool started)",
+                     "host worker" if host else "on device", d,
                      seen[d][1], int(n), len(distinct), s, start)
     log.info("benchmark: %d kernels on %d devices in %.2f s", len(distinct), workers, total)
     identity = next(iter(seen.values()))
     assert all(p is not None for p in perfs)
-    return _in_task_order(perfs, secs, where, identity,  # type: ignore[arg-type]
-                          {d: (int(b[0]), b[1]) for d, b in busy.items()})
+    out = _in_task_order(perfs, secs, where, identity,  # type: ignore[arg-type]
+                         {d: (int(b[0]), b[1]) for d, b in busy.items()})
+    out.startup = {d: b[2] for d, b in busy.items()}
+    return out
 
 
 def benchmark_many(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy,
@@ -434,13 +486,14 @@ def benchmark_many(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], polic
     that occurs again is benchmarked once; its entries are the same dict.
 
     ``devices=None``: in this process, through ``backend`` (a Backend, a name,
-    or None for the default), one task after another. ``devices=[0, 1]``: one
-    worker process per device benchmarks the distinct tasks, longest first,
+    or None for the default), one task after another. ``devices=[0, 1]``: this
+    process on the first device and one worker process per other device
+    benchmark the distinct tasks, longest first,
     and the results are merged (and written to the one cache by the workers);
     ``backend`` is then a name, None (``MUCUDNN_BACKEND``, else
     cudnn-graph), or a picklable factory called as ``factory(device=i)`` (a
     Backend class, ``functools.partial(CudnnGraphBackend, find_top_k=4)``);
-    with a host backend ("numpy") each entry is one host worker process.
+    with a host backend ("numpy") each entry is one host worker.
     Note [benchmarking on several devices].
 
     Raises InvalidTypeError/InvalidValueError naming ``devices`` or
