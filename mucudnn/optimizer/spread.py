@@ -281,8 +281,11 @@ def _build(spec: Any, host: bool, gpu: bool, device: int) -> Any:
     return resolve_backend(spec() if host else spec(device=device))
 
 
-def _work(task: _Task) -> _Done:
-    w = _WORKER
+def _work(task: _Task, state: "dict[str, Any] | None" = None) -> _Done:
+    """Benchmark ``task`` with a worker's ``state`` (its settings, device and
+    backend; default: this worker process's, set by :func:`_init_worker`),
+    building the backend on the first task."""
+    w = _WORKER if state is None else state
     startup = 0.0
     if w["backend"] is None:
         w["backend"] = _build(w["spec"], w["host"], w["gpu"], w["device"])
@@ -374,22 +377,6 @@ def _in_task_order(perfs: list[Perf], secs: list[float], where: list[int],
     return SpreadResult([perfs[i] for i in where], seconds, identity, per_device or {})
 
 
-def _work_here(task: _Task, state: dict[str, Any]) -> _Done:
-    """:func:`_work` in this process, on the first device (Note [benchmarking on
-    several devices]): ``state`` is its settings and backend."""
-    startup = 0.0
-    if state["backend"] is None:
-        state["backend"] = _build(state["spec"], state["host"], state["gpu"], state["device"])
-        startup = time.time() - state["t_spawn"]
-    be = state["backend"]
-    t0 = time.perf_counter()
-    perf = benchmark(be, task.problem, task.direction, state["policy"], state["cap"],
-                     cache=state["cache"], retime=state["retime"], progress=False,
-                     prune_sizes=state["prune_sizes"], deterministic=state["deterministic"])
-    return _Done(task.number, perf, time.perf_counter() - t0, startup, state["device"],
-                 (str(be.name), str(be.device_name), str(be.version)))
-
-
 def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
             devs: tuple[int, ...], spec: Any, host: bool, gpu: bool,
             settings: dict[str, Any], progress: "bool | None") -> SpreadResult:
@@ -424,7 +411,7 @@ def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
         if order:
             n = order.popleft()
             if executor is local:
-                fut = local.submit(_work_here, _Task(n, *distinct[n]), state)
+                fut = local.submit(_work, _Task(n, *distinct[n]), state)
             else:
                 fut = executor.submit(_work, _Task(n, *distinct[n]))
             slots[fut] = executor
