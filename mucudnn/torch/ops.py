@@ -94,7 +94,9 @@ _backward_once = once_differentiable(_conv_function_backward)
 # directly (about 15 us a call less under cProfile on the H200 host); under a
 # transform (``torch._C._are_functorch_transforms_active()``) it takes
 # ``ConvFunction.apply``, which raises torch's own error (no setup_context).
-_C_APPLY: Any = torch._C._FunctionBase.__dict__["apply"].__get__(None, ConvFunction)
+_BASE_APPLY: Any = torch._C._FunctionBase.__dict__.get("apply")
+_C_APPLY: Any = ConvFunction.apply if _BASE_APPLY is None \
+    else _BASE_APPLY.__get__(None, ConvFunction)
 _FUNCTORCH_ACTIVE: Any = torch._C._are_functorch_transforms_active
 
 
