@@ -73,6 +73,7 @@ from __future__ import annotations
 import torch  # noqa: F401  (this package is the only room of mucudnn that imports torch)
 
 from .convert import MODES, WDPlanner, convert
+from .distributed import SharedPlans, share_plans
 from .engine import (MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear,
                      release_workspace, workspace_bytes)
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv2d, conv3d
@@ -80,6 +81,6 @@ from .modules import Conv2d, Conv3d
 from .ops import ConvFunction
 
 __all__ = ["Conv2d", "Conv3d", "ConvFunction", "DEFAULT_WORKSPACE_LIMIT", "MAX_CONVOLUTIONS",
-           "MODES", "TorchBridgeError", "TorchTypeError", "TorchValueError", "WDPlanner",
-           "cached_convolutions", "clear", "conv2d", "conv3d", "convert", "release_workspace",
-           "workspace_bytes"]
+           "MODES", "SharedPlans", "TorchBridgeError", "TorchTypeError", "TorchValueError",
+           "WDPlanner", "cached_convolutions", "clear", "conv2d", "conv3d", "convert",
+           "release_workspace", "share_plans", "workspace_bytes"]

@@ -180,7 +180,10 @@ conv.register_autograd(_backward, setup_context=_setup_context)
 
 def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig) -> Tensor:
     """The convolution through the custom op while compiling, else through
-    :class:`ConvFunction` (or, with no gradient needed, the engine directly)."""
+    :class:`ConvFunction` (or, with no gradient needed, the engine directly);
+    within :func:`engine.recording`, only records it."""
+    if engine.RECORDER is not None:
+        return engine.record(x, w, cfg)
     if torch.compiler.is_compiling():
         return conv(x, w, bias, list(cfg.stride), list(cfg.padding), list(cfg.dilation),
                     cfg.groups, cfg.workspace_limit, cfg.policy, cfg.backend, cfg.plans)
