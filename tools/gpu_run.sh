@@ -5,6 +5,7 @@
 #   bash tools/gpu_run.sh tests bench      # tests, then AlexNet/ResNet-18 bench at 64 MiB
 #   NETS=vgg16 bash tools/gpu_run.sh train # tools/train_bench.py (PyTorch training, native vs mucudnn.torch)
 #   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
+#   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
@@ -79,6 +80,22 @@ for stage in "$@"; do
         --figure "$OUT/frontier.png" > "$OUT/frontier.txt" 2>&1
       rc=$?; cp "$OUT"/frontier.png "$OUT"/frontier.md "$FINAL"/ 2>/dev/null  # also outside logs.tgz
       summary+=("frontier (rc $rc): $(grep -E '^\[' "$OUT/frontier.txt" | tail -1)" "$(grep '^|' "$OUT/frontier.txt")")
+      ;;
+    cold2)  # tools/cold_start.py on two GPUs (nvidia-h200-x2), then on one, in one call
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for devs in 0,1 ""; do
+        timeout "${COLD_TIMEOUT:-280}" python3 tools/cold_start.py --configs default \
+          --nets ${NETS:-alexnet resnet18 resnet50} ${devs:+--devices $devs} \
+          --json "$OUT/cold2-${devs:-one}.json" > "$OUT/cold2-${devs:-one}.txt" 2>&1
+        summary+=("cold devices ${devs:-one GPU} (rc $?):" "$(grep -E '^\[|^\|' "$OUT/cold2-${devs:-one}.txt")")
+      done
+      ;;
+    ddp)  # tools/ddp_bench.py under torchrun on every GPU of the host (nvidia-h200-x2)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout "${DDP_TIMEOUT:-500}" python3 -m torch.distributed.run --standalone \
+        --nproc-per-node "$(nvidia-smi -L | wc -l)" tools/ddp_bench.py ${DDP_ARGS:-} \
+        --json "$OUT/ddp.json" > "$OUT/ddp.txt" 2>&1
+      summary+=("ddp (rc $?):" "$(grep -E '^ddp|^  ' "$OUT/ddp.txt")")
       ;;
     *) echo "unknown stage $stage" ;;
   esac
