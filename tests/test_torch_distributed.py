@@ -57,6 +57,13 @@ def test_ranks_on_different_devices_are_an_error_naming_them(tmp_path):
         assert "rank 0: numpy" in r["error"] and "rank 1: numpy another CPU" in r["error"]
 
 
+def test_ranks_that_meet_other_convolutions_are_an_error(tmp_path):
+    a, b = _run(tmp_path, "shapes")
+    for r in (a, b):
+        assert "rank 1 met other convolutions than rank 0" in r["error"]
+        assert r["found"] == []   # raised before any benchmark
+
+
 def test_needs_an_initialised_process_group():
     with pytest.raises(mt.TorchBridgeError, match="init_process_group"):
         mt.share_plans(mt.convert(model()), torch.randn(2, 3, 12, 12))

@@ -142,15 +142,22 @@ def share_plans(module: torch.nn.Module, *example_inputs: Any, group: Any = None
     if not cache.enabled:
         raise TorchBridgeError("share_plans: the benchmark cache is off (MUCUDNN_CACHE); the "
                                "measurements travel through it")
-    idents = _gather(sorted({(c.backend.name, c.backend.device_name, c.backend.version)
-                             for c in convs}), world, group)
+    tasks = [(c, d) for c in convs for d in dirs]
+    ident = sorted({(c.backend.name, c.backend.device_name, c.backend.version) for c in convs})
+    seen = _gather((ident, [_kernel_name(c, d) for c, d in tasks]), world, group)
+    idents = [i for i, _k in seen]
     if any(i != idents[0] for i in idents):
         names = "; ".join(f"rank {r}: {', '.join(' '.join(v) for v in i) or 'nothing'}"
                           for r, i in enumerate(idents))
         raise TorchBridgeError(f"share_plans: the ranks do not measure on one kind of device "
                                f"and library ({names}); plans measured on one would not hold "
                                "on another")
-    tasks = [(c, d) for c in convs for d in dirs]
+    odd = [r for r, (_i, k) in enumerate(seen) if k != seen[0][1]]
+    if odd:
+        raise TorchBridgeError(
+            f"share_plans: rank {odd[0]} met other convolutions than rank 0 ({len(seen[odd[0]][1])} "
+            f"kernels against {len(seen[0][1])}); every rank must pass the same model and "
+            "example inputs of the same shapes")
     owner = _assign(tasks, world, src)
     mine: list[str] = []
     entries: list[Entry] = []
