@@ -13,6 +13,7 @@ checks that all ranks made the same plans (Note [shared plans]).
 Call it once after :func:`mucudnn.torch.convert`, with an example input of
 the training batch, on every rank (torchrun)::
 
+    torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group("nccl")
     model = mt.convert(model.cuda(), workspace_limit=64 << 20)
     mt.share_plans(model, example_batch)          # every rank, collectively
@@ -104,7 +105,9 @@ def share_plans(module: torch.nn.Module, *example_inputs: Any, group: Any = None
     """Benchmark the converted ``module``'s convolutions once across the
     torch.distributed ``group`` (default: the world) and give every rank the
     same plans (Note [shared plans]). Collective: every rank of the group
-    calls it, with the same model and inputs of the same shapes.
+    calls it, with the same model and inputs of the same shapes. With NCCL,
+    each rank's GPU must be its current device first
+    (``torch.cuda.set_device(local_rank)``), as ``all_gather_object`` needs.
 
     ``example_inputs`` are passed to ``module`` for one forward pass, under
     ``torch.no_grad()``, in which mucudnn.torch's convolutions are only
