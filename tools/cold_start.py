@@ -197,14 +197,15 @@ def _run_worker(args: list[str], timeout: float) -> dict[str, Any]:
 
 
 def _devices(text: str | None) -> list[int] | None:
-    """``--devices 0,1`` as a list (None when not given)."""
+    """``--devices 0,1`` as a list (None when not given), parsed as the command
+    line's ``--devices`` is."""
     if not text:
         return None
-    from mucudnn.optimizer import check_devices
+    from mucudnn.__main__ import CommandLineError, parse_devices
     try:
-        return list(check_devices([int(v, 10) for v in text.split(",")]))
-    except ValueError as exc:
-        raise SystemExit(f"cold_start.py: --devices: expected ordinals like 0,1 ({exc})") from None
+        return parse_devices(text)
+    except CommandLineError as exc:
+        raise SystemExit(f"cold_start.py: {exc}") from None
 
 
 #: The FindProfile columns of the table (after "sizes").
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    devices = _devices(a.devices)  # a bad list fails here, not in every worker
 
     if a.worker_json:
         net = a.nets[0]
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             res = worker_torch(net, a.batch)
         else:
             res = worker_mucudnn(net, a.batch, a.worker, a.workspace, a.policy,
-                                 not a.no_execute, _devices(a.devices))
+                                 not a.no_execute, devices)
         with open(a.worker_json, "w") as fh:
             json.dump(res, fh)
         return 0
@@ -260,9 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--batch", str(a.batch)]
     if a.no_execute:
         common.append("--no-execute")
-    if a.devices:
-        _devices(a.devices)  # a bad list fails here, not in every worker
-        common += ["--devices", a.devices]
+    if devices:
+        common += ["--devices", ",".join(map(str, devices))]
 
     def save() -> None:
         if a.json:
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{net} torch] {r.get('process_s', r.get('error'))}", flush=True)
         for c in a.configs:
             r = _run_worker(["--worker", c, "--nets", net, *common], a.timeout)
-            r.setdefault("devices", _devices(a.devices))
+            r.setdefault("devices", devices)
             r.update(config=c, net=net)
             results.append(r)
             save()

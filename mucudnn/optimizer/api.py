@@ -194,8 +194,8 @@ def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
                                       deterministic=deterministic)
             out[name] = memo[p, d]
         return out
-    check_devices(devices)
     # Note [size pruning]: as optimize(), WR under this cap needs only the sizes that can win.
+    # (spread_run checks ``devices`` before any work.)
     res = spread_run(list(items.values()), policy, cap, backend, cache, devices=devices,
                      retime=retime, prune_sizes=cap == limit, deterministic=deterministic,
                      progress=progress)
@@ -257,8 +257,7 @@ def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_works
     # below are then made from those tables exactly as from benchmark()'s.
     t_all = time.perf_counter()
     measured: dict[tuple[ConvProblem, Direction], tuple[Any, float]] | None = None
-    if devices is not None:
-        check_devices(devices)
+    if devices is not None:  # spread_run checks ``devices`` before any work
         tasks = list(dict.fromkeys((p, Direction.parse(d)) for p, d in kernels.values()))
         res = spread_run(tasks, policy, total, backend, cache, devices=devices, retime=retime,
                          progress=progress, deterministic=deterministic)
