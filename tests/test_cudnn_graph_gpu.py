@@ -246,6 +246,10 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
         assert 1 <= len(res) <= 7 and {r.algo for r in res} <= full
         assert prof.cut >= prof.configs - prof.skipped - 7
         assert prof.timed == len(res) and prof.probed_out <= len(res)
+        # the timing's parts: each timed plan's first launch (host) and the timed
+        # runs (GPU, at least the medians reported) are within the timing seconds
+        assert 0 < prof.first_launch_s < prof.timing_s
+        assert sum(r.time_ms for r in res) / 1e3 <= prof.gpu_s < prof.timing_s
 
 
 def test_cold_probe_reports_every_candidate():

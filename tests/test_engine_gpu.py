@@ -20,6 +20,7 @@ import mucudnn as mu
 from mucudnn.api import conv2d
 from mucudnn.backends import get_backend
 from mucudnn.exec import WorkspaceFallbackWarning, get_pool, problem_from_descriptors
+from mucudnn.exec.arrays import release_torch_workspaces, torch_workspace, torch_workspace_bytes
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, make_plan
 
 from conv_support import convolution_for, normal_tensors, run_direction
@@ -420,8 +421,11 @@ def test_calls_run_on_torchs_current_stream(be, torch):
 
 
 def test_workspace_comes_from_torch_for_torch_calls(be, torch):
-    """With torch tensors the workspace is allocated from torch's caching allocator
-    for the call (as native convolutions do), not from mucudnn's pool."""
+    """With torch tensors the workspace comes from torch's caching allocator, in
+    one buffer kept per device and stream (Note [torch workspace]), not from
+    mucudnn's pool: allocated by the first call, counted in
+    ``torch.cuda.memory_allocated``, reused by the next calls on the stream,
+    dropped by ``release_torch_workspaces``; another stream gets its own."""
     p = ConvProblem((32, 64, 28, 28), (64, 64, 3, 3), padding=1)
     conv = conv_for(be, p, workspace_limit=64 << 20)
     tx = torch.randn(p.x_shape, device="cuda")
@@ -432,12 +436,45 @@ def test_workspace_comes_from_torch_for_torch_calls(be, torch):
         pytest.skip("the plan needs no workspace")
     pool = conv.pool
     before = pool.size
-    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    release_torch_workspaces()
+    assert torch_workspace_bytes() == 0
     base = torch.cuda.memory_allocated()
     y = conv.forward(tx, tw)
     torch.cuda.synchronize()
-    assert torch.cuda.max_memory_allocated() - base >= need + y.numel() * 4
+    kept = torch_workspace_bytes(torch.cuda.current_device())
+    assert need <= kept < 2 * max(need, 1 << 20)
+    assert torch.cuda.memory_allocated() - base == kept + y.numel() * 4
     assert pool.size == before  # the pool did not grow for it
+    del y
+    base = torch.cuda.memory_allocated()
+    y2 = conv.forward(tx, tw)  # the kept buffer again: only the output is new
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - base == y2.numel() * 4
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y3 = conv.forward(tx, tw)  # a buffer of its own for stream s
+    s.synchronize()
+    assert torch_workspace_bytes() == 2 * kept
+    assert rel_err(y3.cpu().numpy(), y2.cpu().numpy()) < 1e-6
+    assert release_torch_workspaces() == 2 * kept and torch_workspace_bytes() == 0
+
+
+def test_torch_workspace_grows_to_the_largest_need(torch):
+    """The kept buffer grows in powers of two from 1 MiB; an outgrown buffer is
+    retired, not freed, until release (Note [torch workspace])."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    release_torch_workspaces()
+    ws = torch_workspace(dev)
+    assert torch_workspace(torch.device("cuda")) is ws  # one per device
+    keep, a1, n1 = ws(1000)
+    assert keep is None and n1 == 1 << 20
+    assert ws(n1)[1:] == (a1, n1)  # fits: the same buffer
+    keep, a2, n2 = ws((3 << 20) + 1)
+    assert n2 == 4 << 20 and ws.held_bytes == n1 + n2
+    assert ws(5)[1:] == (a2, n2)
+    assert ws.release() == n1 + n2 and ws.held_bytes == 0
 
 
 @pytest.mark.skipif("not __import__('mucudnn').cuda.device_count() > 1", reason="needs two GPUs")

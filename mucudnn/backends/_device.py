@@ -76,6 +76,10 @@ class FindProfile:
     workspace differed from their engine config's (``workspace_mismatch``).
     ``knob_configs`` / ``knob_s``: configs the knob-space search added and the
     host seconds spent enumerating them (cudnn-graph's ``search="knobs"``).
+    ``first_launch_s``: host seconds spent in each timed plan's first launch
+    call (where cuDNN and the driver load or compile the engine's kernels);
+    ``gpu_s``: the GPU seconds the timed runs took, by CUDA events (the rest of
+    ``timing_s`` is host work and waiting).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -95,6 +99,8 @@ class FindProfile:
     knob_s: float = 0.0
     finalize_s: float = 0.0
     timing_s: float = 0.0
+    first_launch_s: float = 0.0
+    gpu_s: float = 0.0
     total_s: float = 0.0
     #: heuristics seconds per mode ("A", "B", "FALLBACK")
     modes_s: dict[str, float] = dataclasses.field(default_factory=dict)

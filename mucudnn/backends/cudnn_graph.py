@@ -266,6 +266,14 @@ class _Plan:
         self.graph.release()
 
 
+def _first_launch(run: Any, prof: Any) -> Any:
+    """``run()``, its host seconds added to ``prof.first_launch_s``."""
+    t = time.perf_counter()
+    st = run()
+    prof.first_launch_s += time.perf_counter() - t
+    return st
+
+
 def _lowbit(n: int) -> int:
     """The largest power of two dividing ``n`` (capped at the graph API's 16 bytes)."""
     return gd.MAX_ALIGNMENT if n == 0 else min(gd.MAX_ALIGNMENT, n & -n)
@@ -725,6 +733,7 @@ class CudnnGraphBackend(DeviceBackend):
         execute = lib.cudnnBackendExecute
         out: list[AlgoPerf] = []
         ratio, cold, best = self.find_probe_ratio, self.find_cold_ratio, math.inf
+        prof = self.find_profile
         for p, info, need in plans:
             if p.workspace_bytes > have:
                 continue
@@ -735,22 +744,30 @@ class CudnnGraphBackend(DeviceBackend):
             try:
                 args = (handle, p.plan._as_parameter_, pack._as_parameter_)
                 run = functools.partial(execute, *args)
+                first_call = functools.partial(_first_launch, run, prof)
                 warmup = self.find_warmup
                 times = []
                 if cold is not None and best < math.inf and warmup > 0:
                     # Note [cold probe]: the warm-up run, timed
-                    first = time_on_stream(run, self.stream, warmup=0, repeat=1)[0]
+                    first = time_on_stream(first_call, self.stream, warmup=0, repeat=1)[0]
                     warmup -= 1
+                    prof.gpu_s += first / 1e3
                     if first > max(cold * best, best + COLD_PROBE_FLOOR_MS):
-                        self.find_profile.cold_out += 1
+                        prof.cold_out += 1
                         times = [first]
+                    first_call = run
                 if not times:
-                    times = time_on_stream(run, self.stream, warmup=warmup, repeat=1)
+                    if warmup:
+                        first_call()
+                        warmup -= 1
+                        first_call = run
+                    times = time_on_stream(first_call, self.stream, warmup=warmup, repeat=1)
                     if ratio is None or times[0] <= ratio * best:
                         times += time_on_stream(run, self.stream, warmup=0,
                                                 repeat=self.find_repeat - 1)
                     else:
-                        self.find_profile.probed_out += 1
+                        prof.probed_out += 1
+                    prof.gpu_s += sum(times) / 1e3
             except CudnnError as exc:
                 log.debug("mucudnn: engine config %s failed to run for %s %s: %s",
                           p.id, problem, direction, exc)
@@ -856,7 +873,9 @@ class CudnnGraphBackend(DeviceBackend):
         packs = plan.packs
         uids = gd.uid_array((gd.UID_X, gd.UID_W, gd.UID_Y))
         make_pack = gd.fast_variant_pack
-        last: list[Any] = [None, None]  # the previous call's pointers and pack
+        # the previous call's pointers, its pack's handle and the pack (held, so
+        # that the handle stays valid while the packs cache may evict it)
+        last: list[Any] = [None, None, None]
 
         def fail(status: int, ws_size: int) -> None:
             raise_status(status, "cudnnBackendExecute", problem=sub, direction=str(direction),
@@ -865,14 +884,15 @@ class CudnnGraphBackend(DeviceBackend):
         def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
             key = (x + ox, w, y + oy, ws)  # the micro-batch's own pointers: the plan's
             if key == last[0]:             # packs serve every micro-batch that uses it
-                pack = last[1]
+                ph = last[1]
             else:
                 pack = packs.peek(key)  # lock-free: a miss only builds the pack again
                 if pack is None:  # Note [variant packs on the hot path]
                     pack = make_pack(uids, key[0], key[1], key[2], ws)
                     packs.put(key, pack)
-                last[0], last[1] = key, pack
-            st = execute(h, pd, pack.handle)
+                ph = pack.handle
+                last[0], last[1], last[2] = key, ph, pack
+            st = execute(h, pd, ph)
             if st:
                 fail(st, ws_size)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,8 @@ from ..errors import InvalidTypeError, UnsupportedDtypeError, WorkspaceUnavailab
 from ..problem import conv_dtype
 
 __all__ = ["ArrayInfo", "inspect_array", "shape_and_dtype", "framework_of", "Framework",
-           "framework_for", "UNKNOWN_STREAM"]
+           "framework_for", "UNKNOWN_STREAM", "TorchWorkspace", "torch_workspace",
+           "release_torch_workspaces", "torch_workspace_bytes"]
 
 #: A producer stream that cannot be known (``__cuda_array_interface__`` v2).
 UNKNOWN_STREAM = -1
@@ -289,23 +291,120 @@ class _Torch(Framework):
         return torch_workspace(like.obj.device)
 
 
-def torch_workspace(device: Any) -> Any:
-    """A workspace allocator from torch's caching allocator on ``device`` (a
-    ``torch.device``): stream-ordered, CUDA-graph aware, counted in
-    ``torch.cuda.memory_allocated`` while the call runs (as native convs' is)."""
+# Note [torch workspace]: calls with CUDA torch tensors take their workspace from
+# torch's caching allocator, so that it counts in ``torch.cuda.memory_allocated``
+# (and under ``set_per_process_memory_fraction``) and CUDA-graph capture takes it
+# from the graph's private pool. A fresh ``torch.empty`` per launch cost about
+# 9 us of host time under cProfile on the H200 host (three launches per conv in
+# training; docs/BENCHMARKS.md, "Sixth session"), so one buffer per stream is
+# kept between calls, grown to the largest need seen (powers of two from 1 MiB,
+# so at most twice the largest need) and used by every convolution on that
+# device and stream: stream order makes the reuse safe, as it makes torch's own
+# reuse of a freed block safe. A buffer outgrown is retired, not freed (a
+# launch on another thread may still be using its address), and the retired
+# ones are freed with the rest by :func:`release_torch_workspaces`
+# (``mucudnn.torch.release_workspace``). During capture every launch takes a
+# fresh buffer from the graph's pool, as before: a kept buffer must not be
+# baked into a graph that outlives it.
+class TorchWorkspace:
+    """Workspace allocator (``alloc(nbytes) -> (keepalive, address, size)``)
+    from torch's caching allocator on one CUDA device, one buffer kept per
+    stream (Note [torch workspace]); :meth:`release` frees what it holds."""
+
+    __slots__ = ("device", "index", "_bufs", "_retired", "_lock", "_stream", "_capturing",
+                 "_empty", "_uint8", "_oom", "_mem_get_info")
+
+    def __init__(self, device: Any) -> None:
+        torch = sys.modules["torch"]
+        self.device = device
+        self.index = int(device.index) if device.index is not None else \
+            int(torch.cuda.current_device())
+        self._bufs: dict[int, tuple[Any, int, int]] = {}
+        self._retired: list[Any] = []
+        self._lock = threading.Lock()
+        self._stream = torch._C._cuda_getCurrentRawStream
+        self._capturing = torch._C._cuda_isCurrentStreamCapturing
+        self._empty, self._uint8 = torch.empty, torch.uint8
+        self._oom = torch.cuda.OutOfMemoryError
+        self._mem_get_info = torch.cuda.mem_get_info
+
+    def __call__(self, nbytes: int) -> tuple[Any, int, int]:
+        if self._capturing():  # the current device's stream: the caller's (Kernel)
+            t = self._allocate(nbytes, nbytes)
+            return t, t.data_ptr(), nbytes
+        buf = self._bufs.get(self._stream(self.index))
+        if buf is not None and buf[2] >= nbytes:
+            return None, buf[1], buf[2]
+        return self._grow(nbytes)
+
+    def _grow(self, nbytes: int) -> tuple[Any, int, int]:
+        with self._lock:
+            stream = self._stream(self.index)
+            buf = self._bufs.get(stream)
+            if buf is not None and buf[2] >= nbytes:
+                return None, buf[1], buf[2]
+            size = max(1 << 20, 1 << (int(nbytes) - 1).bit_length())
+            t = self._allocate(size, nbytes)
+            size = t.numel()
+            if buf is not None:
+                self._retired.append(buf[0])
+            self._bufs[stream] = (t, t.data_ptr(), size)
+            return None, t.data_ptr(), size
+
+    def _allocate(self, size: int, nbytes: int) -> Any:
+        """``size`` bytes, else exactly ``nbytes``; WorkspaceUnavailable if neither."""
+        for n in dict.fromkeys((size, nbytes)):
+            try:
+                return self._empty((n,), dtype=self._uint8, device=self.device)
+            except self._oom as exc:
+                err = exc
+        free = int(self._mem_get_info(self.device)[0])
+        raise WorkspaceUnavailable(f"workspace: torch could not allocate {nbytes} bytes "
+                                   f"({str(err).splitlines()[0]})", nbytes, free) from None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes this allocator keeps now (buffers in use and retired)."""
+        return sum(b[2] for b in list(self._bufs.values())) + \
+            sum(t.numel() for t in list(self._retired))
+
+    def release(self) -> int:
+        """Drop every kept buffer (back to torch's cache); returns the bytes dropped.
+        Call it when no convolution on this device is running or being captured."""
+        with self._lock:
+            n = self.held_bytes
+            self._bufs.clear()
+            self._retired.clear()
+            return n
+
+
+_TORCH_WORKSPACES: dict[tuple[str, int], TorchWorkspace] = {}
+
+
+def torch_workspace(device: Any) -> TorchWorkspace:
+    """The workspace allocator of CUDA ``device`` (a ``torch.device``), one per
+    device (Note [torch workspace]): stream-ordered, CUDA-graph aware, counted in
+    ``torch.cuda.memory_allocated``."""
     torch = sys.modules["torch"]
-    empty, uint8, oom = torch.empty, torch.uint8, torch.cuda.OutOfMemoryError
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (device.type, int(index))
+    ws = _TORCH_WORKSPACES.get(key)
+    if ws is None:
+        ws = _TORCH_WORKSPACES.setdefault(key, TorchWorkspace(torch.device(device.type, index)))
+    return ws
 
-    def alloc(nbytes: int) -> tuple[Any, int, int]:
-        try:
-            t = empty((nbytes,), dtype=uint8, device=device)
-        except oom as exc:
-            free = int(torch.cuda.mem_get_info(device)[0])
-            raise WorkspaceUnavailable(f"workspace: torch could not allocate {nbytes} bytes "
-                                       f"({str(exc).splitlines()[0]})", nbytes, free) from None
-        return t, t.data_ptr(), nbytes
 
-    return alloc
+def release_torch_workspaces() -> int:
+    """Free the workspace buffers kept for torch calls on every device (Note
+    [torch workspace]); returns the bytes released."""
+    return sum(ws.release() for ws in list(_TORCH_WORKSPACES.values()))
+
+
+def torch_workspace_bytes(device_index: int | None = None) -> int:
+    """Bytes kept now for torch calls' workspace (on CUDA device
+    ``device_index`` only, when given)."""
+    return sum(ws.held_bytes for (_, i), ws in list(_TORCH_WORKSPACES.items())
+               if device_index is None or i == device_index)
 
 
 class _Cupy(Framework):

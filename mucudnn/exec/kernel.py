@@ -266,6 +266,8 @@ class Kernel:
                 # launch runs, so callers on other threads wait for it; on a GPU
                 # the stream orders every use of a buffer instead.
                 return self._launch(x, w, y, alpha, beta, None, workspace, FULL_ALIGNMENT)
+        if not (x | w | y) & 15:  # the usual case, without three calls
+            return self._launch(x, w, y, alpha, beta, stream, workspace, FULL_ALIGNMENT)
         return self._launch(x, w, y, alpha, beta, stream, workspace,
                             (alignment_of(x), alignment_of(w), alignment_of(y)))
 

@@ -37,17 +37,20 @@ What runs where
 
 Where the workspace comes from
 ------------------------------
-As for PyTorch's own convolutions: from PyTorch's caching allocator, for the
-duration of each call, on torch's current stream (``mucudnn.Convolution``
-does this for every call with CUDA torch tensors). It is counted in
-``torch.cuda.memory_allocated`` while a call runs, so in
-``max_memory_allocated`` peaks and under ``set_per_process_memory_fraction``;
-CUDA-graph capture takes it from the graph's private pool. It is never more
-than the plan's workspace, itself at most ``workspace_limit`` (WR mode) or
-the kernel's share of ``total_workspace`` (WD mode). mucudnn's own pools
-(:class:`mucudnn.exec.workspace.WorkspacePool`, allocated with ``cudaMalloc``
-outside torch) serve only NumPy, DeviceArray and ``graph=True`` calls:
-:func:`workspace_bytes` gives what they hold, :func:`release_workspace` frees it.
+As for PyTorch's own convolutions: from PyTorch's caching allocator, on
+torch's current stream (``mucudnn.Convolution`` does this for every call with
+CUDA torch tensors). One buffer per device and stream is kept between calls
+and shared by every convolution there, grown in powers of two to the largest
+need seen (Note [torch workspace] in :mod:`mucudnn.exec.arrays`: a fresh
+allocation per launch cost measurable host time). It is counted in
+``torch.cuda.memory_allocated``, so in ``max_memory_allocated`` peaks and
+under ``set_per_process_memory_fraction``; CUDA-graph capture takes a fresh
+one per launch from the graph's private pool. Each plan's need is at most
+``workspace_limit`` (WR mode) or the kernel's share of ``total_workspace``
+(WD mode). mucudnn's own pools (:class:`mucudnn.exec.workspace.WorkspacePool`,
+allocated with ``cudaMalloc`` outside torch) serve only NumPy, DeviceArray and
+``graph=True`` calls. :func:`workspace_bytes` gives what both hold between
+calls, :func:`release_workspace` frees both.
 
 Caches (each a :class:`mucudnn.caches.LRU`; :func:`mucudnn.caches.clear_all` empties them)
 --------------------------------------------------------------------------------------------

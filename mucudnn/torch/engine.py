@@ -54,7 +54,7 @@ from ..backends import Backend, available_backends, get_backend
 from ..caches import LRU
 from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
 from ..errors import MucudnnError, UnsupportedDtypeError
-from ..exec.arrays import torch_workspace
+from ..exec.arrays import release_torch_workspaces, torch_workspace, torch_workspace_bytes
 from ..problem import ConvProblem, Direction, Plan
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
@@ -478,9 +478,10 @@ def cached_convolutions() -> list[Convolution]:
 
 
 def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
-    """Bytes held now by the workspace pools of the backends mucudnn.torch uses
-    (on ``device`` only, when given). This memory comes from cudaMalloc, outside
-    torch's caching allocator (see the package docstring).
+    """Bytes of workspace held now between calls (on ``device`` only, when
+    given): the buffers kept in torch's caching allocator for calls on CUDA
+    tensors (Note [torch workspace] in mucudnn/exec/arrays.py), plus the
+    backends' own pools (cudaMalloc, outside torch; see the package docstring).
 
     >>> workspace_bytes("cpu") >= 0
     True
@@ -498,13 +499,17 @@ def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
                 continue
         pool = conv.pool
         pools[id(pool)] = pool
-    return sum(int(p.size) for p in pools.values())
+    kept = 0 if dev is not None and dev.type == "cpu" else \
+        torch_workspace_bytes(None if dev is None else dev.index)
+    return kept + sum(int(p.size) for p in pools.values())
 
 
 def release_workspace() -> int:
-    """Free the workspace buffers of the pools mucudnn.torch's Convolutions use
-    (they grow again on the next call); returns the bytes freed. Waits for the
-    GPU first. Captured CUDA graphs that used the workspace must be deleted first.
+    """Free the workspace kept between calls: the buffers kept in torch's
+    caching allocator (back to torch's cache) and the pools mucudnn.torch's
+    Convolutions use (they grow again on the next call); returns the bytes
+    freed. Waits for the GPU first. Captured CUDA graphs that used a pool must
+    be deleted first (captures take torch's workspace from their own pool).
 
     >>> release_workspace() >= 0
     True
@@ -514,7 +519,9 @@ def release_workspace() -> int:
         pools[id(conv.pool)] = conv.pool
     if any(c.backend.name != "numpy" for c in _CONVS.values()) and torch.cuda.is_available():
         torch.cuda.synchronize()
-    freed = 0
+    elif torch.cuda.is_available() and torch_workspace_bytes():
+        torch.cuda.synchronize()
+    freed = release_torch_workspaces()
     for pool in pools.values():
         freed += int(pool.size)
         pool.release()
@@ -636,6 +643,7 @@ _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
 #: torch built without CUDA: every call then takes the checked path).
 _STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CUR_DEVICE: Any = getattr(torch._C, "_cuda_getDevice", None)
+_EMPTY_LIKE = torch.empty_like
 
 
 def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | None":
@@ -713,14 +721,16 @@ class _Warm:
         index = self.index
         with _device_ctx(index):
             stream = _STREAM(index)
+            # empty_like(t, memory_format=fmt): t's shape, dtype and device in
+            # ``fmt``, as torch.empty(...) would make it, with less argument parsing
             if need_x:
                 w = w.contiguous(memory_format=fmt)
-                dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+                dx = _EMPTY_LIKE(x, memory_format=fmt)
                 self.bwd_data(dx.data_ptr(), w.data_ptr(), dy.data_ptr(), 1.0, 0.0, stream,
                               self.ws)
             if need_w:
                 x = x.contiguous(memory_format=fmt)
-                dw = torch.empty(w.shape, dtype=w.dtype, device=w.device, memory_format=fmt)
+                dw = _EMPTY_LIKE(w, memory_format=fmt)
                 self.bwd_filter(x.data_ptr(), dw.data_ptr(), dy.data_ptr(), 1.0, 0.0, stream,
                                 self.ws)
         return dx, dw, db
