@@ -54,8 +54,9 @@ arrays must be C-contiguous (no copy is made) and on the backend's device.
 Workspace: calls with torch tensors or CuPy arrays take their workspace from
 that framework's allocator (so it is counted in ``torch.cuda.memory_allocated``,
 and CUDA-graph capture by torch works; for torch one buffer per device and
-stream is kept between calls, Note [torch workspace] in exec/arrays.py); every other call, and every call with ``graph=True``, uses the
-backend's workspace pool for the stream (``conv.pool``), which is never more
+stream is kept between calls, Note [torch workspace] in exec/arrays.py);
+every other call, and every call with ``graph=True``, uses the backend's
+workspace pool for the stream (``conv.pool``), which is never more
 than the plan's workspace and is freed by ``conv.pool.release()``.
 
 The warm path: a call whose arguments have the kinds, shapes, dtypes, device
