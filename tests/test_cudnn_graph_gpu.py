@@ -16,6 +16,7 @@ import gc
 import numpy as np
 import pytest
 
+import mucudnn.backends._device as device_backend
 from mucudnn import ConvProblem, Direction
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.backend_api import live_backend_descriptors
@@ -341,3 +342,22 @@ def test_knob_search_adds_configs_that_run_correctly(direction):
             b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
             out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
             assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_find_scratch_repeats_one_random_block(dtype, monkeypatch):
+    """Note [find scratch]: the scratch is one host-drawn block of random values
+    repeated over the array on the device (a partial block at the end); every
+    value is non-zero, of magnitude in [0.25, 1.75]."""
+    monkeypatch.setattr(device_backend, "RANDOM_BLOCK", 1000)
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        a = b._random((3 * 1000 + 17,), dtype)
+        got = np.asarray(a.to_numpy(), dtype=np.float32)
+        a.close()
+    assert got.shape == (3017,)
+    block = got[:1000]
+    assert len(np.unique(block)) > 500  # random, not a constant
+    for k in range(1, 4):
+        part = got[1000 * k:1000 * (k + 1)]
+        assert np.array_equal(part, block[:len(part)])
+    assert np.all((np.abs(got) >= 0.24) & (np.abs(got) <= 1.76))

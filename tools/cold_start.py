@@ -220,7 +220,8 @@ def _breakdown(pr: dict[str, Any]) -> str:
     modes = ", ".join(f"{m} {v:.1f}" for m, v in pr.get("modes_s", {}).items())
     return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f} | "
             f"{pr['timing_s']:.1f} (first launches {pr.get('first_launch_s', 0):.1f}, "
-            f"GPU {pr.get('gpu_s', 0):.1f}) | {pr['configs']} | {pr['skipped']} | {pr['cut']} | "
+            f"GPU {pr.get('gpu_s', 0):.1f}, scratch {pr.get('scratch_s', 0):.1f}) | "
+            f"{pr['configs']} | {pr['skipped']} | {pr['cut']} | "
             f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)} | "
             f"{pr['workspace_mismatch']}")
 

@@ -724,11 +724,13 @@ class CudnnGraphBackend(DeviceBackend):
                     plans: list[tuple[_Plan, gd.EngineConfigInfo, int]]) -> list[AlgoPerf]:
         """Time each (plan, its config, its workspace need) on Find's scratch (home
         stream, held by the caller)."""
+        t = time.perf_counter()
         ptrs = self._find_pointers(problem, direction)
         aligns = tuple(gd.pointer_alignment(q) for q in ptrs)
         if aligns != _FULL:  # pragma: no cover - fresh allocations are 256-aligned
             raise RuntimeError(f"find buffers are not 16-byte aligned: {aligns}")
         ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
+        self.find_profile.scratch_s += time.perf_counter() - t
         handle = self.handle._as_parameter_
         execute = lib.cudnnBackendExecute
         out: list[AlgoPerf] = []
