@@ -362,31 +362,3 @@ def test_find_scratch_repeats_one_random_block(dtype, monkeypatch):
         assert np.array_equal(part, block[:len(part)])
     assert np.all((np.abs(got) >= 0.24) & (np.abs(got) <= 1.76))
 
-
-@pytest.mark.parametrize("case", ["2d-nchw", "2d-nhwc-stride2"])
-def test_descriptor_arrays_read_by_count_equal_the_type_count_read(case, monkeypatch):
-    """Note [reading descriptor arrays]: knob choices and knob infos read with the
-    count first are what cudnn-frontend's read (up to the knob-type count) gives,
-    for every config heuristics A and B name in every direction."""
-    p = problem(case, "float32", "default")
-    checked = 0
-    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
-        for d in Direction:
-            g = b._graph(p, d, 1.0, 0.0, (16, 16, 16)).conv.graph
-            for mode in ("A", "B"):
-                with gd.engine_heuristics(g, mode) as h:
-                    cfgs = gd.heuristic_engine_configs(h)
-                for cfg in cfgs:
-                    with cfg:
-                        by_count = gd.engine_config_info(cfg)
-                        with monkeypatch.context() as m:  # the type-count read only
-                            m.setattr(gd, "_read_descriptors", gd._read_array)
-                            by_type = gd.engine_config_info(cfg)
-                        assert by_count == by_type
-                        with gd.engine(g, by_count.global_index) as eng:
-                            infos = gd.engine_knob_infos(eng)
-                            with monkeypatch.context() as m:
-                                m.setattr(gd, "_read_descriptors", gd._read_array)
-                                assert gd.engine_knob_infos(eng) == infos
-                    checked += 1
-    assert checked >= 6

@@ -323,21 +323,12 @@ def _read_array(read, count_fn, requested: int):
 
 
 # Note [reading descriptor arrays]: an array of descriptors (knob choices, knob
-# infos) is read into descriptors the caller creates beforehand. Asking for up to
-# the knob-type count, as cudnn-frontend does, created and destroyed about 48
-# descriptors per engine config (230k in a cold optimisation of ResNet-18, 5 of
-# its 20 s under cProfile on the H200 host). So the count is asked for first and
-# exactly that many are created; where cuDNN refuses the count query, the
-# type-count read is the fallback. tests/test_cudnn_graph_gpu.py checks both
-# reads agree on every heuristics config of several problems.
-def _read_descriptors(read, count_fn, requested: int):
-    """:func:`_read_array` for descriptor arrays: the count first (Note [reading
-    descriptor arrays])."""
-    try:
-        n = count_fn()
-    except CudnnError:
-        return read(requested)
-    return read(n) if n > 0 else []
+# infos) is read into descriptors created beforehand, up to the knob-type count
+# (about 48 created and destroyed per engine config; 230k in a cold optimisation
+# of ResNet-18). Asking for the count first would save them, but cuDNN 9.19
+# answers 0 for CUDNN_ATTR_ENGINECFG_KNOB_CHOICES where the type-count read finds
+# knobs: tried on the H200 (docs/BENCHMARKS.md, "Sixth session"), it lost every
+# config's knobs (wrong plans, NOT_SUPPORTED on binding) and was reverted.
 
 
 def engine_info(eng: BackendDescriptor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -388,7 +379,7 @@ class KnobInfo:
 
 def engine_knob_infos(eng: BackendDescriptor) -> tuple[KnobInfo, ...]:
     """CUDNN_ATTR_ENGINE_KNOB_INFO of a finalized engine: its knobs, by type."""
-    infos = _read_descriptors(
+    infos = _read_array(
         lambda n: eng.get_descriptors(A.ENGINE_KNOB_INFO, D.KNOB_INFO_DESCRIPTOR, n),
         lambda: eng.count(A.ENGINE_KNOB_INFO, T.BACKEND_DESCRIPTOR),
         _type_count(BackendKnobType))
@@ -411,7 +402,7 @@ def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:
     index, knob choices (sorted by type) and the engine's notes."""
     with cfg.get_descriptor(A.ENGINECFG_ENGINE, D.ENGINE_DESCRIPTOR) as eng:
         idx, notes, behavior = engine_info(eng)
-    choices = _read_descriptors(
+    choices = _read_array(
         lambda n: cfg.get_descriptors(A.ENGINECFG_KNOB_CHOICES, D.KNOB_CHOICE_DESCRIPTOR, n),
         lambda: cfg.count(A.ENGINECFG_KNOB_CHOICES, T.BACKEND_DESCRIPTOR),
         _type_count(BackendKnobType))
