@@ -40,6 +40,11 @@ first line, CUDA context included: the reference the cold-start target names.
 
     python tools/cold_start.py --nets alexnet resnet18 resnet50 --torch --json out/cold.json
     python tools/cold_start.py --nets alexnet resnet18 resnet50 --devices 0,1 --json out/cold2.json
+    python tools/cold_start.py --nets resnet50 --torch --jit-cache fresh   # a never-used machine
+
+``--jit-cache fresh`` runs each worker with an empty CUDA JIT cache of its own
+(Note [JIT cache in cold runs]); rows record ``jit_cache`` and the cache's
+size after the worker.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import argparse  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -180,20 +186,53 @@ def worker_torch(net: str, batch: int | None) -> dict[str, Any]:
             "kernels": 3 * len(groups)}
 
 
-def _run_worker(args: list[str], timeout: float) -> dict[str, Any]:
+# Note [JIT cache in cold runs]: some cuDNN engines compile their kernels at
+# run time, and the driver keeps what it compiled in its JIT cache
+# (CUDA_CACHE_PATH, by default ~/.nv/ComputeCache). On a fresh H200 machine the
+# first cold ResNet-18 process spent 10.0 s finalizing plans and a second one
+# 3.2 s (docs/BENCHMARKS.md, "Sixth session"). ``--jit-cache fresh`` gives each
+# worker (PyTorch's too) an empty cache of its own, as on a machine that has
+# never run these engines; ``shared`` (the default) uses the user's, as a second
+# run on the same machine would. Each row records which, and the cache's size
+# after the worker.
+JIT_CACHES = ("shared", "fresh")
+
+
+def _jit_cache_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def _run_worker(args: list[str], timeout: float, jit_cache: str = "shared") -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
+    env = dict(os.environ)
+    fresh = tempfile.mkdtemp(prefix="jit-cache-") if jit_cache == "fresh" else None
+    if fresh is not None:  # Note [JIT cache in cold runs]
+        env["CUDA_CACHE_PATH"] = fresh
+    cache_dir = env.get("CUDA_CACHE_PATH") or os.path.expanduser("~/.nv/ComputeCache")
     try:
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker-json", path,
-                            *args], capture_output=True, text=True, timeout=timeout)
+                            *args], capture_output=True, text=True, timeout=timeout, env=env)
         if r.returncode != 0:
             return {"error": (r.stderr or r.stdout)[-2000:]}
         with open(path) as fh:
-            return json.load(fh)
+            out: dict[str, Any] = json.load(fh)
+        out["jit_cache"] = jit_cache
+        out["jit_cache_bytes_after"] = _jit_cache_bytes(cache_dir)
+        return out
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     finally:
         os.unlink(path)
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
 
 
 def _devices(text: str | None) -> list[int] | None:
@@ -240,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="benchmark on these CUDA devices, one process each (default: one "
                          "GPU, in the worker)")
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds per worker")
+    ap.add_argument("--jit-cache", choices=JIT_CACHES, default="shared",
+                    help="the driver's JIT cache for each worker: the user's (shared) or an "
+                         "empty one of its own (fresh: a machine that never ran these engines)")
     ap.add_argument("--json", default=None)
     # worker mode (internal)
     ap.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
@@ -275,13 +317,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for net in a.nets:
         if a.torch:
-            r = _run_worker(["--worker", "torch", "--nets", net, *common], a.timeout)
+            r = _run_worker(["--worker", "torch", "--nets", net, *common], a.timeout,
+                            a.jit_cache)
             r.update(config="torch", net=net)
             results.append(r)
             save()
             print(f"[{net} torch] {r.get('process_s', r.get('error'))}", flush=True)
         for c in a.configs:
-            r = _run_worker(["--worker", c, "--nets", net, *common], a.timeout)
+            r = _run_worker(["--worker", c, "--nets", net, *common], a.timeout, a.jit_cache)
             r.setdefault("devices", devices)
             r.update(config=c, net=net)
             results.append(r)

@@ -1,0 +1,72 @@
+"""tools/cold_start.py on the CPU: how each worker is started with respect to
+the driver's JIT cache (Note [JIT cache in cold runs]) and what a row records;
+the worker itself needs a GPU and is replaced by a stand-in that reports the
+environment it was given."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import types
+
+import pytest
+
+TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
+
+
+@pytest.fixture(scope="module")
+def cs() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("cold_start", TOOLS / "cold_start.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def worker(cs, monkeypatch):
+    """subprocess.run replaced by a worker that writes 100 bytes into its JIT
+    cache and reports the cache path it saw."""
+    seen: list[dict] = []
+
+    def run(cmd, capture_output, text, timeout, env):
+        path = cmd[cmd.index("--worker-json") + 1]
+        cache = env.get("CUDA_CACHE_PATH")
+        if cache:
+            os.makedirs(cache, exist_ok=True)
+            with open(os.path.join(cache, "kernel.bin"), "wb") as fh:
+                fh.write(b"x" * 100)
+        seen.append({"cache": cache, "args": cmd})
+        with open(path, "w") as fh:
+            json.dump({"process_s": 1.0}, fh)
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(cs.subprocess, "run", run)
+    return seen
+
+
+def test_a_fresh_jit_cache_per_worker_is_empty_and_removed(cs, worker, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path / "users"))
+    r1 = cs._run_worker(["--worker", "default"], 10.0, "fresh")
+    r2 = cs._run_worker(["--worker", "default"], 10.0, "fresh")
+    a, b = worker[0]["cache"], worker[1]["cache"]
+    assert a != b and a != str(tmp_path / "users")  # one of its own each time
+    assert not os.path.exists(a) and not os.path.exists(b)  # removed afterwards
+    assert r1 == r2 == {"process_s": 1.0, "jit_cache": "fresh", "jit_cache_bytes_after": 100}
+    assert not (tmp_path / "users").exists()  # the user's cache was not touched
+
+
+def test_the_shared_jit_cache_is_the_users(cs, worker, tmp_path, monkeypatch):
+    users = tmp_path / "users"
+    monkeypatch.setenv("CUDA_CACHE_PATH", str(users))
+    r = cs._run_worker(["--worker", "torch"], 10.0)
+    assert worker[0]["cache"] == str(users)
+    assert r["jit_cache"] == "shared" and r["jit_cache_bytes_after"] == 100
+    assert (users / "kernel.bin").stat().st_size == 100
+
+
+def test_the_option_is_checked(cs):
+    with pytest.raises(SystemExit):
+        cs.main(["--jit-cache", "warm", "--nets", "alexnet"])
