@@ -38,11 +38,11 @@ from ._optional import require
 from .backends import available_backends, get_backend
 from .bench import format_table, run_network, save_json
 from .cuda import device_count
-from .errors import MucudnnError
+from .errors import InvalidValueError, MucudnnError
 from .exec.workspace import env_workspace_limit
 from .networks import DEFAULT_BATCH, NETWORKS, select
-from .optimizer import (CachedBackend, cache_tools, check_devices, optimize, optimize_kernels,
-                        optimize_network)
+from .optimizer import (CachedBackend, cache_tools, check_devices, check_ordinals, optimize,
+                        optimize_kernels, optimize_network)
 from .optimizer.policies import normalize_policy
 from .plot import plot_network
 from .problem import Direction
@@ -332,11 +332,11 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
                      "--layers picks fewer layers)")
         print(note + "; --backend numpy runs the batch you ask for", flush=True)
         batch = small
-    if devices is not None and backend != "numpy" and have_gpu and max(devices) >= device_count():
-        n = device_count()
-        raise CommandLineError(f"argument --devices: this machine has {n} CUDA device"
-                               f"{'s' if n != 1 else ''} (0..{n - 1}), got "
-                               f"{','.join(map(str, devices))}")
+    if devices is not None and backend != "numpy" and have_gpu:
+        try:
+            check_ordinals(tuple(devices))
+        except InvalidValueError as exc:  # "devices: this machine has ..."
+            raise CommandLineError(f"argument --{exc}") from None
     if args.dtype == "bfloat16" and (backend == "numpy" or args.command == "bench"):
         require("ml_dtypes", "bfloat16", "bfloat16 arrays on the host")
     return backend, batch

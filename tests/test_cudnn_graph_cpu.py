@@ -579,3 +579,36 @@ def test_knob_search_backend_is_registered_under_its_own_name():
     assert CudnnGraphKnobsBackend.name == "cudnn-graph+knobs"
     with pytest.raises(ValueError, match="search_max_configs"):
         CudnnGraphKnobsBackend(search_max_configs=0)
+
+
+def test_read_scratch_is_one_set_per_thread_and_type_destroyed_with_it():
+    """Note [descriptor read scratch]: raw descriptors (no GPU needed to create
+    them), one set per thread and descriptor type, regrown for a larger read,
+    kept out of live_backend_descriptors(), destroyed with their thread."""
+    import threading
+
+    from mucudnn._cudnn import backend_api as ba
+
+    t = int(D.KNOB_CHOICE_DESCRIPTOR)
+    base, live = ba.read_scratch_descriptors(), live_backend_descriptors()
+    seen = {}
+
+    def work():
+        a = ba._scratch(t, 8)
+        assert ba._scratch(t, 4) is a and ba._scratch(t, 8) is a
+        b = ba._scratch(t, 20)
+        assert b is not a and b.count == 20 and ba._scratch(t, 3) is b
+        assert len({v.handle for v in b.views}) == 20 and all(v.handle for v in b.views)
+        assert all(not v.closed for v in b.views)
+        b.views[0].close()  # a view owns nothing: closing it does nothing
+        assert b.views[0].handle and b.views[0]._as_parameter_.value == b.views[0].handle
+        del a
+        seen["during"] = ba.read_scratch_descriptors()
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    gc.collect()
+    assert seen["during"] == base + 20  # the outgrown set of 8 was destroyed at once
+    assert ba.read_scratch_descriptors() == base
+    assert live_backend_descriptors() == live

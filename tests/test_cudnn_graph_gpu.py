@@ -278,6 +278,57 @@ def test_cold_probe_reports_every_candidate():
         CudnnGraphBackend(find_cold_ratio=1.0)
 
 
+def _owned_config_info(cfg):
+    """engine_config_info's reading through descriptors the caller creates and
+    owns: the reference for the read scratch."""
+    from mucudnn._cudnn.enums import (
+        BackendAttributeName as A, BackendAttributeType as T, BackendDescriptorType as D)
+    with cfg.get_descriptor(A.ENGINECFG_ENGINE, D.ENGINE_DESCRIPTOR) as eng:
+        idx = eng.get_int64_scalar(A.ENGINE_GLOBAL_INDEX)
+    knobs = []
+    for k in cfg.get_descriptors(A.ENGINECFG_KNOB_CHOICES, D.KNOB_CHOICE_DESCRIPTOR, 64):
+        with k:
+            knobs.append((k.get_enums(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, 1)[0],
+                          k.get_int64_scalar(A.KNOB_CHOICE_KNOB_VALUE)))
+    return gd.format_engine_config_id(idx, knobs)
+
+
+def test_read_scratch_reads_what_owned_descriptors_read():
+    """Note [descriptor read scratch]: heuristics' configs and their knobs read
+    through this thread's refilled scratch descriptors are, config for config,
+    what descriptors created for each read hold; cuDNN refills them (reuse
+    stays on) and the scratch sets stay the same objects across reads."""
+    from mucudnn._cudnn import backend_api as ba
+    from mucudnn._cudnn.enums import BackendDescriptorType as D
+
+    compared = knobbed = 0
+    sets = None
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        for case in ("2d-nchw", "2d-1x1-stride2", "2d-nhwc-stride2"):
+            for dtype, math in (("float32", "default"), ("float16", "default")):
+                p = problem(case, dtype, math)
+                for d in DIRECTIONS:
+                    g = b._graph(p, d, 1.0, 0.0, (16, 16, 16)).conv
+                    for mode in b._modes_for(p):
+                        got = [i.id for i in g.engine_config_infos(mode) if i is not None]
+                        owned = g.engine_configs(mode)
+                        try:
+                            want = [_owned_config_info(c) for c in owned]
+                        finally:
+                            for c in owned:
+                                c.close()
+                        assert got == want, (case, dtype, d, mode)
+                        compared += len(got)
+                        knobbed += sum(bool(gd.parse_engine_config_id(i)[1]) for i in got)
+                        now = {t: id(s) for t, s in ba._local.sets.items()}
+                        if sets is not None:
+                            assert {t: now[t] for t in sets} == sets  # reused, not remade
+                        sets = now
+    assert ba._REUSE[0], "cuDNN refused to refill a read descriptor"
+    assert int(D.KNOB_CHOICE_DESCRIPTOR) in sets and int(D.ENGINECFG_DESCRIPTOR) in sets
+    assert compared >= 50 and knobbed >= 20, (compared, knobbed)
+
+
 def test_engine_knob_infos_are_readable_ranges():
     """CUDNN_ATTR_ENGINE_KNOB_INFO of the engines heuristics name: typed ranges
     (min <= max, stride >= 1); each named config rebuilt from its engine and

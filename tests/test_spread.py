@@ -25,6 +25,7 @@ from mucudnn.errors import InvalidTypeError, InvalidValueError, UnsupportedConfi
 from mucudnn.optimizer import (BenchmarkCache, benchmark, benchmark_many, check_devices,
                                optimize, optimize_kernels, optimize_network)
 from mucudnn.optimizer.api import plan_jointly
+from mucudnn.optimizer import spread
 from mucudnn.optimizer.spread import run as spread_run
 from mucudnn.problem import ConvProblem, Direction
 from spread_support import LOG, MEET, DeviceFake, Failing, FakeBackend, named_by_device
@@ -322,3 +323,18 @@ def test_gpu_one_device_worker_measures_what_this_process_measures(tmp_path):
     assert list(here) == list(res.perfs[0]) == [8, 4, 2, 1]
     assert here == res.perfs[0]   # answered from the entries the worker stored
     _no_children()
+
+
+def test_cli_names_a_device_this_machine_lacks(monkeypatch, capsys):
+    """--devices naming an ordinal past the machine's devices: the one check of
+    the optimizer (check_ordinals), reported as the --devices argument's error
+    before any device work."""
+    monkeypatch.setattr(cli, "device_count", lambda: 2)
+    monkeypatch.setattr(spread, "device_count", lambda: 2)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["optimize", "--net", "alexnet", "--backend", "cudnn-graph", "--batch", "2",
+                  "--layers", "conv5", "--devices", "0,2", "--no-progress"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["python -m mucudnn optimize: error: argument --devices: this machine has 2 "
+                   "CUDA devices (ordinals 0..1), got [0, 2]"]

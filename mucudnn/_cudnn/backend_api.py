@@ -30,8 +30,11 @@ with ``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED`` on a machine without the driver.
 from __future__ import annotations
 
 import ctypes
+import logging
 import operator
-from typing import Any, Iterable, Optional, Sequence, Union
+import threading
+import weakref
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 from ._lifetime import CudnnObject, LiveCount
 from .enums import (
@@ -43,7 +46,11 @@ from .prototypes import lib
 from .structs import cudnnBackendDescriptor_t, cudnnHandle_t
 
 __all__ = ["BackendDescriptor", "live_backend_descriptors", "live_backend_descriptor_counts",
-           "ATTRIBUTE_CTYPES"]
+           "ATTRIBUTE_CTYPES", "read_scratch_descriptors"]
+
+log = logging.getLogger("mucudnn")
+
+_R = TypeVar("_R")
 
 Name = Union[BackendAttributeName, int]
 AType = Union[BackendAttributeType, int]
@@ -344,6 +351,134 @@ class BackendDescriptor(CudnnObject):
         if not got:
             raise ValueError(f"attribute {_name_str(name)} holds no descriptor")
         return got[0]
+
+    def read_descriptors(self, name: Name, dtype: Union[BackendDescriptorType, int],
+                         max_count: int,
+                         read: Callable[["BackendDescriptor"], _R]) -> list[_R]:
+        """A CUDNN_TYPE_BACKEND_DESCRIPTOR array of up to ``max_count`` elements,
+        each passed to ``read`` (which returns what it needs from it) and never
+        kept: the elements are this thread's read scratch, refilled by the next
+        read of their type (Note [descriptor read scratch]). ``read`` must not
+        read another array of the same type."""
+        if max_count <= 0:
+            return []
+        scratch = _scratch(int(dtype), max_count)
+        n = ctypes.c_int64(0)
+        try:
+            self._get_raw(name, _T.BACKEND_DESCRIPTOR, max_count, n, scratch.array)
+        except CudnnError:
+            if not scratch.filled or not _REUSE[0]:
+                raise
+            # cuDNN refused to refill descriptors it filled before: read into
+            # fresh ones, and from now on never reuse them.
+            _REUSE[0] = False
+            log.debug("mucudnn: cuDNN does not refill read descriptors; reading into fresh ones")
+            scratch = _scratch(int(dtype), max_count)
+            self._get_raw(name, _T.BACKEND_DESCRIPTOR, max_count, n, scratch.array)
+        scratch.filled = True
+        k = max(0, min(int(n.value), max_count))
+        return [read(v) for v in scratch.views[:k]]
+
+
+# Note [descriptor read scratch]: reading an array of descriptors out of another
+# (an engine config's knob choices, an engine's knob infos, its engine) needs
+# descriptors of the element type created beforehand, as many as may come back:
+# up to the knob-type count, about 48 per engine config (Note [reading
+# descriptor arrays]). Made as BackendDescriptor objects (create, weakref
+# finalizer, destroy) that was some 230k objects in a cold optimisation of
+# ResNet-18, most of the heuristics' host time. Reads whose elements are only
+# looked at (read_descriptors) fill instead a set of raw descriptors that each
+# thread creates once per descriptor type and refills on every read; the views
+# handed to ``read`` do not own them. Where cuDNN refuses to refill a descriptor
+# it filled before, reads fall back, for the rest of the process, to fresh raw
+# descriptors per read (destroyed after it). The sets are bounded (one per
+# thread and type, as large as the largest read, ~48) and destroyed with their
+# thread; they are not counted by live_backend_descriptors(), which counts what
+# callers own (read_scratch_descriptors() counts these).
+
+#: False once cuDNN refused to refill a read descriptor (Note [descriptor read scratch]).
+_REUSE = [True]
+_local = threading.local()
+_scratch_live = LiveCount()
+
+
+def read_scratch_descriptors() -> int:
+    """Raw descriptors held as read scratch (Note [descriptor read scratch])."""
+    return _scratch_live.total()
+
+
+class _Borrowed(BackendDescriptor):
+    """A view of a raw descriptor this object does not own (read scratch)."""
+
+    __slots__ = ()
+
+    def __init__(self, dtype: int, raw: int) -> None:  # noqa: D107 - no create
+        self.type = BackendDescriptorType(dtype) \
+            if dtype in BackendDescriptorType._value2member_map_ else dtype
+        self._handle = cudnnBackendDescriptor_t(raw)
+        self.finalized = True
+        self.attributes = {}
+        self._refs = []
+
+    @property
+    def _as_parameter_(self) -> Any:
+        return self._handle
+
+    @property
+    def handle(self) -> int:
+        return self._handle.value or 0
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Nothing: the scratch set owns the descriptor."""
+
+
+def _destroy_raw(values: list[int]) -> None:
+    for v in values:
+        try:
+            lib.cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t(v))
+        except Exception as exc:  # pragma: no cover - only at interpreter teardown
+            log.debug("mucudnn: cudnnBackendDestroyDescriptor failed: %s", exc)
+        finally:
+            _scratch_live.add("read scratch", -1)
+
+
+class _ReadScratch:
+    """``count`` raw descriptors of type ``dtype`` (Note [descriptor read scratch])."""
+
+    def __init__(self, dtype: int, count: int) -> None:
+        made: list[int] = []
+        try:
+            for _ in range(count):
+                h = cudnnBackendDescriptor_t()
+                lib.cudnnBackendCreateDescriptor(dtype, ctypes.byref(h))
+                made.append(int(h.value or 0))
+                _scratch_live.add("read scratch", +1)
+        except BaseException:
+            _destroy_raw(made)
+            raise
+        self.count = count
+        self.filled = False
+        self.array = (ctypes.c_void_p * count)(*made)
+        self.views = [_Borrowed(dtype, v) for v in made]
+        weakref.finalize(self, _destroy_raw, made)
+
+
+def _scratch(dtype: int, count: int) -> _ReadScratch:
+    """This thread's read scratch of ``dtype`` with room for ``count`` (a fresh
+    set per read once reuse is off)."""
+    if not _REUSE[0]:
+        return _ReadScratch(dtype, count)
+    sets = getattr(_local, "sets", None)
+    if sets is None:
+        sets = _local.sets = {}
+    s = sets.get(dtype)
+    if s is None or s.count < count:
+        s = sets[dtype] = _ReadScratch(dtype, count)
+    return s
 
 
 def handle_value(handle: Any) -> Optional[int]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
@@ -40,10 +42,13 @@ from .enums import (
     data_type,
 )
 
+log = logging.getLogger("mucudnn")
+
 __all__ = [
     "UID_X", "UID_W", "UID_Y", "EngineConfigInfo", "format_engine_config_id",
     "parse_engine_config_id", "tensor", "convolution", "convolution_operation",
-    "operation_graph", "engine_heuristics", "heuristic_engine_configs", "engine", "knob_choice",
+    "operation_graph", "engine_heuristics", "heuristic_engine_configs",
+    "heuristic_engine_config_infos", "engine", "knob_choice",
     "engine_config", "engine_config_info", "engine_info", "execution_plan",
     "plan_workspace_size", "variant_pack", "fast_variant_pack", "uid_array", "ConvGraph",
     "pointer_alignment", "MAX_ALIGNMENT",
@@ -249,8 +254,27 @@ def engine_heuristics(graph: BackendDescriptor, mode: Union[BackendHeurMode, int
 
 
 def heuristic_engine_configs(heuristics: BackendDescriptor) -> list[BackendDescriptor]:
-    """CUDNN_ATTR_ENGINEHEUR_RESULTS: the engine configs, best first (finalized)."""
+    """CUDNN_ATTR_ENGINEHEUR_RESULTS: the engine configs, best first (finalized,
+    owned by the caller)."""
     return heuristics.get_descriptors(A.ENGINEHEUR_RESULTS, D.ENGINECFG_DESCRIPTOR)
+
+
+def heuristic_engine_config_infos(heuristics: BackendDescriptor
+                                  ) -> list[Optional["EngineConfigInfo"]]:
+    """What :func:`engine_config_info` reads of each engine config of
+    CUDNN_ATTR_ENGINEHEUR_RESULTS, best first, None for one it cannot read; the
+    configs themselves are read scratch, never kept (Note [descriptor read scratch])."""
+    n = heuristics.count(A.ENGINEHEUR_RESULTS, T.BACKEND_DESCRIPTOR)
+    return heuristics.read_descriptors(A.ENGINEHEUR_RESULTS, D.ENGINECFG_DESCRIPTOR, n,
+                                       _readable_config_info)
+
+
+def _readable_config_info(cfg: BackendDescriptor) -> Optional["EngineConfigInfo"]:
+    try:
+        return engine_config_info(cfg)
+    except CudnnError as exc:  # pragma: no cover - unreadable result
+        log.debug("mucudnn: unreadable engine config: %s", exc)
+        return None
 
 
 def engine(graph: BackendDescriptor, global_index: int, finalize: bool = True) -> BackendDescriptor:
@@ -308,9 +332,13 @@ class EngineConfigInfo:
 def _type_count(cls: Any) -> int:
     """``CUDNN_*_TYPE_COUNT(S)`` of the loaded library: one more than the largest
     member of ``cls`` that exists in it (cuDNN numbers these enums densely)."""
-    v = loader.get_version()
+    return _type_count_at(cls, loader.get_version())
+
+
+@functools.lru_cache(maxsize=16)
+def _type_count_at(cls: Any, version: int) -> int:
     return 1 + max(int(m) for name, m in cls.__members__.items()
-                   if BACKEND_MIN_VERSION.get((cls, name), 0) <= v)
+                   if BACKEND_MIN_VERSION.get((cls, name), 0) <= version)
 
 
 def _read_array(read, count_fn, requested: int):
@@ -325,7 +353,8 @@ def _read_array(read, count_fn, requested: int):
 # Note [reading descriptor arrays]: an array of descriptors (knob choices, knob
 # infos) is read into descriptors created beforehand, up to the knob-type count
 # (about 48 created and destroyed per engine config; 230k in a cold optimisation
-# of ResNet-18). Asking for the count first would save them, but cuDNN 9.19
+# of ResNet-18; they are now read scratch, Note [descriptor read scratch] in
+# backend_api.py). Asking for the count first would save them, but cuDNN 9.19
 # answers 0 for CUDNN_ATTR_ENGINECFG_KNOB_CHOICES where the type-count read finds
 # knobs: tried on the H200 (docs/BENCHMARKS.md, "Sixth session"), it lost every
 # config's knobs (wrong plans, NOT_SUPPORTED on binding) and was reverted.
@@ -379,41 +408,44 @@ class KnobInfo:
 
 def engine_knob_infos(eng: BackendDescriptor) -> tuple[KnobInfo, ...]:
     """CUDNN_ATTR_ENGINE_KNOB_INFO of a finalized engine: its knobs, by type."""
-    infos = _read_array(
-        lambda n: eng.get_descriptors(A.ENGINE_KNOB_INFO, D.KNOB_INFO_DESCRIPTOR, n),
+    out = _read_array(
+        lambda n: eng.read_descriptors(A.ENGINE_KNOB_INFO, D.KNOB_INFO_DESCRIPTOR, n,
+                                       _knob_info),
         lambda: eng.count(A.ENGINE_KNOB_INFO, T.BACKEND_DESCRIPTOR),
         _type_count(BackendKnobType))
-    out = []
-    for k in infos:
-        with k:
-            t = k.get_enums(A.KNOB_INFO_TYPE, T.KNOB_TYPE, 1)[0]
-            lo = k.get_int64_scalar(A.KNOB_INFO_MINIMUM_VALUE)
-            hi = k.get_int64_scalar(A.KNOB_INFO_MAXIMUM_VALUE)
-            try:
-                stride = k.get_int64_scalar(A.KNOB_INFO_STRIDE)
-            except (CudnnError, ValueError):  # pragma: no cover - stride is optional
-                stride = 1
-            out.append(KnobInfo(int(t), int(lo), int(hi), int(stride)))
     return tuple(sorted(out, key=lambda i: i.knob_type))
+
+
+def _knob_info(k: BackendDescriptor) -> KnobInfo:
+    t = k.get_enums(A.KNOB_INFO_TYPE, T.KNOB_TYPE, 1)[0]
+    lo = k.get_int64_scalar(A.KNOB_INFO_MINIMUM_VALUE)
+    hi = k.get_int64_scalar(A.KNOB_INFO_MAXIMUM_VALUE)
+    try:
+        stride = k.get_int64_scalar(A.KNOB_INFO_STRIDE)
+    except (CudnnError, ValueError):  # pragma: no cover - stride is optional
+        stride = 1
+    return KnobInfo(int(t), int(lo), int(hi), int(stride))
 
 
 def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:
     """Read a finalized engine config (e.g. a heuristics result): engine global
     index, knob choices (sorted by type) and the engine's notes."""
-    with cfg.get_descriptor(A.ENGINECFG_ENGINE, D.ENGINE_DESCRIPTOR) as eng:
-        idx, notes, behavior = engine_info(eng)
-    choices = _read_array(
-        lambda n: cfg.get_descriptors(A.ENGINECFG_KNOB_CHOICES, D.KNOB_CHOICE_DESCRIPTOR, n),
+    eng = cfg.read_descriptors(A.ENGINECFG_ENGINE, D.ENGINE_DESCRIPTOR, 1, engine_info)
+    if not eng:
+        raise ValueError("attribute ENGINECFG_ENGINE holds no descriptor")
+    idx, notes, behavior = eng[0]
+    knobs = _read_array(
+        lambda n: cfg.read_descriptors(A.ENGINECFG_KNOB_CHOICES, D.KNOB_CHOICE_DESCRIPTOR, n,
+                                       _knob_choice_value),
         lambda: cfg.count(A.ENGINECFG_KNOB_CHOICES, T.BACKEND_DESCRIPTOR),
         _type_count(BackendKnobType))
-    knobs = []
-    for k in choices:
-        with k:
-            t = k.get_enums(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, 1)[0]
-            v = k.get_int64_scalar(A.KNOB_CHOICE_KNOB_VALUE)
-            knobs.append((int(t), int(v)))
     return EngineConfigInfo(idx, tuple(sorted(knobs)), notes, behavior,
                             engine_config_workspace(cfg))
+
+
+def _knob_choice_value(k: BackendDescriptor) -> tuple[int, int]:
+    t = k.get_enums(A.KNOB_CHOICE_KNOB_TYPE, T.KNOB_TYPE, 1)[0]
+    return int(t), int(k.get_int64_scalar(A.KNOB_CHOICE_KNOB_VALUE))
 
 
 def engine_config_workspace(cfg: BackendDescriptor) -> Optional[int]:
@@ -555,9 +587,17 @@ class ConvGraph:
             raise
 
     def engine_configs(self, mode: Union[BackendHeurMode, int, str]) -> list[BackendDescriptor]:
-        """The heuristics' engine configs in ``mode``, best first."""
+        """The heuristics' engine configs in ``mode``, best first (owned by the caller)."""
         with engine_heuristics(self.graph, mode) as h:
             return heuristic_engine_configs(h)
+
+    def engine_config_infos(self, mode: Union[BackendHeurMode, int, str]
+                            ) -> list[Optional["EngineConfigInfo"]]:
+        """What is read of the heuristics' engine configs in ``mode``, best first
+        (None: unreadable), without keeping the configs
+        (:func:`heuristic_engine_config_infos`)."""
+        with engine_heuristics(self.graph, mode) as h:
+            return heuristic_engine_config_infos(h)
 
     def global_engine_count(self) -> int:
         return self.graph.get_int64_scalar(A.OPERATIONGRAPH_ENGINE_GLOBAL_COUNT)

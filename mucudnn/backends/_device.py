@@ -250,7 +250,7 @@ class DeviceBackend(BackendBase):
             host = bits.view(normalize_dtype("bfloat16"))
         else:
             host = f.astype(dtype)
-        out = DeviceArray((n,), dtype, stream=self.stream)
+        out = DeviceArray(tuple(shape), dtype, stream=self.stream)
         raw = DeviceArray._from_parts(out.ptr, (out.nbytes,), "uint8", out.device,
                                       stream=self.stream, keep=out, kind="view")
         done, total = host.nbytes, out.nbytes
@@ -259,7 +259,7 @@ class DeviceBackend(BackendBase):
             k = min(done, total - done)
             raw.view_bytes(done, k).copy_from(raw.view_bytes(0, k))
             done += k
-        return out if out.shape == tuple(shape) else out.reshape(shape)
+        return out
 
     def _find_pointers(self, problem: ConvProblem, direction: Direction) -> tuple[int, int, int]:
         """Device pointers for x, w, y of ``problem`` in find(): the two inputs of

@@ -266,12 +266,24 @@ class _Plan:
         self.graph.release()
 
 
-def _first_launch(run: Any, prof: Any) -> Any:
-    """``run()``, its host seconds added to ``prof.first_launch_s``."""
-    t = time.perf_counter()
-    st = run()
-    prof.first_launch_s += time.perf_counter() - t
-    return st
+class _FirstTimed:
+    """``run`` whose first call's host seconds go to ``prof.first_launch_s``
+    (a plan's first launch loads its kernels); later calls are ``run`` alone."""
+
+    __slots__ = ("run", "prof", "first")
+
+    def __init__(self, run: Any, prof: Any) -> None:
+        self.run, self.prof, self.first = run, prof, True
+
+    def __call__(self) -> Any:
+        if not self.first:
+            return self.run()
+        self.first = False
+        t = time.perf_counter()
+        try:
+            return self.run()
+        finally:
+            self.prof.first_launch_s += time.perf_counter() - t
 
 
 def _lowbit(n: int) -> int:
@@ -462,21 +474,16 @@ class CudnnGraphBackend(DeviceBackend):
             for m in self._modes_for(problem):
                 t = time.perf_counter()
                 try:
-                    cfgs = g.conv.engine_configs(m)
+                    infos = g.conv.engine_config_infos(m)
                 except CudnnError as exc:
                     modes_s[m] = modes_s.get(m, 0.0) + time.perf_counter() - t
                     log.debug("mucudnn: heuristics mode %s refused %s %s: %s", m, problem,
                               direction, exc)
                     continue
                 ranking = g.mode_ids.setdefault(m, [])
-                for c in cfgs:
-                    try:
-                        info = gd.engine_config_info(c)
-                    except CudnnError as exc:  # pragma: no cover - unreadable result
-                        log.debug("mucudnn: unreadable engine config: %s", exc)
+                for info in infos:
+                    if info is None:  # pragma: no cover - unreadable result
                         continue
-                    finally:
-                        c.close()
                     seen.setdefault(info.id, info)
                     ranking.append(info.id)
                 modes_s[m] = modes_s.get(m, 0.0) + time.perf_counter() - t
@@ -724,18 +731,18 @@ class CudnnGraphBackend(DeviceBackend):
                     plans: list[tuple[_Plan, gd.EngineConfigInfo, int]]) -> list[AlgoPerf]:
         """Time each (plan, its config, its workspace need) on Find's scratch (home
         stream, held by the caller)."""
+        prof = self.find_profile
         t = time.perf_counter()
         ptrs = self._find_pointers(problem, direction)
         aligns = tuple(gd.pointer_alignment(q) for q in ptrs)
         if aligns != _FULL:  # pragma: no cover - fresh allocations are 256-aligned
             raise RuntimeError(f"find buffers are not 16-byte aligned: {aligns}")
         ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
-        self.find_profile.scratch_s += time.perf_counter() - t
+        prof.scratch_s += time.perf_counter() - t
         handle = self.handle._as_parameter_
         execute = lib.cudnnBackendExecute
         out: list[AlgoPerf] = []
         ratio, cold, best = self.find_probe_ratio, self.find_cold_ratio, math.inf
-        prof = self.find_profile
         for p, info, need in plans:
             if p.workspace_bytes > have:
                 continue
@@ -746,24 +753,19 @@ class CudnnGraphBackend(DeviceBackend):
             try:
                 args = (handle, p.plan._as_parameter_, pack._as_parameter_)
                 run = functools.partial(execute, *args)
-                first_call = functools.partial(_first_launch, run, prof)
+                call = _FirstTimed(run, prof)
                 warmup = self.find_warmup
                 times = []
                 if cold is not None and best < math.inf and warmup > 0:
                     # Note [cold probe]: the warm-up run, timed
-                    first = time_on_stream(first_call, self.stream, warmup=0, repeat=1)[0]
+                    first = time_on_stream(call, self.stream, warmup=0, repeat=1)[0]
                     warmup -= 1
                     prof.gpu_s += first / 1e3
                     if first > max(cold * best, best + COLD_PROBE_FLOOR_MS):
                         prof.cold_out += 1
                         times = [first]
-                    first_call = run
                 if not times:
-                    if warmup:
-                        first_call()
-                        warmup -= 1
-                        first_call = run
-                    times = time_on_stream(first_call, self.stream, warmup=warmup, repeat=1)
+                    times = time_on_stream(call, self.stream, warmup=warmup, repeat=1)
                     if ratio is None or times[0] <= ratio * best:
                         times += time_on_stream(run, self.stream, warmup=0,
                                                 repeat=self.find_repeat - 1)

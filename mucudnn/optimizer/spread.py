@@ -235,7 +235,9 @@ def _backend_spec(backend: Any) -> tuple[Any, bool, bool]:
     return backend, False, False
 
 
-def _check_ordinals(devices: tuple[int, ...]) -> None:
+def check_ordinals(devices: tuple[int, ...]) -> None:
+    """InvalidValueError naming ``devices`` where one is not a CUDA device of
+    this machine (NoDeviceError where there is none)."""
     n = device_count()
     if n == 0:
         require_device()  # NoDeviceError, with the runtime's reason
@@ -355,7 +357,7 @@ def run(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy, 
     devs = check_devices(devices)
     spec, host, gpu = _backend_spec(backend)
     if gpu:
-        _check_ordinals(devs)
+        check_ordinals(devs)
     store = resolve_cache(cache)
     if not distinct:
         return SpreadResult([], [], None)
@@ -368,13 +370,15 @@ def run(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy, 
 
 def _in_task_order(perfs: list[Perf], secs: list[float], where: list[int],
                    identity: Identity | None,
-                   per_device: dict[int, tuple[int, float]] | None = None) -> SpreadResult:
+                   per_device: dict[int, tuple[int, float]] | None = None,
+                   startup: dict[int, float] | None = None) -> SpreadResult:
     first: set[int] = set()
     seconds = []
     for i in where:
         seconds.append(0.0 if i in first else secs[i])
         first.add(i)
-    return SpreadResult([perfs[i] for i in where], seconds, identity, per_device or {})
+    return SpreadResult([perfs[i] for i in where], seconds, identity, per_device or {},
+                        startup or {})
 
 
 def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
@@ -456,10 +460,9 @@ def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
     log.info("benchmark: %d kernels on %d devices in %.2f s", len(distinct), workers, total)
     identity = next(iter(seen.values()))
     assert all(p is not None for p in perfs)
-    out = _in_task_order(perfs, secs, where, identity,  # type: ignore[arg-type]
-                         {d: (int(b[0]), b[1]) for d, b in busy.items()})
-    out.startup = {d: b[2] for d, b in busy.items()}
-    return out
+    return _in_task_order(perfs, secs, where, identity,  # type: ignore[arg-type]
+                          {d: (int(b[0]), b[1]) for d, b in busy.items()},
+                          {d: b[2] for d, b in busy.items()})
 
 
 def benchmark_many(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy,

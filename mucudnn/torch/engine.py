@@ -517,9 +517,8 @@ def release_workspace() -> int:
     pools: dict[int, Any] = {}
     for conv in _CONVS.values():
         pools[id(conv.pool)] = conv.pool
-    if any(c.backend.name != "numpy" for c in _CONVS.values()) and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    elif torch.cuda.is_available() and torch_workspace_bytes():
+    on_gpu = torch_workspace_bytes() or any(c.backend.name != "numpy" for c in _CONVS.values())
+    if on_gpu and torch.cuda.is_available():
         torch.cuda.synchronize()
     freed = release_torch_workspaces()
     for pool in pools.values():
