@@ -581,34 +581,28 @@ def test_knob_search_backend_is_registered_under_its_own_name():
         CudnnGraphKnobsBackend(search_max_configs=0)
 
 
-def test_read_scratch_is_one_set_per_thread_and_type_destroyed_with_it():
-    """Note [descriptor read scratch]: raw descriptors (no GPU needed to create
-    them), one set per thread and descriptor type, regrown for a larger read,
-    kept out of live_backend_descriptors(), destroyed with their thread."""
-    import threading
-
+def test_raw_descriptors_of_a_read_are_views_destroyed_after_it():
+    """Note [descriptor reads]: the descriptors a read fills are raw (created
+    without a GPU), handed out as views that own nothing, not counted by
+    live_backend_descriptors(), and destroyed when the read ends; a failing
+    read leaves none behind."""
     from mucudnn._cudnn import backend_api as ba
 
     t = int(D.KNOB_CHOICE_DESCRIPTOR)
-    base, live = ba.read_scratch_descriptors(), live_backend_descriptors()
-    seen = {}
-
-    def work():
-        a = ba._scratch(t, 8)
-        assert ba._scratch(t, 4) is a and ba._scratch(t, 8) is a
-        b = ba._scratch(t, 20)
-        assert b is not a and b.count == 20 and ba._scratch(t, 3) is b
-        assert len({v.handle for v in b.views}) == 20 and all(v.handle for v in b.views)
-        assert all(not v.closed for v in b.views)
-        b.views[0].close()  # a view owns nothing: closing it does nothing
-        assert b.views[0].handle and b.views[0]._as_parameter_.value == b.views[0].handle
-        del a
-        seen["during"] = ba.read_scratch_descriptors()
-
-    th = threading.Thread(target=work)
-    th.start()
-    th.join()
-    gc.collect()
-    assert seen["during"] == base + 20  # the outgrown set of 8 was destroyed at once
-    assert ba.read_scratch_descriptors() == base
+    live = live_backend_descriptors()
+    with ba._RawDescriptors(t, 20) as raw:
+        views = raw.views(20)
+        assert raw.made == 20 and len({v.handle for v in views}) == 20
+        assert all(v.handle and not v.closed for v in views)
+        assert views[0].type == D.KNOB_CHOICE_DESCRIPTOR and views[0].finalized
+        views[0].close()  # a view owns nothing: closing it does nothing
+        assert views[0]._as_parameter_.value == views[0].handle
+        assert [v.handle for v in raw.views(3)] == [v.handle for v in views[:3]]
+        assert live_backend_descriptors() == live
+    assert raw.made == 0
+    # a read from a descriptor cuDNN will not answer (not finalized) raises
+    # cuDNN's error and destroys what it created
+    with gd.tensor(1, (2, 3), (3, 1), "float32", finalize=False) as probe:
+        with pytest.raises(errors.CudnnError):
+            probe.read_descriptors(A.TENSOR_DIMENSIONS, t, 4, lambda d: d.handle)
     assert live_backend_descriptors() == live

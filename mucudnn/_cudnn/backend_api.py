@@ -30,10 +30,7 @@ with ``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED`` on a machine without the driver.
 from __future__ import annotations
 
 import ctypes
-import logging
 import operator
-import threading
-import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 from ._lifetime import CudnnObject, LiveCount
@@ -42,13 +39,12 @@ from .enums import (
 )
 from .errors import CudnnError
 from .intrange import as_int, int32s, int64s
-from .prototypes import lib
+from .prototypes import lib, raise_status
 from .structs import cudnnBackendDescriptor_t, cudnnHandle_t
 
 __all__ = ["BackendDescriptor", "live_backend_descriptors", "live_backend_descriptor_counts",
-           "ATTRIBUTE_CTYPES", "read_scratch_descriptors"]
+           "ATTRIBUTE_CTYPES"]
 
-log = logging.getLogger("mucudnn")
 
 _R = TypeVar("_R")
 
@@ -356,63 +352,39 @@ class BackendDescriptor(CudnnObject):
                          max_count: int,
                          read: Callable[["BackendDescriptor"], _R]) -> list[_R]:
         """A CUDNN_TYPE_BACKEND_DESCRIPTOR array of up to ``max_count`` elements,
-        each passed to ``read`` (which returns what it needs from it) and never
-        kept: the elements are this thread's read scratch, refilled by the next
-        read of their type (Note [descriptor read scratch]). ``read`` must not
-        read another array of the same type."""
+        each passed to ``read`` (which returns what it needs from it); the
+        elements are raw descriptors destroyed before this returns, never
+        Python-owned objects (Note [descriptor reads])."""
         if max_count <= 0:
             return []
-        scratch = _scratch(int(dtype), max_count)
-        n = ctypes.c_int64(0)
-        try:
-            self._get_raw(name, _T.BACKEND_DESCRIPTOR, max_count, n, scratch.array)
-        except CudnnError:
-            if not scratch.filled or not _REUSE[0]:
-                raise
-            # cuDNN refused to refill descriptors it filled before: read into
-            # fresh ones, and from now on never reuse them.
-            _REUSE[0] = False
-            log.debug("mucudnn: cuDNN does not refill read descriptors; reading into fresh ones")
-            scratch = _scratch(int(dtype), max_count)
-            self._get_raw(name, _T.BACKEND_DESCRIPTOR, max_count, n, scratch.array)
-        scratch.filled = True
-        k = max(0, min(int(n.value), max_count))
-        return [read(v) for v in scratch.views[:k]]
+        with _RawDescriptors(int(dtype), max_count) as raw:
+            n = ctypes.c_int64(0)
+            self._get_raw(name, _T.BACKEND_DESCRIPTOR, max_count, n, raw.array)
+            k = max(0, min(int(n.value), max_count))
+            return [read(v) for v in raw.views(k)]
 
 
-# Note [descriptor read scratch]: reading an array of descriptors out of another
-# (an engine config's knob choices, an engine's knob infos, its engine) needs
-# descriptors of the element type created beforehand, as many as may come back:
-# up to the knob-type count, about 48 per engine config (Note [reading
-# descriptor arrays]). Made as BackendDescriptor objects (create, weakref
-# finalizer, destroy) that was some 230k objects in a cold optimisation of
-# ResNet-18, most of the heuristics' host time. Reads whose elements are only
-# looked at (read_descriptors) fill instead a set of raw descriptors that each
-# thread creates once per descriptor type and refills on every read; the views
-# handed to ``read`` do not own them. Where cuDNN refuses to refill a descriptor
-# it filled before, reads fall back, for the rest of the process, to fresh raw
-# descriptors per read (destroyed after it). The sets are bounded (one per
-# thread and type, as large as the largest read, ~48) and destroyed with their
-# thread; they are not counted by live_backend_descriptors(), which counts what
-# callers own (read_scratch_descriptors() counts these).
-
-#: False once cuDNN refused to refill a read descriptor (Note [descriptor read scratch]).
-_REUSE = [True]
-_local = threading.local()
-_scratch_live = LiveCount()
-
-
-def read_scratch_descriptors() -> int:
-    """Raw descriptors held as read scratch (Note [descriptor read scratch])."""
-    return _scratch_live.total()
+# Note [descriptor reads]: reading an array of descriptors out of another (an
+# engine config's knob choices, an engine's knob infos, a heuristics' configs)
+# needs descriptors of the element type created beforehand, as many as may come
+# back: up to the knob-type count, about 48 per engine config (Note [reading
+# descriptor arrays]). Made as BackendDescriptor objects (weakref finalizer,
+# live count, destroy) those cost about 20 us each on the CI machine, some 230k
+# of them in a cold optimisation of ResNet-18; read_descriptors() creates raw
+# ones through unchecked bindings (about 2.5 us each, created and destroyed),
+# hands ``read`` views that do not own them, and destroys them all before it
+# returns. Reusing one set across reads would save even that, but cuDNN does
+# not refill a descriptor it filled before: on the H200 (cuDNN 9.19) every
+# config then read back as the first one read, and no kernel found a plan
+# (docs/BENCHMARKS.md, "Seventh session").
 
 
 class _Borrowed(BackendDescriptor):
-    """A view of a raw descriptor this object does not own (read scratch)."""
+    """A view of a raw descriptor this object does not own (Note [descriptor reads])."""
 
     __slots__ = ()
 
-    def __init__(self, dtype: int, raw: int) -> None:  # noqa: D107 - no create
+    def __init__(self, dtype: int, raw: int) -> None:  # noqa: D107 - creates nothing
         self.type = BackendDescriptorType(dtype) \
             if dtype in BackendDescriptorType._value2member_map_ else dtype
         self._handle = cudnnBackendDescriptor_t(raw)
@@ -433,52 +405,45 @@ class _Borrowed(BackendDescriptor):
         return False
 
     def close(self) -> None:
-        """Nothing: the scratch set owns the descriptor."""
+        """Nothing: the raw descriptor belongs to the read."""
 
 
-def _destroy_raw(values: list[int]) -> None:
-    for v in values:
-        try:
-            lib.cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t(v))
-        except Exception as exc:  # pragma: no cover - only at interpreter teardown
-            log.debug("mucudnn: cudnnBackendDestroyDescriptor failed: %s", exc)
-        finally:
-            _scratch_live.add("read scratch", -1)
-
-
-class _ReadScratch:
-    """``count`` raw descriptors of type ``dtype`` (Note [descriptor read scratch])."""
+class _RawDescriptors:
+    """``count`` raw descriptors of type ``dtype`` for one read, destroyed on
+    leaving the ``with`` block (Note [descriptor reads])."""
 
     def __init__(self, dtype: int, count: int) -> None:
-        made: list[int] = []
+        self.dtype = dtype
+        self.array = (ctypes.c_void_p * count)()
+        self.made = 0
+        create = lib.raw("cudnnBackendCreateDescriptor")
+        base = ctypes.addressof(self.array)
+        step = ctypes.sizeof(ctypes.c_void_p)
         try:
-            for _ in range(count):
-                h = cudnnBackendDescriptor_t()
-                lib.cudnnBackendCreateDescriptor(dtype, ctypes.byref(h))
-                made.append(int(h.value or 0))
-                _scratch_live.add("read scratch", +1)
+            for i in range(count):
+                st = create(dtype, base + i * step)
+                if st:
+                    raise_status(st, "cudnnBackendCreateDescriptor",
+                                 descriptor_type=_type_name(dtype))
+                self.made += 1
         except BaseException:
-            _destroy_raw(made)
+            self.destroy()
             raise
-        self.count = count
-        self.filled = False
-        self.array = (ctypes.c_void_p * count)(*made)
-        self.views = [_Borrowed(dtype, v) for v in made]
-        weakref.finalize(self, _destroy_raw, made)
 
+    def views(self, k: int) -> list[BackendDescriptor]:
+        return [_Borrowed(self.dtype, int(v or 0)) for v in self.array[:k]]
 
-def _scratch(dtype: int, count: int) -> _ReadScratch:
-    """This thread's read scratch of ``dtype`` with room for ``count`` (a fresh
-    set per read once reuse is off)."""
-    if not _REUSE[0]:
-        return _ReadScratch(dtype, count)
-    sets = getattr(_local, "sets", None)
-    if sets is None:
-        sets = _local.sets = {}
-    s = sets.get(dtype)
-    if s is None or s.count < count:
-        s = sets[dtype] = _ReadScratch(dtype, count)
-    return s
+    def destroy(self) -> None:
+        destroy = lib.raw("cudnnBackendDestroyDescriptor")
+        made, self.made = self.made, 0
+        for v in self.array[:made]:
+            destroy(v)  # a failing destroy leaks one descriptor; nothing to report to
+
+    def __enter__(self) -> "_RawDescriptors":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
 
 
 def handle_value(handle: Any) -> Optional[int]:

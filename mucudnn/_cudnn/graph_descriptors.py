@@ -263,7 +263,8 @@ def heuristic_engine_config_infos(heuristics: BackendDescriptor
                                   ) -> list[Optional["EngineConfigInfo"]]:
     """What :func:`engine_config_info` reads of each engine config of
     CUDNN_ATTR_ENGINEHEUR_RESULTS, best first, None for one it cannot read; the
-    configs themselves are read scratch, never kept (Note [descriptor read scratch])."""
+    configs themselves are raw descriptors of the read, never kept (Note
+    [descriptor reads])."""
     n = heuristics.count(A.ENGINEHEUR_RESULTS, T.BACKEND_DESCRIPTOR)
     return heuristics.read_descriptors(A.ENGINEHEUR_RESULTS, D.ENGINECFG_DESCRIPTOR, n,
                                        _readable_config_info)
@@ -353,8 +354,8 @@ def _read_array(read, count_fn, requested: int):
 # Note [reading descriptor arrays]: an array of descriptors (knob choices, knob
 # infos) is read into descriptors created beforehand, up to the knob-type count
 # (about 48 created and destroyed per engine config; 230k in a cold optimisation
-# of ResNet-18; they are now read scratch, Note [descriptor read scratch] in
-# backend_api.py). Asking for the count first would save them, but cuDNN 9.19
+# of ResNet-18; now raw ones, Note [descriptor reads] in backend_api.py).
+# Asking for the count first would save them, but cuDNN 9.19
 # answers 0 for CUDNN_ATTR_ENGINECFG_KNOB_CHOICES where the type-count read finds
 # knobs: tried on the H200 (docs/BENCHMARKS.md, "Sixth session"), it lost every
 # config's knobs (wrong plans, NOT_SUPPORTED on binding) and was reverted.

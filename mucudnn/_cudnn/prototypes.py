@@ -226,8 +226,20 @@ def _make_errcheck(name: str):
 
 
 def _erase(t: Any) -> Any:
-    """The argument type a raw binding uses: typed opaque handles become c_void_p."""
-    return c_void_p if isinstance(t, type) and issubclass(t, c_void_p) else t
+    """The argument type a raw binding uses: typed opaque handles, and pointers
+    to them, become c_void_p (an address as an int).
+
+    >>> from mucudnn._cudnn.structs import cudnnHandle_t
+    >>> _erase(cudnnHandle_t) is _erase(POINTER(cudnnHandle_t)) is c_void_p
+    True
+    """
+    if isinstance(t, type) and issubclass(t, c_void_p):
+        return c_void_p
+    target = getattr(t, "_type_", None)
+    if isinstance(t, type) and issubclass(t, ctypes._Pointer) and isinstance(target, type) \
+            and issubclass(target, c_void_p):
+        return c_void_p
+    return t
 
 
 class Library:

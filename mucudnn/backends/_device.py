@@ -84,7 +84,11 @@ class FindProfile:
     call (where cuDNN and the driver load or compile the engine's kernels);
     ``gpu_s``: the GPU seconds the timed runs took, by CUDA events;
     ``scratch_s``: making find's scratch inputs, output and workspace (the
-    rest of ``timing_s`` is host work and waiting).
+    rest of ``timing_s`` is host work and waiting). ``finalize_thread_s``: the
+    finalizing threads' seconds, summed over plans (``finalize_s`` is wall
+    time); ``finalized_rtc`` / ``finalize_rtc_s``: the plans of engines that
+    compile their kernels at run time (behaviour note RUNTIME_COMPILATION) and
+    their share of ``finalize_thread_s``.
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -107,6 +111,9 @@ class FindProfile:
     first_launch_s: float = 0.0
     gpu_s: float = 0.0
     scratch_s: float = 0.0
+    finalize_thread_s: float = 0.0
+    finalized_rtc: int = 0
+    finalize_rtc_s: float = 0.0
     total_s: float = 0.0
     #: heuristics seconds per mode ("A", "B", "FALLBACK")
     modes_s: dict[str, float] = dataclasses.field(default_factory=dict)

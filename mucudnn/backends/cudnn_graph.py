@@ -635,15 +635,16 @@ class CudnnGraphBackend(DeviceBackend):
                 todo.append((algo_id, beta, key, g))
         device, handle, packs = self.device, self.handle, self.pack_cache_size
 
-        def build(item: tuple[str, float, tuple, _Graph]) -> Optional[_Plan]:
+        def build(item: tuple[str, float, tuple, _Graph]) -> tuple[Optional[_Plan], float]:
             algo_id, beta, _key, g = item
+            t = time.perf_counter()
             with using_device(device):
                 try:
-                    return _Plan(g, algo_id, handle, packs)
+                    return _Plan(g, algo_id, handle, packs), time.perf_counter() - t
                 except CudnnError as exc:
                     log.debug("mucudnn: engine config %s does not finalize for %s %s "
                               "(beta %s): %s", algo_id, problem, direction, beta, exc)
-                    return None
+                    return None, time.perf_counter() - t
 
         try:
             if self.find_threads > 1 and len(todo) > 1:
@@ -656,13 +657,33 @@ class CudnnGraphBackend(DeviceBackend):
         finally:
             for *_rest, g in todo:
                 g.release()
+        prof = self.find_profile
         with self._lock:
-            for (algo_id, beta, key, _g), p in zip(todo, built):
-                if p is not None:
-                    self._plans.put(key, p)
-                    out[algo_id, beta] = p
-        self.find_profile.finalized += sum(p is not None for p in built)
+            for (algo_id, beta, key, _g), (p, secs) in zip(todo, built):
+                prof.finalize_thread_s += secs
+                if p is None:
+                    continue
+                self._plans.put(key, p)
+                out[algo_id, beta] = p
+                prof.finalized += 1
+                if int(Behavior.RUNTIME_COMPILATION) in p.info.behavior_notes:
+                    prof.finalized_rtc += 1
+                    prof.finalize_rtc_s += secs
         return out
+
+    def _accumulate_need(self, problem: ConvProblem, direction: Direction,
+                         algo_id: str) -> Optional[int]:
+        """Note [beta and workspace]: the workspace of ``algo_id`` on the beta = 1
+        graph, read from its engine config without finalizing a plan (None where
+        cuDNN does not report it before a plan, or refuses the config there)."""
+        idx, knobs = gd.parse_engine_config_id(algo_id)
+        with self._lock, using_device(self.device):
+            g = self._graph(problem, direction, 1.0, 1.0, _FULL)
+            try:
+                with gd.engine(g.conv.graph, idx) as eng:
+                    return self._config_workspace(eng, knobs)
+            except (CudnnError, ValueError):
+                return None
 
     def find(self, problem: ConvProblem, direction: Direction,
              workspace_limit: Optional[int]) -> list[AlgoPerf]:
@@ -700,10 +721,8 @@ class CudnnGraphBackend(DeviceBackend):
                 extra = extra[:self.search_max_configs]
                 prof.knob_configs += len(extra)
                 cands = cands + extra
-            # Note [beta and workspace]: backward-filter needs the beta = 1 plans too.
-            betas = (0.0, 1.0) if direction is Direction.BACKWARD_FILTER else (0.0,)
             t = time.perf_counter()
-            built = self._build_plans(problem, direction, [(i.id, b) for i in cands for b in betas])
+            built = self._build_plans(problem, direction, [(i.id, 0.0) for i in cands])
             prof.finalize_s += time.perf_counter() - t
             plans = []
             for info in cands:
@@ -712,9 +731,10 @@ class CudnnGraphBackend(DeviceBackend):
                     continue
                 if info.workspace_bytes is not None and info.workspace_bytes != p.workspace_bytes:
                     prof.workspace_mismatch += 1
-                # Note [beta and workspace]: the larger of the beta = 0 and beta = 1 needs.
-                p1 = built.get((info.id, 1.0), p)
-                need = max(p.workspace_bytes, p1.workspace_bytes)
+                need = p.workspace_bytes
+                if direction is Direction.BACKWARD_FILTER:
+                    # Note [beta and workspace]: the larger of the beta = 0 and beta = 1 needs
+                    need = max(need, self._workspace_need(problem, direction, info.id, p))
                 if need <= want:
                     plans.append((p, info, need))
             t = time.perf_counter()
@@ -793,25 +813,38 @@ class CudnnGraphBackend(DeviceBackend):
         direction = Direction.parse(direction)
         return self._workspace_need(problem, direction, canonical_id(algo))
 
-    def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
-        """The workspace planning uses for ``algo_id``.
+    def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str,
+                        plan: Optional[_Plan] = None) -> int:
+        """The workspace planning uses for ``algo_id`` (``plan``: its beta = 0
+        plan, where the caller has it).
 
         Note [beta and workspace]: beta is baked into a graph plan, and a plan
         that accumulates (beta != 0) can need more workspace than the beta = 0
         one. Every micro-batch of a backward-filter plan but the first runs with
-        beta = 1, so for that direction the need is the larger of the two (an
-        engine that does not finalize with beta = 1 keeps its beta = 0 need;
-        binding it with beta = 1 is then refused and re-planned). Forward and
+        beta = 1, so for that direction the need is the larger of the two, the
+        beta = 1 one read from its engine config (CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE,
+        equal to the plan's: test_accumulate_need_is_the_beta_one_plans) so that
+        find() finalizes one plan per candidate, not two (an engine that does
+        not take beta = 1 keeps its beta = 0 need; binding it with beta = 1 is
+        then refused and re-planned). Forward and
         backward-data run with the caller's beta; a launcher reports its own
         need, which the engine checks before running.
         """
-        need = int(self._plan(problem, direction, algo_id, 1.0, 0.0, _FULL).workspace_bytes)
+        if plan is None:
+            plan = self._plan(problem, direction, algo_id, 1.0, 0.0, _FULL)
+        need = int(plan.workspace_bytes)
         if direction is Direction.BACKWARD_FILTER:
-            try:
-                need = max(need, int(self._plan(problem, direction, algo_id, 1.0, 1.0,
-                                                _FULL).workspace_bytes))
-            except CudnnError:
-                pass
+            # the beta = 1 engine config's figure (no plan finalized: find()
+            # would otherwise finalize every candidate twice); a plan where
+            # cuDNN does not report it before one
+            acc = self._accumulate_need(problem, direction, algo_id)
+            if acc is None:
+                try:
+                    acc = int(self._plan(problem, direction, algo_id, 1.0, 1.0,
+                                         _FULL).workspace_bytes)
+                except CudnnError:
+                    acc = 0
+            need = max(need, acc)
         return need
 
     # -- run ----------------------------------------------------------------------------------
