@@ -606,3 +606,48 @@ def test_raw_descriptors_of_a_read_are_views_destroyed_after_it():
         with pytest.raises(errors.CudnnError):
             probe.read_descriptors(A.TENSOR_DIMENSIONS, t, 4, lambda d: d.handle)
     assert live_backend_descriptors() == live
+
+
+def test_a_launcher_finalizer_never_waits_for_the_backend_lock():
+    """Note [releases from finalizers]: while another thread holds the backend's
+    lock (find() waiting for its finalizing threads), a launcher finalizer run
+    by the garbage collector on any thread queues its plan and returns; the
+    next holder of the lock releases it. With the lock free it releases at once."""
+    import threading
+
+    from mucudnn.backends.cudnn_graph import CudnnGraphBackend
+
+    class Plan:
+        released = 0
+
+        def release(self):
+            self.released += 1
+
+    be = object.__new__(CudnnGraphBackend)  # no GPU: only the release machinery
+    be._lock = threading.RLock()
+    be._releases = __import__("collections").deque()
+    held, done = threading.Event(), threading.Event()
+
+    def holder():
+        with be._lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(10)
+    a = Plan()
+    finished = threading.Event()
+    worker = threading.Thread(target=lambda: (be._release_plan(a), finished.set()))
+    worker.start()
+    assert finished.wait(5), "the finalizer waited for the lock"
+    assert a.released == 0 and list(be._releases) == [a]
+    done.set()
+    t.join()
+    worker.join()
+    with be._lock:
+        be._drain_releases()
+    assert a.released == 1 and not be._releases
+    b = Plan()
+    be._release_plan(b)  # lock free: released now
+    assert b.released == 1 and not be._releases

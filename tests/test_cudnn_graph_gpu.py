@@ -20,6 +20,7 @@ import mucudnn.backends._device as device_backend
 from mucudnn import ConvProblem, Direction
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.backend_api import live_backend_descriptors
+from mucudnn._cudnn.errors import CudnnError
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
@@ -236,10 +237,36 @@ def test_accumulate_need_is_the_beta_one_plans():
         prof = b.find_profile
         assert found and prof.finalized <= prof.configs - prof.skipped - prof.cut
         for r in found:
-            assert r.workspace_bytes == max(
-                b._plan(p, d, r.algo, 1.0, 0.0, (16, 16, 16)).workspace_bytes,
-                b._plan(p, d, r.algo, 1.0, 1.0, (16, 16, 16)).workspace_bytes)
-            assert r.workspace_bytes == b.workspace_size(p, d, r.algo)
+            need = b._plan(p, d, r.algo, 1.0, 0.0, (16, 16, 16)).workspace_bytes
+            try:  # an engine may refuse beta = 1 (it keeps its beta = 0 need)
+                need = max(need, b._plan(p, d, r.algo, 1.0, 1.0, (16, 16, 16)).workspace_bytes)
+            except CudnnError:
+                assert b._accumulate_need(p, d, r.algo) is None
+            assert r.workspace_bytes == need == b.workspace_size(p, d, r.algo), r.algo
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
+    """Note [runtime-compiled engines]: find_rtc="none" times no config of an
+    engine that compiles at run time (unless only those are candidates),
+    "first" only those a mode ranks first; "all" finds a superset of both."""
+    from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
+    rtc = int(Behavior.RUNTIME_COMPILATION)
+    p = problem("2d-nchw", "float16", "default")
+    found = {}
+    for rule in ("all", "first", "none"):
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_rtc=rule) as b:
+            notes = {i.id: i.behavior_notes for i in b.engine_configs(p, direction)}
+            got = b.find(p, direction, FIND_LIMIT)
+            assert got
+            found[rule] = {r.algo for r in got}
+            n_rtc = sum(rtc in notes[a] for a in found[rule])
+            if rule == "none" and len(found[rule]) > n_rtc:
+                assert n_rtc == 0
+            if rule != "all":
+                assert b.find_profile.rtc_cut >= 0
+    assert found["none"] <= found["all"] and found["first"] <= found["all"]
+    assert found["none"] <= found["first"]
 
 
 def test_blocked_workspace_names_what_the_cap_leaves_out():

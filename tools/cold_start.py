@@ -81,6 +81,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "top4": dict(find_top_k=4),
     "top12": dict(find_top_k=12),
     "default-noB": dict(heuristic_modes=("A", "FALLBACK")),
+    # Note [runtime-compiled engines]: without them, or only where a mode ranks one first
+    "no-rtc": dict(find_rtc="none"),
+    "rtc-first": dict(find_rtc="first"),
 }
 
 

@@ -88,7 +88,8 @@ class FindProfile:
     finalizing threads' seconds, summed over plans (``finalize_s`` is wall
     time); ``finalized_rtc`` / ``finalize_rtc_s``: the plans of engines that
     compile their kernels at run time (behaviour note RUNTIME_COMPILATION) and
-    their share of ``finalize_thread_s``.
+    their share of ``finalize_thread_s``; ``rtc_cut``: such configs left out by
+    cudnn-graph's ``find_rtc`` (Note [runtime-compiled engines]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -101,6 +102,7 @@ class FindProfile:
     timed: int = 0
     workspace_mismatch: int = 0
     cut: int = 0
+    rtc_cut: int = 0
     probed_out: int = 0
     cold_out: int = 0
     knob_configs: int = 0

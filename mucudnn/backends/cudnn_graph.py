@@ -37,6 +37,7 @@ names what runs).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -134,6 +135,52 @@ def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
         if zero is not None:
             keep.add(zero.id)
     return [c for c in cands if c.id in keep]
+
+
+# Note [runtime-compiled engines]: some engines (behaviour note
+# RUNTIME_COMPILATION) generate and compile their kernels when a plan is
+# finalized, for that problem. On a machine whose CUDA JIT cache has never seen
+# them (tools/cold_start.py --jit-cache fresh) they are nearly all of a cold
+# find()'s finalization: on the H200 (cuDNN 9.19, docs/BENCHMARKS.md, "Seventh
+# session") 43 of ResNet-18's 901 finalized plans took 10.4 of the 14.1 s the
+# finalizing threads spent (AlexNet 27 of 620: 9.6 of 12.4 s; ResNet-50 74 of
+# 1864: 16.0 of 21.6 s), about 0.25-0.35 s each, and the finalize wall time was
+# about their sum: the compilations do not overlap on the thread pool.
+# ``find_rtc`` chooses which of them find() finalizes: "all", "first" (a
+# config that some heuristics mode ranks first among the candidates) or
+# "none"; where only such configs are candidates, all of them are kept.
+#: find_rtc values (Note [runtime-compiled engines]).
+RTC_CHOICES = ("all", "first", "none")
+
+
+def _rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
+             rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
+    """Note [runtime-compiled engines]: ``cands`` without the configs of engines
+    that compile their kernels at run time, except (``rule="first"``) one
+    that some heuristics mode ranks first among ``cands``; all of them for
+    ``"all"``, and all of them where nothing else would be left.
+
+    >>> rtc = int(Behavior.RUNTIME_COMPILATION)
+    >>> c = [gd.EngineConfigInfo(i, (), (), (rtc,) if i < 2 else ()) for i in range(4)]
+    >>> [x.global_index for x in _rtc_cut(c, "first", {"A": ["e1", "e0", "e2"]})]
+    [1, 2, 3]
+    >>> [x.global_index for x in _rtc_cut(c, "none", {"A": ["e1"]})]
+    [2, 3]
+    >>> [x.global_index for x in _rtc_cut(c[:2], "none", {})]
+    [0, 1]
+    """
+    if rule == "all":
+        return list(cands)
+    rtc = int(Behavior.RUNTIME_COMPILATION)
+    first: set[str] = set()
+    if rule == "first":
+        allowed = {c.id for c in cands}
+        for ids in rankings.values():
+            top = next((i for i in ids if i in allowed), None)
+            if top is not None:
+                first.add(top)
+    keep = [c for c in cands if rtc not in c.behavior_notes or c.id in first]
+    return keep or list(cands)
 
 
 def knob_variants(base: Sequence[tuple[int, int]], knobs: Sequence[gd.KnobInfo],
@@ -314,7 +361,11 @@ class CudnnGraphBackend(DeviceBackend):
     takes the median of ``find_repeat``. ``find_cold_ratio``: the warm-up run
     is timed, and a candidate whose warm-up already took more than this many
     times the best median so far (and over :data:`COLD_PROBE_FLOOR_MS` more) is
-    reported with that one time (Note [cold probe]); None: never. ``search``: ``"heuristics"`` (the
+    reported with that one time (Note [cold probe]); None: never.
+    ``find_rtc``: which configs of engines that compile kernels at run time
+    find() finalizes and times: ``"all"``, ``"first"`` (those a heuristics
+    mode ranks first among the candidates) or ``"none"`` (Note
+    [runtime-compiled engines]). ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
     ``search_knob_values`` values tried per knob and at most
@@ -335,7 +386,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_warmup: int = 1, find_repeat: int = 3, find_threads: Optional[int] = None,
                  find_prefilter: bool = True, find_top_k: Optional[int] = 6,
                  find_probe_ratio: Optional[float] = 1.5,
-                 find_cold_ratio: Optional[float] = 4.0,
+                 find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "all",
                  search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
@@ -372,6 +423,9 @@ class CudnnGraphBackend(DeviceBackend):
                              f"{find_probe_ratio!r}")
         self.find_top_k = None if find_top_k is None else int(find_top_k)
         self.find_probe_ratio = None if find_probe_ratio is None else float(find_probe_ratio)
+        if find_rtc not in RTC_CHOICES:
+            raise ValueError(f"find_rtc: expected one of {RTC_CHOICES}, got {find_rtc!r}")
+        self.find_rtc = find_rtc
         if find_cold_ratio is not None and not float(find_cold_ratio) > 1.0:
             raise ValueError(f"find_cold_ratio: expected None or a number > 1, got "
                              f"{find_cold_ratio!r}")
@@ -383,6 +437,8 @@ class CudnnGraphBackend(DeviceBackend):
         self.search_knob_values = search_knob_values
         self.search_max_configs = search_max_configs
         self._pool: Optional[ThreadPoolExecutor] = None
+        #: plans handed back by launcher finalizers (Note [releases from finalizers])
+        self._releases: collections.deque[_Plan] = collections.deque()
         self.plan_cache_size = int(plan_cache_size)
         self.graph_cache_size = int(graph_cache_size)
         self.pack_cache_size = int(pack_cache_size)
@@ -413,6 +469,8 @@ class CudnnGraphBackend(DeviceBackend):
         """The cached finalized plan (built on first use; CudnnError if cuDNN refuses)."""
         key = self._graph_key(problem, direction, alpha, beta, aligns) + (algo_id,)
         with self._lock:
+            if self._releases:
+                self._drain_releases()
             p = self._plans.get(key)
             if p is not None and not p.closed:
                 return p
@@ -431,6 +489,7 @@ class CudnnGraphBackend(DeviceBackend):
         """Drop every cached plan and operation graph (those no launcher holds are
         closed now, Note [plan lifetimes])."""
         with self._lock:
+            self._drain_releases()
             self._plans.clear()
             self._graphs.clear()
 
@@ -711,7 +770,8 @@ class CudnnGraphBackend(DeviceBackend):
                 rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
             kept = _cut(cands, self.find_top_k, rankings)
             prof.cut += len(cands) - len(kept)
-            cands = kept
+            cands = _rtc_cut(kept, self.find_rtc, rankings)
+            prof.rtc_cut += len(kept) - len(cands)
             if self.search == "knobs":
                 # Note [knob search]: the knob space after heuristics' own configs.
                 have = {c.id for c in cands}
@@ -937,8 +997,29 @@ class CudnnGraphBackend(DeviceBackend):
         weakref.finalize(launch, self._release_plan, plan)
         return launch
 
+    # Note [releases from finalizers]: a bound launcher's finalizer hands its plan
+    # back (plan.release, under the backend's lock). Finalizers run wherever the
+    # garbage collector happens to run, including a find() worker thread that
+    # is finalizing plans while the calling thread holds the lock and waits for
+    # it: taking the lock there deadlocked the GPU suite on the H200
+    # (docs/BENCHMARKS.md, "Seventh session"). So the finalizer only queues the
+    # plan, and releases the queue itself when it gets the lock without waiting;
+    # otherwise whoever takes the lock next (_plan, clear_cache) releases it.
     def _release_plan(self, plan: _Plan) -> None:
-        with self._lock:
+        self._releases.append(plan)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain_releases()
+            finally:
+                self._lock.release()
+
+    def _drain_releases(self) -> None:
+        """Release the plans queued by launcher finalizers (the lock is held)."""
+        while True:
+            try:
+                plan = self._releases.popleft()
+            except IndexError:
+                return
             plan.release()
 
 
