@@ -236,13 +236,17 @@ def test_accumulate_need_is_the_beta_one_plans():
         found = b.find(p, d, FIND_LIMIT)
         prof = b.find_profile
         assert found and prof.finalized <= prof.configs - prof.skipped - prof.cut
-        for r in found:
-            need = b._plan(p, d, r.algo, 1.0, 0.0, (16, 16, 16)).workspace_bytes
-            try:  # an engine may refuse beta = 1 (it keeps its beta = 0 need)
-                need = max(need, b._plan(p, d, r.algo, 1.0, 1.0, (16, 16, 16)).workspace_bytes)
-            except CudnnError:
-                assert b._accumulate_need(p, d, r.algo) is None
+        for r in found:  # every result can accumulate (runs with beta = 1)
+            need = max(b._plan(p, d, r.algo, 1.0, 0.0, (16, 16, 16)).workspace_bytes,
+                       b._plan(p, d, r.algo, 1.0, 1.0, (16, 16, 16)).workspace_bytes)
             assert r.workspace_bytes == need == b.workspace_size(p, d, r.algo), r.algo
+        # configs refused with beta = 1 were counted and left out
+        refused = [i.id for i in b.engine_configs(p, d)
+                   if b._accumulate_need(p, d, i.id) is None]
+        assert not set(refused) & {r.algo for r in found}
+        for algo in refused:
+            with pytest.raises(CudnnError):
+                b._plan(p, d, algo, 1.0, 1.0, (16, 16, 16))
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)

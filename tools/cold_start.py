@@ -70,10 +70,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 CONFIGS: dict[str, dict[str, Any]] = {
     # how find() worked before: one thread, every candidate finalized and timed
     "serial": dict(find_threads=1, find_prefilter=False, find_top_k=None,
-                   find_probe_ratio=None, find_cold_ratio=None, prune_sizes=False),
+                   find_probe_ratio=None, find_cold_ratio=None, find_rtc="all",
+                   prune_sizes=False),
     # every size, every candidate that fits the cap, each timed fully
     "exhaustive": dict(find_top_k=None, find_probe_ratio=None, find_cold_ratio=None,
-                       prune_sizes=False),
+                       find_rtc="all", prune_sizes=False),
     # the defaults without the timed warm-up run (Note [cold probe])
     "no-cold-probe": dict(find_cold_ratio=None),
     # the defaults: the 8 best-ranked candidates (+ one without workspace), probing
@@ -81,8 +82,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "top4": dict(find_top_k=4),
     "top12": dict(find_top_k=12),
     "default-noB": dict(heuristic_modes=("A", "FALLBACK")),
-    # Note [runtime-compiled engines]: without them, or only where a mode ranks one first
-    "no-rtc": dict(find_rtc="none"),
+    # Note [runtime-compiled engines]: with them (the default before), or only
+    # where a mode ranks one first
+    "rtc-all": dict(find_rtc="all"),
     "rtc-first": dict(find_rtc="first"),
 }
 

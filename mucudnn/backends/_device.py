@@ -89,7 +89,9 @@ class FindProfile:
     time); ``finalized_rtc`` / ``finalize_rtc_s``: the plans of engines that
     compile their kernels at run time (behaviour note RUNTIME_COMPILATION) and
     their share of ``finalize_thread_s``; ``rtc_cut``: such configs left out by
-    cudnn-graph's ``find_rtc`` (Note [runtime-compiled engines]).
+    cudnn-graph's ``find_rtc`` (Note [runtime-compiled engines]);
+    ``no_accumulate``: backward-filter configs left out because cuDNN refuses
+    them with beta = 1 (Note [beta and workspace]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -103,6 +105,7 @@ class FindProfile:
     workspace_mismatch: int = 0
     cut: int = 0
     rtc_cut: int = 0
+    no_accumulate: int = 0
     probed_out: int = 0
     cold_out: int = 0
     knob_configs: int = 0

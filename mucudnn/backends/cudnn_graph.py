@@ -148,7 +148,13 @@ def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
 # about their sum: the compilations do not overlap on the thread pool.
 # ``find_rtc`` chooses which of them find() finalizes: "all", "first" (a
 # config that some heuristics mode ranks first among the candidates) or
-# "none"; where only such configs are candidates, all of them are kept.
+# "none"; where only such configs are candidates, all of them are kept. The
+# default is "none": in one run on one machine (fresh JIT caches, 64 MiB WR)
+# it optimised ResNet-18 in 11.8 s instead of 23.3 s with executed plans of
+# 16.08 vs 16.33 ms, AlexNet in 13.4 vs 22.9 s at 15.14 vs 14.82 ms (+2.1%;
+# "first", which kept no runtime-compiled config there, gave 15.26 ms: the
+# run-to-run spread is about 1%), ResNet-50 in 17.8 s (30.4 s with them in
+# another run); PyTorch's first iteration took 24.6, 19.0 and 30.8 s there.
 #: find_rtc values (Note [runtime-compiled engines]).
 RTC_CHOICES = ("all", "first", "none")
 
@@ -363,9 +369,9 @@ class CudnnGraphBackend(DeviceBackend):
     times the best median so far (and over :data:`COLD_PROBE_FLOOR_MS` more) is
     reported with that one time (Note [cold probe]); None: never.
     ``find_rtc``: which configs of engines that compile kernels at run time
-    find() finalizes and times: ``"all"``, ``"first"`` (those a heuristics
-    mode ranks first among the candidates) or ``"none"`` (Note
-    [runtime-compiled engines]). ``search``: ``"heuristics"`` (the
+    find() finalizes and times: ``"none"`` (default: unless nothing else is
+    a candidate), ``"first"`` (those a heuristics mode ranks first among the
+    candidates) or ``"all"`` (Note [runtime-compiled engines]). ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
     ``search_knob_values`` values tried per knob and at most
@@ -386,7 +392,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_warmup: int = 1, find_repeat: int = 3, find_threads: Optional[int] = None,
                  find_prefilter: bool = True, find_top_k: Optional[int] = 6,
                  find_probe_ratio: Optional[float] = 1.5,
-                 find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "all",
+                 find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
                  search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
@@ -733,14 +739,19 @@ class CudnnGraphBackend(DeviceBackend):
     def _accumulate_need(self, problem: ConvProblem, direction: Direction,
                          algo_id: str) -> Optional[int]:
         """Note [beta and workspace]: the workspace of ``algo_id`` on the beta = 1
-        graph, read from its engine config without finalizing a plan (None where
-        cuDNN does not report it before a plan, or refuses the config there)."""
+        graph, read from its engine config without finalizing a plan (a plan
+        only where cuDNN does not report it before one); None where cuDNN
+        refuses the config with beta = 1 (it cannot accumulate)."""
         idx, knobs = gd.parse_engine_config_id(algo_id)
         with self._lock, using_device(self.device):
             g = self._graph(problem, direction, 1.0, 1.0, _FULL)
             try:
                 with gd.engine(g.conv.graph, idx) as eng:
-                    return self._config_workspace(eng, knobs)
+                    ws = self._config_workspace(eng, knobs)
+                if ws is None:
+                    ws = int(self._plan(problem, direction, algo_id, 1.0, 1.0,
+                                        _FULL).workspace_bytes)
+                return ws
             except (CudnnError, ValueError):
                 return None
 
@@ -793,8 +804,13 @@ class CudnnGraphBackend(DeviceBackend):
                     prof.workspace_mismatch += 1
                 need = p.workspace_bytes
                 if direction is Direction.BACKWARD_FILTER:
-                    # Note [beta and workspace]: the larger of the beta = 0 and beta = 1 needs
-                    need = max(need, self._workspace_need(problem, direction, info.id, p))
+                    # Note [beta and workspace]: the larger of the beta = 0 and
+                    # beta = 1 needs; a config that cannot accumulate is left out
+                    acc = self._accumulate_need(problem, direction, info.id)
+                    if acc is None:
+                        prof.no_accumulate += 1
+                        continue
+                    need = max(need, acc)
                 if need <= want:
                     plans.append((p, info, need))
             t = time.perf_counter()
@@ -873,10 +889,8 @@ class CudnnGraphBackend(DeviceBackend):
         direction = Direction.parse(direction)
         return self._workspace_need(problem, direction, canonical_id(algo))
 
-    def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str,
-                        plan: Optional[_Plan] = None) -> int:
-        """The workspace planning uses for ``algo_id`` (``plan``: its beta = 0
-        plan, where the caller has it).
+    def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
+        """The workspace planning uses for ``algo_id``.
 
         Note [beta and workspace]: beta is baked into a graph plan, and a plan
         that accumulates (beta != 0) can need more workspace than the beta = 0
@@ -884,27 +898,18 @@ class CudnnGraphBackend(DeviceBackend):
         beta = 1, so for that direction the need is the larger of the two, the
         beta = 1 one read from its engine config (CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE,
         equal to the plan's: test_accumulate_need_is_the_beta_one_plans) so that
-        find() finalizes one plan per candidate, not two (an engine that does
-        not take beta = 1 keeps its beta = 0 need; binding it with beta = 1 is
-        then refused and re-planned). Forward and
+        find() finalizes one plan per candidate, not two. An engine config that
+        cuDNN refuses with beta = 1 cannot run a micro-batch after the first:
+        find() leaves it out of backward-filter results (the H200 once chose
+        one for ResNet-50's strided 1x1 backward-filter at batch 32, and its
+        plan could not be bound); here it keeps its beta = 0 need, and binding
+        it with beta = 1 is refused and re-planned. Forward and
         backward-data run with the caller's beta; a launcher reports its own
         need, which the engine checks before running.
         """
-        if plan is None:
-            plan = self._plan(problem, direction, algo_id, 1.0, 0.0, _FULL)
-        need = int(plan.workspace_bytes)
+        need = int(self._plan(problem, direction, algo_id, 1.0, 0.0, _FULL).workspace_bytes)
         if direction is Direction.BACKWARD_FILTER:
-            # the beta = 1 engine config's figure (no plan finalized: find()
-            # would otherwise finalize every candidate twice); a plan where
-            # cuDNN does not report it before one
-            acc = self._accumulate_need(problem, direction, algo_id)
-            if acc is None:
-                try:
-                    acc = int(self._plan(problem, direction, algo_id, 1.0, 1.0,
-                                         _FULL).workspace_bytes)
-                except CudnnError:
-                    acc = 0
-            need = max(need, acc)
+            need = max(need, self._accumulate_need(problem, direction, algo_id) or 0)
         return need
 
     # -- run ----------------------------------------------------------------------------------
