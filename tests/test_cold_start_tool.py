@@ -70,3 +70,16 @@ def test_the_shared_jit_cache_is_the_users(cs, worker, tmp_path, monkeypatch):
 def test_the_option_is_checked(cs):
     with pytest.raises(SystemExit):
         cs.main(["--jit-cache", "warm", "--nets", "alexnet"])
+
+
+def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
+    """The FindProfile columns of a row: BREAKDOWN_COLUMNS of them, the
+    finalize column with the runtime-compiled engines' share (Note
+    [runtime-compiled engines]); '-' in each where there is no profile."""
+    from mucudnn.backends._device import FindProfile
+    p = FindProfile(finalize_s=2.0, finalize_thread_s=3.5, finalized_rtc=4, finalize_rtc_s=3.0,
+                    rtc_cut=7, modes_s={"A": 0.5})
+    cells = cs._breakdown(p.as_dict()).split(" | ")
+    assert len(cells) == cs.BREAKDOWN_COLUMNS
+    assert cells[1] == "2.0 (runtime-compiled 4: 3.0 of 3.5 thread s; 7 left out)"
+    assert cs._breakdown({}) == " | ".join(["-"] * cs.BREAKDOWN_COLUMNS)

@@ -262,7 +262,10 @@ def _breakdown(pr: dict[str, Any]) -> str:
     if not pr:
         return " | ".join(["-"] * BREAKDOWN_COLUMNS)
     modes = ", ".join(f"{m} {v:.1f}" for m, v in pr.get("modes_s", {}).items())
-    return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f} | "
+    rtc = (f" (runtime-compiled {pr.get('finalized_rtc', 0)}: "
+           f"{pr.get('finalize_rtc_s', 0):.1f} of {pr.get('finalize_thread_s', 0):.1f} "
+           f"thread s; {pr.get('rtc_cut', 0)} left out)")
+    return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f}{rtc} | "
             f"{pr['timing_s']:.1f} (first launches {pr.get('first_launch_s', 0):.1f}, "
             f"GPU {pr.get('gpu_s', 0):.1f}, scratch {pr.get('scratch_s', 0):.1f}) | "
             f"{pr['configs']} | {pr['skipped']} | {pr['cut']} | "
