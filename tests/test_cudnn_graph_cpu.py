@@ -476,6 +476,18 @@ def test_graph_backend_without_gpu_raises_no_device():
         CudnnGraphBackend(find_repeat=2)
     with pytest.raises(ValueError, match="heuristic_modes"):
         CudnnGraphBackend(heuristic_modes=("Z",))
+    # every option is checked before any device work (no GPU here)
+    with pytest.raises(ValueError, match="find_top_k"):
+        CudnnGraphBackend(find_top_k=0)
+    with pytest.raises(ValueError, match="find_probe_ratio"):
+        CudnnGraphBackend(find_probe_ratio=1.0)
+    with pytest.raises(ValueError, match="find_cold_ratio"):
+        CudnnGraphBackend(find_cold_ratio=0.5)
+    with pytest.raises(ValueError, match="find_rtc: expected one of"):
+        CudnnGraphBackend(find_rtc="some")
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="find_retime: expected an int >= 0"):
+            CudnnGraphBackend(find_retime=bad)
 
 
 @needs_header

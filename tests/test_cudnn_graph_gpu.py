@@ -273,6 +273,24 @@ def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
     assert found["none"] <= found["first"]
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_find_retime_times_the_fastest_again(direction):
+    """Note [re-timing the winners]: find_retime=2 reports the same configs as
+    without it (re-timing changes times, never the set), times two of them
+    again per call (a plan cache of 2 evicts them meanwhile: rebuilt), and the
+    re-timed times are those of configs that run."""
+    p = problem("2d-nchw", "float32", "default")
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        plain = {r.algo for r in b.find(p, direction, FIND_LIMIT)}
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=2,
+                           plan_cache_size=2) as b:
+        got = b.find(p, direction, FIND_LIMIT)
+        assert {r.algo for r in got} == plain
+        assert b.find_profile.retimed == min(2, len(got))
+        assert all(r.time_ms > 0 for r in got)
+        assert [r.time_ms for r in got] == sorted(r.time_ms for r in got)
+
+
 def test_blocked_workspace_names_what_the_cap_leaves_out():
     """Note [size pruning]: AlexNet conv1's bf16 channels-last backward-filter
     (the H200 case): at batch 64 the engines heuristics rank first need tens of

@@ -91,7 +91,8 @@ class FindProfile:
     their share of ``finalize_thread_s``; ``rtc_cut``: such configs left out by
     cudnn-graph's ``find_rtc`` (Note [runtime-compiled engines]);
     ``no_accumulate``: backward-filter configs left out because cuDNN refuses
-    them with beta = 1 (Note [beta and workspace]).
+    them with beta = 1 (Note [beta and workspace]); ``retimed``: results
+    timed again by cudnn-graph's ``find_retime`` (Note [re-timing the winners]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -106,6 +107,7 @@ class FindProfile:
     cut: int = 0
     rtc_cut: int = 0
     no_accumulate: int = 0
+    retimed: int = 0
     probed_out: int = 0
     cold_out: int = 0
     knob_configs: int = 0
