@@ -83,3 +83,21 @@ def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
     assert len(cells) == cs.BREAKDOWN_COLUMNS
     assert cells[1] == "2.0 (runtime-compiled 4: 3.0 of 3.5 thread s; 7 left out)"
     assert cs._breakdown({}) == " | ".join(["-"] * cs.BREAKDOWN_COLUMNS)
+
+
+def test_keep_caches_reaches_every_worker(cs, tmp_path, monkeypatch):
+    """--keep-caches DIR is handed to each worker (absolute); a mucudnn worker
+    copies its benchmark cache there as NET-CONFIG.sqlite."""
+    seen = []
+
+    def run_worker(args, timeout, jit_cache="shared"):
+        seen.append(args)
+        return {"error": "stand-in"}
+
+    monkeypatch.setattr(cs, "_run_worker", run_worker)
+    keep = tmp_path / "caches"
+    assert cs.main(["--nets", "alexnet", "--configs", "default", "exhaustive",
+                    "--keep-caches", str(keep)]) == 0
+    assert [a[a.index("--worker") + 1] for a in seen] == ["default", "exhaustive"]
+    for args in seen:
+        assert args[args.index("--keep-caches") + 1] == str(keep.resolve())

@@ -97,7 +97,8 @@ def _problems(net: str, batch: int | None) -> dict:
 
 
 def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy: str,
-                   execute: bool, devices: list[int] | None = None) -> dict[str, Any]:
+                   execute: bool, devices: list[int] | None = None,
+                   keep_cache: str | None = None) -> dict[str, Any]:
     from mucudnn.backends.cudnn_graph import CudnnGraphBackend
     from mucudnn.bench import make_timer, random_tensors
     from mucudnn.exec import prepare
@@ -136,6 +137,10 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
             sizes += len(perf)
             plans[p, d] = optimize_wr(perf, p.batch, limit, policy, quantum=p.batch_quantum())
         t1 = time.perf_counter()
+        if keep_cache:  # every measurement of this run, for offline analysis
+            from mucudnn.optimizer.cache_tools import export
+            os.makedirs(keep_cache, exist_ok=True)
+            export(os.path.join(keep_cache, f"{net}-{config}.sqlite"), source=cache, force=True)
     if be is None and execute:
         be = CudnnGraphBackend(**options)  # device 0, after the clock stopped
     out: dict[str, Any] = {
@@ -293,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the driver's JIT cache for each worker: the user's (shared) or an "
                          "empty one of its own (fresh: a machine that never ran these engines)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep-caches", default=None, metavar="DIR",
+                    help="copy each run's benchmark cache to DIR/NET-CONFIG.sqlite (every "
+                         "measurement it made; MUCUDNN_CACHE=that python -m mucudnn optimize "
+                         "--offline plans from it without a GPU)")
     # worker mode (internal)
     ap.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -305,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             res = worker_torch(net, a.batch)
         else:
             res = worker_mucudnn(net, a.batch, a.worker, a.workspace, a.policy,
-                                 not a.no_execute, devices)
+                                 not a.no_execute, devices, a.keep_caches)
         with open(a.worker_json, "w") as fh:
             json.dump(res, fh)
         return 0
@@ -318,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         common.append("--no-execute")
     if devices:
         common += ["--devices", ",".join(map(str, devices))]
+    if a.keep_caches:
+        common += ["--keep-caches", os.path.abspath(a.keep_caches)]
 
     def save() -> None:
         if a.json:
