@@ -101,3 +101,24 @@ def test_keep_caches_reaches_every_worker(cs, tmp_path, monkeypatch):
     assert [a[a.index("--worker") + 1] for a in seen] == ["default", "exhaustive"]
     for args in seen:
         assert args[args.index("--keep-caches") + 1] == str(keep.resolve())
+
+
+def test_the_precision_reaches_every_worker_and_its_problems(cs, tmp_path, monkeypatch, capsys):
+    """--precision bf16cl: every worker (PyTorch's too) is told, its problems
+    are bfloat16 NHWC (what AMP channels-last runs), and rows are labelled."""
+    seen = []
+
+    def run_worker(args, timeout, jit_cache="shared"):
+        seen.append(args)
+        return {"error": "stand-in"}
+
+    monkeypatch.setattr(cs, "_run_worker", run_worker)
+    assert cs.main(["--nets", "alexnet", "--configs", "default", "--torch",
+                    "--precision", "bf16cl"]) == 0
+    assert [a[a.index("--precision") + 1] for a in seen] == ["bf16cl", "bf16cl"]
+    assert "| alexnet (bf16cl) | default | error:" in capsys.readouterr().out
+    problems = list(cs._problems("alexnet", 8, "bf16cl"))
+    assert problems and all(p.dtype == "bfloat16" and p.layout == "NHWC" for p in problems)
+    assert all(p.dtype == "float32" and p.layout == "NCHW" for p in cs._problems("alexnet", 8))
+    with pytest.raises(SystemExit):
+        cs.main(["--nets", "alexnet", "--precision", "fp16"])

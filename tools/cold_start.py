@@ -33,6 +33,10 @@ first line, so it includes starting the GPU processes. The breakdown columns
 come from the worker's own backend, which does not benchmark then: they show
 ``-``. ``executed ms`` runs the plans on device 0 of the worker.
 
+``--precision bf16cl`` runs the networks in bfloat16 channels-last (NHWC), as
+AMP training with channels-last does, PyTorch's iteration too (default fp32
+NCHW).
+
 ``--torch`` adds PyTorch's first training iteration over the same
 convolutions in a fresh process (``cudnn.benchmark=True``, every distinct
 layer's forward and backward with x and w requiring grad), from the worker's
@@ -91,14 +95,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _problems(net: str, batch: int | None) -> dict:
+#: --precision: the networks' tensors (as tools/frontier.py names them).
+PRECISIONS: dict[str, dict[str, str]] = {
+    "fp32": {"dtype": "float32", "layout": "NCHW"},
+    "bf16cl": {"dtype": "bfloat16", "layout": "NHWC"},  # what AMP channels-last runs
+}
+
+
+def _problems(net: str, batch: int | None, precision: str = "fp32") -> dict:
     from mucudnn.networks import network, unique_problems
-    return unique_problems(network(net, batch))
+    return unique_problems(network(net, batch, **PRECISIONS[precision]))
 
 
 def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy: str,
                    execute: bool, devices: list[int] | None = None,
-                   keep_cache: str | None = None) -> dict[str, Any]:
+                   keep_cache: str | None = None, precision: str = "fp32") -> dict[str, Any]:
     from mucudnn.backends.cudnn_graph import CudnnGraphBackend
     from mucudnn.bench import make_timer, random_tensors
     from mucudnn.exec import prepare
@@ -112,7 +123,7 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
     # after them, so it is not on the clock).
     be = CudnnGraphBackend(**options) if not devices else None
     t_ready = time.perf_counter()
-    groups = _problems(net, batch)
+    groups = _problems(net, batch, precision)
     plans = {}
     sizes = 0
     tasks = [(p, d) for p in groups for d in Direction]
@@ -169,20 +180,27 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
     return out
 
 
-def worker_torch(net: str, batch: int | None) -> dict[str, Any]:
+def worker_torch(net: str, batch: int | None, precision: str = "fp32") -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
     torch.backends.cudnn.benchmark = True
-    groups = _problems(net, batch)
+    groups = _problems(net, batch, precision)
     dev = torch.device("cuda")
     torch.cuda.init()
     t_ready = time.perf_counter()
+    dtype = getattr(torch, PRECISIONS[precision]["dtype"])
+    fmt = torch.channels_last if PRECISIONS[precision]["layout"] == "NHWC" \
+        else torch.contiguous_format
+
+    def tensor(dims: tuple) -> Any:  # logical (N, C, H, W) dims, laid out as the precision says
+        return torch.randn(dims, device=dev, dtype=dtype).to(
+            memory_format=fmt).requires_grad_()
 
     def iteration() -> None:
         for p in groups:
-            x = torch.randn(p.x_dims, device=dev, requires_grad=True)
-            w = torch.randn(p.w_dims, device=dev, requires_grad=True)
+            x = tensor(p.x_dims)
+            w = tensor(p.w_dims)
             y = F.conv2d(x, w, stride=p.stride, padding=p.padding, dilation=p.dilation,
                          groups=p.groups)
             y.backward(torch.randn_like(y))
@@ -287,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=["exhaustive", "default"],
                     choices=sorted(CONFIGS))
     ap.add_argument("--workspace", type=int, default=64 << 20, help="bytes per kernel")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                    help="fp32 (NCHW) or bf16cl (bfloat16 channels-last, as AMP runs)")
     ap.add_argument("--policy", default="powerOfTwo")
     ap.add_argument("--torch", action="store_true", help="also PyTorch's first iteration")
     ap.add_argument("--no-execute", action="store_true", help="skip executing the plans")
@@ -311,16 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker_json:
         net = a.nets[0]
         if a.worker == "torch":
-            res = worker_torch(net, a.batch)
+            res = worker_torch(net, a.batch, a.precision)
         else:
             res = worker_mucudnn(net, a.batch, a.worker, a.workspace, a.policy,
-                                 not a.no_execute, devices, a.keep_caches)
+                                 not a.no_execute, devices, a.keep_caches, a.precision)
         with open(a.worker_json, "w") as fh:
             json.dump(res, fh)
         return 0
 
     results: list[dict[str, Any]] = []
-    common = ["--workspace", str(a.workspace), "--policy", a.policy]
+    common = ["--workspace", str(a.workspace), "--policy", a.policy, "--precision", a.precision]
     if a.batch:
         common += ["--batch", str(a.batch)]
     if a.no_execute:
@@ -340,14 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         if a.torch:
             r = _run_worker(["--worker", "torch", "--nets", net, *common], a.timeout,
                             a.jit_cache)
-            r.update(config="torch", net=net)
+            r.update(config="torch", net=net, precision=a.precision)
             results.append(r)
             save()
             print(f"[{net} torch] {r.get('process_s', r.get('error'))}", flush=True)
         for c in a.configs:
             r = _run_worker(["--worker", c, "--nets", net, *common], a.timeout, a.jit_cache)
             r.setdefault("devices", devices)
-            r.update(config=c, net=net)
+            r.update(config=c, net=net, precision=a.precision)
             results.append(r)
             save()
             print(f"[{net} {c}] {r.get('optimise_s', r.get('error'))}"
@@ -358,18 +378,19 @@ def main(argv: list[str] | None = None) -> int:
           "| ws mismatch | predicted ms | executed ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
+        label = r["net"] if r.get("precision", "fp32") == "fp32" else f"{r['net']} ({r['precision']})"
         if "error" in r:
-            print(f"| {r['net']} | {r['config']} | error: {r['error'][-300:]!r} |")
+            print(f"| {label} | {r['config']} | error: {r['error'][-300:]!r} |")
             continue
         if r["config"] == "torch":
-            print(f"| {r['net']} | PyTorch first iteration | default | {r['process_s']:.1f} | "
+            print(f"| {label} | PyTorch first iteration | default | {r['process_s']:.1f} | "
                   f"{r['first_iteration_s']:.1f} | | | | | | | | | | | | | "
                   f"(2nd iteration {r['second_iteration_s']:.2f} s) |")
             continue
         ex = r.get("executed_ms")
         devs = ",".join(map(str, r.get("devices") or [])) or "default"
         threads = f" ({r['threads']} threads)" if r.get("threads") else ""
-        print(f"| {r['net']} | {r['config']}{threads} | {devs} | {r['process_s']:.1f} | "
+        print(f"| {label} | {r['config']}{threads} | {devs} | {r['process_s']:.1f} | "
               f"{r['optimise_s']:.1f} | {r['sizes']} | {_breakdown(r.get('profile') or {})} | "
               f"{r['predicted_ms']:.2f} | {'' if ex is None else f'{ex:.2f}'} |")
     return 0
