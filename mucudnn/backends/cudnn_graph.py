@@ -802,7 +802,7 @@ class CudnnGraphBackend(DeviceBackend):
             t = time.perf_counter()
             built = self._build_plans(problem, direction, [(i.id, 0.0) for i in cands])
             prof.finalize_s += time.perf_counter() - t
-            plans = []
+            plans, lone = [], []
             for info in cands:
                 p = built.get((info.id, 0.0))
                 if p is None:
@@ -812,14 +812,21 @@ class CudnnGraphBackend(DeviceBackend):
                 need = p.workspace_bytes
                 if direction is Direction.BACKWARD_FILTER:
                     # Note [beta and workspace]: the larger of the beta = 0 and
-                    # beta = 1 needs; a config that cannot accumulate is left out
+                    # beta = 1 needs; a config that cannot accumulate is left
+                    # out, unless no other is left (it still runs the whole
+                    # batch in one call, as before)
                     acc = self._accumulate_need(problem, direction, info.id)
                     if acc is None:
-                        prof.no_accumulate += 1
+                        if need <= want:
+                            lone.append((p, info, need))
                         continue
                     need = max(need, acc)
                 if need <= want:
                     plans.append((p, info, need))
+            if plans:
+                prof.no_accumulate += len(lone)
+            else:
+                plans = lone
             t = time.perf_counter()
             if plans:
                 out = self._time_plans(problem, direction, plans)
@@ -954,10 +961,11 @@ class CudnnGraphBackend(DeviceBackend):
         equal to the plan's: test_accumulate_need_is_the_beta_one_plans) so that
         find() finalizes one plan per candidate, not two. An engine config that
         cuDNN refuses with beta = 1 cannot run a micro-batch after the first:
-        find() leaves it out of backward-filter results (the H200 once chose
-        one for ResNet-50's strided 1x1 backward-filter at batch 32, and its
-        plan could not be bound); here it keeps its beta = 0 need, and binding
-        it with beta = 1 is refused and re-planned. Forward and
+        find() leaves it out of backward-filter results unless no other config
+        is left (the H200 once chose one for ResNet-50's strided 1x1
+        backward-filter at batch 32, and its plan could not be bound); here it
+        keeps its beta = 0 need, and binding it with beta = 1 is refused and
+        re-planned. Forward and
         backward-data run with the caller's beta; a launcher reports its own
         need, which the engine checks before running.
         """
