@@ -189,6 +189,27 @@ def _rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
     return keep or list(cands)
 
 
+def _fitting(found: list[tuple[Any, Any, int, Optional[int]]],
+             want: int) -> tuple[list[tuple[Any, Any, int]], int]:
+    """Note [beta and workspace]: of ``(plan, config, beta = 0 need, beta = 1
+    need)`` entries (the last None where cuDNN refuses the config with beta =
+    1, so it cannot accumulate micro-batches), the ``(plan, config, need)``
+    to time: need = the larger of the two, at most ``want``. Configs that
+    cannot accumulate are left out while any other fits (their count comes
+    back too); otherwise they are kept at their beta = 0 need, as they still
+    run a whole batch in one call.
+
+    >>> _fitting([("p", "a", 10, 30), ("q", "b", 5, None), ("r", "c", 90, 0)], 50)
+    ([('p', 'a', 30)], 1)
+    >>> _fitting([("q", "b", 5, None), ("r", "c", 90, 0)], 50)
+    ([('q', 'b', 5)], 0)
+    """
+    plans = [(p, c, max(n0, n1)) for p, c, n0, n1 in found
+             if n1 is not None and max(n0, n1) <= want]
+    lone = [(p, c, n0) for p, c, n0, n1 in found if n1 is None and n0 <= want]
+    return (plans, len(lone)) if plans else (lone, 0)
+
+
 def knob_variants(base: Sequence[tuple[int, int]], knobs: Sequence[gd.KnobInfo],
                   values: int) -> list[tuple[tuple[int, int], ...]]:
     """Note [knob search]: the knob settings tried around ``base`` (an engine
@@ -802,31 +823,19 @@ class CudnnGraphBackend(DeviceBackend):
             t = time.perf_counter()
             built = self._build_plans(problem, direction, [(i.id, 0.0) for i in cands])
             prof.finalize_s += time.perf_counter() - t
-            plans, lone = [], []
+            found = []
             for info in cands:
                 p = built.get((info.id, 0.0))
                 if p is None:
                     continue
                 if info.workspace_bytes is not None and info.workspace_bytes != p.workspace_bytes:
                     prof.workspace_mismatch += 1
-                need = p.workspace_bytes
-                if direction is Direction.BACKWARD_FILTER:
-                    # Note [beta and workspace]: the larger of the beta = 0 and
-                    # beta = 1 needs; a config that cannot accumulate is left
-                    # out, unless no other is left (it still runs the whole
-                    # batch in one call, as before)
-                    acc = self._accumulate_need(problem, direction, info.id)
-                    if acc is None:
-                        if need <= want:
-                            lone.append((p, info, need))
-                        continue
-                    need = max(need, acc)
-                if need <= want:
-                    plans.append((p, info, need))
-            if plans:
-                prof.no_accumulate += len(lone)
-            else:
-                plans = lone
+                # Note [beta and workspace]: backward-filter's beta = 1 need too
+                acc = (self._accumulate_need(problem, direction, info.id)
+                       if direction is Direction.BACKWARD_FILTER else 0)
+                found.append((p, info, p.workspace_bytes, acc))
+            plans, refused = _fitting(found, want)
+            prof.no_accumulate += refused
             t = time.perf_counter()
             if plans:
                 out = self._time_plans(problem, direction, plans)
