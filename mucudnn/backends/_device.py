@@ -91,8 +91,9 @@ class FindProfile:
     their share of ``finalize_thread_s``; ``rtc_cut``: such configs left out by
     cudnn-graph's ``find_rtc`` (Note [runtime-compiled engines]);
     ``no_accumulate``: backward-filter configs left out because cuDNN refuses
-    them with beta = 1 while others remain (Note [beta and workspace]); ``retimed``: results
-    timed again by cudnn-graph's ``find_retime`` (Note [re-timing the winners]).
+    them with beta = 1 while others remain (Note [beta and workspace]);
+    ``retimed``: results timed again by cudnn-graph's ``find_retime`` (Note
+    [re-timing the winners]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1

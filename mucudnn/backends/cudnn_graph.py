@@ -858,21 +858,14 @@ class CudnnGraphBackend(DeviceBackend):
             raise RuntimeError(f"find buffers are not 16-byte aligned: {aligns}")
         ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
         prof.scratch_s += time.perf_counter() - t
-        handle = self.handle._as_parameter_
-        execute = lib.cudnnBackendExecute
         out: list[AlgoPerf] = []
         ratio, cold, best = self.find_probe_ratio, self.find_cold_ratio, math.inf
         timed: dict[str, _Plan] = {}  # find_retime: the plans that ran, by config id
         for p, info, need in plans:
             if p.workspace_bytes > have:
                 continue
-            if p.closed:  # evicted by a small plan cache meanwhile: rebuild it
-                p = self._plan(problem, direction, p.id, 1.0, 0.0, _FULL)
-            pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs,
-                                   ws_ptr if p.workspace_bytes else None)
+            p, pack, run = self._find_run(problem, direction, p, ptrs, ws_ptr)
             try:
-                args = (handle, p.plan._as_parameter_, pack._as_parameter_)
-                run = functools.partial(execute, *args)
                 call = _FirstTimed(run, prof)
                 warmup = self.find_warmup
                 times = []
@@ -909,6 +902,19 @@ class CudnnGraphBackend(DeviceBackend):
         self.stream.synchronize()
         return out
 
+    def _find_run(self, problem: ConvProblem, direction: Direction, p: _Plan, ptrs: tuple,
+                  ws_ptr: Optional[int]) -> tuple[_Plan, BackendDescriptor, Any]:
+        """``(plan, its variant pack on find's scratch, the call that executes
+        it)`` for timing ``p``, rebuilt where a small plan cache evicted it
+        meanwhile; the caller closes the pack."""
+        if p.closed:
+            p = self._plan(problem, direction, p.id, 1.0, 0.0, _FULL)
+        pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs,
+                               ws_ptr if p.workspace_bytes else None)
+        run = functools.partial(lib.cudnnBackendExecute, self.handle._as_parameter_,
+                                p.plan._as_parameter_, pack._as_parameter_)
+        return p, pack, run
+
     # Note [re-timing the winners]: on the H200 the default find() predicted the
     # same AlexNet plan 4-14% slower than a run that timed every configuration
     # (conv2 forward, 8 x 32 of one engine config: 1.07 vs 0.94 ms), and
@@ -926,19 +932,12 @@ class CudnnGraphBackend(DeviceBackend):
                      ws_ptr: Optional[int]) -> list[AlgoPerf]:
         """``out`` with its ``find_retime`` fastest entries timed again (Note
         [re-timing the winners])."""
-        handle = self.handle._as_parameter_
-        execute = lib.cudnnBackendExecute
         best = sorted(range(len(out)), key=lambda i: out[i].time_ms)[:self.find_retime]
         out = list(out)
         for i in best:
-            p = timed[str(out[i].algo)]
-            if p.closed:  # evicted by a small plan cache meanwhile: rebuild it
-                p = self._plan(problem, direction, p.id, 1.0, 0.0, _FULL)
-            pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs,
-                                   ws_ptr if p.workspace_bytes else None)
+            p, pack, run = self._find_run(problem, direction, timed[str(out[i].algo)], ptrs,
+                                          ws_ptr)
             try:
-                run = functools.partial(execute, handle, p.plan._as_parameter_,
-                                        pack._as_parameter_)
                 times = time_on_stream(run, self.stream, warmup=self.find_warmup,
                                        repeat=self.find_repeat)
             except CudnnError as exc:  # pragma: no cover - it ran a moment ago
