@@ -68,6 +68,9 @@ import tempfile  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for frontier
+
+from frontier import PRECISIONS  # noqa: E402  (--precision: fp32 NCHW, bf16cl: AMP channels-last)
 
 #: name -> CudnnGraphBackend keyword arguments (find_threads None: the backend's default).
 #: "prune_sizes": False benchmarks every size of the policy (Note [size pruning]).
@@ -95,16 +98,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-#: --precision: the networks' tensors (as tools/frontier.py names them).
-PRECISIONS: dict[str, dict[str, str]] = {
-    "fp32": {"dtype": "float32", "layout": "NCHW"},
-    "bf16cl": {"dtype": "bfloat16", "layout": "NHWC"},  # what AMP channels-last runs
-}
-
-
 def _problems(net: str, batch: int | None, precision: str = "fp32") -> dict:
+    """The distinct problems of ``net`` in ``precision`` (tools/frontier.py's
+    PRECISIONS: how its problems are built)."""
     from mucudnn.networks import network, unique_problems
-    return unique_problems(network(net, batch, **PRECISIONS[precision]))
+    spec = PRECISIONS[precision]
+    return unique_problems(network(net, batch, dtype=spec["dtype"], layout=spec["layout"],
+                                   math=spec["math"]))
 
 
 def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy: str,
