@@ -5,24 +5,18 @@ environment it was given."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import pathlib
 import types
 
 import pytest
+from tool_support import load_tool
 
-TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
 
 
 @pytest.fixture(scope="module")
 def cs() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("cold_start", TOOLS / "cold_start.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("cold_start")
 
 
 @pytest.fixture

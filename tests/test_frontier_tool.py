@@ -6,28 +6,19 @@ smoke run of the measuring path on the NumPy backend, and tools/pytorch_anchor.p
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import pathlib
 import subprocess
 import sys
 
 import pytest
+from tool_support import TOOLS, load_tool
 
-TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
 MIB = 1 << 20
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def fr():
-    return _load("frontier")
+    return load_tool("frontier")
 
 
 @pytest.fixture(autouse=True)
@@ -220,7 +211,7 @@ def test_max_seconds_skips_runs_and_keeps_the_report(fr, tmp_path):
 
 def test_pytorch_anchor_layout_and_layers(monkeypatch, tmp_path):
     torch = pytest.importorskip("torch")
-    pa = _load("pytorch_anchor")
+    pa = load_tool("pytorch_anchor")
     seen = []
 
     def fake_time_layer(p, repeat=10, warmup=3, tf32=True):

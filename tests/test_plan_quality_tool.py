@@ -5,27 +5,21 @@ saves, and micro-batches the reference never measured are counted."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import types
 
 import pytest
+from tool_support import load_tool
 
 from mucudnn.networks import select
 from mucudnn.optimizer import BenchmarkCache, batch_sizes
 from mucudnn.problem import AlgoPerf, Direction
 
-TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def pq() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("plan_quality", TOOLS / "plan_quality.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("plan_quality")
 
 
 class Measured:

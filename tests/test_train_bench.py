@@ -4,24 +4,19 @@ out-of-memory test, loss tracking, and a smoke run of the whole benchmark
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import pathlib
 
 import pytest
+from tool_support import load_tool
 
 pytest.importorskip("torch", reason="tools/train_bench.py needs PyTorch")
 
-TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "train_bench.py"
 
 
 @pytest.fixture(scope="module")
 def tb():
-    spec = importlib.util.spec_from_file_location("train_bench", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("train_bench")
 
 
 @pytest.fixture(autouse=True)
