@@ -93,8 +93,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # where a mode ranks one first
     "rtc-all": dict(find_rtc="all"),
     "rtc-first": dict(find_rtc="first"),
-    # Note [re-timing the winners]: each find()'s two fastest timed again, warm
-    "retime2": dict(find_retime=2),
+    # a second round for those ranked ahead of the first round's fastest
+    "rtc-ahead": dict(find_rtc="ahead"),
+    # Note [re-timing the winners]: the default times each find()'s two
+    # fastest again, warm; without it, and with four
+    "no-retime": dict(find_retime=0),
+    "retime4": dict(find_retime=4),
 }
 
 
