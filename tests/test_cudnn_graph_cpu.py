@@ -23,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import re
+import time
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, strategies as st
@@ -663,3 +665,28 @@ def test_a_launcher_finalizer_never_waits_for_the_backend_lock():
     b = Plan()
     be._release_plan(b)  # lock free: released now
     assert b.released == 1 and not be._releases
+
+
+def test_first_timed_keeps_the_first_launchs_host_seconds():
+    """Note [cold probe]: the host seconds of a plan's first launch (where CUDA
+    loads its kernels) are kept, so the warm-up run is judged without them;
+    later calls run without timing and the profile sums every first launch."""
+    from mucudnn.backends.cudnn_graph import _cold_out, _FirstTimed
+    prof = SimpleNamespace(first_launch_s=0.5)
+    calls = []
+
+    def run() -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            time.sleep(0.02)
+
+    f = _FirstTimed(run, prof)
+    f()
+    f()
+    assert calls == [0, 1]
+    assert 0.015 < f.host_s < 1.0
+    assert prof.first_launch_s == pytest.approx(0.5 + f.host_s)
+    # a 1.32 ms warm-up against 0.135 ms: cut, unless 1.2 ms of it was loading
+    assert _cold_out(1.32, 0.0, 0.135, 4.0)
+    assert not _cold_out(1.32, 1.2, 0.135, 4.0)
+    assert _cold_out(3.0, 1.2, 0.135, 4.0)

@@ -93,8 +93,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # where a mode ranks one first
     "rtc-all": dict(find_rtc="all"),
     "rtc-first": dict(find_rtc="first"),
-    # a second round for those ranked ahead of the first round's fastest
-    "rtc-ahead": dict(find_rtc="ahead"),
     # Note [re-timing the winners]: the default times each find()'s two
     # fastest again, warm; without it, and with four
     "no-retime": dict(find_retime=0),

@@ -106,6 +106,14 @@ COLD_PROBE_FLOOR_MS = 1.0
 # 1.5 and the floor keeps short kernels, whose first run is mostly loading,
 # from being judged by it. What is reported for such a candidate is its first
 # run, an upper bound; it was far behind the best either way.
+# The floor was not enough: on the H200 AlexNet conv2's backward-filter at 16
+# rows has an engine (17) that runs in 0.087 ms, against 0.135 ms for the best
+# other one, but whose first run took 1.32 ms, nearly all of it loading its
+# kernel, so find() reported it at 1.32 ms and the plans lost 0.5 ms (3%) to
+# it (docs/BENCHMARKS.md, "Eighth session"). Loading happens in the host's
+# launch call while the GPU waits between the two events, so the host seconds
+# of that call (``_FirstTimed``) are taken off the warm-up's time before it is
+# judged (``_cold_out``).
 
 
 def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
@@ -155,14 +163,8 @@ def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
 # "first", which kept no runtime-compiled config there, gave 15.26 ms: the
 # run-to-run spread is about 1%), ResNet-50 in 17.8 s (30.4 s with them in
 # another run); PyTorch's first iteration took 24.6, 19.0 and 30.8 s there.
-# "ahead" is a second round: once the other candidates are timed, the
-# runtime-compiled configs that some heuristics mode ranks ahead of the
-# fastest of them (in a mode that ranks both) are finalized and timed too.
-# The compile is paid only where heuristics expect it to win, e.g. AlexNet
-# conv2's backward-filter at 16 rows, where such a config (engine 17) ran
-# 0.092 ms against 0.135 ms for the best other one on the H200.
 #: find_rtc values (Note [runtime-compiled engines]).
-RTC_CHOICES = ("all", "ahead", "first", "none")
+RTC_CHOICES = ("all", "first", "none")
 
 
 def _rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
@@ -193,24 +195,6 @@ def _rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
                 first.add(top)
     keep = [c for c in cands if rtc not in c.behavior_notes or c.id in first]
     return keep or list(cands)
-
-
-def _ranked_ahead(cands: Sequence[gd.EngineConfigInfo], winner: str,
-                  rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
-    """Note [runtime-compiled engines], ``find_rtc="ahead"``: those of ``cands``
-    that some heuristics mode (``rankings``: mode -> config ids, best first)
-    ranks ahead of ``winner``, in a mode that ranks both.
-
-    >>> c = [gd.EngineConfigInfo(i, (), (), ()) for i in range(3)]
-    >>> [x.global_index for x in _ranked_ahead(c, "e5", {"A": ["e2", "e5", "e0"],
-    ...                                                   "B": ["e1", "e0"]})]
-    [2]
-    """
-    ahead: set[str] = set()
-    for ids in rankings.values():
-        if winner in ids:
-            ahead.update(ids[:ids.index(winner)])
-    return [c for c in cands if c.id in ahead]
 
 
 def _fitting(found: list[tuple[Any, Any, int, Optional[int]]],
@@ -366,12 +350,13 @@ class _Plan:
 
 class _FirstTimed:
     """``run`` whose first call's host seconds go to ``prof.first_launch_s``
-    (a plan's first launch loads its kernels); later calls are ``run`` alone."""
+    and ``host_s`` (a plan's first launch loads its kernels); later calls are
+    ``run`` alone."""
 
-    __slots__ = ("run", "prof", "first")
+    __slots__ = ("run", "prof", "first", "host_s")
 
     def __init__(self, run: Any, prof: Any) -> None:
-        self.run, self.prof, self.first = run, prof, True
+        self.run, self.prof, self.first, self.host_s = run, prof, True, 0.0
 
     def __call__(self) -> Any:
         if not self.first:
@@ -381,7 +366,22 @@ class _FirstTimed:
         try:
             return self.run()
         finally:
-            self.prof.first_launch_s += time.perf_counter() - t
+            self.host_s = time.perf_counter() - t
+            self.prof.first_launch_s += self.host_s
+
+
+def _cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) -> bool:
+    """Note [cold probe]: whether a candidate whose warm-up run took ``first_ms``
+    on the GPU clock, of which ``launch_ms`` the host spent in the launch call
+    (loading the kernels, while the GPU waited), is far enough behind the best
+    median so far to stop timing it.
+
+    >>> _cold_out(1.32, 0.0, 0.135, 4.0)   # slow, or so it seems
+    True
+    >>> _cold_out(1.32, 1.20, 0.135, 4.0)  # its first launch loaded the kernel
+    False
+    """
+    return first_ms - launch_ms > max(ratio * best_ms, best_ms + COLD_PROBE_FLOOR_MS)
 
 
 def _lowbit(n: int) -> int:
@@ -416,8 +416,7 @@ class CudnnGraphBackend(DeviceBackend):
     ``find_rtc``: which configs of engines that compile kernels at run time
     find() finalizes and times: ``"none"`` (default: unless nothing else is
     a candidate), ``"first"`` (those a heuristics mode ranks first among the
-    candidates), ``"ahead"`` (after the others, those a mode ranks ahead of
-    the fastest of them) or ``"all"`` (Note [runtime-compiled engines]).
+    candidates) or ``"all"`` (Note [runtime-compiled engines]).
     ``find_retime``: time the k fastest of each find() call again after all
     candidates ran, and report that (Note [re-timing the winners]; default
     2, 0 does not). ``search``: ``"heuristics"`` (the
@@ -836,7 +835,6 @@ class CudnnGraphBackend(DeviceBackend):
             prof.cut += len(cands) - len(kept)
             cands = _rtc_cut(kept, self.find_rtc, rankings)
             prof.rtc_cut += len(kept) - len(cands)
-            later = ([c for c in kept if c not in cands] if self.find_rtc == "ahead" else [])
             if self.search == "knobs":
                 # Note [knob search]: the knob space after heuristics' own configs.
                 have = {c.id for c in cands}
@@ -847,14 +845,7 @@ class CudnnGraphBackend(DeviceBackend):
                 prof.knob_configs += len(extra)
                 cands = cands + extra
             timed: dict[str, _Plan] = {}
-            out = self._find_round(problem, direction, cands, want, timed, math.inf)
-            if later and out:
-                # Note [runtime-compiled engines]: "ahead", the second round
-                late = _ranked_ahead(later, str(min(out, key=lambda a: a.time_ms).algo),
-                                     rankings)
-                prof.rtc_cut -= len(late)
-                out += self._find_round(problem, direction, late, want, timed,
-                                        min(a.time_ms for a in out))
+            out = self._find_round(problem, direction, cands, want, timed)
             if self.find_retime and out:
                 t = time.perf_counter()
                 out = self._retime_best(problem, direction, out, timed)
@@ -866,11 +857,11 @@ class CudnnGraphBackend(DeviceBackend):
         return out
 
     def _find_round(self, problem: ConvProblem, direction: Direction,
-                    cands: list[gd.EngineConfigInfo], want: int, timed: dict[str, _Plan],
-                    best: float) -> list[AlgoPerf]:
+                    cands: list[gd.EngineConfigInfo], want: int,
+                    timed: dict[str, _Plan]) -> list[AlgoPerf]:
         """Finalize ``cands`` (on the pool), keep those that fit ``want`` (Note
-        [beta and workspace]) and time them (``best``: the fastest median timed
-        before, for the cut-offs); the plans that ran go into ``timed`` by id."""
+        [beta and workspace]) and time them; the plans that ran go into
+        ``timed`` by id."""
         prof = self.find_profile
         t = time.perf_counter()
         built = self._build_plans(problem, direction, [(i.id, 0.0) for i in cands])
@@ -889,16 +880,15 @@ class CudnnGraphBackend(DeviceBackend):
         plans, refused = _fitting(found, want)
         prof.no_accumulate += refused
         t = time.perf_counter()
-        out = self._time_plans(problem, direction, plans, timed, best) if plans else []
+        out = self._time_plans(problem, direction, plans, timed) if plans else []
         prof.timing_s += time.perf_counter() - t
         return out
 
     def _time_plans(self, problem: ConvProblem, direction: Direction,
                     plans: list[tuple[_Plan, gd.EngineConfigInfo, int]],
-                    timed: dict[str, _Plan], best: float = math.inf) -> list[AlgoPerf]:
+                    timed: dict[str, _Plan]) -> list[AlgoPerf]:
         """Time each (plan, its config, its workspace need) on Find's scratch (home
-        stream, held by the caller); ``best``: the fastest median timed before
-        this round (Note [find cut-offs]). The plans that ran go into ``timed``."""
+        stream, held by the caller); the plans that ran go into ``timed``."""
         prof = self.find_profile
         t = time.perf_counter()
         ptrs = self._find_pointers(problem, direction)
@@ -908,7 +898,7 @@ class CudnnGraphBackend(DeviceBackend):
         ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
         prof.scratch_s += time.perf_counter() - t
         out: list[AlgoPerf] = []
-        ratio, cold = self.find_probe_ratio, self.find_cold_ratio
+        ratio, cold, best = self.find_probe_ratio, self.find_cold_ratio, math.inf
         for p, info, need in plans:
             if p.workspace_bytes > have:
                 continue
@@ -922,7 +912,7 @@ class CudnnGraphBackend(DeviceBackend):
                     first = time_on_stream(call, self.stream, warmup=0, repeat=1)[0]
                     warmup -= 1
                     prof.gpu_s += first / 1e3
-                    if first > max(cold * best, best + COLD_PROBE_FLOOR_MS):
+                    if _cold_out(first, call.host_s * 1e3, best, cold):
                         prof.cold_out += 1
                         times = [first]
                 if not times:
