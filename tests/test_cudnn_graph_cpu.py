@@ -443,7 +443,7 @@ def test_pointer_alignment():
 
 
 def test_numerics_filter():
-    from mucudnn.backends.cudnn_graph import numerics_allowed
+    from mucudnn.backends.graph_candidates import numerics_allowed
 
     N = BackendNumericalNote
     assert numerics_allowed("fma", [N.FFT, N.NONDETERMINISTIC])
@@ -487,6 +487,8 @@ def test_graph_backend_without_gpu_raises_no_device():
         CudnnGraphBackend(find_cold_ratio=0.5)
     with pytest.raises(ValueError, match="find_rtc: expected one of"):
         CudnnGraphBackend(find_rtc="some")
+    with pytest.raises(ValueError, match="find_skip_ratio: expected None or a number > 1"):
+        CudnnGraphBackend(find_skip_ratio=1.0)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="find_retime: expected an int >= 0"):
             CudnnGraphBackend(find_retime=bad)
@@ -516,21 +518,21 @@ def _info(idx, ws):
 def test_find_cut_keeps_each_modes_best_and_one_without_workspace():
     """Note [find cut-offs] (no GPU needed: the cut is a pure function of the
     candidates and the heuristics' rankings)."""
-    from mucudnn.backends.cudnn_graph import _cut
+    from mucudnn.backends.graph_candidates import top_k_cut
     cands = [_info(i, ws) for i, ws in enumerate([8, 4, 4, 2, 1, 9, 0, 3, 0])]
     ids = [c.id for c in cands]
     rankings = {"A": ids[:5], "B": [ids[5], ids[0]], "FALLBACK": [ids[7], ids[8], ids[6]]}
-    kept = _cut(cands, 2, rankings)
+    kept = top_k_cut(cands, 2, rankings)
     # A's best two, B's best two, FALLBACK's best two, in heuristics order
     assert [c.id for c in kept] == [ids[0], ids[1], ids[5], ids[7], ids[8]]
     # without a zero-workspace config among them, the best-ranked one is added
     rankings = {"A": ids[:5]}
-    assert [c.global_index for c in _cut(cands, 2, rankings)] == [0, 1, 6]
+    assert [c.global_index for c in top_k_cut(cands, 2, rankings)] == [0, 1, 6]
     # configs that do not fit the cap were never candidates: rankings may name them
-    assert [c.global_index for c in _cut(cands[1:], 1, {"A": ids})] == [1, 6]
+    assert [c.global_index for c in top_k_cut(cands[1:], 1, {"A": ids})] == [1, 6]
     # k=None or few candidates: all of them
-    assert _cut(cands, None, rankings) == cands
-    assert _cut(cands[:3], 5, rankings) == cands[:3]
+    assert top_k_cut(cands, None, rankings) == cands
+    assert top_k_cut(cands[:3], 5, rankings) == cands[:3]
 
 
 @given(lo=st.integers(-4, 40), span=st.integers(-2, 300), stride=st.integers(1, 9),
@@ -558,7 +560,7 @@ def test_knob_values_stay_on_the_range_and_its_stride(lo, span, stride, limit):
 def test_knob_variants_move_one_knob_at_a_time(base, ranges, values):
     """Note [knob search]: the base first, then settings that differ from it in
     exactly one knob, whose value comes from that knob's range; no repeats."""
-    from mucudnn.backends.cudnn_graph import knob_variants
+    from mucudnn.backends.graph_candidates import knob_variants
 
     knobs = [gd.KnobInfo(t, lo, lo + span) for t, lo, span in ranges]
     out = knob_variants(sorted(base.items()), knobs, values)
@@ -671,7 +673,7 @@ def test_first_timed_keeps_the_first_launchs_host_seconds():
     """Note [cold probe]: the host seconds of a plan's first launch (where CUDA
     loads its kernels) are kept, so the warm-up run is judged without them;
     later calls run without timing and the profile sums every first launch."""
-    from mucudnn.backends.cudnn_graph import _cold_out, _FirstTimed
+    from mucudnn.backends.graph_candidates import FirstTimed, cold_out
     prof = SimpleNamespace(first_launch_s=0.5)
     calls = []
 
@@ -680,13 +682,13 @@ def test_first_timed_keeps_the_first_launchs_host_seconds():
         if len(calls) == 1:
             time.sleep(0.02)
 
-    f = _FirstTimed(run, prof)
+    f = FirstTimed(run, prof)
     f()
     f()
     assert calls == [0, 1]
     assert 0.015 < f.host_s < 1.0
     assert prof.first_launch_s == pytest.approx(0.5 + f.host_s)
     # a 1.32 ms warm-up against 0.135 ms: cut, unless 1.2 ms of it was loading
-    assert _cold_out(1.32, 0.0, 0.135, 4.0)
-    assert not _cold_out(1.32, 1.2, 0.135, 4.0)
-    assert _cold_out(3.0, 1.2, 0.135, 4.0)
+    assert cold_out(1.32, 0.0, 0.135, 4.0)
+    assert not cold_out(1.32, 1.2, 0.135, 4.0)
+    assert cold_out(3.0, 1.2, 0.135, 4.0)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import mucudnn.backends._device as device_backend
+import mucudnn.backends.graph_candidates as graph_candidates
 from mucudnn import ConvProblem, Direction
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.backend_api import live_backend_descriptors
@@ -274,6 +275,30 @@ def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_find_skip_ratio_skips_configs_far_behind_at_a_larger_size(direction):
+    """Note [far behind at another size]: with find_skip_ratio=2, the configs
+    over twice the best at batch 64 are not timed at batch 32 (counted in
+    far_cut), except one that needs no workspace where no other would be
+    left; without the option, the batch 32 find() times them."""
+    p = ConvProblem((64, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    small = p.with_batch(32)
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=0) as b:
+        plain = {r.algo: r for r in b.find(small, direction, FIND_LIMIT)}
+        assert b.find_profile.far_cut == 0
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=0,
+                           find_skip_ratio=2.0) as b:
+        big = b.find(p, direction, FIND_LIMIT)
+        best = min(r.time_ms for r in big)
+        far = {r.algo for r in big if r.time_ms > 2.0 * best}
+        assert len(far & set(plain)) >= 2, "the test needs slow configs at both sizes"
+        got = {r.algo: r for r in b.find(small, direction, FIND_LIMIT)}
+        kept = far & set(got)
+        assert len(kept) <= 1 and all(got[a].workspace_bytes == 0 for a in kept)
+        assert b.find_profile.far_cut >= len(far & set(plain)) - len(kept) >= 1
+        assert set(got) <= set(plain) | far
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_retime_times_the_fastest_again(direction):
     """Note [re-timing the winners]: find_retime=2 reports the same configs as
     without it (re-timing changes times, never the set), times two of them
@@ -337,7 +362,7 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
         assert sum(r.time_ms for r in res) / 1e3 <= prof.gpu_s < prof.timing_s
 
 
-def test_cold_probe_reports_every_candidate():
+def test_cold_probe_reports_every_candidate(monkeypatch):
     """Note [cold probe]: with the warm-up run timed, find() still reports every
     candidate it timed without the probe, each under the cap; with a ratio just
     over 1 some candidates stop after their warm-up (counted in cold_out)."""
@@ -347,17 +372,13 @@ def test_cold_probe_reports_every_candidate():
                            find_probe_ratio=None, find_cold_ratio=None) as b:
         full = {r.algo for r in b.find(p, d, 8 * MiB)}
         assert b.find_profile.cold_out == 0
-    import mucudnn.backends.cudnn_graph as cg
-    floor, cg.COLD_PROBE_FLOOR_MS = cg.COLD_PROBE_FLOOR_MS, 0.0
-    try:
-        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=None,
-                               find_probe_ratio=None, find_cold_ratio=1.01) as b:
-            res = b.find(p, d, 8 * MiB)
-            assert {r.algo for r in res} == full
-            assert all(r.workspace_bytes <= 8 * MiB and r.time_ms > 0 for r in res)
-            assert 0 < b.find_profile.cold_out < len(res)
-    finally:
-        cg.COLD_PROBE_FLOOR_MS = floor
+    monkeypatch.setattr(graph_candidates, "COLD_PROBE_FLOOR_MS", 0.0)
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=None,
+                           find_probe_ratio=None, find_cold_ratio=1.01) as b:
+        res = b.find(p, d, 8 * MiB)
+        assert {r.algo for r in res} == full
+        assert all(r.workspace_bytes <= 8 * MiB and r.time_ms > 0 for r in res)
+        assert 0 < b.find_profile.cold_out < len(res)
     with pytest.raises(ValueError, match="find_cold_ratio"):
         CudnnGraphBackend(find_cold_ratio=1.0)
 
@@ -411,7 +432,7 @@ def test_engine_knob_infos_are_readable_ranges():
     (min <= max, stride >= 1); each named config rebuilt from its engine and
     knobs reports the heuristics' workspace, and knob settings one step from
     it (Note [knob search]) are accepted by cuDNN."""
-    from mucudnn.backends.cudnn_graph import knob_variants
+    from mucudnn.backends.graph_candidates import knob_variants
 
     p = problem("2d-nchw", "float32", "default")
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:

@@ -54,7 +54,8 @@ def test_overview_names_the_three_ways_in():
 
 @pytest.mark.parametrize("module", ["mucudnn", "mucudnn.plans_io", "mucudnn._optional",
                                     "mucudnn.units", "mucudnn.__main__", "mucudnn.problem",
-                                    "mucudnn.backends.cudnn_graph", "mucudnn._cudnn.prototypes",
+                                    "mucudnn.backends.cudnn_graph", "mucudnn.backends.graph_candidates",
+                                    "mucudnn._cudnn.prototypes",
                                     "mucudnn._cudnn.graph_descriptors"])
 def test_docstring_examples_run_on_the_cpu(module, monkeypatch, tmp_path):
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))

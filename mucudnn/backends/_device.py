@@ -93,7 +93,9 @@ class FindProfile:
     ``no_accumulate``: backward-filter configs left out because cuDNN refuses
     them with beta = 1 while others remain (Note [beta and workspace]);
     ``retimed``: results timed again by cudnn-graph's ``find_retime`` (Note
-    [re-timing the winners]).
+    [re-timing the winners]); ``far_cut``: configs not timed because they ran
+    far behind at another batch size (cudnn-graph's ``find_skip_ratio``, Note
+    [far behind at another size]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -109,6 +111,7 @@ class FindProfile:
     rtc_cut: int = 0
     no_accumulate: int = 0
     retimed: int = 0
+    far_cut: int = 0
     probed_out: int = 0
     cold_out: int = 0
     knob_configs: int = 0

@@ -53,7 +53,6 @@ from typing import Any, Optional, Sequence, Union
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.backend_api import BackendDescriptor
 from .._cudnn.enums import BackendBehaviorNote as Behavior
-from .._cudnn.enums import BackendNumericalNote as Note
 from .._cudnn.errors import CudnnError
 from .._cudnn.prototypes import lib, raise_status
 from ..caches import LRU
@@ -62,6 +61,9 @@ from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
+from .graph_candidates import (RTC_CHOICES, SEARCH_MODES, FirstTimed, cold_out, far_cut,
+                               fitting, knob_variants, note_ratios, numerics_allowed, rtc_cut,
+                               top_k_cut)
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
@@ -74,172 +76,13 @@ parse_engine_config_id = gd.parse_engine_config_id
 _MAX = gd.MAX_ALIGNMENT
 _FULL = (_MAX, _MAX, _MAX)
 
-#: find()'s search spaces (Note [knob search]).
-SEARCH_MODES = ("heuristics", "knobs")
-
-
-def numerics_allowed(math: str, numerical_notes: Sequence[int]) -> bool:
-    """Whether an engine with ``numerical_notes`` may run a problem of math mode ``math``."""
-    notes = {int(n) for n in numerical_notes}
-    if math == "tensor_op_allow_conversion":
-        return True
-    if int(Note.REDUCED_PRECISION_REDUCTION) in notes or int(Note.DOWN_CONVERT_INPUTS) in notes:
-        return False
-    if math == "fma" and int(Note.TENSOR_CORE) in notes:
-        return False
-    return True
-
-
-#: Note [cold probe]: a warm-up run must also be at least this much slower than
-#: the best so far to end a candidate's timing (covers lazy module loading).
-COLD_PROBE_FLOOR_MS = 1.0
-
-# Note [cold probe]: timing is most of a cold find() (65-78% on the H200 after
-# the cut-offs; docs/BENCHMARKS.md "Cold start"), and most of that goes to
-# candidates far behind the best: a backward-filter engine at 185 ms beside one
-# at 3.3 ms still ran twice (warm-up, then the probe run of Note [find
-# cut-offs]). The warm-up run is now timed as well, and a candidate whose
-# warm-up took more than ``find_cold_ratio`` (4) times the best median so far,
-# and over COLD_PROBE_FLOOR_MS more, stops there, reported with that time. A
-# first run includes one-time costs (CUDA's lazy module loading of the kernel,
-# cold caches), so it can only overstate: the ratio is wider than the probe's
-# 1.5 and the floor keeps short kernels, whose first run is mostly loading,
-# from being judged by it. What is reported for such a candidate is its first
-# run, an upper bound; it was far behind the best either way.
-# The floor was not enough: on the H200 AlexNet conv2's backward-filter at 16
-# rows has an engine (17) that runs in 0.087 ms, against 0.135 ms for the best
-# other one, but whose first run took 1.32 ms, nearly all of it loading its
-# kernel, so find() reported it at 1.32 ms and the plans lost 0.5 ms (3%) to
-# it (docs/BENCHMARKS.md, "Eighth session"). Loading happens in the host's
-# launch call while the GPU waits between the two events, so the host seconds
-# of that call (``_FirstTimed``) are taken off the warm-up's time before it is
-# judged (``_cold_out``).
-
-
-def _cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
-         rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
-    """Note [find cut-offs]: of the candidates (which fit the cap), those among
-    the ``k`` best-ranked of some heuristics mode's ranking (``rankings``: mode
-    -> config ids, best first), plus the best-ranked one known to need no
-    workspace, which runs under any limit (a plan for a tight budget, or a
-    re-plan when memory runs out); in heuristics order.
-
-    Timing every candidate is what makes a cold find() slow: a network's
-    kernels have about thirty candidates per micro-batch size, and most of
-    the time goes to the slow ones that heuristics rank last. Each mode keeps
-    its own best (mode A's ranking alone missed AlexNet's best backward-filter
-    engines, which only FALLBACK names). Cutting is checked against timing
-    everything on the bench networks (executed plan totals, docs/BENCHMARKS.md,
-    "Cold start").
-    """
-    if k is None or len(cands) <= k:
-        return list(cands)
-    allowed = {c.id for c in cands}
-    keep: set[str] = set()
-    for ids in rankings.values():
-        keep.update([i for i in ids if i in allowed][:k])
-    if not any(c.workspace_bytes == 0 for c in cands if c.id in keep):
-        zero = next((c for c in cands if c.workspace_bytes == 0), None)
-        if zero is not None:
-            keep.add(zero.id)
-    return [c for c in cands if c.id in keep]
-
-
-# Note [runtime-compiled engines]: some engines (behaviour note
-# RUNTIME_COMPILATION) generate and compile their kernels when a plan is
-# finalized, for that problem. On a machine whose CUDA JIT cache has never seen
-# them (tools/cold_start.py --jit-cache fresh) they are nearly all of a cold
-# find()'s finalization: on the H200 (cuDNN 9.19, docs/BENCHMARKS.md, "Seventh
-# session") 43 of ResNet-18's 901 finalized plans took 10.4 of the 14.1 s the
-# finalizing threads spent (AlexNet 27 of 620: 9.6 of 12.4 s; ResNet-50 74 of
-# 1864: 16.0 of 21.6 s), about 0.25-0.35 s each, and the finalize wall time was
-# about their sum: the compilations do not overlap on the thread pool.
-# ``find_rtc`` chooses which of them find() finalizes: "all", "first" (a
-# config that some heuristics mode ranks first among the candidates) or
-# "none"; where only such configs are candidates, all of them are kept. The
-# default is "none": in one run on one machine (fresh JIT caches, 64 MiB WR)
-# it optimised ResNet-18 in 11.8 s instead of 23.3 s with executed plans of
-# 16.08 vs 16.33 ms, AlexNet in 13.4 vs 22.9 s at 15.14 vs 14.82 ms (+2.1%;
-# "first", which kept no runtime-compiled config there, gave 15.26 ms: the
-# run-to-run spread is about 1%), ResNet-50 in 17.8 s (30.4 s with them in
-# another run); PyTorch's first iteration took 24.6, 19.0 and 30.8 s there.
-#: find_rtc values (Note [runtime-compiled engines]).
-RTC_CHOICES = ("all", "first", "none")
-
-
-def _rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
-             rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
-    """Note [runtime-compiled engines]: ``cands`` without the configs of engines
-    that compile their kernels at run time, except (``rule="first"``) one
-    that some heuristics mode ranks first among ``cands``; all of them for
-    ``"all"``, and all of them where nothing else would be left.
-
-    >>> rtc = int(Behavior.RUNTIME_COMPILATION)
-    >>> c = [gd.EngineConfigInfo(i, (), (), (rtc,) if i < 2 else ()) for i in range(4)]
-    >>> [x.global_index for x in _rtc_cut(c, "first", {"A": ["e1", "e0", "e2"]})]
-    [1, 2, 3]
-    >>> [x.global_index for x in _rtc_cut(c, "none", {"A": ["e1"]})]
-    [2, 3]
-    >>> [x.global_index for x in _rtc_cut(c[:2], "none", {})]
-    [0, 1]
-    """
-    if rule == "all":
-        return list(cands)
-    rtc = int(Behavior.RUNTIME_COMPILATION)
-    first: set[str] = set()
-    if rule == "first":
-        allowed = {c.id for c in cands}
-        for ids in rankings.values():
-            top = next((i for i in ids if i in allowed), None)
-            if top is not None:
-                first.add(top)
-    keep = [c for c in cands if rtc not in c.behavior_notes or c.id in first]
-    return keep or list(cands)
-
-
-def _fitting(found: list[tuple[Any, Any, int, Optional[int]]],
-             want: int) -> tuple[list[tuple[Any, Any, int]], int]:
-    """Note [beta and workspace]: of ``(plan, config, beta = 0 need, beta = 1
-    need)`` entries (the last None where cuDNN refuses the config with beta =
-    1, so it cannot accumulate micro-batches), the ``(plan, config, need)``
-    to time: need = the larger of the two, at most ``want``. Configs that
-    cannot accumulate are left out while any other fits (their count comes
-    back too); otherwise they are kept at their beta = 0 need, as they still
-    run a whole batch in one call.
-
-    >>> _fitting([("p", "a", 10, 30), ("q", "b", 5, None), ("r", "c", 90, 0)], 50)
-    ([('p', 'a', 30)], 1)
-    >>> _fitting([("q", "b", 5, None), ("r", "c", 90, 0)], 50)
-    ([('q', 'b', 5)], 0)
-    """
-    plans = [(p, c, max(n0, n1)) for p, c, n0, n1 in found
-             if n1 is not None and max(n0, n1) <= want]
-    lone = [(p, c, n0) for p, c, n0, n1 in found if n1 is None and n0 <= want]
-    return (plans, len(lone)) if plans else (lone, 0)
-
-
-def knob_variants(base: Sequence[tuple[int, int]], knobs: Sequence[gd.KnobInfo],
-                  values: int) -> list[tuple[tuple[int, int], ...]]:
-    """Note [knob search]: the knob settings tried around ``base`` (an engine
-    config's knob choices): ``base`` itself, then each knob moved alone through
-    up to ``values`` of its values, the others kept; sorted knob tuples, no
-    repeats.
-
-    >>> knob_variants([(2, 1)], [gd.KnobInfo(2, 0, 2), gd.KnobInfo(3, 0, 1)], 6)
-    [((2, 1),), ((2, 0),), ((2, 2),), ((2, 1), (3, 0)), ((2, 1), (3, 1))]
-    """
-    start = dict(base)
-    out: dict[tuple[tuple[int, int], ...], None] = {tuple(sorted(start.items())): None}
-    for k in knobs:
-        for v in k.values(values):
-            d = dict(start)
-            d[k.knob_type] = v
-            out.setdefault(tuple(sorted(d.items())), None)
-    return list(out)
-
-
 def canonical_id(algo: Any) -> str:
-    """The canonical form of an engine-config id (ValueError if it is none)."""
+    """The canonical form of an engine-config id (ValueError if it is none):
+    knob types ascending.
+
+    >>> canonical_id("e5;k3=1;k2=0")
+    'e5;k2=0;k3=1'
+    """
     idx, knobs = gd.parse_engine_config_id(algo)
     return gd.format_engine_config_id(idx, knobs)
 
@@ -348,42 +191,6 @@ class _Plan:
         self.graph.release()
 
 
-class _FirstTimed:
-    """``run`` whose first call's host seconds go to ``prof.first_launch_s``
-    and ``host_s`` (a plan's first launch loads its kernels); later calls are
-    ``run`` alone."""
-
-    __slots__ = ("run", "prof", "first", "host_s")
-
-    def __init__(self, run: Any, prof: Any) -> None:
-        self.run, self.prof, self.first, self.host_s = run, prof, True, 0.0
-
-    def __call__(self) -> Any:
-        if not self.first:
-            return self.run()
-        self.first = False
-        t = time.perf_counter()
-        try:
-            return self.run()
-        finally:
-            self.host_s = time.perf_counter() - t
-            self.prof.first_launch_s += self.host_s
-
-
-def _cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) -> bool:
-    """Note [cold probe]: whether a candidate whose warm-up run took ``first_ms``
-    on the GPU clock, of which ``launch_ms`` the host spent in the launch call
-    (loading the kernels, while the GPU waited), is far enough behind the best
-    median so far to stop timing it.
-
-    >>> _cold_out(1.32, 0.0, 0.135, 4.0)   # slow, or so it seems
-    True
-    >>> _cold_out(1.32, 1.20, 0.135, 4.0)  # its first launch loaded the kernel
-    False
-    """
-    return first_ms - launch_ms > max(ratio * best_ms, best_ms + COLD_PROBE_FLOOR_MS)
-
-
 def _lowbit(n: int) -> int:
     """The largest power of two dividing ``n`` (capped at the graph API's 16 bytes)."""
     return gd.MAX_ALIGNMENT if n == 0 else min(gd.MAX_ALIGNMENT, n & -n)
@@ -409,10 +216,15 @@ class CudnnGraphBackend(DeviceBackend):
     (Note [find cut-offs]). ``find_probe_ratio``: a
     candidate whose first timed run is more than this many times the best
     median so far is not run again (its one time is reported); None always
-    takes the median of ``find_repeat``. ``find_cold_ratio``: the warm-up run
+    takes the median of ``find_repeat``. ``find_skip_ratio``: a config that
+    ran more than this many times the best of its find() at every other batch
+    size of the kernel found before is not timed again (Note [far behind at
+    another size]; None, the default, times it). ``find_cold_ratio``: the warm-up run
     is timed, and a candidate whose warm-up already took more than this many
-    times the best median so far (and over :data:`COLD_PROBE_FLOOR_MS` more) is
-    reported with that one time (Note [cold probe]); None: never.
+    times the best median so far (and over
+    :data:`~mucudnn.backends.graph_candidates.COLD_PROBE_FLOOR_MS` more),
+    less what its launch call spent loading kernels, is reported with that
+    one time (Note [cold probe]); None: never.
     ``find_rtc``: which configs of engines that compile kernels at run time
     find() finalizes and times: ``"none"`` (default: unless nothing else is
     a candidate), ``"first"`` (those a heuristics mode ranks first among the
@@ -441,7 +253,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_prefilter: bool = True, find_top_k: Optional[int] = 6,
                  find_probe_ratio: Optional[float] = 1.5,
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
-                 find_retime: int = 2,
+                 find_retime: int = 2, find_skip_ratio: Optional[float] = None,
                  search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
@@ -478,6 +290,9 @@ class CudnnGraphBackend(DeviceBackend):
             raise ValueError(f"find_rtc: expected one of {RTC_CHOICES}, got {find_rtc!r}")
         if isinstance(find_retime, bool) or not isinstance(find_retime, int) or find_retime < 0:
             raise ValueError(f"find_retime: expected an int >= 0, got {find_retime!r}")
+        if find_skip_ratio is not None and not float(find_skip_ratio) > 1.0:
+            raise ValueError(f"find_skip_ratio: expected None or a number > 1, got "
+                             f"{find_skip_ratio!r}")
         super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
         self.heuristic_modes = tuple(modes)
         self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
@@ -488,6 +303,7 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_cold_ratio = None if find_cold_ratio is None else float(find_cold_ratio)
         self.find_rtc = find_rtc
         self.find_retime = find_retime
+        self.find_skip_ratio = None if find_skip_ratio is None else float(find_skip_ratio)
         self.search = search
         # Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
@@ -504,6 +320,10 @@ class CudnnGraphBackend(DeviceBackend):
                                                on_evict=lambda _k, g: g.evict())
         self._plans: LRU[tuple, _Plan] = LRU("cudnn_graph.plans", self.plan_cache_size,
                                              on_evict=lambda _k, p: p.evict())
+        #: Note [far behind at another size]: per kernel (batch 1) and direction,
+        #: each config's least time over its find()'s best
+        self._behind: LRU[tuple, dict[str, float]] = LRU("cudnn_graph.behind",
+                                                         self.graph_cache_size)
 
     # -- caches ------------------------------------------------------------------------
     @staticmethod
@@ -550,6 +370,7 @@ class CudnnGraphBackend(DeviceBackend):
             self._drain_releases()
             self._plans.clear()
             self._graphs.clear()
+            self._behind.clear()
 
     def close(self) -> None:
         """Release plans, graphs, find()'s finalizing threads and scratch, and the
@@ -831,10 +652,17 @@ class CudnnGraphBackend(DeviceBackend):
             prof.skipped += len(infos) - len(cands)
             with self._lock:
                 rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
-            kept = _cut(cands, self.find_top_k, rankings)
+            kept = top_k_cut(cands, self.find_top_k, rankings)
             prof.cut += len(cands) - len(kept)
-            cands = _rtc_cut(kept, self.find_rtc, rankings)
+            cands = rtc_cut(kept, self.find_rtc, rankings)
             prof.rtc_cut += len(kept) - len(cands)
+            kernel = (problem.with_batch(1).key(), direction.value)
+            if self.find_skip_ratio is not None:
+                with self._lock:
+                    behind = dict(self._behind.get(kernel) or {})
+                near = far_cut(cands, behind, self.find_skip_ratio)
+                prof.far_cut += len(cands) - len(near)
+                cands = near
             if self.search == "knobs":
                 # Note [knob search]: the knob space after heuristics' own configs.
                 have = {c.id for c in cands}
@@ -850,6 +678,13 @@ class CudnnGraphBackend(DeviceBackend):
                 t = time.perf_counter()
                 out = self._retime_best(problem, direction, out, timed)
                 prof.timing_s += time.perf_counter() - t
+            if self.find_skip_ratio is not None and out:
+                with self._lock:
+                    seen = self._behind.get(kernel)
+                    if seen is None:
+                        seen = {}
+                        self._behind.put(kernel, seen)
+                    note_ratios(seen, out)
         prof.calls += 1
         prof.timed += len(out)
         prof.total_s += time.perf_counter() - t_start
@@ -877,7 +712,7 @@ class CudnnGraphBackend(DeviceBackend):
             acc = (self._accumulate_need(problem, direction, info.id)
                    if direction is Direction.BACKWARD_FILTER else 0)
             found.append((p, info, p.workspace_bytes, acc))
-        plans, refused = _fitting(found, want)
+        plans, refused = fitting(found, want)
         prof.no_accumulate += refused
         t = time.perf_counter()
         out = self._time_plans(problem, direction, plans, timed) if plans else []
@@ -904,7 +739,7 @@ class CudnnGraphBackend(DeviceBackend):
                 continue
             p, pack, run = self._find_run(problem, direction, p, ptrs, ws_ptr)
             try:
-                call = _FirstTimed(run, prof)
+                call = FirstTimed(run, prof)
                 warmup = self.find_warmup
                 times = []
                 if cold is not None and best < math.inf and warmup > 0:
@@ -912,7 +747,7 @@ class CudnnGraphBackend(DeviceBackend):
                     first = time_on_stream(call, self.stream, warmup=0, repeat=1)[0]
                     warmup -= 1
                     prof.gpu_s += first / 1e3
-                    if _cold_out(first, call.host_s * 1e3, best, cold):
+                    if cold_out(first, call.host_s * 1e3, best, cold):
                         prof.cold_out += 1
                         times = [first]
                 if not times:

@@ -1,0 +1,282 @@
+"""Which engine configurations cudnn-graph's find() times, and how it judges
+them: the rules of Notes [find cut-offs], [cold probe], [runtime-compiled
+engines], [beta and workspace] and [knob search], as functions of what
+heuristics and the engine configs report. No device work here;
+:class:`~mucudnn.backends.cudnn_graph.CudnnGraphBackend` applies them.
+
+>>> numerics_allowed("fma", [int(Note.TENSOR_CORE)])
+False
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, MutableMapping, Optional, Sequence
+
+from .._cudnn import graph_descriptors as gd
+from .._cudnn.enums import BackendBehaviorNote as Behavior
+from .._cudnn.enums import BackendNumericalNote as Note
+
+__all__ = ["COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed", "cold_out",
+           "far_cut", "fitting", "knob_variants", "note_ratios", "numerics_allowed", "rtc_cut",
+           "top_k_cut"]
+
+
+#: find()'s search spaces (Note [knob search]).
+SEARCH_MODES = ("heuristics", "knobs")
+
+
+def numerics_allowed(math: str, numerical_notes: Sequence[int]) -> bool:
+    """Whether an engine with ``numerical_notes`` may run a problem of math mode ``math``."""
+    notes = {int(n) for n in numerical_notes}
+    if math == "tensor_op_allow_conversion":
+        return True
+    if int(Note.REDUCED_PRECISION_REDUCTION) in notes or int(Note.DOWN_CONVERT_INPUTS) in notes:
+        return False
+    if math == "fma" and int(Note.TENSOR_CORE) in notes:
+        return False
+    return True
+
+
+#: Note [cold probe]: a warm-up run must also be at least this much slower than
+#: the best so far to end a candidate's timing (covers lazy module loading).
+COLD_PROBE_FLOOR_MS = 1.0
+
+# Note [cold probe]: timing is most of a cold find() (65-78% on the H200 after
+# the cut-offs; docs/BENCHMARKS.md "Cold start"), and most of that goes to
+# candidates far behind the best: a backward-filter engine at 185 ms beside one
+# at 3.3 ms still ran twice (warm-up, then the probe run of Note [find
+# cut-offs]). The warm-up run is now timed as well, and a candidate whose
+# warm-up took more than ``find_cold_ratio`` (4) times the best median so far,
+# and over COLD_PROBE_FLOOR_MS more, stops there, reported with that time. A
+# first run includes one-time costs (CUDA's lazy module loading of the kernel,
+# cold caches), so it can only overstate: the ratio is wider than the probe's
+# 1.5 and the floor keeps short kernels, whose first run is mostly loading,
+# from being judged by it. What is reported for such a candidate is its first
+# run, an upper bound; it was far behind the best either way.
+# The floor was not enough: on the H200 AlexNet conv2's backward-filter at 16
+# rows has an engine (17) that runs in 0.087 ms, against 0.135 ms for the best
+# other one, but whose first run took 1.32 ms, nearly all of it loading its
+# kernel, so find() reported it at 1.32 ms and the plans lost 0.5 ms (3%) to
+# it (docs/BENCHMARKS.md, "Eighth session"). Loading happens in the host's
+# launch call while the GPU waits between the two events, so the host seconds
+# of that call (``FirstTimed``) are taken off the warm-up's time before it is
+# judged (``_cold_out``).
+
+
+def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
+         rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
+    """Note [find cut-offs]: of the candidates (which fit the cap), those among
+    the ``k`` best-ranked of some heuristics mode's ranking (``rankings``: mode
+    -> config ids, best first), plus the best-ranked one known to need no
+    workspace, which runs under any limit (a plan for a tight budget, or a
+    re-plan when memory runs out); in heuristics order.
+
+    Timing every candidate is what makes a cold find() slow: a network's
+    kernels have about thirty candidates per micro-batch size, and most of
+    the time goes to the slow ones that heuristics rank last. Each mode keeps
+    its own best (mode A's ranking alone missed AlexNet's best backward-filter
+    engines, which only FALLBACK names). Cutting is checked against timing
+    everything on the bench networks (executed plan totals, docs/BENCHMARKS.md,
+    "Cold start").
+    """
+    if k is None or len(cands) <= k:
+        return list(cands)
+    allowed = {c.id for c in cands}
+    keep: set[str] = set()
+    for ids in rankings.values():
+        keep.update([i for i in ids if i in allowed][:k])
+    if not any(c.workspace_bytes == 0 for c in cands if c.id in keep):
+        zero = next((c for c in cands if c.workspace_bytes == 0), None)
+        if zero is not None:
+            keep.add(zero.id)
+    return [c for c in cands if c.id in keep]
+
+
+# Note [runtime-compiled engines]: some engines (behaviour note
+# RUNTIME_COMPILATION) generate and compile their kernels when a plan is
+# finalized, for that problem. On a machine whose CUDA JIT cache has never seen
+# them (tools/cold_start.py --jit-cache fresh) they are nearly all of a cold
+# find()'s finalization: on the H200 (cuDNN 9.19, docs/BENCHMARKS.md, "Seventh
+# session") 43 of ResNet-18's 901 finalized plans took 10.4 of the 14.1 s the
+# finalizing threads spent (AlexNet 27 of 620: 9.6 of 12.4 s; ResNet-50 74 of
+# 1864: 16.0 of 21.6 s), about 0.25-0.35 s each, and the finalize wall time was
+# about their sum: the compilations do not overlap on the thread pool.
+# ``find_rtc`` chooses which of them find() finalizes: "all", "first" (a
+# config that some heuristics mode ranks first among the candidates) or
+# "none"; where only such configs are candidates, all of them are kept. The
+# default is "none": in one run on one machine (fresh JIT caches, 64 MiB WR)
+# it optimised ResNet-18 in 11.8 s instead of 23.3 s with executed plans of
+# 16.08 vs 16.33 ms, AlexNet in 13.4 vs 22.9 s at 15.14 vs 14.82 ms (+2.1%;
+# "first", which kept no runtime-compiled config there, gave 15.26 ms: the
+# run-to-run spread is about 1%), ResNet-50 in 17.8 s (30.4 s with them in
+# another run); PyTorch's first iteration took 24.6, 19.0 and 30.8 s there.
+#: find_rtc values (Note [runtime-compiled engines]).
+RTC_CHOICES = ("all", "first", "none")
+
+
+def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
+             rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
+    """Note [runtime-compiled engines]: ``cands`` without the configs of engines
+    that compile their kernels at run time, except (``rule="first"``) one
+    that some heuristics mode ranks first among ``cands``; all of them for
+    ``"all"``, and all of them where nothing else would be left.
+
+    >>> rtc = int(Behavior.RUNTIME_COMPILATION)
+    >>> c = [gd.EngineConfigInfo(i, (), (), (rtc,) if i < 2 else ()) for i in range(4)]
+    >>> [x.global_index for x in rtc_cut(c, "first", {"A": ["e1", "e0", "e2"]})]
+    [1, 2, 3]
+    >>> [x.global_index for x in rtc_cut(c, "none", {"A": ["e1"]})]
+    [2, 3]
+    >>> [x.global_index for x in rtc_cut(c[:2], "none", {})]
+    [0, 1]
+    """
+    if rule == "all":
+        return list(cands)
+    rtc = int(Behavior.RUNTIME_COMPILATION)
+    first: set[str] = set()
+    if rule == "first":
+        allowed = {c.id for c in cands}
+        for ids in rankings.values():
+            top = next((i for i in ids if i in allowed), None)
+            if top is not None:
+                first.add(top)
+    keep = [c for c in cands if rtc not in c.behavior_notes or c.id in first]
+    return keep or list(cands)
+
+
+def fitting(found: list[tuple[Any, Any, int, Optional[int]]],
+             want: int) -> tuple[list[tuple[Any, Any, int]], int]:
+    """Note [beta and workspace]: of ``(plan, config, beta = 0 need, beta = 1
+    need)`` entries (the last None where cuDNN refuses the config with beta =
+    1, so it cannot accumulate micro-batches), the ``(plan, config, need)``
+    to time: need = the larger of the two, at most ``want``. Configs that
+    cannot accumulate are left out while any other fits (their count comes
+    back too); otherwise they are kept at their beta = 0 need, as they still
+    run a whole batch in one call.
+
+    >>> fitting([("p", "a", 10, 30), ("q", "b", 5, None), ("r", "c", 90, 0)], 50)
+    ([('p', 'a', 30)], 1)
+    >>> fitting([("q", "b", 5, None), ("r", "c", 90, 0)], 50)
+    ([('q', 'b', 5)], 0)
+    """
+    plans = [(p, c, max(n0, n1)) for p, c, n0, n1 in found
+             if n1 is not None and max(n0, n1) <= want]
+    lone = [(p, c, n0) for p, c, n0, n1 in found if n1 is None and n0 <= want]
+    return (plans, len(lone)) if plans else (lone, 0)
+
+
+def knob_variants(base: Sequence[tuple[int, int]], knobs: Sequence[gd.KnobInfo],
+                  values: int) -> list[tuple[tuple[int, int], ...]]:
+    """Note [knob search]: the knob settings tried around ``base`` (an engine
+    config's knob choices): ``base`` itself, then each knob moved alone through
+    up to ``values`` of its values, the others kept; sorted knob tuples, no
+    repeats.
+
+    >>> knob_variants([(2, 1)], [gd.KnobInfo(2, 0, 2), gd.KnobInfo(3, 0, 1)], 6)
+    [((2, 1),), ((2, 0),), ((2, 2),), ((2, 1), (3, 0)), ((2, 1), (3, 1))]
+    """
+    start = dict(base)
+    out: dict[tuple[tuple[int, int], ...], None] = {tuple(sorted(start.items())): None}
+    for k in knobs:
+        for v in k.values(values):
+            d = dict(start)
+            d[k.knob_type] = v
+            out.setdefault(tuple(sorted(d.items())), None)
+    return list(out)
+
+
+class FirstTimed:
+    """``run`` whose first call's host seconds go to ``prof.first_launch_s``
+    and ``host_s`` (a plan's first launch loads its kernels); later calls are
+    ``run`` alone."""
+
+    __slots__ = ("run", "prof", "first", "host_s")
+
+    def __init__(self, run: Any, prof: Any) -> None:
+        self.run, self.prof, self.first, self.host_s = run, prof, True, 0.0
+
+    def __call__(self) -> Any:
+        if not self.first:
+            return self.run()
+        self.first = False
+        t = time.perf_counter()
+        try:
+            return self.run()
+        finally:
+            self.host_s = time.perf_counter() - t
+            self.prof.first_launch_s += self.host_s
+
+
+def cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) -> bool:
+    """Note [cold probe]: whether a candidate whose warm-up run took ``first_ms``
+    on the GPU clock, of which ``launch_ms`` the host spent in the launch call
+    (loading the kernels, while the GPU waited), is far enough behind the best
+    median so far to stop timing it.
+
+    >>> cold_out(1.32, 0.0, 0.135, 4.0)   # slow, or so it seems
+    True
+    >>> cold_out(1.32, 1.20, 0.135, 4.0)  # its first launch loaded the kernel
+    False
+    """
+    return first_ms - launch_ms > max(ratio * best_ms, best_ms + COLD_PROBE_FLOOR_MS)
+
+
+# Note [far behind at another size]: a benchmark finds one kernel at several
+# batch sizes (Note [size pruning]: largest first) and times much the same
+# engine configs at each. On the H200 (cuDNN 9.19, 64 MiB, docs/BENCHMARKS.md,
+# "Eighth session") the engines that ran more than 20 times slower than the
+# best of their find() (engines 0 and 1, which heuristics name among their
+# first six) took 4.1 s of AlexNet's single-run times, against 7.1 s of GPU
+# time in all of its cold find(), and 1.0 of ResNet-18's 2.3 s: AlexNet
+# conv1's backward-data runs 0.44 and 0.89 s at batch 256 where the best takes
+# 2.7 ms, and the same two again at every smaller size (14-440 ms). With
+# ``find_skip_ratio`` r, a config whose time was more than r times the best of
+# its find() at every size of the kernel timed so far is neither finalized nor
+# timed at the next size. The best-ranked config that needs no workspace stays
+# where it would be the only one (the plan for a tight budget, Note [find
+# cut-offs]).
+
+
+def far_cut(cands: Sequence[gd.EngineConfigInfo], behind: Mapping[str, float],
+            ratio: Optional[float]) -> list[gd.EngineConfigInfo]:
+    """Note [far behind at another size]: ``cands`` without those whose least
+    time over the best of a find() at another size (``behind``: config id ->
+    ratio) is over ``ratio``; None keeps them all.
+
+    >>> c = [gd.EngineConfigInfo(i, (), (), (), workspace_bytes=w)
+    ...      for i, w in ((5, 1 << 20), (0, 0), (1, 0))]
+    >>> [x.global_index for x in far_cut(c, {"e0": 160.0, "e1": 330.0, "e5": 1.0}, 16.0)]
+    [5, 0]
+    >>> [x.global_index for x in far_cut(c, {"e0": 3.0}, 16.0)]
+    [5, 0, 1]
+    """
+    if ratio is None or not behind:
+        return list(cands)
+    keep = [c for c in cands if behind.get(c.id, 0.0) <= ratio]
+    if not any(c.workspace_bytes == 0 for c in keep):
+        zero = next((c for c in cands if c.workspace_bytes == 0), None)
+        if zero is not None:
+            keep = [c for c in cands if c in keep or c is zero]
+    return keep
+
+
+def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> None:
+    """Note [far behind at another size]: record each result's time over the
+    best of ``results`` (AlgoPerf-like: ``algo``, ``time_ms``), keeping each
+    config's least ratio.
+
+    >>> from types import SimpleNamespace as R
+    >>> b = {"e0": 40.0}
+    >>> note_ratios(b, [R(algo="e0", time_ms=30.0), R(algo="e25", time_ms=1.5)])
+    >>> b
+    {'e0': 20.0, 'e25': 1.0}
+    """
+    times = [r.time_ms for r in results if r.time_ms > 0]
+    if not times:
+        return
+    best = min(times)
+    for r in results:
+        if r.time_ms > 0:
+            key = str(r.algo)
+            behind[key] = min(behind.get(key, float("inf")), r.time_ms / best)
