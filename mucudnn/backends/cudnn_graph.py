@@ -217,7 +217,7 @@ class CudnnGraphBackend(DeviceBackend):
     candidate whose first timed run is more than this many times the best
     median so far is not run again (its one time is reported); None always
     takes the median of ``find_repeat``. ``find_skip_ratio``: a config that
-    ran more than this many times the best of its find() at every other batch
+    ran more than this many times the best of its find() at every batch
     size of the kernel found before is not timed again (Note [far behind at
     another size]; None, the default, times it). ``find_cold_ratio``: the warm-up run
     is timed, and a candidate whose warm-up already took more than this many

@@ -111,6 +111,9 @@ def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
 # "first", which kept no runtime-compiled config there, gave 15.26 ms: the
 # run-to-run spread is about 1%), ResNet-50 in 17.8 s (30.4 s with them in
 # another run); PyTorch's first iteration took 24.6, 19.0 and 30.8 s there.
+# In bfloat16 channels-last (AMP; "Eighth session") "all" cost 6-8 s more for
+# plans 0.5-1.2% faster (ResNet-18, AlexNet), so "none" is the default there
+# too.
 #: find_rtc values (Note [runtime-compiled engines]).
 RTC_CHOICES = ("all", "first", "none")
 
