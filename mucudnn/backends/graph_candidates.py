@@ -133,6 +133,8 @@ def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
     [2, 3]
     >>> [x.global_index for x in rtc_cut(c[:2], "none", {})]
     [0, 1]
+    >>> [x.global_index for x in rtc_cut(c[:2], "first", {"A": ["e1"]})]
+    [0, 1]
     """
     if rule == "all":
         return list(cands)
@@ -144,8 +146,9 @@ def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
             top = next((i for i in ids if i in allowed), None)
             if top is not None:
                 first.add(top)
-    keep = [c for c in cands if rtc not in c.behavior_notes or c.id in first]
-    return keep or list(cands)
+    if all(rtc in c.behavior_notes for c in cands):
+        return list(cands)  # nothing else would be left, whatever the rule
+    return [c for c in cands if rtc not in c.behavior_notes or c.id in first]
 
 
 def fitting(found: list[tuple[Any, Any, int, Optional[int]]],
