@@ -76,7 +76,11 @@ def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
     cells = cs._breakdown(p.as_dict()).split(" | ")
     assert len(cells) == cs.BREAKDOWN_COLUMNS
     assert cells[1] == "2.0 (runtime-compiled 4: 3.0 of 3.5 thread s; 7 left out)"
+    assert cells[5] == "0"
     assert cs._breakdown({}) == " | ".join(["-"] * cs.BREAKDOWN_COLUMNS)
+    # find_skip_ratio's cut shows beside the rank cut (Note [far behind at another size])
+    p.cut, p.far_cut = 12, 5
+    assert cs._breakdown(p.as_dict()).split(" | ")[5] == "12 (+5 far behind)"
 
 
 def test_keep_caches_reaches_every_worker(cs, tmp_path, monkeypatch):

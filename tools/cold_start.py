@@ -294,10 +294,12 @@ def _breakdown(pr: dict[str, Any]) -> str:
     rtc = (f" (runtime-compiled {pr.get('finalized_rtc', 0)}: "
            f"{pr.get('finalize_rtc_s', 0):.1f} of {pr.get('finalize_thread_s', 0):.1f} "
            f"thread s; {pr.get('rtc_cut', 0)} left out)")
+    # Note [far behind at another size]: find_skip_ratio's cut, where it ran
+    far = f" (+{pr['far_cut']} far behind)" if pr.get("far_cut") else ""
     return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f}{rtc} | "
             f"{pr['timing_s']:.1f} (first launches {pr.get('first_launch_s', 0):.1f}, "
             f"GPU {pr.get('gpu_s', 0):.1f}, scratch {pr.get('scratch_s', 0):.1f}) | "
-            f"{pr['configs']} | {pr['skipped']} | {pr['cut']} | "
+            f"{pr['configs']} | {pr['skipped']} | {pr['cut']}{far} | "
             f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)} | "
             f"{pr['workspace_mismatch']}")
 
