@@ -7,6 +7,7 @@
 #   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
+#   QUALITY_CONFIGS="default skip16" bash tools/gpu_run.sh tests quality  # find() configs vs exhaustive
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
@@ -27,8 +28,9 @@ summary+=("env: $(tr '\n' ' ' < "$OUT/env.txt")")
 for stage in "$@"; do
   case "$stage" in
     tests)
-      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-        ${PYTEST_ARGS:-} tests > "$OUT/gpu-tests.log" 2>&1
+      # -v: a hang or crash shows which test it was in (faulthandler dumps the stacks)
+      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -v -m gpu -p no:cacheprovider \
+        -o faulthandler_timeout=60 ${PYTEST_ARGS:-} tests > "$OUT/gpu-tests.log" 2>&1
       summary+=("gpu tests (rc $?): $(tail -1 "$OUT/gpu-tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 > "$OUT/gpu-failures.txt"
       ;;
@@ -60,6 +62,21 @@ for stage in "$@"; do
       timeout "${COLD_TIMEOUT:-560}" python3 tools/cold_start.py --torch ${COLD_ARGS:-} \
         --json "$OUT/cold.json" > "$OUT/cold.txt" 2>&1
       summary+=("cold (rc $?):" "$(grep '^|' "$OUT/cold.txt")")
+      ;;
+    quality)  # cold runs of find() configurations, each priced at the exhaustive run's
+      # measurements (tools/plan_quality.py): selection loss against timing everything
+      timeout "${COLD_TIMEOUT:-400}" python3 tools/cold_start.py --torch --jit-cache fresh \
+        --nets ${NETS:-alexnet resnet18} --configs ${QUALITY_CONFIGS:-default} exhaustive \
+        --keep-caches "$OUT/caches" --json "$OUT/quality.json" > "$OUT/quality.txt" 2>&1
+      summary+=("quality (rc $?):" "$(grep '^|' "$OUT/quality.txt")")
+      for net in ${NETS:-alexnet resnet18}; do
+        for config in ${QUALITY_CONFIGS:-default}; do
+          [ -f "$OUT/caches/$net-$config.sqlite" ] || continue
+          python3 tools/plan_quality.py --net "$net" --cache "$OUT/caches/$net-$config.sqlite" \
+            --reference "$OUT/caches/$net-exhaustive.sqlite" > "$OUT/quality-$net-$config.md" 2>&1
+          summary+=("priced $net $config vs exhaustive: $(tail -1 "$OUT/quality-$net-$config.md")")
+        done
+      done
       ;;
     graph-replay)
       timeout 300 python3 tools/bench_graph_replay.py --json "$OUT/graph-replay.json" \
