@@ -656,8 +656,8 @@ class CudnnGraphBackend(DeviceBackend):
             prof.cut += len(cands) - len(kept)
             cands = rtc_cut(kept, self.find_rtc, rankings)
             prof.rtc_cut += len(kept) - len(cands)
-            kernel = (problem.with_batch(1).key(), direction.value)
             if self.find_skip_ratio is not None:
+                kernel = (problem.with_batch(1).key(), direction.value)
                 with self._lock:
                     behind = dict(self._behind.get(kernel) or {})
                 near = far_cut(cands, behind, self.find_skip_ratio)
@@ -680,11 +680,7 @@ class CudnnGraphBackend(DeviceBackend):
                 prof.timing_s += time.perf_counter() - t
             if self.find_skip_ratio is not None and out:
                 with self._lock:
-                    seen = self._behind.get(kernel)
-                    if seen is None:
-                        seen = {}
-                        self._behind.put(kernel, seen)
-                    note_ratios(seen, out)
+                    note_ratios(self._behind.get_or_create(kernel, dict), out)
         prof.calls += 1
         prof.timed += len(out)
         prof.total_s += time.perf_counter() - t_start
@@ -806,15 +802,14 @@ class CudnnGraphBackend(DeviceBackend):
         """``out`` with its ``find_retime`` fastest entries timed again (Note
         [re-timing the winners]); ``timed``: their plans, by config id."""
         best = sorted(range(len(out)), key=lambda i: out[i].time_ms)[:self.find_retime]
+        plans = {i: timed[str(out[i].algo)] for i in best}
         out = list(out)
         ptrs = self._find_pointers(problem, direction)
-        ws_ptr, have = self._find_workspace(max(timed[str(out[i].algo)].workspace_bytes
-                                                for i in best))
-        for i in best:
-            if timed[str(out[i].algo)].workspace_bytes > have:  # pragma: no cover
+        ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p in plans.values()))
+        for i, plan in plans.items():
+            if plan.workspace_bytes > have:  # pragma: no cover
                 continue  # the scratch shrank meanwhile (allocation failed): keep the time
-            p, pack, run = self._find_run(problem, direction, timed[str(out[i].algo)], ptrs,
-                                          ws_ptr)
+            p, pack, run = self._find_run(problem, direction, plan, ptrs, ws_ptr)
             try:
                 times = time_on_stream(run, self.stream, warmup=self.find_warmup,
                                        repeat=self.find_repeat)
