@@ -78,10 +78,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # how find() worked before: one thread, every candidate finalized and timed
     "serial": dict(find_threads=1, find_prefilter=False, find_top_k=None,
                    find_probe_ratio=None, find_cold_ratio=None, find_rtc="all",
-                   prune_sizes=False),
+                   find_skip_ratio=None, prune_sizes=False),
     # every size, every candidate that fits the cap, each timed fully
     "exhaustive": dict(find_top_k=None, find_probe_ratio=None, find_cold_ratio=None,
-                       find_rtc="all", prune_sizes=False),
+                       find_rtc="all", find_skip_ratio=None, prune_sizes=False),
     # the defaults without the timed warm-up run (Note [cold probe])
     "no-cold-probe": dict(find_cold_ratio=None),
     # the defaults: the 8 best-ranked candidates (+ one without workspace), probing
@@ -97,8 +97,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # fastest again, warm; without it, and with four
     "no-retime": dict(find_retime=0),
     "retime4": dict(find_retime=4),
-    # Note [far behind at another size]: configs 16x behind at a larger size skipped
-    "skip16": dict(find_skip_ratio=16.0),
+    # Note [far behind at another size]: the default skips configs 16x behind at
+    # a larger size; without that cut, and with a tighter one
+    "no-skip": dict(find_skip_ratio=None),
+    "skip4": dict(find_skip_ratio=4.0),
 }
 
 

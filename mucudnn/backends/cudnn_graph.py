@@ -219,9 +219,10 @@ class CudnnGraphBackend(DeviceBackend):
     takes the median of ``find_repeat``. ``find_skip_ratio``: a config that
     ran more than this many times the best of its find() at every batch
     size of the kernel found before is not timed again (Note [far behind at
-    another size]; None, the default, times it). ``find_cold_ratio``: the warm-up run
-    is timed, and a candidate whose warm-up already took more than this many
-    times the best median so far (and over
+    another size]; default 16; None times it at every size).
+    ``find_cold_ratio``: the warm-up run is timed, and a candidate whose
+    warm-up already took more than this many times the best median so far
+    (and over
     :data:`~mucudnn.backends.graph_candidates.COLD_PROBE_FLOOR_MS` more),
     less what its launch call spent loading kernels, is reported with that
     one time (Note [cold probe]); None: never.
@@ -253,7 +254,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_prefilter: bool = True, find_top_k: Optional[int] = 6,
                  find_probe_ratio: Optional[float] = 1.5,
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
-                 find_retime: int = 2, find_skip_ratio: Optional[float] = None,
+                 find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
                  search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,

@@ -242,6 +242,13 @@ def cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) ->
 # timed at the next size. The best-ranked config that needs no workspace stays
 # where it would be the only one (the plan for a tight budget, Note [find
 # cut-offs]).
+#
+# r = 16 is the default since the ninth session's H200 run (BENCHMARKS,
+# "Ninth session"; fresh JIT cache, same call): AlexNet's cold optimisation
+# 13.2 -> 11.5 s (39 configs cut; timing's GPU time 7.1 -> 5.1 s), ResNet-18's
+# 10.8 -> 9.8 s (59 cut), with the plans, priced at the exhaustive run's
+# measurements (tools/plan_quality.py), at 13.87 vs 13.84 ms and 15.85 vs
+# 16.21 ms (exhaustive: 13.86 and 15.90): no loss of plan quality.
 
 
 def far_cut(cands: Sequence[gd.EngineConfigInfo], behind: Mapping[str, float],
