@@ -462,9 +462,8 @@ def test_engine_knob_infos_are_readable_ranges():
 def test_knob_search_adds_configs_that_run_correctly(direction):
     """Note [knob search]: search="knobs" times heuristics' configs plus knob
     settings around them; every config it reports fits the limit and computes
-    the convolution (checked against float64), and its best is no slower than
-    a third over the heuristics-only best (both are timed on the same GPU;
-    usually it is faster or equal)."""
+    the convolution (checked against float64), and every config the
+    heuristics-only search timed is timed by it too."""
     p = problem("2d-nchw", "float32", "default")
     limit = 2 * MiB
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
@@ -479,7 +478,9 @@ def test_knob_search_adds_configs_that_run_correctly(direction):
         assert prof.knob_configs >= 1 and prof.knob_s > 0
         assert len(res) > len(base) - 1
         assert all(r.workspace_bytes <= limit for r in res)
-        assert min(r.time_ms for r in res) <= 1.34 * min(r.time_ms for r in base)
+        # heuristics' own configs are all still candidates (Note [knob search]);
+        # which of them runs fastest is a benchmark's question, not a test's
+        assert {q.algo for q in base} <= {r.algo for r in res}
         rng = np.random.default_rng(5)
         hx, hw, hy = _host(p, rng)
         want = reference(p, direction, hx, hw, hy)
