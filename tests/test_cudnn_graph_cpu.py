@@ -489,6 +489,9 @@ def test_graph_backend_without_gpu_raises_no_device():
         CudnnGraphBackend(find_rtc="some")
     with pytest.raises(ValueError, match="find_skip_ratio: expected None or a number > 1"):
         CudnnGraphBackend(find_skip_ratio=1.0)
+    for bad in (0, -5.0):
+        with pytest.raises(ValueError, match="find_long_ms: expected None or a number of ms > 0"):
+            CudnnGraphBackend(find_long_ms=bad)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="find_retime: expected an int >= 0"):
             CudnnGraphBackend(find_retime=bad)

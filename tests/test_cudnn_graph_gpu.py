@@ -383,6 +383,26 @@ def test_cold_probe_reports_every_candidate(monkeypatch):
         CudnnGraphBackend(find_cold_ratio=1.0)
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_long_runs_are_timed_once(direction):
+    """Note [long runs]: with find_long_ms below every run, each candidate is
+    timed by its warm-up run alone (counted in long_runs) and nothing is
+    re-timed; find() still reports the candidates it reports without the
+    rule, each with a positive time no more than the GPU seconds spent."""
+    p = problem("2d-nchw", "float32", "default")
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_long_ms=None) as b:
+        full = {r.algo for r in b.find(p, direction, 8 * MiB)}
+        assert b.find_profile.long_runs == 0 and b.find_profile.retimed > 0
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_long_ms=1e-6) as b:
+        res = b.find(p, direction, 8 * MiB)
+        prof = b.find_profile
+        assert {r.algo for r in res} == full
+        assert prof.timed == len(res) and prof.long_runs + prof.cold_out <= prof.timed
+        assert prof.long_runs >= 1 and prof.retimed == 0
+        assert all(r.time_ms > 0 for r in res)
+        assert sum(r.time_ms for r in res) / 1e3 <= prof.gpu_s
+
+
 def _owned_config_info(cfg):
     """engine_config_info's reading through descriptors the caller creates and
     owns: the reference for the read scratch."""

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
-from mucudnn.backends.graph_candidates import (far_cut, fitting, note_ratios, rtc_cut,
+from mucudnn.backends.graph_candidates import (far_cut, fitting, long_run, note_ratios, rtc_cut,
                                                top_k_cut)
 
 RTC = int(Behavior.RUNTIME_COMPILATION)
@@ -131,3 +131,16 @@ def test_fitting_prefers_configs_that_accumulate(needs, want):
     else:
         assert plans == lone and refused == 0
     assert all(need <= want for _p, _c, need in plans)
+
+
+@given(first=st.floats(0.0, 2000.0), launch=st.floats(-1.0, 50.0),
+       long_ms=st.one_of(st.none(), st.floats(0.001, 100.0)))
+def test_long_run_reports_the_warm_up_less_loading_at_or_over_the_bound(first, launch, long_ms):
+    """Note [long runs]: a warm-up run of at least ``long_ms`` once loading is
+    taken off is reported as that time; anything shorter, or no bound, is not."""
+    got = long_run(first, launch, long_ms)
+    t = first - max(0.0, launch)
+    if long_ms is None or t < long_ms:
+        assert got is None
+    else:
+        assert got == t and long_ms <= got <= first

@@ -78,10 +78,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # how find() worked before: one thread, every candidate finalized and timed
     "serial": dict(find_threads=1, find_prefilter=False, find_top_k=None,
                    find_probe_ratio=None, find_cold_ratio=None, find_rtc="all",
-                   find_skip_ratio=None, prune_sizes=False),
+                   find_skip_ratio=None, find_long_ms=None, prune_sizes=False),
     # every size, every candidate that fits the cap, each timed fully
     "exhaustive": dict(find_top_k=None, find_probe_ratio=None, find_cold_ratio=None,
-                       find_rtc="all", find_skip_ratio=None, prune_sizes=False),
+                       find_rtc="all", find_skip_ratio=None, find_long_ms=None,
+                       prune_sizes=False),
     # the defaults without the timed warm-up run (Note [cold probe])
     "no-cold-probe": dict(find_cold_ratio=None),
     # the defaults: the 8 best-ranked candidates (+ one without workspace), probing
@@ -101,6 +102,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # a larger size; without that cut, and with a tighter one
     "no-skip": dict(find_skip_ratio=None),
     "skip4": dict(find_skip_ratio=4.0),
+    # Note [long runs]: without the one-run timing of long runs
+    "no-long": dict(find_long_ms=None),
 }
 
 
@@ -302,7 +305,8 @@ def _breakdown(pr: dict[str, Any]) -> str:
             f"{pr['timing_s']:.1f} (first launches {pr.get('first_launch_s', 0):.1f}, "
             f"GPU {pr.get('gpu_s', 0):.1f}, scratch {pr.get('scratch_s', 0):.1f}) | "
             f"{pr['configs']} | {pr['skipped']} | {pr['cut']}{far} | "
-            f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)} | "
+            f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)}"
+            f" + {pr.get('long_runs', 0)} | "
             f"{pr['workspace_mismatch']}")
 
 
@@ -382,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" spread {r['spread']}" if r.get("spread") else ""), flush=True)
 
     print("| net | config | devices | process s | optimise s | sizes | heuristics s | finalize s "
-          "| timing s | candidates | skipped | cut | finalized | timed | probed out + cold out "
+          "| timing s | candidates | skipped | cut | finalized | timed "
+          "| probed out + cold out + long runs "
           "| ws mismatch | predicted ms | executed ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:

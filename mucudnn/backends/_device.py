@@ -95,7 +95,8 @@ class FindProfile:
     ``retimed``: results timed again by cudnn-graph's ``find_retime`` (Note
     [re-timing the winners]); ``far_cut``: configs not timed because they ran
     far behind at another batch size (cudnn-graph's ``find_skip_ratio``, Note
-    [far behind at another size]).
+    [far behind at another size]); ``long_runs``: plans timed by their warm-up
+    run only because it was long (Note [long runs]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -114,6 +115,7 @@ class FindProfile:
     far_cut: int = 0
     probed_out: int = 0
     cold_out: int = 0
+    long_runs: int = 0
     knob_configs: int = 0
     heuristics_s: float = 0.0
     knob_s: float = 0.0

@@ -61,9 +61,9 @@ from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
-from .graph_candidates import (RTC_CHOICES, SEARCH_MODES, FirstTimed, cold_out, far_cut,
-                               fitting, knob_variants, note_ratios, numerics_allowed, rtc_cut,
-                               top_k_cut)
+from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, FirstTimed, cold_out,
+                               far_cut, fitting, knob_variants, long_run, note_ratios,
+                               numerics_allowed, rtc_cut, top_k_cut)
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
@@ -232,7 +232,10 @@ class CudnnGraphBackend(DeviceBackend):
     candidates) or ``"all"`` (Note [runtime-compiled engines]).
     ``find_retime``: time the k fastest of each find() call again after all
     candidates ran, and report that (Note [re-timing the winners]; default
-    2, 0 does not). ``search``: ``"heuristics"`` (the
+    2, 0 does not). ``find_long_ms``: a candidate whose warm-up run took at
+    least this many milliseconds (less kernel loading) is reported with that
+    one time and not re-timed (Note [long runs]; None: timed as any other).
+    ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
     ``search_knob_values`` values tried per knob and at most
@@ -255,6 +258,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_probe_ratio: Optional[float] = 1.5,
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
                  find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
+                 find_long_ms: Optional[float] = LONG_RUN_MS,
                  search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
@@ -294,6 +298,9 @@ class CudnnGraphBackend(DeviceBackend):
         if find_skip_ratio is not None and not float(find_skip_ratio) > 1.0:
             raise ValueError(f"find_skip_ratio: expected None or a number > 1, got "
                              f"{find_skip_ratio!r}")
+        if find_long_ms is not None and not float(find_long_ms) > 0.0:
+            raise ValueError(f"find_long_ms: expected None or a number of ms > 0, got "
+                             f"{find_long_ms!r}")
         super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
         self.heuristic_modes = tuple(modes)
         self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
@@ -305,6 +312,7 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_rtc = find_rtc
         self.find_retime = find_retime
         self.find_skip_ratio = None if find_skip_ratio is None else float(find_skip_ratio)
+        self.find_long_ms = None if find_long_ms is None else float(find_long_ms)
         self.search = search
         # Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
@@ -739,14 +747,19 @@ class CudnnGraphBackend(DeviceBackend):
                 call = FirstTimed(run, prof)
                 warmup = self.find_warmup
                 times = []
-                if cold is not None and best < math.inf and warmup > 0:
-                    # Note [cold probe]: the warm-up run, timed
+                if warmup > 0:
+                    # Note [cold probe], Note [long runs]: the warm-up run, timed
                     first = time_on_stream(call, self.stream, warmup=0, repeat=1)[0]
                     warmup -= 1
                     prof.gpu_s += first / 1e3
-                    if cold_out(first, call.host_s * 1e3, best, cold):
+                    once = long_run(first, call.host_s * 1e3, self.find_long_ms)
+                    if (cold is not None and best < math.inf
+                            and cold_out(first, call.host_s * 1e3, best, cold)):
                         prof.cold_out += 1
                         times = [first]
+                    elif once is not None:
+                        prof.long_runs += 1
+                        times = [once]
                 if not times:
                     times = time_on_stream(call, self.stream, warmup=warmup, repeat=1)
                     if ratio is None or times[0] <= ratio * best:
@@ -803,7 +816,11 @@ class CudnnGraphBackend(DeviceBackend):
         """``out`` with its ``find_retime`` fastest entries timed again (Note
         [re-timing the winners]); ``timed``: their plans, by config id."""
         best = sorted(range(len(out)), key=lambda i: out[i].time_ms)[:self.find_retime]
-        plans = {i: timed[str(out[i].algo)] for i in best}
+        # Note [long runs]: their biases are microseconds; not run again
+        long_ms = math.inf if self.find_long_ms is None else self.find_long_ms
+        plans = {i: timed[str(out[i].algo)] for i in best if out[i].time_ms < long_ms}
+        if not plans:
+            return out
         out = list(out)
         ptrs = self._find_pointers(problem, direction)
         ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p in plans.values()))

@@ -228,6 +228,44 @@ def cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) ->
     return first_ms - launch_ms > max(ratio * best_ms, best_ms + COLD_PROBE_FLOOR_MS)
 
 
+# Note [long runs]: find() times each candidate by its warm-up run, then
+# ``find_repeat`` runs (their median), and re-times the fastest two (Note
+# [re-timing the winners]): up to eight runs. That matters for a config
+# heuristics offer where nothing faster fits: on the H200 (cuDNN 9.19, bf16
+# channels-last, 64 MiB; docs/BENCHMARKS.md, "Ninth session") AlexNet conv1's
+# backward-data at batch 256 and 128 had one candidate, engine 0, at 430 and
+# 215 ms, and the cold optimisation (21.9 s against PyTorch's 15.2 s) spent
+# 12.3 s of GPU time timing, most of it engine 0. The biases that the warm-up,
+# the median and re-timing remove are microseconds (kernel loading, an idle
+# GPU's clocks, Note [cold probe]); a run of LONG_RUN_MS or more is timed by
+# its warm-up run alone, less the host seconds its launch call spent loading
+# kernels, and is not re-timed.
+
+#: Note [long runs]: a warm-up run at least this long (less its launch call's
+#: loading) is the candidate's one timing.
+LONG_RUN_MS = 20.0
+
+
+def long_run(first_ms: float, launch_ms: float,
+             long_ms: Optional[float] = LONG_RUN_MS) -> Optional[float]:
+    """Note [long runs]: the time to report for a candidate whose warm-up run
+    took ``first_ms`` on the GPU clock, ``launch_ms`` of it in the host's
+    launch call, if that is a run of ``long_ms`` or more; None otherwise (and
+    always, for ``long_ms`` None).
+
+    >>> long_run(430.5, 0.5)
+    430.0
+    >>> long_run(21.0, 2.0) is None   # 19 ms once its kernels were loaded
+    True
+    >>> long_run(430.5, 0.5, None) is None
+    True
+    """
+    if long_ms is None:
+        return None
+    t = first_ms - max(0.0, launch_ms)
+    return t if t >= long_ms else None
+
+
 # Note [far behind at another size]: a benchmark finds one kernel at several
 # batch sizes (Note [size pruning]: largest first) and times much the same
 # engine configs at each. On the H200 (cuDNN 9.19, 64 MiB, docs/BENCHMARKS.md,
