@@ -492,6 +492,8 @@ def test_graph_backend_without_gpu_raises_no_device():
     for bad in (0, -5.0):
         with pytest.raises(ValueError, match="find_long_ms: expected None or a number of ms > 0"):
             CudnnGraphBackend(find_long_ms=bad)
+    with pytest.raises(ValueError, match="find_zero: expected one of"):
+        CudnnGraphBackend(find_zero="never")
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="find_retime: expected an int >= 0"):
             CudnnGraphBackend(find_retime=bad)

@@ -26,6 +26,7 @@ from mucudnn._cudnn.enums import BackendNumericalNote as Note
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.errors import UnsupportedConfigError
+from mucudnn.optimizer import benchmark, optimize_wr
 from conv_support import CASES, DIRECTIONS, MiB, FindMemo, backend_fixture, problem, \
     uniform_tensors
 from reference import reference, rel_err
@@ -296,6 +297,40 @@ def test_find_skip_ratio_skips_configs_far_behind_at_a_larger_size(direction):
         assert len(kept) <= 1 and all(got[a].workspace_bytes == 0 for a in kept)
         assert b.find_profile.far_cut >= len(far & set(plain)) - len(kept) >= 1
         assert set(got) <= set(plain) | far
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_find_zero_once_leaves_the_zero_workspace_config_to_one_find(direction):
+    """Note [one zero-workspace find per kernel]: with find_zero="once", find()
+    reports what the default reports less at most the one zero-workspace config
+    heuristics do not rank among the first k; a find() under a cap of 0 reports
+    only zero-workspace configs, and benchmark() adds them once, so a budget of
+    nothing still has a plan, whose configuration computes the convolution."""
+    p = problem("2d-nchw", "float32", "default")
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT) as b:
+        each = {r.algo: r for r in b.find(p, direction, 8 * MiB)}
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_zero="once") as b:
+        assert b.finds_zero_once
+        once = {r.algo: r for r in b.find(p, direction, 8 * MiB)}
+        extra = set(each) - set(once)
+        assert set(once) <= set(each) and len(extra) <= 1
+        assert all(each[a].workspace_bytes == 0 for a in extra)
+        zero = b.find(p, direction, 0)
+        assert zero and all(r.workspace_bytes == 0 for r in zero)
+        perf = benchmark(b, p, direction, "powerOfTwo", 8 * MiB, cache=False,
+                         progress=False, prune_sizes=True)
+        plan = optimize_wr(perf, p.batch, 0, "powerOfTwo")
+        assert plan.workspace_bytes == 0
+        mb = plan.micro_batches[0]
+        sub = p.with_batch(mb.size)
+        rng = np.random.default_rng(7)
+        hx, hw, hy = _host(sub, rng)
+        want = reference(sub, direction, hx, hw, hy)
+        x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
+        b.run(direction, mb.algo, mb.math_type, ConvTensors(sub, x, w, y), 1.0, 0.0,
+              b.alloc_workspace(1))
+        out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
+        assert rel_err(b.to_host(out), want) < 2e-2
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)

@@ -46,13 +46,17 @@ def test_far_cut_drops_only_configs_far_behind_and_keeps_one_without_workspace(d
     cands = data.draw(candidates())
     behind = {c.id: data.draw(st.floats(1.0, 500.0)) for c in cands if data.draw(st.booleans())}
     ratio = data.draw(st.one_of(st.none(), st.floats(1.5, 100.0)))
-    kept = far_cut(cands, behind, ratio)
+    keep_zero = data.draw(st.booleans())
+    kept = far_cut(cands, behind, ratio, keep_zero)
     assert kept == [c for c in cands if c in kept]  # a subsequence, in order
     if ratio is None:
         assert kept == cands
         return
     near = [c for c in cands if behind.get(c.id, 0.0) <= ratio]
     assert all(c in kept for c in near)
+    if not keep_zero:  # Note [one zero-workspace find per kernel]: nothing added
+        assert kept == near
+        return
     extra = [c for c in kept if c not in near]
     assert len(extra) <= 1 and all(c.workspace_bytes == 0 for c in extra)
     if any(c.workspace_bytes == 0 for c in cands):
@@ -84,12 +88,16 @@ def test_top_k_cut_keeps_each_modes_best_k(data):
     cands = data.draw(candidates())
     ranks = data.draw(rankings(cands))
     k = data.draw(st.one_of(st.none(), st.integers(1, 6)))
-    kept = top_k_cut(cands, k, ranks)
+    keep_zero = data.draw(st.booleans())
+    kept = top_k_cut(cands, k, ranks, keep_zero)
     assert kept == [c for c in cands if c in kept]
     if k is None or len(cands) <= k:
         assert kept == cands
         return
     best = {i for ids in ranks.values() for i in ids[:k]}
+    if not keep_zero:  # Note [one zero-workspace find per kernel]: nothing added
+        assert {c.id for c in kept} == best
+        return
     assert {c.id for c in kept} - best <= {next((c.id for c in cands if c.workspace_bytes == 0),
                                                 None)}
     assert best <= {c.id for c in kept}

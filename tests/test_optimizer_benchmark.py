@@ -570,3 +570,120 @@ def test_deterministic_must_be_a_bool(cache, bad):
         with pytest.raises(TypeError, match=r"^deterministic: expected True or False"):
             call()
     assert be.calls == []
+
+
+class ZeroOnceBackend:
+    """A find() in the manner of cudnn-graph's ``find_zero="once"``: the
+    configuration that needs no workspace (algo 0, ``zero_per`` ms per sample)
+    is reported only under a cap of 0; algo 1 needs 100 B per sample."""
+
+    name = "zero-once"
+    device_name = "Fake"
+    version = "0"
+    finds_zero_once = True
+
+    def __init__(self, zero_per=5.0, zero_determinism=1):
+        self.calls = []
+        self.zero_per, self.zero_determinism = zero_per, zero_determinism
+
+    def find(self, problem, direction, workspace_limit):
+        n = problem.batch
+        self.calls.append((n, workspace_limit))
+        if workspace_limit == 0:
+            return [AlgoPerf(0, self.zero_per * n, 0, 0, self.zero_determinism)]
+        out = [AlgoPerf(1, 0.1 * n + 0.05, 100 * n)]
+        return [r for r in out if r.workspace_bytes <= workspace_limit]
+
+
+def test_one_zero_workspace_find_per_kernel(cache):
+    """Note [one zero-workspace find per kernel]: a backend whose find() leaves
+    the zero-workspace configs out is asked for them once, under a cap of 0, at
+    the smallest size found that divides the batch; they go into that size's
+    results and cache entry, a warm run asks nothing, and a budget of nothing
+    gets a plan of them."""
+    p = ConvProblem((96, 4, 6, 6), (4, 4, 3, 3), padding=1)
+    be = ZeroOnceBackend()
+    perf = benchmark(be, p, Direction.FORWARD, "powerOfTwo", 10_000, cache=cache,
+                     progress=False)
+    assert [c for c in be.calls if c[1] == 0] == [(1, 0)]
+    assert len(be.calls) == len(batch_sizes("powerOfTwo", 96)) + 1
+    assert [a.algo for a in perf[1] if a.workspace_bytes == 0] == [0]
+    assert all(a.workspace_bytes > 0 for s, v in perf.items() if s != 1 for a in v)
+    assert {a.algo for a in cache.get(be, p.with_batch(1), Direction.FORWARD, 10_000)} == {0, 1}
+    warm = ZeroOnceBackend()
+    again = benchmark(warm, p, Direction.FORWARD, "powerOfTwo", 10_000, cache=cache,
+                      progress=False)
+    assert warm.calls == [] and again == perf
+    plan = optimize_wr(perf, 96, 0, "powerOfTwo")
+    assert plan.workspace_bytes == 0 and {m.algo for m in plan.micro_batches} == {0}
+    assert plan.time_ms == pytest.approx(5.0 * 96)
+    # a backend that reports them at every find() is not asked again
+    plain = CountingBackend()
+    benchmark(plain, p, Direction.FORWARD, "powerOfTwo", 10_000, cache=False, progress=False)
+    assert all(c[2] == 10_000 for c in plain.calls)
+
+
+def test_zero_workspace_size_tiles_the_batch_and_keeps_its_alignment():
+    """Note [one zero-workspace find per kernel]: with pruning the descent stops
+    early and the remainder's sizes are found; the zero-workspace find goes to
+    the smallest found size that divides the batch, a multiple of the
+    problem's alignment quantum where one is found."""
+    p = ConvProblem((100, 3, 227, 227), (96, 3, 11, 11), stride=4)  # quantum 4
+    assert p.batch_quantum() == 4
+    be = ZeroOnceBackend()
+    perf = benchmark(be, p, Direction.FORWARD, [100, 50, 25, 20], 10 ** 9, cache=False,
+                     progress=False)
+    assert [c for c in be.calls if c[1] == 0] == [(20, 0)]
+    plan = optimize_wr(perf, 100, 0, [100, 50, 25, 20])
+    assert [m.size for m in plan.micro_batches] == [20] * 5 and plan.workspace_bytes == 0
+
+
+def test_replan_and_zero_workspace_plan_find_the_zero_workspace_configs(cache):
+    """Note [one zero-workspace find per kernel]: a re-plan with no memory
+    composes its plan from the size that holds them; zero_workspace_plan, whose
+    full-batch cache entry holds none, finds them at the full batch (uncached)."""
+    p = ConvProblem((32, 4, 6, 6), (4, 4, 3, 3), padding=1)
+    be = ZeroOnceBackend()
+    planner = Planner(be, 10_000, cache=cache)
+    assert planner.plan(p, Direction.FORWARD).workspace_bytes > 0
+    plan = planner.replan(p, Direction.FORWARD, available=0)
+    assert plan.workspace_bytes == 0 and {m.algo for m in plan.micro_batches} == {0}
+    n_calls = len(be.calls)
+    zp = zero_workspace_plan(p, Direction.FORWARD, be, cache=cache)
+    assert [m.size for m in zp.micro_batches] == [32] and zp.micro_batches[0].algo == 0
+    assert be.calls[n_calls:] == [(32, 0)]
+    with pytest.raises(UnsupportedConfigError, match="no zero-workspace algorithm is left"):
+        zero_workspace_plan(p, Direction.FORWARD, be, cache=cache, exclude=[0])
+
+
+@given(batch=st.integers(1, 300), cap_log=st.integers(8, 20),
+       explicit=st.one_of(st.none(), st.lists(st.integers(1, 300), min_size=1, max_size=6)))
+def test_a_zero_once_benchmark_always_allows_a_zero_workspace_plan(batch, cap_log, explicit):
+    """Note [one zero-workspace find per kernel], property: whatever the batch,
+    policy and cap, and with size pruning, the benchmark of a backend that finds
+    zero-workspace configs once allows a WR plan under a cap of 0, made of
+    them."""
+    policy = "powerOfTwo" if explicit is None else explicit
+    p = ConvProblem((batch, 4, 6, 6), (4, 4, 3, 3), padding=1)
+    be = ZeroOnceBackend()
+    perf = benchmark(be, p, Direction.FORWARD, policy, 1 << cap_log, cache=False,
+                     progress=False, prune_sizes=True)
+    assert len([c for c in be.calls if c[1] == 0]) == 1
+    plan = optimize_wr(perf, batch, 0, policy)
+    assert plan.workspace_bytes == 0 and {m.algo for m in plan.micro_batches} == {0}
+
+
+def test_zero_workspace_find_is_not_repeated_when_determinism_filters_it(cache):
+    """Note [one zero-workspace find per kernel] with deterministic=True: a
+    non-deterministic zero-workspace config is found once and kept in the
+    cache, left out of the results, and a warm run does not look for it again."""
+    p = ConvProblem((16, 4, 6, 6), (4, 4, 3, 3), padding=1)
+    be = ZeroOnceBackend(zero_determinism=0)
+    perf = benchmark(be, p, Direction.FORWARD, "powerOfTwo", 10_000, cache=cache,
+                     progress=False, deterministic=True)
+    assert [c for c in be.calls if c[1] == 0] == [(1, 0)]
+    assert all(a.workspace_bytes > 0 for v in perf.values() for a in v)
+    warm = ZeroOnceBackend(zero_determinism=0)
+    benchmark(warm, p, Direction.FORWARD, "powerOfTwo", 10_000, cache=cache, progress=False,
+              deterministic=True)
+    assert warm.calls == []

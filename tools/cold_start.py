@@ -104,6 +104,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "skip4": dict(find_skip_ratio=4.0),
     # Note [long runs]: without the one-run timing of long runs
     "no-long": dict(find_long_ms=None),
+    # Note [one zero-workspace find per kernel]: the zero-workspace config timed
+    # once per kernel (at its smallest size) instead of at every find()
+    "zero-once": dict(find_zero="once"),
 }
 
 

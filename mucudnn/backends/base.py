@@ -95,6 +95,11 @@ class Backend(Protocol):
     stream: Any
     #: Whether plans can be captured as CUDA graphs on ``stream``.
     supports_graphs: bool
+    #: Whether find() leaves out the configurations that need no workspace
+    #: unless its ``workspace_limit`` is 0, so that benchmark() asks for them
+    #: once per kernel (Note [one zero-workspace find per kernel] in
+    #: :mod:`mucudnn.optimizer.benchmark`).
+    finds_zero_once: bool
 
     def find(self, problem: ConvProblem, direction: Direction,
              workspace_limit: int | None) -> list[AlgoPerf]:
@@ -191,6 +196,7 @@ class BackendBase:
     device: int | None = None
     stream: Any = None
     supports_graphs: bool = False
+    finds_zero_once: bool = False
 
     def bind(self, direction: Direction, algo: Algo, math_type: Algo, problem: ConvProblem,
              offset: int, size: int, alpha: float, beta: float,
@@ -269,7 +275,8 @@ def _run_launcher(backend: Any, direction: Direction, algo: Algo, math_type: Alg
 #: What an object must have to be adapted into a Backend (enough to plan with).
 REQUIRED = ("name", "find")
 #: Members an adapted object may bring; the rest take BackendBase's defaults.
-_OPTIONAL_ATTRS = ("device_name", "version", "is_host", "device", "stream", "supports_graphs")
+_OPTIONAL_ATTRS = ("device_name", "version", "is_host", "device", "stream", "supports_graphs",
+                   "finds_zero_once")
 _OPTIONAL_METHODS = ("workspace_size", "blocked_workspace", "run", "bind", "address", "activate",
                      "on_home_stream", "mem_get_info", "release_find_buffers", "empty",
                      "from_host", "to_host", "alloc_workspace", "synchronize")

@@ -61,9 +61,9 @@ from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
-from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, FirstTimed, cold_out,
-                               far_cut, fitting, knob_variants, long_run, note_ratios,
-                               numerics_allowed, rtc_cut, top_k_cut)
+from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES, FirstTimed,
+                               cold_out, far_cut, fitting, knob_variants, long_run,
+                               note_ratios, numerics_allowed, rtc_cut, top_k_cut)
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
@@ -235,6 +235,11 @@ class CudnnGraphBackend(DeviceBackend):
     2, 0 does not). ``find_long_ms``: a candidate whose warm-up run took at
     least this many milliseconds (less kernel loading) is reported with that
     one time and not re-timed (Note [long runs]; None: timed as any other).
+    ``find_zero``: ``"each"`` (default) times the best-ranked config that
+    needs no workspace at every find(), also where heuristics rank it far
+    behind; ``"once"`` times it only in a find() under a cap of 0, which
+    :func:`~mucudnn.optimizer.benchmark` makes once per kernel (Note [one
+    zero-workspace find per kernel]).
     ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
@@ -258,7 +263,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_probe_ratio: Optional[float] = 1.5,
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
                  find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
-                 find_long_ms: Optional[float] = LONG_RUN_MS,
+                 find_long_ms: Optional[float] = LONG_RUN_MS, find_zero: str = "each",
                  search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
@@ -298,6 +303,8 @@ class CudnnGraphBackend(DeviceBackend):
         if find_skip_ratio is not None and not float(find_skip_ratio) > 1.0:
             raise ValueError(f"find_skip_ratio: expected None or a number > 1, got "
                              f"{find_skip_ratio!r}")
+        if find_zero not in ZERO_CHOICES:
+            raise ValueError(f"find_zero: expected one of {ZERO_CHOICES}, got {find_zero!r}")
         if find_long_ms is not None and not float(find_long_ms) > 0.0:
             raise ValueError(f"find_long_ms: expected None or a number of ms > 0, got "
                              f"{find_long_ms!r}")
@@ -313,6 +320,8 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_retime = find_retime
         self.find_skip_ratio = None if find_skip_ratio is None else float(find_skip_ratio)
         self.find_long_ms = None if find_long_ms is None else float(find_long_ms)
+        self.find_zero = find_zero
+        self.finds_zero_once = find_zero == "once"
         self.search = search
         # Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
@@ -661,7 +670,10 @@ class CudnnGraphBackend(DeviceBackend):
             prof.skipped += len(infos) - len(cands)
             with self._lock:
                 rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
-            kept = top_k_cut(cands, self.find_top_k, rankings)
+            # Note [one zero-workspace find per kernel]: "once" leaves the
+            # zero-workspace config to a find() under a cap of 0
+            keep_zero = self.find_zero == "each" or want == 0
+            kept = top_k_cut(cands, self.find_top_k, rankings, keep_zero)
             prof.cut += len(cands) - len(kept)
             cands = rtc_cut(kept, self.find_rtc, rankings)
             prof.rtc_cut += len(kept) - len(cands)
@@ -669,7 +681,7 @@ class CudnnGraphBackend(DeviceBackend):
                 kernel = (problem.with_batch(1).key(), direction.value)
                 with self._lock:
                     behind = dict(self._behind.get(kernel) or {})
-                near = far_cut(cands, behind, self.find_skip_ratio)
+                near = far_cut(cands, behind, self.find_skip_ratio, keep_zero)
                 prof.far_cut += len(cands) - len(near)
                 cands = near
             if self.search == "knobs":

@@ -65,12 +65,15 @@ COLD_PROBE_FLOOR_MS = 1.0
 
 
 def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
-         rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
+              rankings: dict[str, list[str]],
+              keep_zero: bool = True) -> list[gd.EngineConfigInfo]:
     """Note [find cut-offs]: of the candidates (which fit the cap), those among
     the ``k`` best-ranked of some heuristics mode's ranking (``rankings``: mode
-    -> config ids, best first), plus the best-ranked one known to need no
-    workspace, which runs under any limit (a plan for a tight budget, or a
-    re-plan when memory runs out); in heuristics order.
+    -> config ids, best first), plus (with ``keep_zero``) the best-ranked one
+    known to need no workspace, which runs under any limit (a plan for a tight
+    budget, or a re-plan when memory runs out); in heuristics order. Without
+    ``keep_zero`` the zero-workspace config is left to a find() under a cap of
+    0 (Note [one zero-workspace find per kernel]).
 
     Timing every candidate is what makes a cold find() slow: a network's
     kernels have about thirty candidates per micro-batch size, and most of
@@ -86,7 +89,7 @@ def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
     keep: set[str] = set()
     for ids in rankings.values():
         keep.update([i for i in ids if i in allowed][:k])
-    if not any(c.workspace_bytes == 0 for c in cands if c.id in keep):
+    if keep_zero and not any(c.workspace_bytes == 0 for c in cands if c.id in keep):
         zero = next((c for c in cands if c.workspace_bytes == 0), None)
         if zero is not None:
             keep.add(zero.id)
@@ -241,6 +244,11 @@ def cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) ->
 # its warm-up run alone, less the host seconds its launch call spent loading
 # kernels, and is not re-timed.
 
+#: cudnn-graph's ``find_zero``: when find() times the zero-workspace config
+#: that heuristics do not rank among the first k (Note [one zero-workspace
+#: find per kernel], mucudnn/optimizer/benchmark.py)
+ZERO_CHOICES = ("each", "once")
+
 #: Note [long runs]: a warm-up run at least this long (less its launch call's
 #: loading) is the candidate's one timing.
 LONG_RUN_MS = 20.0
@@ -290,10 +298,12 @@ def long_run(first_ms: float, launch_ms: float,
 
 
 def far_cut(cands: Sequence[gd.EngineConfigInfo], behind: Mapping[str, float],
-            ratio: Optional[float]) -> list[gd.EngineConfigInfo]:
+            ratio: Optional[float], keep_zero: bool = True) -> list[gd.EngineConfigInfo]:
     """Note [far behind at another size]: ``cands`` without those whose least
     time over the best of a find() at another size (``behind``: config id ->
-    ratio) is over ``ratio``; None keeps them all.
+    ratio) is over ``ratio``; None keeps them all. With ``keep_zero``, the
+    best-ranked config that needs no workspace stays where it would be the
+    only one.
 
     >>> c = [gd.EngineConfigInfo(i, (), (), (), workspace_bytes=w)
     ...      for i, w in ((5, 1 << 20), (0, 0), (1, 0))]
@@ -305,7 +315,7 @@ def far_cut(cands: Sequence[gd.EngineConfigInfo], behind: Mapping[str, float],
     if ratio is None or not behind:
         return list(cands)
     keep = [c for c in cands if behind.get(c.id, 0.0) <= ratio]
-    if not any(c.workspace_bytes == 0 for c in keep):
+    if keep_zero and not any(c.workspace_bytes == 0 for c in keep):
         zero = next((c for c in cands if c.workspace_bytes == 0), None)
         if zero is not None:
             keep = [c for c in cands if c in keep or c is zero]

@@ -140,6 +140,58 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
     return out
 
 
+# Note [one zero-workspace find per kernel]: every kernel's benchmark holds a
+# configuration that needs no workspace at some size that tiles the batch:
+# it is the plan for a budget of nothing, the first plan of a Pareto front
+# (WD), and what a re-plan falls back to when memory runs out
+# (Planner.replan, zero_workspace_plan). cudnn-graph's find() used to time
+# the best-ranked such config at every size, even where heuristics rank it
+# far behind (``find_zero="each"``, its default). In bf16 channels-last on
+# the H200 (cuDNN 9.19, AlexNet, 64 MiB; docs/BENCHMARKS.md, "Ninth
+# session") that config is engine 0, 100-4400 times slower than the best:
+# 5.64 s of single runs over all sizes, against 0.12 s at each kernel's
+# smallest size. So where no size's results hold a zero-workspace config
+# (``find_zero="once"``), benchmark() makes one find() under a cap of 0 at
+# the smallest size found that divides the batch (a multiple of its
+# alignment quantum where there is one), after the descent, and adds those
+# results to that size's (and to its cache entry: they fit any cap). Only a
+# backend that says so (``Backend.finds_zero_once``) is asked; the others'
+# find() reports such configs itself (the legacy API's, the NumPy backend's,
+# cudnn-graph's by default).
+
+
+def _zero_size(sizes: list[int], problem: ConvProblem) -> int:
+    """Note [one zero-workspace find per kernel]: the smallest of ``sizes``
+    (micro-batch sizes, among them ``problem.batch``) that divides the batch,
+    preferring multiples of its alignment quantum.
+
+    >>> p = ConvProblem((96, 3, 8, 8), (4, 3, 3, 3))
+    >>> _zero_size([96, 64, 32, 16], p)
+    16
+    >>> _zero_size([96, 64], p)
+    96
+    """
+    n, q = problem.batch, problem.batch_quantum()
+    tiling = [s for s in sizes if n % s == 0]
+    aligned = [s for s in tiling if s % q == 0]
+    return min(aligned or tiling)
+
+
+def _zero_find(be: Backend, store: BenchmarkCache, p: ConvProblem, direction: Direction,
+               cap: int) -> list[AlgoPerf]:
+    """Note [one zero-workspace find per kernel]: ``be.find(p, direction, 0)``'s
+    zero-workspace results, added to ``p``'s cache entry (made under ``cap``)."""
+    zero = [r for r in be.find(p, direction, 0) if r.workspace_bytes == 0]
+    if zero:
+        have = store.get(be, p, direction, cap) or []
+        ids = {(r.algo, r.math_type) for r in have}
+        store.put(be, p, direction, have + [r for r in zero if (r.algo, r.math_type) not in ids],
+                  cap)
+        log.debug("benchmark %s %s: %d zero-workspace configurations at size %d",
+                  direction.value, p.key(), len(zero), p.batch)
+    return zero
+
+
 def _blocked_reach(backend: Backend, problem: ConvProblem, direction: Direction, cap: int,
                    smaller: list[int]) -> int | None:
     """Note [size pruning]: the largest of ``smaller`` (sizes below
@@ -251,6 +303,9 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                    leave=False, disable=None if progress is None else False)
     out: dict[int, list[AlgoPerf]] = {}
     hits = 0
+    # Note [one zero-workspace find per kernel]: whether some size's results
+    # (before the determinism filter) hold one; whether benchmark() found them
+    has_zero = zero_found = False
     t0 = time.perf_counter()
     best_per_sample = float("inf")
     needed: set[int] | None = None  # once pruning stopped the descent: the remainder's sizes
@@ -273,6 +328,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             else:
                 hits += 1
             found = sorted((r for r in found if r.workspace_bytes <= cap), key=lambda r: r.time_ms)
+            has_zero = has_zero or any(r.workspace_bytes == 0 for r in found)
             if deterministic:
                 found = deterministic_only(found)
             out[s] = found
@@ -305,12 +361,18 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                                   "over the cap at %d may fit", direction.value, problem.key(),
                                   reach, s)
                 best_per_sample = min(best_per_sample, per_sample)
+        if be.finds_zero_once and cap > 0 and out and not has_zero:
+            s0 = _zero_size(list(out), problem)
+            zero = _zero_find(be, store, problem.with_batch(s0), direction, cap)
+            zero_found = True
+            zero = deterministic_only(zero) if deterministic else zero
+            out[s0] = sorted(out[s0] + zero, key=lambda r: r.time_ms)
     finally:
         if bar is not None:
             bar.close()
         # Note: GPU backends keep Find's scratch (random inputs, workspace)
         # across the sizes of one benchmark; hand it back once it is done.
-        if hits < len(out):
+        if hits < len(out) or zero_found:
             be.release_find_buffers()
     log.debug("benchmark %s: %d of %d sizes (%d from cache) in %.2f s", direction.value,
               len(out), len(sizes), hits, time.perf_counter() - t0)
