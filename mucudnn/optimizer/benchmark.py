@@ -157,7 +157,9 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
 # results to that size's (and to its cache entry: they fit any cap). Only a
 # backend that says so (``Backend.finds_zero_once``) is asked; the others'
 # find() reports such configs itself (the legacy API's, the NumPy backend's,
-# cudnn-graph's by default).
+# cudnn-graph's by default). Where each size is its own benchmark (optimize()
+# on several devices with a ``benchmark_cap`` over the limit), each size makes
+# its own zero-workspace find: the cost of ``"each"``, not less.
 
 
 def _zero_size(sizes: list[int], problem: ConvProblem) -> int:
