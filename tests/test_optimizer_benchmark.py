@@ -687,3 +687,17 @@ def test_zero_workspace_find_is_not_repeated_when_determinism_filters_it(cache):
     benchmark(warm, p, Direction.FORWARD, "powerOfTwo", 10_000, cache=cache, progress=False,
               deterministic=True)
     assert warm.calls == []
+
+
+def test_zero_workspace_plan_asks_other_backends_once(cache):
+    """Note [one zero-workspace find per kernel]: only a backend that finds its
+    zero-workspace configs once is asked again, uncached; any other is asked at
+    most once, and its lack of such configs is an error naming the kernel."""
+    class NoZero(CountingBackend):
+        def find(self, problem, direction, workspace_limit):
+            self.calls.append((problem.batch, direction, workspace_limit))
+            return []
+    be = NoZero()
+    with pytest.raises(UnsupportedConfigError, match="no zero-workspace algorithm is left"):
+        zero_workspace_plan(P, Direction.FORWARD, be, cache=cache)
+    assert be.calls == [(32, Direction.FORWARD, 0)]

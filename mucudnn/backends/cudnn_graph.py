@@ -764,12 +764,12 @@ class CudnnGraphBackend(DeviceBackend):
                     first = time_on_stream(call, self.stream, warmup=0, repeat=1)[0]
                     warmup -= 1
                     prof.gpu_s += first / 1e3
-                    once = long_run(first, call.host_s * 1e3, self.find_long_ms)
+                    launch_ms = call.host_s * 1e3
                     if (cold is not None and best < math.inf
-                            and cold_out(first, call.host_s * 1e3, best, cold)):
+                            and cold_out(first, launch_ms, best, cold)):
                         prof.cold_out += 1
                         times = [first]
-                    elif once is not None:
+                    elif (once := long_run(first, launch_ms, self.find_long_ms)) is not None:
                         prof.long_runs += 1
                         times = [once]
                 if not times:

@@ -84,12 +84,14 @@ def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: Bac
     """One undivided call with the fastest measured algorithm needing no workspace
     (from the benchmark cache where it holds the full batch); a deterministic
     one with ``deterministic=True`` (Note [deterministic plans])."""
+    be = resolve_backend(backend)
+    # Note [one zero-workspace find per kernel]: for such a backend the cache's
+    # entry for the full batch may hold none (they were found at a smaller
+    # size); then they are found here, uncached
+    stores = (cache, False) if be.finds_zero_once else (cache,)
     zero: list = []
-    for store in (cache, False):
-        # Note [one zero-workspace find per kernel]: the cache's entry for the
-        # full batch may hold none (they were found at a smaller size); then
-        # find them here, uncached
-        perf = benchmark(backend, problem, direction, "undivided", 0, cache=store,
+    for store in stores:
+        perf = benchmark(be, problem, direction, "undivided", 0, cache=store,
                          progress=False, deterministic=deterministic)
         zero = [a for a in perf.get(problem.batch, ()) if int(a.workspace_bytes) == 0]
         if zero:
@@ -100,7 +102,7 @@ def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: Bac
                if deterministic else "")
         raise UnsupportedConfigError(
             f"no zero-workspace algorithm is left for {problem} {direction} on backend "
-            f"{backend.name} (excluded: {sorted(map(str, exclude))}{det})")
+            f"{be.name} (excluded: {sorted(map(str, exclude))}{det})")
     a = min(zero, key=lambda e: e.time_ms)
     mb = MicroBatch(0, problem.batch, a.algo, a.math_type, 0, float(a.time_ms))
     return make_plan([mb], undivided_time_ms=float(a.time_ms), workspace_limit=0,
