@@ -11,7 +11,9 @@ momentum, it trains with each combination of
 * precision: ``fp32`` (TF32 allowed, PyTorch's default for convolutions),
   ``amp`` (autocast bfloat16, channels_last model and inputs) and
   ``fp32strict`` (TF32 off for convolutions and matmuls: the precision in
-  which converted losses must track native ones within 1e-3 for 30 steps);
+  which converted losses must track native ones within 1e-3 for 30 steps) and
+  ``fp32cl`` (as ``fp32``, with a channels_last model and inputs: Note [fp32
+  transposes in workspace] in tools/frontier.py);
 * execution: ``eager`` and ``graph`` (the whole training step captured with
   ``torch.cuda.graph`` after the warm-up steps and replayed);
 
@@ -77,7 +79,9 @@ except ImportError:  # pragma: no cover
 
 MODELS = ("resnet18", "resnet50", "vgg16", "alexnet", "tiny")
 MODES = ("native", "wr", "wd")
-PRECISIONS = ("fp32", "amp", "fp32strict")
+PRECISIONS = ("fp32", "amp", "fp32strict", "fp32cl")
+#: precisions whose model and inputs are channels_last
+CHANNELS_LAST = ("amp", "fp32cl")
 EXECUTIONS = ("eager", "graph")
 DEFAULT_BATCH = {"alexnet": 256, "resnet18": 256, "resnet50": 128, "vgg16": 128, "tiny": 8}
 IMAGE_SIZE = {"tiny": 32}
@@ -248,7 +252,7 @@ def prepare(args: argparse.Namespace, name: str, mode: str, precision: str,
     model = build_model(name)
     model.load_state_dict(init_state)
     model = model.to(device)
-    if precision == "amp":
+    if precision in CHANNELS_LAST:
         model = model.to(memory_format=torch.channels_last)
     if mode == "wr":
         mt.convert(model, workspace_limit=args.workspace, policy=args.policy,
@@ -273,7 +277,7 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
     free0 = _free_bytes(device)
     model, opt = prepare(args, name, mode, precision, init_state, device)
     size = IMAGE_SIZE.get(name, 224)
-    fmt = torch.channels_last if precision == "amp" else torch.contiguous_format
+    fmt = torch.channels_last if precision in CHANNELS_LAST else torch.contiguous_format
     x = torch.empty(batch, 3, size, size, device=device, memory_format=fmt)
     t = torch.empty(batch, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed + 1)
