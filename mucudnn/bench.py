@@ -5,8 +5,9 @@ This is the harness behind ``python -m mucudnn bench`` and the scripts in
 benchmarks the policy's batch sizes through the cache, builds three plans --
 the best undivided call under the limit, the micro-batched plan (WR, or WD for
 the whole network) and the best undivided call with unlimited workspace --,
-executes each on real buffers and times it (device events on a GPU backend,
-``perf_counter`` on NumPy; warm-up, then the median of ``repeat`` runs).
+executes the three on real buffers and times them interleaved (device events
+on a GPU backend, ``perf_counter`` on NumPy; warm-up, then ``repeat`` rounds
+running each plan once; each plan's median: Note [interleaved timing]).
 
 >>> r = run_network("alexnet", batch=1, backend="numpy", repeat=1, warmup=0,
 ...                 layers=["conv5"], directions=["forward"], progress=False)  # doctest: +SKIP
@@ -14,6 +15,7 @@ executes each on real buffers and times it (device events on a GPU backend,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,7 +30,7 @@ from tqdm import tqdm
 
 from ._optional import require
 from .backends import Backend, ConvTensors, get_backend
-from .cuda import CudaGraph, time_on_stream
+from .cuda import CudaGraph, time_interleaved
 from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
@@ -133,29 +135,59 @@ def _finite(v: float) -> float | None:
 
 
 # -- timing ---------------------------------------------------------------------
-def make_timer(backend: Backend) -> Callable[[Callable[[], None], int, int], float]:
-    """A function ``timer(fn, warmup, repeat) -> median ms`` for the backend.
+# Note [interleaved timing]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# A GPU's clock is not constant. On the H200 (docs/BENCHMARKS.md, tenth
+# session) a short burst after host work runs at 1980 MHz and 150-250 W, while
+# seconds of back-to-back convolutions reach the 600-700 W power cap and the SM
+# clock falls to 1550-1950 MHz ("SW power cap" among the throttle reasons). So
+# two plans timed one after the other are not compared on the same clock: in
+# the frontier, VGG-16's 64 MiB plans (every one of them the unlimited plan)
+# measured 6-9% slower than the same plans in the run before. When a kernel's
+# plan is compared with its undivided and unlimited plans, they are timed
+# interleaved: warm-up of each, then ``repeat`` rounds that each run every
+# plan once, in turn (time_interleaved); each plan's time is its median.
+# Clock drift then moves them together, and their ratios hold.
+
+
+def make_interleaved_timer(backend: Backend
+                           ) -> Callable[[Sequence[Callable[[], None]], int, int], list[float]]:
+    """A function ``timer(fns, warmup, repeat) -> [median ms per fn]`` timing the
+    functions in turn, round by round (Note [interleaved timing]).
 
     GPU backends time with CUDA events on their home stream; host backends
     (NumPy) with ``time.perf_counter``.
     """
     stream = backend.stream
     if not backend.is_host:
-        def gpu_timer(fn: Callable[[], None], warmup: int, repeat: int) -> float:
-            return statistics.median(time_on_stream(fn, stream, warmup=warmup, repeat=repeat))
+        def gpu_timer(fns: Sequence[Callable[[], None]], warmup: int, repeat: int) -> list[float]:
+            return [statistics.median(ts)
+                    for ts in time_interleaved(fns, stream, warmup=warmup, repeat=repeat)]
         return gpu_timer
 
-    def cpu_timer(fn: Callable[[], None], warmup: int, repeat: int) -> float:
-        for _ in range(warmup):
-            fn()
-        ts = []
+    def cpu_timer(fns: Sequence[Callable[[], None]], warmup: int, repeat: int) -> list[float]:
+        for fn in fns:
+            for _ in range(warmup):
+                fn()
+        ts: list[list[float]] = [[] for _ in fns]
         for _ in range(max(1, repeat)):
-            t0 = time.perf_counter()
-            fn()
-            backend.synchronize()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(ts)
+            for fn, t in zip(fns, ts):
+                t0 = time.perf_counter()
+                fn()
+                backend.synchronize()
+                t.append((time.perf_counter() - t0) * 1e3)
+        return [statistics.median(t) for t in ts]
     return cpu_timer
+
+
+def make_timer(backend: Backend) -> Callable[[Callable[[], None], int, int], float]:
+    """A function ``timer(fn, warmup, repeat) -> median ms`` for the backend
+    (:func:`make_interleaved_timer` with one function)."""
+    timer = make_interleaved_timer(backend)
+
+    def one(fn: Callable[[], None], warmup: int, repeat: int) -> float:
+        return timer([fn], warmup, repeat)[0]
+    return one
 
 
 def random_tensors(backend: Backend, problem: ConvProblem, seed: int = 0) -> ConvTensors:
@@ -286,7 +318,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     optimise()  # the same again, now answered from the cache
     result.optimize_warm_s = time.perf_counter() - t0
 
-    timer = make_timer(be)
+    timer = make_interleaved_timer(be)
     tensors_cache = tensors if tensors is not None else {}
     use_graph = graph and bool(be.supports_graphs)
     result.graph = use_graph
@@ -308,38 +340,47 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
         ws = be.alloc_workspace(max(plan.workspace_bytes, unl.workspace_bytes,
                                     und.workspace_bytes if und else 0) or 1)
 
-        def timed(q: Plan, t: ConvTensors = data, ws: Any = ws, d: Direction = d) -> float:
+        def timed(jobs: Sequence[tuple[Plan, ConvTensors]], ws: Any = ws,
+                  d: Direction = d) -> list[float]:
             # Note: timed as Convolution runs a repeated call: through a
-            # launcher bound once (exec.prepare), so no Python checks per call.
-            with be.on_home_stream():
-                launch = prepare(q, be, t, 1.0, 0.0, ws, direction=d)
-                if not use_graph:
-                    return timer(launch, warmup, repeat)
-                with CudaGraph.capture(be.stream) as g:
-                    launch()
-                try:
-                    return timer(lambda: g.launch(be.stream), warmup, repeat)
-                finally:
-                    g.close()
+            # launcher bound once (exec.prepare), so no Python checks per call;
+            # several plans are timed interleaved (Note [interleaved timing]).
+            with be.on_home_stream(), contextlib.ExitStack() as stack:
+                launches = [prepare(q, be, t, 1.0, 0.0, ws, direction=d) for q, t in jobs]
+                if use_graph:
+                    launches = [_captured(launch, be, stack) for launch in launches]
+                return timer(launches, warmup, repeat)
 
-        micro_ms = timed(plan)
-        und_ms = timed(und) if und is not None else float("inf")
-        unl_ms = timed(unl)
+        # the plan, then the best undivided call under the limit, then unlimited
+        jobs = [(plan, data)] + ([(und, data)] if und is not None else []) + [(unl, data)]
+        times = timed(jobs)
+        micro_ms, unl_ms = times[0], times[-1]
+        und_ms = times[1] if und is not None else float("inf")
         alone = float("nan")
         if time_alone:
             alone = 0.0
             for mb in plan.micro_batches:
                 one = dataclasses.replace(plan, micro_batches=(dataclasses.replace(mb, offset=0),))
                 sub = ConvTensors(p.with_batch(mb.size), *_rows(data, mb.size))
-                alone += timed(one, sub)
+                alone += timed([(one, sub)])[0]
         result.kernels.append(KernelResult(layer, names, d, p, plan, und, unl, micro_ms, und_ms,
                                            unl_ms, alone))
-        del data, ws, timed  # free this kernel's buffers before the next one's
+        del data, ws, timed, jobs  # free this kernel's buffers before the next one's
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     return result
+
+
+def _captured(launch: Callable[[], None], be: Backend,
+              stack: contextlib.ExitStack) -> Callable[[], None]:
+    """``launch`` captured once in a CUDA graph on the backend's stream, closed
+    with ``stack``; the function that replays it."""
+    with CudaGraph.capture(be.stream) as g:
+        launch()
+    stack.callback(g.close)
+    return lambda: g.launch(be.stream)
 
 
 def _rows(t: ConvTensors, size: int) -> tuple[Any, Any, Any]:

@@ -25,7 +25,7 @@ PUBLIC = [
     "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check",
     "device_count", "require_device", "current_device", "set_device",
     "device_name", "device_properties", "mem_get_info", "synchronize",
-    "Stream", "default_stream", "Event", "time_on_stream",
+    "Stream", "default_stream", "Event", "time_on_stream", "time_interleaved",
     "DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
     "CudaGraph",
 ]

@@ -83,6 +83,23 @@ def test_parse_args_defaults_and_errors(fr):
             fr.parse_args(bad)
 
 
+def test_clock_matched_compares_on_the_first_runs_clock(fr):
+    """A later run on a slower clock: 64 MiB executes 12 ms where its own unlimited
+    plans take 11 (the first, unlimited run measured 10, as PyTorch did): 12/11 of
+    PyTorch's time on one clock, not 12/10."""
+    s = _series("alexnet", 256, "fp32", {None: 10.0, 64 * MIB: 12.0}, _pytorch(10.0, 900))
+    s["points"][0]["unlimited_ms"] = 10.0
+    s["points"][1]["unlimited_ms"] = 11.0
+    assert fr.vs_pytorch(12.0, 10.0) == pytest.approx(20.0)
+    assert fr.clock_matched(s, 64 * MIB) == pytest.approx(100.0 * (12.0 / 11.0 - 1.0))
+    assert fr.clock_matched(s, None) == pytest.approx(0.0)
+    assert fr.clock_matched(s, 128 * MIB) is None          # not measured
+    s["pytorch"] = None
+    assert fr.clock_matched(s, 64 * MIB) is None           # no PyTorch point
+    s = _series("alexnet", 256, "fp32", {64 * MIB: 12.0}, _pytorch(10.0, 900))
+    assert fr.clock_matched(s, 64 * MIB) is None           # no unlimited run
+
+
 def test_limit_order_largest_first(fr):
     # the same cap for every limit, but a larger cap first is what lets the cache answer later ones
     assert fr.limit_order([8 * MIB, None, 64 * MIB, 2 << 40, 8 * MIB]) == [
@@ -94,18 +111,23 @@ def test_table_numbers_and_percentages(fr):
     head, rows = fr.table_rows(rep)
     assert head == ["net (batch)", "precision", "8 MiB ms", "64 MiB ms", "128 MiB ms",
                     "unlimited ms", "PyTorch ms", "PyTorch peak MiB/kernel",
-                    "64 MiB vs PyTorch", "128 MiB vs PyTorch"]
+                    "64 MiB vs PyTorch", "128 MiB vs PyTorch",
+                    "64 MiB vs PyTorch, one clock", "128 MiB vs PyTorch, one clock"]
     by = {(r[0], r[1]): r for r in rows}
+    # each synthetic run's own unlimited time is 0.9x its plans' time
     a32 = by["alexnet (256)", "fp32 NCHW (TF32 allowed)"]
-    assert a32[2:] == ["40.00", "22.00", "20.00", "18.00", "20.00", "912", "+10.0%", "+0.0%"]
+    assert a32[2:] == ["40.00", "22.00", "20.00", "18.00", "20.00", "912", "+10.0%", "+0.0%",
+                       "+0.0%", "+0.0%"]
     abf = by["alexnet (256)", "bf16 channels-last"]
-    assert abf[2:] == ["12.00", "9.00", "-", "8.00", "10.00", "400", "-10.0%", "-"]
+    assert abf[2:] == ["12.00", "9.00", "-", "8.00", "10.00", "400", "-10.0%", "-",
+                       "-11.1%", "-"]
     r18 = by["resnet18 (128)", "fp32 NCHW (TF32 allowed)"]
-    assert r18[2:] == ["-", "16.50", "16.00", "15.90", "15.00", "858", "+10.0%", "+6.7%"]
+    assert r18[2:] == ["-", "16.50", "16.00", "15.90", "15.00", "858", "+10.0%", "+6.7%",
+                       "+17.8%", "+17.8%"]
     r50 = by["resnet50 (128)", "fp32 NCHW (TF32 allowed)"]
-    assert r50[2:] == ["50.00", "-", "-", "-", "-", "-", "-", "-"]
+    assert r50[2:] == ["50.00", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
     vgg = by["vgg16 (64)", "bf16 channels-last"]
-    assert vgg[2:] == ["-", "-", "-", "-", "30.00", "2352", "-", "-"]
+    assert vgg[2:] == ["-", "-", "-", "-", "30.00", "2352", "-", "-", "-", "-"]
     assert fr.vs_pytorch(22.0, 20.0) == pytest.approx(10.0)
     assert fr.vs_pytorch(9.0, 10.0) == pytest.approx(-10.0)
     assert fr.vs_pytorch(None, 10.0) is None and fr.vs_pytorch(9.0, None) is None

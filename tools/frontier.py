@@ -341,12 +341,33 @@ def vs_pytorch(ms: float | None, pytorch_ms: float | None) -> float | None:
     return 100.0 * (ms / pytorch_ms - 1.0)
 
 
+def clock_matched(s: dict, limit: int | None) -> float | None:
+    """The series' time at ``limit`` over PyTorch's on one clock, in percent.
+
+    Note [interleaved timing] (mucudnn/bench.py): seconds of back-to-back runs
+    reach the GPU's power cap, so a later limit's run is on a slower clock than
+    PyTorch's calls and the first ("unlimited") run, which follow host work.
+    Within one run the plan and the unlimited plan are timed interleaved, on
+    one clock; so the limit's time over its own run's unlimited time, times
+    the unlimited run's time over PyTorch's (both measured after host work),
+    compares the limit with PyTorch on one clock. None where a part is missing.
+    """
+    pts = {p["limit_bytes"]: p for p in s["points"] if p.get("executed_ms") is not None}
+    pt_ms = (s.get("pytorch") or {}).get("total_ms")
+    here, first = pts.get(limit), pts.get(None)
+    if here is None or first is None or not pt_ms or not here.get("unlimited_ms"):
+        return None
+    ratio = here["executed_ms"] / here["unlimited_ms"]
+    return vs_pytorch(ratio * first["executed_ms"], pt_ms)
+
+
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the markdown table (cells as printed)."""
     limits = report_limits(report)
     head = (["net (batch)", "precision"] + [f"{fmt_limit(l)} ms" for l in limits]
             + ["PyTorch ms", "PyTorch peak MiB/kernel"]
-            + [f"{fmt_limit(l)} vs PyTorch" for l in VS_PYTORCH])
+            + [f"{fmt_limit(l)} vs PyTorch" for l in VS_PYTORCH]
+            + [f"{fmt_limit(l)} vs PyTorch, one clock" for l in VS_PYTORCH])
     rows = []
     for s in report["series"]:
         pts = series_points(s)
@@ -361,6 +382,9 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         for l in VS_PYTORCH:
             v = vs_pytorch(pts.get(l), pt_ms)
             row.append(f"{v:+.1f}%" if v is not None else "-")
+        for l in VS_PYTORCH:
+            v = clock_matched(s, l)
+            row.append(f"{v:+.1f}%" if v is not None else "-")
         rows.append(row)
     return head, rows
 
@@ -371,7 +395,9 @@ def format_table(report: dict) -> str:
     lines = [f"Executed conv time (fwd + bwd-data + bwd-filter, ms) per per-kernel workspace limit "
              f"(WR, policy {report.get('policy')}; {src}; {report.get('date', '')}); PyTorch: "
              f"cudnn.benchmark, unlimited workspace, peak extra memory per kernel (output + "
-             f"workspace). 'vs PyTorch': mucudnn's time over PyTorch's - 1 (negative: faster).",
+             f"workspace). 'vs PyTorch': mucudnn's time over PyTorch's - 1 (negative: faster); "
+             f"'one clock': the same, corrected for the GPU clock's drift between runs "
+             f"(clock_matched in tools/frontier.py).",
              "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -301,21 +301,40 @@ def time_on_stream(fn, stream=None, warmup: int = 3, repeat: int = 10) -> list[f
     not synchronise the host itself). ``warmup`` untimed calls come first. The
     host synchronises once, at the end.
     """
+    return time_interleaved([fn], stream, warmup=warmup, repeat=repeat)[0]
+
+
+def time_interleaved(fns, stream=None, warmup: int = 3, repeat: int = 10) -> list[list[float]]:
+    """Time several functions in turn with CUDA events on ``stream``: ``repeat``
+    rounds, each running every function once, in order; per function, its list of
+    ``repeat`` times in ms.
+
+    Each function is first called ``warmup`` times, untimed. The host
+    synchronises once, at the end. Interleaving makes the functions' times
+    comparable on a GPU whose clock drifts (Note [interleaved timing] in
+    mucudnn/bench.py).
+    """
     warmup, repeat = int(warmup), int(repeat)
+    fns = list(fns)
     if warmup < 0 or repeat < 1:
         raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    if not fns:
+        raise ValueError("fns: expected at least one function to time, got none")
     s = as_stream(stream)
-    for _ in range(warmup):
-        fn()
-    events = [(Event(), Event()) for _ in range(repeat)]
-    try:
-        for start, end in events:
-            start.record(s)
+    for fn in fns:
+        for _ in range(warmup):
             fn()
-            end.record(s)
-        events[-1][1].synchronize()
-        return [Event.elapsed_ms(start, end) for start, end in events]
+    events = [[(Event(), Event()) for _ in fns] for _ in range(repeat)]
+    try:
+        for row in events:
+            for fn, (start, end) in zip(fns, row):
+                start.record(s)
+                fn()
+                end.record(s)
+        events[-1][-1][1].synchronize()
+        return [[Event.elapsed_ms(*row[i]) for row in events] for i in range(len(fns))]
     finally:
-        for start, end in events:
-            start.close()
-            end.close()
+        for row in events:
+            for start, end in row:
+                start.close()
+                end.close()
