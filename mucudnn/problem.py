@@ -367,6 +367,40 @@ class ConvProblem:
                 f":pad={j(self.padding)}:dil={j(self.dilation)}:g={self.groups}:{self.dtype}"
                 f":acc={self.compute_type}:{self.layout}:math={self.math}")
 
+    @classmethod
+    def from_key(cls, key: str) -> "ConvProblem":
+        """The inverse of :meth:`key`: a cache's problem column back to a problem.
+
+        >>> p = ConvProblem((8, 5, 5, 6), (4, 3, 3, 3), stride=2, groups=2, layout="NHWC")
+        >>> ConvProblem.from_key(p.key()) == p
+        True
+        >>> ConvProblem.from_key("conv2d:x=8x3x5x5")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        mucudnn.errors.InvalidValueError: key: expected 'conv<N>d:x=...' (...), got 'conv2d:x=8x3x5x5'
+        """
+        form = ("conv<N>d:x=...:w=...:stride=...:pad=...:dil=...:g=...:<dtype>:acc=<type>:"
+                "<layout>:math=<mode>")
+        if not isinstance(key, str):
+            raise InvalidTypeError(f"key: expected a str (ConvProblem.key()), got {key!r}")
+        parts = key.split(":")
+        names = ("x", "w", "stride", "pad", "dil", "g")
+        try:
+            if len(parts) != 11 or not parts[0].startswith("conv"):
+                raise ValueError
+            fields = dict(part.split("=", 1) for part in parts[1:7])
+            if tuple(fields) != names or not parts[8].startswith("acc=") \
+                    or not parts[10].startswith("math="):
+                raise ValueError
+            dims = {k: tuple(int(v) for v in fields[k].split("x")) for k in names[:5]}
+            groups = int(fields["g"])
+        except ValueError:
+            raise InvalidValueError(f"key: expected {form!r} (ConvProblem.key()), got {key!r}"
+                                    ) from None
+        return cls(dims["x"], dims["w"], stride=dims["stride"], padding=dims["pad"],
+                   dilation=dims["dil"], groups=groups, dtype=parts[7], layout=parts[9],
+                   math=parts[10][len("math="):], compute_type=parts[8][len("acc="):])
+
     def to_dict(self) -> dict[str, Any]:
         return {"x_shape": list(self.x_shape), "w_shape": list(self.w_shape),
                 "stride": list(self.stride), "padding": list(self.padding),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -268,6 +269,33 @@ def test_problem_dict_round_trip():
         p = _make(**kw)
         q = ConvProblem.from_dict(json.loads(json.dumps(p.to_dict())))
         assert q == p and q.key() == p.key()
+
+
+@given(problems(), st.sampled_from(["float32", "float16", "bfloat16", "float64"]),
+       st.sampled_from(["default", "tensor_op"]))
+def test_from_key_inverts_key(case, dtype, math_mode):
+    p = dataclasses.replace(case[0], dtype=dtype, math=math_mode,
+                            compute_type="float64" if dtype == "float64" else "float32")
+    q = ConvProblem.from_key(p.key())
+    assert q == p and q.key() == p.key()
+
+
+def test_from_key_round_trips_every_variant_and_names_the_argument():
+    for kw in [{}] + list(VARIANTS.values()):
+        p = _make(**kw)
+        assert ConvProblem.from_key(p.key()) == p
+    good = _make().key()
+    bad = [good.replace("conv2d", "pool2d"), good.replace(":g=", ":groups="),
+           good.replace("math=", "m="), good.replace("x=", "x=8xA"), good + ":extra",
+           good.replace("acc=", "")]
+    for key in bad:
+        with pytest.raises(ValueError, match=r"key: expected 'conv<N>d:x="):
+            ConvProblem.from_key(key)
+    with pytest.raises(TypeError, match="key: expected a str"):
+        ConvProblem.from_key(None)  # type: ignore[arg-type]
+    # a well-formed key of an invalid problem: the constructor names the field
+    with pytest.raises(ValueError, match="groups"):
+        ConvProblem.from_key(re.sub(r":g=\d+:", ":g=0:", good))
 
 
 # -- AlgoPerf, MicroBatch, Plan ------------------------------------------------------------
