@@ -30,6 +30,26 @@ from .errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
 
 IntOrTuple = Union[int, Sequence[int]]
 
+# Note [fp32 transposes in workspace]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# On the H200 (cuDNN 9.19, TF32 allowed) the fastest float32 NCHW engines are
+# NHWC kernels that first copy their operands to NHWC in the workspace: for
+# 59-65% of the ResNet/AlexNet/VGG kernels at batch >= 32 the fastest config's
+# workspace is 0.85-1.25x the bytes of x, y and w together (engines 67 forward,
+# 71/76 backward-data, 68 backward-filter; tools/workspace_anatomy.py on the
+# shipped cache). Such a workspace grows with the batch, so a cap only splits
+# the batch into small micro-batches, and the kernels run slower on them: this
+# is what kept fp32 NCHW plans at 64 MiB per kernel 12-27% behind PyTorch's
+# unlimited calls. The same networks in float32 NHWC (channels-last) need
+# those copies for 0-9% of kernels, their plans at 64 MiB run the whole batch
+# in one call for all but the first layers: 23-28% faster than PyTorch's
+# NCHW calls on ResNet-18/50, and against PyTorch's own NHWC calls +0.9%
+# (ResNet-18), -3.7% (ResNet-50), +0.4% (VGG-16), +8.7% (AlexNet, whose
+# first two layers still split) (docs/BENCHMARKS.md, tenth session). So float32 work under a workspace cap
+# should be channels-last: NHWC arrays here, `model.to(memory_format=
+# torch.channels_last)` in PyTorch (mucudnn.torch runs its NHWC plans without
+# copies).
+
 #: Layouts by number of spatial dimensions; the channels-first form comes first.
 LAYOUTS: dict[str, int] = {"NCHW": 2, "NHWC": 2, "NCDHW": 3, "NDHWC": 3}
 #: Supported data types and the compute (accumulation) type each uses by default.
