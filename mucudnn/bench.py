@@ -138,12 +138,13 @@ def _finite(v: float) -> float | None:
 # Note [interleaved timing]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
 # A GPU's clock is not constant. On the H200 (docs/BENCHMARKS.md, tenth
-# session) a short burst after host work runs at 1980 MHz and 150-250 W, while
-# seconds of back-to-back convolutions reach the 600-700 W power cap and the SM
-# clock falls to 1550-1950 MHz ("SW power cap" among the throttle reasons). So
-# two plans timed one after the other are not compared on the same clock: in
-# the frontier, VGG-16's 64 MiB plans (every one of them the unlimited plan)
-# measured 6-9% slower than the same plans in the run before. When a kernel's
+# session) convolutions that each follow host work ran at 1965-1980 MHz and
+# 90-270 W, while a second of back-to-back convolutions reached 590-645 W with
+# "SW power cap" among the throttle reasons and the SM clock at 1545-1965 MHz.
+# So two plans timed one after the other are not compared on the same clock:
+# in the frontier, VGG-16's 64 MiB plans (every one of them the unlimited
+# plan) measured 5-9% slower than the same plans in the run before, and within
+# one run a plan timed first up to 23% slower than the same plan timed next. When a kernel's
 # plan is compared with its undivided and unlimited plans, they are timed
 # interleaved: warm-up of each, then ``repeat`` rounds that each run every
 # plan once, in turn (time_interleaved); each plan's time is its median.
