@@ -379,12 +379,9 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         row += [f"{pts[l]:.2f}" if l in pts else "-" for l in limits]
         row += [f"{pt_ms:.2f}" if pt_ms is not None else "-",
                 f"{peak / MIB:.0f}" if peak is not None else "-"]
-        for l in VS_PYTORCH:
-            v = vs_pytorch(pts.get(l), pt_ms)
-            row.append(f"{v:+.1f}%" if v is not None else "-")
-        for l in VS_PYTORCH:
-            v = clock_matched(s, l)
-            row.append(f"{v:+.1f}%" if v is not None else "-")
+        pcts = [vs_pytorch(pts.get(l), pt_ms) for l in VS_PYTORCH]
+        pcts += [clock_matched(s, l) for l in VS_PYTORCH]
+        row += [f"{v:+.1f}%" if v is not None else "-" for v in pcts]
         rows.append(row)
     return head, rows
 

@@ -7,7 +7,7 @@
 #   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
-#   QUALITY_CONFIGS="default skip16" bash tools/gpu_run.sh tests quality  # find() configs vs exhaustive
+#   QUALITY_CONFIGS="default no-skip" bash tools/gpu_run.sh tests quality  # find() configs vs exhaustive
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
