@@ -81,6 +81,10 @@ def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
     # find_skip_ratio's cut shows beside the rank cut (Note [far behind at another size])
     p.cut, p.far_cut = 12, 5
     assert cs._breakdown(p.as_dict()).split(" | ")[5] == "12 (+5 far behind)"
+    # find_carry's additions show beside the timed count (Note [carried to other sizes])
+    p.timed, p.carried = 30, 3
+    assert cs._breakdown(p.as_dict()).split(" | ")[7] == "30 (+3 carried)"
+    assert cs.CONFIGS["carry"] == {"find_carry": True}
 
 
 def test_keep_caches_reaches_every_worker(cs, tmp_path, monkeypatch):

@@ -333,6 +333,47 @@ def test_find_zero_once_leaves_the_zero_workspace_config_to_one_find(direction):
         assert rel_err(b.to_host(out), want) < 2e-2
 
 
+@pytest.mark.parametrize("limit", [None, 128 * MiB], ids=["no-cap", "128MiB"])
+def test_find_carry_adds_what_led_or_was_blocked_at_a_larger_size(limit):
+    """Note [carried to other sizes]: AlexNet conv2's float32 channels-last
+    backward-filter (the H200 case), found at 128 rows and then at 32: with
+    find_carry the 32-row find() reports every config the plain one reports,
+    plus only configs remembered at 128 rows (counted in ``carried``), all
+    within the cap, and each of those computes the convolution (against
+    float64)."""
+    direction = Direction.BACKWARD_FILTER
+    p = ConvProblem((128, 27, 27, 96), (256, 5, 5, 96), padding=2, layout="NHWC")
+    small = p.with_batch(32)
+    opts = dict(find_workspace_limit=FIND_LIMIT * 4, find_retime=0, find_skip_ratio=None)
+    with CudnnGraphBackend(**opts) as b:
+        b.find(p, direction, limit)
+        plain = {r.algo for r in b.find(small, direction, limit)}
+        assert b.find_profile.carried == 0
+    with CudnnGraphBackend(find_carry=True, **opts) as b:
+        b.find(p, direction, limit)
+        memory = set(b._carry.get((p.with_batch(1).key(), direction.value)) or ())
+        assert memory, "the leaders of a find() are remembered"
+        got = {r.algo: r for r in b.find(small, direction, limit)}
+        extra = set(got) - plain
+        assert plain <= set(got) and extra <= memory
+        assert b.find_profile.carried >= len(extra)
+        cap = limit if limit is not None else FIND_LIMIT * 4
+        assert all(r.workspace_bytes <= cap for r in got.values())
+        if not extra:
+            pytest.skip("heuristics name every remembered config at 32 rows on this "
+                        "GPU and cuDNN: nothing was carried to check")
+        rng = np.random.default_rng(11)
+        hx, hw, hy = _host(small, rng)
+        want = reference(small, direction, hx, hw, hy)
+        for algo in sorted(extra):
+            x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
+            ws = b.alloc_workspace(got[algo].workspace_bytes or 1)
+            b.run(direction, algo, 0, ConvTensors(small, x, w, y), 1.0, 0.0, ws)
+            assert rel_err(b.to_host(w), want) < 2e-2, algo
+            for arr in (x, w, y, ws):
+                arr.close()
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_retime_times_the_fastest_again(direction):
     """Note [re-timing the winners]: find_retime=2 reports the same configs as

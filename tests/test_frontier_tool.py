@@ -78,7 +78,13 @@ def test_parse_args_defaults_and_errors(fr):
     assert a.plot_only is None and a.json is None
     a = fr.parse_args(["--limits", "1GiB", "Unlimited", "8M", "--no-torch", "--max-seconds", "60"])
     assert a.limits == [1 << 30, None, 8 * MIB] and not a.torch and a.max_seconds == 60
-    for bad in (["--limits", "lots"], ["--precisions", "fp16"], ["--repeat", "0"]):
+    assert a.backend_options == []
+    a = fr.parse_args(["--backend-option", "find_carry=True", "--backend-option", "find_rtc=all",
+                       "--backend-option", "find_skip_ratio = None"])
+    assert dict(a.backend_options) == {"find_carry": True, "find_rtc": "all",
+                                       "find_skip_ratio": None}
+    for bad in (["--limits", "lots"], ["--precisions", "fp16"], ["--repeat", "0"],
+                ["--backend-option", "find_carry"], ["--backend-option", "2x=1"]):
         with pytest.raises(SystemExit):
             fr.parse_args(bad)
 

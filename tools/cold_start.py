@@ -107,6 +107,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Note [one zero-workspace find per kernel]: the zero-workspace config timed
     # once per kernel (at its smallest size) instead of at every find()
     "zero-once": dict(find_zero="once"),
+    # Note [carried to other sizes]: configs that led, or that heuristics preferred
+    # over the cap, at a larger size are also timed at the smaller ones
+    "carry": dict(find_carry=True),
 }
 
 
@@ -304,11 +307,13 @@ def _breakdown(pr: dict[str, Any]) -> str:
            f"thread s; {pr.get('rtc_cut', 0)} left out)")
     # Note [far behind at another size]: find_skip_ratio's cut, where it ran
     far = f" (+{pr['far_cut']} far behind)" if pr.get("far_cut") else ""
+    # Note [carried to other sizes]: find_carry's additions, where it ran
+    carried = f" (+{pr['carried']} carried)" if pr.get("carried") else ""
     return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f}{rtc} | "
             f"{pr['timing_s']:.1f} (first launches {pr.get('first_launch_s', 0):.1f}, "
             f"GPU {pr.get('gpu_s', 0):.1f}, scratch {pr.get('scratch_s', 0):.1f}) | "
             f"{pr['configs']} | {pr['skipped']} | {pr['cut']}{far} | "
-            f"{pr['finalized']} | {pr['timed']} | {pr['probed_out']} + {pr.get('cold_out', 0)}"
+            f"{pr['finalized']} | {pr['timed']}{carried} | {pr['probed_out']} + {pr.get('cold_out', 0)}"
             f" + {pr.get('long_runs', 0)} | "
             f"{pr['workspace_mismatch']}")
 

@@ -41,6 +41,7 @@ JSON files (merged; no GPU, no torch needed).
 from __future__ import annotations
 
 import argparse
+import ast
 import gc
 import gzip
 import json
@@ -91,6 +92,23 @@ def parse_limit(text: str) -> int | None:
     return parse_size(text)
 
 
+def parse_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--backend-option``: the value as a Python literal
+    where it is one, else the string.
+
+    >>> parse_option("find_carry=True"), parse_option("find_rtc=all")
+    (('find_carry', True), ('find_rtc', 'all'))
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a name, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        parsed = value.strip()
+    return key.strip(), parsed
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", nargs="+", default=list(DEFAULT_NETS))
@@ -102,6 +120,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--policy", default="powerOfTwo")
     ap.add_argument("--backend", default=None,
                     help="mucudnn backend (default: get_backend()'s, cudnn-graph on a GPU)")
+    ap.add_argument("--backend-option", action="append", type=parse_option, default=[],
+                    metavar="KEY=VALUE", dest="backend_options",
+                    help="an option of the backend's constructor, the value a Python literal "
+                         "(e.g. find_carry=True; repeatable)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--batch", type=int, default=None,
                     help="one batch for every net (default: each net's DEFAULT_BATCH)")
@@ -168,7 +190,7 @@ def measure(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict
     from mucudnn.networks import DEFAULT_BATCH, select
     from mucudnn.optimizer.benchmark import resolve_cache
 
-    be = get_backend(args.backend)
+    be = get_backend(args.backend, **dict(args.backend_options))
     store = resolve_cache(args.cache)
     tmpdir = None
     if not store.enabled:
@@ -182,7 +204,8 @@ def measure(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict
         "schema": SCHEMA, "date": time.strftime("%Y-%m-%d"),
         "argv": list(sys.argv[1:] if argv is None else argv),
         "backend": be.name, "device": be.device_name, "version": be.version,
-        "policy": args.policy, "repeat": args.repeat, "limits": limits,
+        "backend_options": dict(args.backend_options), "policy": args.policy,
+        "repeat": args.repeat, "limits": limits,
         "max_seconds": args.max_seconds, "elapsed_s": 0.0, "interrupted": False,
         "series": [], "skipped": [], "errors": []}
 

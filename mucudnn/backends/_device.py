@@ -96,7 +96,10 @@ class FindProfile:
     [re-timing the winners]); ``far_cut``: configs not timed because they ran
     far behind at another batch size (cudnn-graph's ``find_skip_ratio``, Note
     [far behind at another size]); ``long_runs``: plans timed by their warm-up
-    run only because it was long (Note [long runs]).
+    run only because it was long (Note [long runs]); ``carried``: configs
+    added because they led, or heuristics preferred them over the cap, at
+    another batch size of the kernel (cudnn-graph's ``find_carry``, Note
+    [carried to other sizes]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -113,6 +116,7 @@ class FindProfile:
     no_accumulate: int = 0
     retimed: int = 0
     far_cut: int = 0
+    carried: int = 0
     probed_out: int = 0
     cold_out: int = 0
     long_runs: int = 0

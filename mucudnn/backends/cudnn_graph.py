@@ -62,8 +62,9 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
 from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES, FirstTimed,
-                               cold_out, far_cut, fitting, knob_variants, long_run,
-                               note_ratios, numerics_allowed, rtc_cut, top_k_cut)
+                               blocked_ahead, carried_ids, cold_out, far_cut, fitting,
+                               knob_variants, leaders, long_run, note_ratios, numerics_allowed,
+                               rtc_cut, top_k_cut)
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
@@ -240,6 +241,10 @@ class CudnnGraphBackend(DeviceBackend):
     behind; ``"once"`` times it only in a find() under a cap of 0, which
     :func:`~mucudnn.optimizer.benchmark` makes once per kernel (Note [one
     zero-workspace find per kernel]).
+    ``find_carry``: also time, at each batch size of a kernel, the configs
+    that led the find() of another size before, or that heuristics preferred
+    there but that needed more workspace than the cap, where they fit (Note
+    [carried to other sizes]; default False).
     ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
@@ -264,7 +269,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
                  find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
                  find_long_ms: Optional[float] = LONG_RUN_MS, find_zero: str = "each",
-                 search: str = "heuristics", search_knob_values: int = 6,
+                 find_carry: bool = False, search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
                  pack_cache_size: int = 64) -> None:
@@ -305,6 +310,8 @@ class CudnnGraphBackend(DeviceBackend):
                              f"{find_skip_ratio!r}")
         if find_zero not in ZERO_CHOICES:
             raise ValueError(f"find_zero: expected one of {ZERO_CHOICES}, got {find_zero!r}")
+        if not isinstance(find_carry, bool):
+            raise TypeError(f"find_carry: expected True or False, got {find_carry!r}")
         if find_long_ms is not None and not float(find_long_ms) > 0.0:
             raise ValueError(f"find_long_ms: expected None or a number of ms > 0, got "
                              f"{find_long_ms!r}")
@@ -322,6 +329,7 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_long_ms = None if find_long_ms is None else float(find_long_ms)
         self.find_zero = find_zero
         self.finds_zero_once = find_zero == "once"
+        self.find_carry = find_carry
         self.search = search
         # Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
@@ -342,6 +350,10 @@ class CudnnGraphBackend(DeviceBackend):
         #: each config's least time over its find()'s best
         self._behind: LRU[tuple, dict[str, float]] = LRU("cudnn_graph.behind",
                                                          self.graph_cache_size)
+        #: Note [carried to other sizes]: per kernel (batch 1) and direction,
+        #: the configs that led, or were preferred over the cap, at sizes found before
+        self._carry: LRU[tuple, dict[str, None]] = LRU("cudnn_graph.carry",
+                                                       self.graph_cache_size)
 
     # -- caches ------------------------------------------------------------------------
     @staticmethod
@@ -389,6 +401,7 @@ class CudnnGraphBackend(DeviceBackend):
             self._plans.clear()
             self._graphs.clear()
             self._behind.clear()
+            self._carry.clear()
 
     def close(self) -> None:
         """Release plans, graphs, find()'s finalizing threads and scratch, and the
@@ -672,18 +685,29 @@ class CudnnGraphBackend(DeviceBackend):
                 rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
             # Note [one zero-workspace find per kernel]: "once" leaves the
             # zero-workspace config to a find() under a cap of 0
-            keep_zero = self.find_zero == "each" or want == 0
+            keep_zero = not self.finds_zero_once or want == 0
             kept = top_k_cut(cands, self.find_top_k, rankings, keep_zero)
             prof.cut += len(cands) - len(kept)
             cands = rtc_cut(kept, self.find_rtc, rankings)
             prof.rtc_cut += len(kept) - len(cands)
+            kernel = (problem.with_batch(1).key(), direction.value)
+            with self._lock:
+                behind = dict(self._behind.get(kernel) or {})
             if self.find_skip_ratio is not None:
-                kernel = (problem.with_batch(1).key(), direction.value)
-                with self._lock:
-                    behind = dict(self._behind.get(kernel) or {})
                 near = far_cut(cands, behind, self.find_skip_ratio, keep_zero)
                 prof.far_cut += len(cands) - len(near)
                 cands = near
+            if self.find_carry:
+                # Note [carried to other sizes]
+                with self._lock:
+                    memory = self._carry.get_or_create(kernel, dict)
+                    carry = carried_ids(list(memory), {c.id for c in cands}, behind,
+                                        self.find_skip_ratio)
+                    for i in blocked_ahead(infos, want, rankings, self.find_top_k):
+                        memory.setdefault(i, None)
+                extra = self._carried_configs(problem, direction, carry, infos, want)
+                prof.carried += len(extra)
+                cands = cands + extra
             if self.search == "knobs":
                 # Note [knob search]: the knob space after heuristics' own configs.
                 have = {c.id for c in cands}
@@ -702,10 +726,51 @@ class CudnnGraphBackend(DeviceBackend):
             if self.find_skip_ratio is not None and out:
                 with self._lock:
                     note_ratios(self._behind.get_or_create(kernel, dict), out)
+            if self.find_carry and out:
+                with self._lock:  # Note [carried to other sizes]
+                    self._carry.get_or_create(kernel, dict).update(
+                        dict.fromkeys(leaders(out)))
         prof.calls += 1
         prof.timed += len(out)
         prof.total_s += time.perf_counter() - t_start
         out.sort(key=lambda a: a.time_ms)
+        return out
+
+    def _carried_configs(self, problem: ConvProblem, direction: Direction,
+                         ids: Sequence[str], infos: Sequence[gd.EngineConfigInfo],
+                         want: int) -> list[gd.EngineConfigInfo]:
+        """Note [carried to other sizes]: the configs of ``ids`` on this
+        problem's operation graph (heuristics' own where they name one) that
+        cuDNN accepts, whose numerics the problem allows, that compile no
+        kernels at run time (unless ``find_rtc="all"``) and whose engine
+        config needs at most ``want`` bytes (or does not say)."""
+        if not ids:
+            return []
+        named = {i.id: i for i in infos}
+        rtc = int(Behavior.RUNTIME_COMPILATION)
+        out: list[gd.EngineConfigInfo] = []
+        with self._lock, using_device(self.device):
+            g = self._graph(problem, direction, 1.0, 0.0, _FULL)
+            for algo_id in ids:
+                info = named.get(algo_id)
+                if info is None:
+                    idx, knobs = gd.parse_engine_config_id(algo_id)
+                    try:
+                        with gd.engine(g.conv.graph, idx) as eng:
+                            _, notes, behavior = gd.engine_info(eng)
+                            ws = self._config_workspace(eng, knobs)
+                    except (CudnnError, ValueError) as exc:
+                        log.debug("mucudnn: carried config %s refused for %s %s: %s",
+                                  algo_id, problem, direction, exc)
+                        continue
+                    info = gd.EngineConfigInfo(idx, knobs, notes, behavior, workspace_bytes=ws)
+                if not numerics_allowed(problem.math, info.numerical_notes):
+                    continue
+                if self.find_rtc != "all" and rtc in info.behavior_notes:
+                    continue
+                if info.workspace_bytes is not None and info.workspace_bytes > want:
+                    continue
+                out.append(info)
         return out
 
     def _find_round(self, problem: ConvProblem, direction: Direction,

@@ -11,15 +11,15 @@ False
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, MutableMapping, Optional, Sequence
+from typing import Any, Collection, Iterable, Mapping, MutableMapping, Optional, Sequence
 
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.enums import BackendBehaviorNote as Behavior
 from .._cudnn.enums import BackendNumericalNote as Note
 
-__all__ = ["COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed", "cold_out",
-           "far_cut", "fitting", "knob_variants", "note_ratios", "numerics_allowed", "rtc_cut",
-           "top_k_cut"]
+__all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed",
+           "blocked_ahead", "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
+           "leaders", "note_ratios", "numerics_allowed", "rtc_cut", "top_k_cut"]
 
 
 #: find()'s search spaces (Note [knob search]).
@@ -341,3 +341,106 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
         if r.time_ms > 0:
             key = str(r.algo)
             behind[key] = min(behind.get(key, float("inf")), r.time_ms / best)
+
+
+# Note [carried to other sizes]: heuristics name engine configs for one
+# problem, batch size included, and a config they rank first at one size may
+# not be among those find() times at another. On the H200 (cuDNN 9.19, float32
+# channels-last, AlexNet conv2's backward-filter, x 27x27x96, w 256x5x5x96)
+# engine 17 runs 128 rows in 0.573 ms with 404 MiB, against 0.827 ms for the
+# best other config; it was among the configs find() timed at 128 rows only,
+# not at 256, 64, 32, 16 or 8 (heuristics did not name it there, or ranked it
+# after their first six), although at 32 rows it would need about 110 MiB (3
+# MiB a row; in NCHW, where it is timed at every size, 0.144 ms and 81 MiB at
+# 32 rows, to which NHWC's copies of x and dy add 1 MiB a row). So the 128 MiB
+# plan is 2 x 128 of engine 48 (1.73 ms executed; PyTorch, unlimited, ran
+# engine 17 on all 256 rows in 1.19 ms), where 8 x 32 of engine 17 would take
+# about 1.35 ms if it scaled as it does in NCHW (H200 benchmark cache and
+# docs/results/2026-12-01-h200-s10-frontier-one-clock.json.gz; not measured).
+#
+# ``find_carry=True`` makes find() remember, per kernel (problem at batch 1,
+# direction), two kinds of configs from each find():
+# - blocked (:func:`blocked_ahead`): those some heuristics mode ranks among
+#   its first k (``find_top_k``) and ahead of its first config that fits the
+#   cap, and that need more workspace than the cap (what
+#   ``blocked_workspace`` reports the least of, which sends a capped
+#   benchmark's descent on to smaller sizes, Note [size pruning]);
+# - leaders (:func:`leaders`): the results within CARRY_LEAD of the best.
+# At every later find() of the kernel (sizes are found largest first), those
+# that are not already candidates (:func:`carried_ids`; nor far behind, Note
+# [far behind at another size]) are built from their id on this size's
+# operation graph; those that cuDNN accepts, whose numerics the problem
+# allows, that do not compile kernels at run time (unless ``find_rtc="all"``)
+# and whose engine config reports workspace within the cap are finalized and
+# timed with the rest (``FindProfile.carried`` counts them). The memory comes
+# from find() calls only: a size answered from the benchmark cache adds
+# nothing to it. Off by default until an H200 run shows it pays
+# (tools/cold_start.py ``--configs carry``; tools/frontier.py
+# ``--backend-option find_carry=True`` with a fresh ``--cache``).
+
+#: Note [carried to other sizes]: a result within this factor of its find()'s
+#: best is a leader, carried to the kernel's other sizes.
+CARRY_LEAD = 1.1
+
+
+def blocked_ahead(infos: Sequence[gd.EngineConfigInfo], want: int,
+                  rankings: Mapping[str, Sequence[str]], k: Optional[int]) -> list[str]:
+    """Note [carried to other sizes]: the ids of the configs in ``infos``
+    (numerics allowed) that need more than ``want`` bytes and that some
+    heuristics mode ranks among its first ``k`` (all, for None) and ahead of
+    its first config that fits ``want`` (a config whose workspace is not
+    reported counts as fitting); by mode, then rank, no repeats.
+
+    >>> c = [gd.EngineConfigInfo(i, (), workspace_bytes=w)
+    ...      for i, w in ((17, 400), (48, 60), (34, 300), (1, 0), (2, 500))]
+    >>> blocked_ahead(c, 64, {"A": ["e17", "e48", "e34"], "B": ["e34", "e2", "e1"]}, 6)
+    ['e17', 'e34', 'e2']
+    >>> blocked_ahead(c, 64, {"B": ["e34", "e2", "e1"]}, 1)
+    ['e34']
+    >>> blocked_ahead(c, 1000, {"A": ["e17"]}, None)
+    []
+    """
+    by_id = {c.id: c for c in infos}
+    out: dict[str, None] = {}
+    for ids in rankings.values():
+        for i in list(ids) if k is None else list(ids)[:k]:
+            c = by_id.get(i)
+            if c is None:
+                continue  # numerics not allowed
+            if c.workspace_bytes is None or c.workspace_bytes <= want:
+                break
+            out.setdefault(i, None)
+    return list(out)
+
+
+def leaders(results: Sequence[Any], ratio: float = CARRY_LEAD) -> list[str]:
+    """Note [carried to other sizes]: the configs of ``results`` (AlgoPerf-like:
+    ``algo``, ``time_ms``) that ran within ``ratio`` times the best, fastest first.
+
+    >>> from types import SimpleNamespace as R
+    >>> leaders([R(algo="e48", time_ms=0.83), R(algo="e17", time_ms=0.57),
+    ...          R(algo="e34", time_ms=0.62), R(algo="e1", time_ms=4.4)])
+    ['e17', 'e34']
+    """
+    timed = sorted((r for r in results if r.time_ms > 0), key=lambda r: r.time_ms)
+    if not timed:
+        return []
+    best = timed[0].time_ms
+    return [str(r.algo) for r in timed if r.time_ms <= ratio * best]
+
+
+def carried_ids(blocked: Iterable[str], have: Collection[str], behind: Mapping[str, float],
+                ratio: Optional[float]) -> list[str]:
+    """Note [carried to other sizes]: of the ids remembered (``blocked`` or
+    leaders) at other sizes, those to add to a find() whose candidates are ``have``:
+    not among them, and (with ``ratio``) not more than ``ratio`` times behind
+    the best of a find() at another size (``behind``, Note [far behind at
+    another size]).
+
+    >>> carried_ids(["e17", "e34", "e0"], {"e34"}, {"e0": 40.0, "e17": 1.0}, 16.0)
+    ['e17']
+    >>> carried_ids(["e17", "e0"], set(), {"e0": 40.0}, None)
+    ['e17', 'e0']
+    """
+    return [i for i in blocked
+            if i not in have and (ratio is None or behind.get(i, 0.0) <= ratio)]
