@@ -124,3 +124,20 @@ def test_the_precision_reaches_every_worker_and_its_problems(cs, tmp_path, monke
     assert all(p.dtype == "float32" and p.layout == "NCHW" for p in cs._problems("alexnet", 8))
     with pytest.raises(SystemExit):
         cs.main(["--nets", "alexnet", "--precision", "fp16"])
+
+
+def test_the_workspace_takes_sizes_and_reaches_every_worker_in_bytes(cs, monkeypatch):
+    seen = []
+
+    def run_worker(args, timeout, jit_cache="shared"):
+        seen.append(args)
+        return {"error": "stand-in"}
+
+    monkeypatch.setattr(cs, "_run_worker", run_worker)
+    assert cs.main(["--nets", "alexnet", "--configs", "default", "carry",
+                    "--workspace", "128MiB"]) == 0
+    assert [a[a.index("--workspace") + 1] for a in seen] == [str(128 << 20)] * 2
+    assert cs.main(["--nets", "alexnet", "--configs", "default", "--workspace", "1024"]) == 0
+    assert seen[-1][seen[-1].index("--workspace") + 1] == "1024"
+    with pytest.raises(SystemExit):
+        cs.main(["--nets", "alexnet", "--workspace", "lots"])

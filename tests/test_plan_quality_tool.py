@@ -12,6 +12,7 @@ from tool_support import load_tool
 
 from mucudnn.networks import select
 from mucudnn.optimizer import BenchmarkCache, batch_sizes
+from mucudnn.optimizer.offline import CacheMissError
 from mucudnn.problem import AlgoPerf, Direction
 
 MiB = 1 << 20
@@ -27,12 +28,13 @@ class Measured:
     name, device_name, version = "cudnn-graph", "NVIDIA H200", "91900"
 
 
-def _fill(path, times):
+def _fill(path, times, **precision):
     """A cache for AlexNet conv5 at batch 8: every size of powerOfTwo, algo
     "a" (fast, 32 MiB per sample, so only small sizes fit 64 MiB) and "b"
-    (no workspace); ``times(size, algo)`` gives the ms (None: not measured)."""
+    (no workspace); ``times(size, algo)`` gives the ms (None: not measured);
+    ``precision``: the problem's dtype, layout and math (default fp32 NCHW)."""
     store = BenchmarkCache(path)
-    p = select("alexnet", ["conv5"])[0].problem(8)
+    p = select("alexnet", ["conv5"])[0].problem(8, **precision)
     for d in Direction:
         for s in batch_sizes("powerOfTwo", 8):
             perfs = [AlgoPerf(algo, t, ws, 0, 1)
@@ -87,3 +89,17 @@ def test_micro_batches_the_reference_lacks_are_counted(pq, tmp_path):
     assert res["total"]["unpriced"] == 3 * 4  # three kernels, four micro-batches of "a" each
     for r in res["kernels"]:
         assert r["at_reference"] == pytest.approx(r["predicted"])  # priced at its own times
+
+
+def test_the_precision_picks_the_problems_the_run_measured(pq, tmp_path):
+    """A float32 channels-last run (tools/frontier.py's "fp32cl") is priced on
+    its NHWC problems; read as fp32 NCHW it has no entries for them."""
+    path = tmp_path / "cl.sqlite"
+    spec = pq.PRECISIONS["fp32cl"]
+    _fill(path, _true, dtype=spec["dtype"], layout=spec["layout"], math=spec["math"])
+    res = pq.compare("alexnet", str(path), str(path), batch=8, layers=["conv5"],
+                     precision="fp32cl")
+    assert res["precision"] == "fp32cl"
+    assert all(r["plan"] == [[2, "a"]] * 4 for r in res["kernels"])
+    with pytest.raises(CacheMissError, match="NCHW"):
+        pq.compare("alexnet", str(path), str(path), batch=8, layers=["conv5"])

@@ -113,6 +113,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+def _size(text: str) -> int:
+    """``--workspace``: bytes or a size with a unit (mucudnn's parser; imported
+    here, not at the top, so the parent's imports stay light)."""
+    from mucudnn.units import parse_bytes
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _problems(net: str, batch: int | None, precision: str = "fp32") -> dict:
     """The distinct problems of ``net`` in ``precision`` (tools/frontier.py's
     PRECISIONS: how its problems are built)."""
@@ -324,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None, help="default: each network's own")
     ap.add_argument("--configs", nargs="+", default=["exhaustive", "default"],
                     choices=sorted(CONFIGS))
-    ap.add_argument("--workspace", type=int, default=64 << 20, help="bytes per kernel")
+    ap.add_argument("--workspace", type=_size, default=64 << 20,
+                    help="per kernel: bytes, or a size such as 128MiB")
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                     help="fp32 (NCHW) or bf16cl (bfloat16 channels-last, as AMP runs)")
     ap.add_argument("--policy", default="powerOfTwo")

@@ -32,7 +32,9 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from frontier import PRECISIONS  # noqa: E402  (--precision: how the problems are built)
 from mucudnn.networks import DEFAULT_BATCH, select, unique_problems  # noqa: E402
 from mucudnn.optimizer import CachedBackend, benchmark, optimize_wr  # noqa: E402
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction, Plan  # noqa: E402
@@ -60,15 +62,19 @@ def _price(plan: Plan, ref: dict[int, list[AlgoPerf]]) -> tuple[float, int]:
 
 def compare(net: str, cache: str, reference: str, *, batch: int | None = None,
             limit: int = 64 << 20, policy: str = "powerOfTwo", backend: str = "cudnn-graph",
-            layers: list[str] | None = None) -> dict[str, Any]:
+            layers: list[str] | None = None, precision: str = "fp32") -> dict[str, Any]:
     """The comparison the module docstring describes, as a dict (``kernels``:
     one row per distinct kernel; ``total``: the weighted sums). ``layers``:
-    only these layers of ``net``."""
+    only these layers of ``net``; ``precision``: a key of tools/frontier.py's
+    PRECISIONS (dtype, layout and math of the problems, as the run measured
+    them)."""
     tested, ref_be = CachedBackend(backend, cache=cache), CachedBackend(backend, cache=reference)
     rows = []
     tot = {"predicted": 0.0, "at_reference": 0.0, "reference": 0.0, "unpriced": 0}
     n_batch = batch if batch is not None else DEFAULT_BATCH[net]
-    problems = {lay.name: lay.problem(n_batch) for lay in select(net, layers)}
+    spec = PRECISIONS[precision]
+    problems = {lay.name: lay.problem(n_batch, dtype=spec["dtype"], layout=spec["layout"],
+                                      math=spec["math"]) for lay in select(net, layers)}
     for p, layers_of in unique_problems(problems).items():
         for d in Direction:
             mine = _perf(tested, p, d, policy, limit)
@@ -86,7 +92,8 @@ def compare(net: str, cache: str, reference: str, *, batch: int | None = None,
             for k in ("predicted", "at_reference", "reference"):
                 tot[k] += n * row[k]
             tot["unpriced"] += missing
-    return {"net": net, "limit": limit, "policy": policy, "kernels": rows, "total": tot}
+    return {"net": net, "precision": precision, "limit": limit, "policy": policy,
+            "kernels": rows, "total": tot}
 
 
 def _table(res: dict[str, Any]) -> str:
@@ -121,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", nargs="+", default=None, help="only these layers")
     ap.add_argument("--workspace", default="64MiB", help="per-kernel limit (default 64MiB)")
     ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                    help="the problems' dtype, layout and math (tools/frontier.py's PRECISIONS)")
     ap.add_argument("--backend", default="cudnn-graph", help="the backend name in the caches")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     res = compare(a.net, a.cache, a.reference, batch=a.batch, limit=parse_bytes(a.workspace),
-                  policy=a.policy, backend=a.backend, layers=a.layers)
+                  policy=a.policy, backend=a.backend, layers=a.layers, precision=a.precision)
     print(_table(res))
     if a.json:
         with open(a.json, "w") as fh:
