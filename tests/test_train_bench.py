@@ -134,3 +134,29 @@ def test_strict_fp32_runs_with_tf32_off(tb, tmp_path):
     assert {r["precision"] for r in report["runs"]} == {"fp32strict"}
     (t,) = report["loss_tracking"]
     assert t["precision"] == "fp32strict" and t["within_1e-3"]
+
+
+def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
+    """Note [loss noise floor]: ``native-heur`` trains PyTorch's own convolutions
+    with cudnn.benchmark off and is reported against native like a converted
+    run; it is not among the default modes."""
+    import torch
+
+    assert "native-heur" not in tb.parse_args(["--device", "cpu"]).modes
+    out = tmp_path / "h.json"
+    before = torch.backends.cudnn.benchmark
+    try:
+        rc = tb.main(["--device", "cpu", "--models", "tiny", "--steps", "2", "--warmup", "1",
+                      "--batch", "4", "--precisions", "fp32", "--modes", "native-heur", "wr",
+                      "native", "--json", str(out)])
+        assert torch.backends.cudnn.benchmark is False  # the last run was native-heur
+    finally:
+        torch.backends.cudnn.benchmark = before
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert [r["mode"] for r in report["runs"]] == ["native", "wr", "native-heur"]
+    heur = report["runs"][2]
+    assert heur["mucudnn_workspace_bytes"] == 0 and "mucudnn_plans" not in heur
+    assert {t["mode"] for t in report["loss_tracking"]} == {"wr", "native-heur"}
+    (h,) = [t for t in report["loss_tracking"] if t["mode"] == "native-heur"]
+    assert h["max_rel_diff"] == 0.0  # on the CPU both are PyTorch's one algorithm

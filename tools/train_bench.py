@@ -7,7 +7,11 @@ momentum, it trains with each combination of
 
 * mode: ``native`` (``torch.backends.cudnn.benchmark=True``), ``wr``
   (``mucudnn.torch.convert``, ``--workspace`` per kernel), ``wd`` (one
-  ``--total-workspace`` budget for all kernels);
+  ``--total-workspace`` budget for all kernels), and on request
+  ``native-heur`` (native with ``cudnn.benchmark=False``: the algorithms
+  cuDNN's heuristics pick instead of the fastest timed ones; its losses
+  against ``native``'s are the noise floor of the loss check, Note [loss
+  noise floor]);
 * precision: ``fp32`` (TF32 allowed, PyTorch's default for convolutions),
   ``amp`` (autocast bfloat16, channels_last model and inputs) and
   ``fp32strict`` (TF32 off for convolutions and matmuls: the precision in
@@ -78,7 +82,10 @@ except ImportError:  # pragma: no cover
     tqdm = None
 
 MODELS = ("resnet18", "resnet50", "vgg16", "alexnet", "tiny")
-MODES = ("native", "wr", "wd")
+MODES = ("native", "wr", "wd", "native-heur")
+DEFAULT_MODES = ("native", "wr", "wd")
+#: modes that run PyTorch's own convolutions
+NATIVE_MODES = ("native", "native-heur")
 PRECISIONS = ("fp32", "amp", "fp32strict", "fp32cl")
 #: precisions whose model and inputs are channels_last
 CHANNELS_LAST = ("amp", "fp32cl")
@@ -88,6 +95,17 @@ IMAGE_SIZE = {"tiny": 32}
 NUM_CLASSES = 1000
 LOSSES_KEPT = 30
 LOSS_TRACK_TOL = 1e-3
+
+# Note [loss noise floor]: the issue asks converted losses to track native
+# ones within 1e-3 (relative) for 30 steps in float32. Two runs that differ
+# only in which cuDNN algorithms compute the convolutions round differently
+# (a different summation order, each result still exact to float32's or
+# TF32's precision), and 30 SGD steps on random labels amplify that: on the
+# H200 converted ResNet-18 in strict fp32 tracked within 1.65e-3 eager and
+# 9.2e-4 captured (docs/BENCHMARKS.md, "More training runs"). How much of that
+# is any change of algorithm, not mucudnn's, is what ``native-heur`` measures:
+# PyTorch itself with cuDNN's heuristic choices (cudnn.benchmark=False)
+# instead of its timed ones, reported against ``native`` like a converted run.
 DEFAULT_CONSTRAINED_BATCHES = "64,96,128,160,192,224,256,320,384,448,512"
 
 
@@ -145,7 +163,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50"])
-    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
+                    help="native-heur: PyTorch with cudnn.benchmark=False, the noise floor "
+                         "of the loss check (Note [loss noise floor]; not run by default)")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32", "amp"])
     ap.add_argument("--execution", choices=EXECUTIONS + ("both",), default="both")
     ap.add_argument("--batch", type=_positive, default=None,
@@ -270,7 +290,7 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
     """Train ``warmup + steps`` steps; return the run's numbers (see the module doc)."""
     steps = args.steps if steps is None else steps
     warmup = args.warmup if warmup is None else warmup
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = mode != "native-heur"  # Note [loss noise floor]
     tf32 = precision != "fp32strict"
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -343,9 +363,9 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
         "max_memory_allocated": (torch.cuda.max_memory_allocated(device)
                                  if device.type == "cuda" else None),
         "device_memory_used": (free0 - free1) if free0 is not None else None,
-        "mucudnn_workspace_bytes": mt.workspace_bytes(device) if mode != "native" else 0,
+        "mucudnn_workspace_bytes": mt.workspace_bytes(device) if mode not in NATIVE_MODES else 0,
     }
-    if mode != "native":
+    if mode not in NATIVE_MODES:
         # what a step launches: micro-batches of every plan of this run's batch
         # (each costs host time in eager mode, docs/BENCHMARKS.md "The call path")
         plans = [pl for c in mt.cached_convolutions() if c.problem.batch == batch
@@ -455,8 +475,9 @@ def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict
 
 # -- the whole benchmark --------------------------------------------------------------------------------
 def loss_tracking(runs: list[dict]) -> list[dict]:
-    """Max relative difference of each converted run's losses from the native
-    run of the same model, precision and execution."""
+    """Max relative difference of each converted (or ``native-heur``, Note
+    [loss noise floor]) run's losses from the native run of the same model,
+    precision and execution."""
     native = {(r["model"], r["precision"], r["execution"]): r["losses"]
               for r in runs if r.get("mode") == "native" and r.get("losses")}
     out = []
