@@ -376,7 +376,9 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
 # from find() calls only: a size answered from the benchmark cache adds
 # nothing to it. Off by default until an H200 run shows it pays
 # (tools/cold_start.py ``--configs carry``; tools/frontier.py
-# ``--backend-option find_carry=True`` with a fresh ``--cache``).
+# ``--backend-option find_carry=True`` with a fresh ``--cache``: benchmarked
+# without a cap first, as the frontier does, engine 17 leads at 128 rows and
+# is carried down as a leader).
 
 #: Note [carried to other sizes]: a result within this factor of its find()'s
 #: best is a leader, carried to the kernel's other sizes.
