@@ -87,37 +87,36 @@ def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
     assert cs.CONFIGS["carry"] == {"find_carry": True}
 
 
-def test_keep_caches_reaches_every_worker(cs, tmp_path, monkeypatch):
-    """--keep-caches DIR is handed to each worker (absolute); a mucudnn worker
-    copies its benchmark cache there as NET-CONFIG.sqlite."""
-    seen = []
+@pytest.fixture
+def workers(cs, monkeypatch):
+    """The arguments of every worker main() would start; none is started."""
+    seen: list[list[str]] = []
 
     def run_worker(args, timeout, jit_cache="shared"):
         seen.append(args)
         return {"error": "stand-in"}
 
     monkeypatch.setattr(cs, "_run_worker", run_worker)
+    return seen
+
+
+def test_keep_caches_reaches_every_worker(cs, tmp_path, workers):
+    """--keep-caches DIR is handed to each worker (absolute); a mucudnn worker
+    copies its benchmark cache there as NET-CONFIG.sqlite."""
     keep = tmp_path / "caches"
     assert cs.main(["--nets", "alexnet", "--configs", "default", "exhaustive",
                     "--keep-caches", str(keep)]) == 0
-    assert [a[a.index("--worker") + 1] for a in seen] == ["default", "exhaustive"]
-    for args in seen:
+    assert [a[a.index("--worker") + 1] for a in workers] == ["default", "exhaustive"]
+    for args in workers:
         assert args[args.index("--keep-caches") + 1] == str(keep.resolve())
 
 
-def test_the_precision_reaches_every_worker_and_its_problems(cs, tmp_path, monkeypatch, capsys):
+def test_the_precision_reaches_every_worker_and_its_problems(cs, workers, capsys):
     """--precision bf16cl: every worker (PyTorch's too) is told, its problems
     are bfloat16 NHWC (what AMP channels-last runs), and rows are labelled."""
-    seen = []
-
-    def run_worker(args, timeout, jit_cache="shared"):
-        seen.append(args)
-        return {"error": "stand-in"}
-
-    monkeypatch.setattr(cs, "_run_worker", run_worker)
     assert cs.main(["--nets", "alexnet", "--configs", "default", "--torch",
                     "--precision", "bf16cl"]) == 0
-    assert [a[a.index("--precision") + 1] for a in seen] == ["bf16cl", "bf16cl"]
+    assert [a[a.index("--precision") + 1] for a in workers] == ["bf16cl", "bf16cl"]
     assert "| alexnet (bf16cl) | default | error:" in capsys.readouterr().out
     problems = list(cs._problems("alexnet", 8, "bf16cl"))
     assert problems and all(p.dtype == "bfloat16" and p.layout == "NHWC" for p in problems)
@@ -126,18 +125,11 @@ def test_the_precision_reaches_every_worker_and_its_problems(cs, tmp_path, monke
         cs.main(["--nets", "alexnet", "--precision", "fp16"])
 
 
-def test_the_workspace_takes_sizes_and_reaches_every_worker_in_bytes(cs, monkeypatch):
-    seen = []
-
-    def run_worker(args, timeout, jit_cache="shared"):
-        seen.append(args)
-        return {"error": "stand-in"}
-
-    monkeypatch.setattr(cs, "_run_worker", run_worker)
+def test_the_workspace_takes_sizes_and_reaches_every_worker_in_bytes(cs, workers):
     assert cs.main(["--nets", "alexnet", "--configs", "default", "carry",
                     "--workspace", "128MiB"]) == 0
-    assert [a[a.index("--workspace") + 1] for a in seen] == [str(128 << 20)] * 2
+    assert [a[a.index("--workspace") + 1] for a in workers] == [str(128 << 20)] * 2
     assert cs.main(["--nets", "alexnet", "--configs", "default", "--workspace", "1024"]) == 0
-    assert seen[-1][seen[-1].index("--workspace") + 1] == "1024"
+    assert workers[-1][workers[-1].index("--workspace") + 1] == "1024"
     with pytest.raises(SystemExit):
         cs.main(["--nets", "alexnet", "--workspace", "lots"])
