@@ -16,7 +16,8 @@ from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
 from mucudnn.backends import _device, cudnn_graph
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
-from mucudnn.backends.graph_candidates import CARRY_LEAD, blocked_ahead, carried_ids, leaders
+from mucudnn.backends.graph_candidates import (CARRY_LEAD, carried_ids, leaders, over_cap,
+                                               top_k_cut)
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction
 
 MiB = 1 << 20
@@ -38,28 +39,18 @@ def ranked(draw):
 
 @given(data=ranked(), want=st.sampled_from([0, 8 * MiB, 64 * MiB, 1 << 40]),
        k=st.one_of(st.none(), st.integers(1, 6)))
-def test_blocked_ahead_is_what_some_mode_ranks_ahead_of_its_first_fit(data, want, k):
-    """A config is blocked exactly when some mode ranks it among its first k,
-    every config that mode ranks before it (that the problem allows) needs more
-    than ``want``, and so does it; no repeats."""
+def test_over_cap_is_what_the_rank_cut_would_keep_but_the_cap_leaves_out(data, want, k):
+    """A config is over the cap exactly when some mode ranks it among its
+    first k configs that the problem allows (top_k_cut's rule without a cap)
+    and it reports more than ``want``; no repeats."""
     infos, ranks = data
     by_id = {c.id: c for c in infos}
-    got = blocked_ahead(infos, want, ranks, k)
+    got = over_cap(infos, want, ranks, k)
     assert len(got) == len(set(got))
-
-    def over(i: str) -> bool:
-        ws = by_id[i].workspace_bytes
-        return ws is not None and ws > want
-
-    expect = set()
-    for ids in ranks.values():
-        head = [i for i in (ids if k is None else ids[:k]) if i in by_id]
-        for i in head:
-            if not over(i):
-                break
-            expect.add(i)
-    assert set(got) == expect
-    assert all(over(i) for i in got)
+    nocap = {c.id for c in top_k_cut(infos, k, ranks, keep_zero=False)}
+    ranked = {i for ids in ranks.values() for i in ids}
+    assert set(got) == {i for i in nocap & ranked if by_id[i].workspace_bytes is not None
+                        and by_id[i].workspace_bytes > want}
 
 
 @given(times=st.lists(st.floats(0.001, 100.0), max_size=8),
@@ -95,11 +86,11 @@ def test_carried_ids_are_the_remembered_ones_not_yet_candidates_nor_far_behind(
 #: AlexNet conv2's backward-filter in float32 channels-last, as on the H200
 #: (Note [carried to other sizes]): per batch size, the configs heuristics name
 #: (mode A's order) with their workspace in MiB and time in ms; engine 17 is
-#: named at 128 rows only. ``ENGINES``: what cuDNN reports for a config built
+#: named at 128 rows only, after a config that fits 128 MiB (as on the H200). ``ENGINES``: what cuDNN reports for a config built
 #: from its id at a size (absent: it refuses); e70 compiles its kernels at run
 #: time and e90 needs a numerics note the problem does not allow.
 NAMED = {
-    128: [("e17", 404, 0.573), ("e48", 125, 0.827), ("e34", 155, 0.917), ("e70", 8, 0.60)],
+    128: [("e48", 125, 0.827), ("e17", 404, 0.573), ("e34", 155, 0.917), ("e70", 8, 0.60)],
     64: [("e48", 62, 0.441), ("e34", 93, 0.471)],
     32: [("e48", 31, 0.238), ("e68", 8, 0.243)],
     16: [("e48", 15, 0.132), ("e68", 8, 0.132)],
@@ -179,7 +170,7 @@ def _descend(be, limit):
 
 def test_a_config_blocked_at_a_larger_size_is_timed_where_it_fits(tables):
     """Under 128 MiB engine 17 is over the cap at 128 rows, where heuristics
-    rank it first: it is tried at 64 rows (cuDNN says 202 MiB: not timed) and
+    rank it second, after a config that fits: it is tried at 64 rows (cuDNN says 202 MiB: not timed) and
     timed at 32 (110 MiB), where heuristics do not name it; at 16 cuDNN
     refuses it. Without find_carry it is never timed."""
     plain = _TableGraph()

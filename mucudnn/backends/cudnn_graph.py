@@ -62,9 +62,9 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
 from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES, FirstTimed,
-                               blocked_ahead, carried_ids, cold_out, far_cut, fitting,
-                               knob_variants, leaders, long_run, note_ratios, numerics_allowed,
-                               rtc_cut, top_k_cut)
+                               carried_ids, cold_out, far_cut, fitting, knob_variants, leaders,
+                               long_run, note_ratios, numerics_allowed, over_cap, rtc_cut,
+                               top_k_cut)
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
@@ -703,7 +703,7 @@ class CudnnGraphBackend(DeviceBackend):
                     memory = self._carry.get_or_create(kernel, dict)
                     carry = carried_ids(list(memory), {c.id for c in cands}, behind,
                                         self.find_skip_ratio)
-                    for i in blocked_ahead(infos, want, rankings, self.find_top_k):
+                    for i in over_cap(infos, want, rankings, self.find_top_k):
                         memory.setdefault(i, None)
                 extra = self._carried_configs(problem, direction, carry, infos, want)
                 prof.carried += len(extra)

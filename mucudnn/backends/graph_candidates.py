@@ -18,8 +18,8 @@ from .._cudnn.enums import BackendBehaviorNote as Behavior
 from .._cudnn.enums import BackendNumericalNote as Note
 
 __all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed",
-           "blocked_ahead", "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
-           "leaders", "note_ratios", "numerics_allowed", "rtc_cut", "top_k_cut"]
+           "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
+           "leaders", "note_ratios", "over_cap", "numerics_allowed", "rtc_cut", "top_k_cut"]
 
 
 #: find()'s search spaces (Note [knob search]).
@@ -360,12 +360,14 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
 #
 # ``find_carry=True`` makes find() remember, per kernel (problem at batch 1,
 # direction), two kinds of configs from each find():
-# - blocked (:func:`blocked_ahead`): those some heuristics mode ranks among
-#   its first k (``find_top_k``) and ahead of its first config that fits the
-#   cap, and that need more workspace than the cap (what
-#   ``blocked_workspace`` reports the least of, which sends a capped
-#   benchmark's descent on to smaller sizes, Note [size pruning]);
+# - over the cap (:func:`over_cap`): those some heuristics mode ranks among
+#   its first k (``find_top_k``), which find() would have timed but for
+#   their workspace (a capped benchmark's descent goes on to the smaller
+#   sizes where such configs would fit, Note [size pruning]);
 # - leaders (:func:`leaders`): the results within CARRY_LEAD of the best.
+# (A first version remembered only the configs ranked ahead of each mode's
+# first config that fits the cap: on the H200 at 128 MiB that missed engine
+# 17, which a mode ranks after a fitting config, and changed no plan.)
 # At every later find() of the kernel (sizes are found largest first), those
 # that are not already candidates (:func:`carried_ids`; nor far behind, Note
 # [far behind at another size]) are built from their id on this size's
@@ -385,33 +387,31 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
 CARRY_LEAD = 1.1
 
 
-def blocked_ahead(infos: Sequence[gd.EngineConfigInfo], want: int,
-                  rankings: Mapping[str, Sequence[str]], k: Optional[int]) -> list[str]:
+def over_cap(infos: Sequence[gd.EngineConfigInfo], want: int,
+             rankings: Mapping[str, Sequence[str]], k: Optional[int]) -> list[str]:
     """Note [carried to other sizes]: the ids of the configs in ``infos``
-    (numerics allowed) that need more than ``want`` bytes and that some
-    heuristics mode ranks among its first ``k`` (all, for None) and ahead of
-    its first config that fits ``want`` (a config whose workspace is not
-    reported counts as fitting); by mode, then rank, no repeats.
+    (numerics allowed) that some heuristics mode ranks among its first ``k``
+    of them (all, for None) and that need more than ``want`` bytes: those the
+    cut of Note [find cut-offs] would keep without the cap; by mode, then
+    rank, no repeats (a config whose workspace is not reported is not over).
 
     >>> c = [gd.EngineConfigInfo(i, (), workspace_bytes=w)
     ...      for i, w in ((17, 400), (48, 60), (34, 300), (1, 0), (2, 500))]
-    >>> blocked_ahead(c, 64, {"A": ["e17", "e48", "e34"], "B": ["e34", "e2", "e1"]}, 6)
+    >>> over_cap(c, 64, {"A": ["e48", "e17", "e34"], "B": ["e9", "e34", "e2", "e1"]}, 6)
     ['e17', 'e34', 'e2']
-    >>> blocked_ahead(c, 64, {"B": ["e34", "e2", "e1"]}, 1)
-    ['e34']
-    >>> blocked_ahead(c, 1000, {"A": ["e17"]}, None)
+    >>> over_cap(c, 64, {"B": ["e9", "e1", "e34"]}, 1)
+    []
+    >>> over_cap(c, 1000, {"A": ["e17"]}, None)
     []
     """
     by_id = {c.id: c for c in infos}
     out: dict[str, None] = {}
     for ids in rankings.values():
-        for i in list(ids) if k is None else list(ids)[:k]:
-            c = by_id.get(i)
-            if c is None:
-                continue  # numerics not allowed
-            if c.workspace_bytes is None or c.workspace_bytes <= want:
-                break
-            out.setdefault(i, None)
+        ranked = [i for i in ids if i in by_id]  # numerics allowed
+        for i in ranked if k is None else ranked[:k]:
+            ws = by_id[i].workspace_bytes
+            if ws is not None and ws > want:
+                out.setdefault(i, None)
     return list(out)
 
 
@@ -433,8 +433,8 @@ def leaders(results: Sequence[Any], ratio: float = CARRY_LEAD) -> list[str]:
 
 def carried_ids(blocked: Iterable[str], have: Collection[str], behind: Mapping[str, float],
                 ratio: Optional[float]) -> list[str]:
-    """Note [carried to other sizes]: of the ids remembered (``blocked`` or
-    leaders) at other sizes, those to add to a find() whose candidates are ``have``:
+    """Note [carried to other sizes]: of the ids remembered (``blocked``: over
+    the cap, or leaders) at other sizes, those to add to a find() whose candidates are ``have``:
     not among them, and (with ``ratio``) not more than ``ratio`` times behind
     the best of a find() at another size (``behind``, Note [far behind at
     another size]).
