@@ -84,7 +84,7 @@ def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
     # find_carry's additions show beside the timed count (Note [carried to other sizes])
     p.timed, p.carried = 30, 3
     assert cs._breakdown(p.as_dict()).split(" | ")[7] == "30 (+3 carried)"
-    assert cs.CONFIGS["carry"] == {"find_carry": True}
+    assert cs.CONFIGS["no-carry"] == {"find_carry": False}
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_the_precision_reaches_every_worker_and_its_problems(cs, workers, capsys
 
 
 def test_the_workspace_takes_sizes_and_reaches_every_worker_in_bytes(cs, workers):
-    assert cs.main(["--nets", "alexnet", "--configs", "default", "carry",
+    assert cs.main(["--nets", "alexnet", "--configs", "default", "no-carry",
                     "--workspace", "128MiB"]) == 0
     assert [a[a.index("--workspace") + 1] for a in workers] == [str(128 << 20)] * 2
     assert cs.main(["--nets", "alexnet", "--configs", "default", "--workspace", "1024"]) == 0

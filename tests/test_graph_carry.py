@@ -86,9 +86,10 @@ def test_carried_ids_are_the_remembered_ones_not_yet_candidates_nor_far_behind(
 #: AlexNet conv2's backward-filter in float32 channels-last, as on the H200
 #: (Note [carried to other sizes]): per batch size, the configs heuristics name
 #: (mode A's order) with their workspace in MiB and time in ms; engine 17 is
-#: named at 128 rows only, after a config that fits 128 MiB (as on the H200). ``ENGINES``: what cuDNN reports for a config built
-#: from its id at a size (absent: it refuses); e70 compiles its kernels at run
-#: time and e90 needs a numerics note the problem does not allow.
+#: named at 128 rows only, after a config that fits 128 MiB (as on the H200).
+#: ``ENGINES``: what cuDNN reports for a config built from its id at a size
+#: (absent: it refuses); e70 compiles its kernels at run time and e90 needs a
+#: numerics note the problem does not allow.
 NAMED = {
     128: [("e48", 125, 0.827), ("e17", 404, 0.573), ("e34", 155, 0.917), ("e70", 8, 0.60)],
     64: [("e48", 62, 0.441), ("e34", 93, 0.471)],
@@ -173,12 +174,12 @@ def test_a_config_blocked_at_a_larger_size_is_timed_where_it_fits(tables):
     rank it second, after a config that fits: it is tried at 64 rows (cuDNN says 202 MiB: not timed) and
     timed at 32 (110 MiB), where heuristics do not name it; at 16 cuDNN
     refuses it. Without find_carry it is never timed."""
-    plain = _TableGraph()
+    plain = _TableGraph(find_carry=False)
     _descend(plain, 128 * MiB)
     assert all("e17" not in ids for ids in plain.rounds.values())
     assert plain.find_profile.carried == 0
 
-    be = _TableGraph(find_carry=True)
+    be = _TableGraph()  # find_carry=True is the default
     found = _descend(be, 128 * MiB)
     assert "e17" not in be.rounds[64] and "e17" not in be.rounds[16]
     assert be.rounds[32] == plain.rounds[32] + ["e17"]

@@ -244,7 +244,7 @@ class CudnnGraphBackend(DeviceBackend):
     ``find_carry``: also time, at each batch size of a kernel, the configs
     that led the find() of another size before, or that heuristics preferred
     there but that needed more workspace than the cap, where they fit (Note
-    [carried to other sizes]; default False).
+    [carried to other sizes]; default True).
     ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
@@ -269,7 +269,7 @@ class CudnnGraphBackend(DeviceBackend):
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
                  find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
                  find_long_ms: Optional[float] = LONG_RUN_MS, find_zero: str = "each",
-                 find_carry: bool = False, search: str = "heuristics", search_knob_values: int = 6,
+                 find_carry: bool = True, search: str = "heuristics", search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
                  pack_cache_size: int = 64) -> None:

@@ -376,11 +376,18 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
 # and whose engine config reports workspace within the cap are finalized and
 # timed with the rest (``FindProfile.carried`` counts them). The memory comes
 # from find() calls only: a size answered from the benchmark cache adds
-# nothing to it. Off by default until an H200 run shows it pays
-# (tools/cold_start.py ``--configs carry``; tools/frontier.py
-# ``--backend-option find_carry=True`` with a fresh ``--cache``: benchmarked
-# without a cap first, as the frontier does, engine 17 leads at 128 rows and
-# is carried down as a leader).
+# nothing to it.
+#
+# On by default since the eleventh session's H200 runs (docs/BENCHMARKS.md,
+# "Eleventh session"; cold optimisation with fresh caches, float32
+# channels-last): AlexNet's executed plans at 128 MiB 9.59 -> 9.31 ms (timing
+# every heuristics candidate: 9.32 ms, in 82 s), at 64 MiB 10.21 -> 10.15 ms;
+# ResNet-18 10.97 -> 10.96 ms; optimisation 11.8 -> 11.3 s, 11.3 -> 11.0 s,
+# 7.2 -> 7.3 s, with 20-42 configs carried per network. In the frontier
+# (unlimited first, the leaders carry engine 17 down) AlexNet at 128 MiB went
+# from 9.79 to 9.42 ms, +2.1% -> -0.5% against PyTorch's channels-last calls
+# on one clock. ``find_carry=False`` (tools/cold_start.py ``--configs
+# no-carry``) turns it off.
 
 #: Note [carried to other sizes]: a result within this factor of its find()'s
 #: best is a leader, carried to the kernel's other sizes.
