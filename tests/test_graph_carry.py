@@ -219,3 +219,16 @@ def test_carried_configs_keep_the_problems_numerics(tables, monkeypatch):
 def test_find_carry_is_checked_before_any_device_work():
     with pytest.raises(TypeError, match="find_carry: expected True or False"):
         CudnnGraphBackend(find_carry="yes")
+
+
+def test_a_carried_config_that_does_not_lead_is_timed_once(tables, monkeypatch):
+    """Engine 17 carried down from 128 rows (no cap) but slower than the best at
+    64 rows is forgotten there: it is not timed at 32, although it would fit."""
+    monkeypatch.setitem(TIMES, (64, "e17"), 0.90)  # behind e48's 0.441 at 64 rows
+    be = _TableGraph()
+    _descend(be, None)
+    assert be.rounds[64][-1:] == ["e17"]
+    assert "e17" not in be.rounds[32]
+    assert be.find_profile.carried == 1
+    memory = be._carry.get((P.with_batch(1).key(), BWD_FILTER.value))
+    assert "e17" not in memory and "e48" in memory

@@ -62,9 +62,9 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
 from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES, FirstTimed,
-                               carried_ids, cold_out, far_cut, fitting, knob_variants, leaders,
-                               long_run, note_ratios, numerics_allowed, over_cap, rtc_cut,
-                               top_k_cut)
+                               carried_ids, cold_out, far_cut, fitting, knob_variants,
+                               long_run, note_ratios, numerics_allowed, over_cap, remember,
+                               rtc_cut, top_k_cut)
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
            "format_engine_config_id", "parse_engine_config_id"]
@@ -693,6 +693,7 @@ class CudnnGraphBackend(DeviceBackend):
             kernel = (problem.with_batch(1).key(), direction.value)
             with self._lock:
                 behind = dict(self._behind.get(kernel) or {})
+            extra: list[gd.EngineConfigInfo] = []  # Note [carried to other sizes]
             if self.find_skip_ratio is not None:
                 near = far_cut(cands, behind, self.find_skip_ratio, keep_zero)
                 prof.far_cut += len(cands) - len(near)
@@ -728,8 +729,8 @@ class CudnnGraphBackend(DeviceBackend):
                     note_ratios(self._behind.get_or_create(kernel, dict), out)
             if self.find_carry and out:
                 with self._lock:  # Note [carried to other sizes]
-                    self._carry.get_or_create(kernel, dict).update(
-                        dict.fromkeys(leaders(out)))
+                    remember(self._carry.get_or_create(kernel, dict), out,
+                             {c.id for c in extra})
         prof.calls += 1
         prof.timed += len(out)
         prof.total_s += time.perf_counter() - t_start

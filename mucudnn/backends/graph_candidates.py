@@ -19,7 +19,8 @@ from .._cudnn.enums import BackendNumericalNote as Note
 
 __all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed",
            "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
-           "leaders", "note_ratios", "over_cap", "numerics_allowed", "rtc_cut", "top_k_cut"]
+           "leaders", "note_ratios", "over_cap", "numerics_allowed", "remember", "rtc_cut",
+           "top_k_cut"]
 
 
 #: find()'s search spaces (Note [knob search]).
@@ -374,7 +375,9 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
 # operation graph; those that cuDNN accepts, whose numerics the problem
 # allows, that do not compile kernels at run time (unless ``find_rtc="all"``)
 # and whose engine config reports workspace within the cap are finalized and
-# timed with the rest (``FindProfile.carried`` counts them). The memory comes
+# timed with the rest (``FindProfile.carried`` counts them). A carried config
+# that runs without leading is forgotten (:func:`remember`): timed once, at
+# the first size where it fits, it is carried on only while it leads. The memory comes
 # from find() calls only: a size answered from the benchmark cache adds
 # nothing to it.
 #
@@ -436,6 +439,29 @@ def leaders(results: Sequence[Any], ratio: float = CARRY_LEAD) -> list[str]:
         return []
     best = timed[0].time_ms
     return [str(r.algo) for r in timed if r.time_ms <= ratio * best]
+
+
+def remember(memory: MutableMapping[str, None], results: Sequence[Any],
+             carried: Collection[str]) -> None:
+    """Note [carried to other sizes]: after a find() whose ``results``
+    (AlgoPerf-like) include the ``carried`` configs, keep its leaders in
+    ``memory`` and drop the carried configs that ran without leading: a
+    config carried down for its rank at a larger size is timed once, at the
+    first smaller size where it fits, and carried on only while it leads.
+
+    >>> from types import SimpleNamespace as R
+    >>> memory = dict.fromkeys(["e17", "e34", "e0"])
+    >>> remember(memory, [R(algo="e17", time_ms=0.17), R(algo="e48", time_ms=0.24),
+    ...                   R(algo="e34", time_ms=0.26)], {"e17", "e34"})
+    >>> list(memory)
+    ['e17', 'e0']
+    """
+    lead = leaders(results)
+    for r in results:
+        key = str(r.algo)
+        if key in carried and key not in lead:
+            memory.pop(key, None)
+    memory.update(dict.fromkeys(lead))
 
 
 def carried_ids(blocked: Iterable[str], have: Collection[str], behind: Mapping[str, float],
