@@ -386,7 +386,10 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
 # channels-last): AlexNet's executed plans at 128 MiB 9.59 -> 9.31 ms (timing
 # every heuristics candidate: 9.32 ms, in 82 s), at 64 MiB 10.21 -> 10.15 ms;
 # ResNet-18 10.97 -> 10.96 ms; optimisation 11.8 -> 11.3 s, 11.3 -> 11.0 s,
-# 7.2 -> 7.3 s, with 20-42 configs carried per network. In the frontier
+# 7.2 -> 7.3 s, with 20-42 configs carried per network; float32 NCHW and
+# bf16 plans unchanged, their optimisation 0.5-0.8 s longer (60-70 carried),
+# which :func:`remember` cut to nothing measurable (AlexNet 9.7 -> 9.5 s,
+# ResNet-18 7.5 -> 7.6 s; 35 and 49 carried). In the frontier
 # (unlimited first, the leaders carry engine 17 down) AlexNet at 128 MiB went
 # from 9.79 to 9.42 ms, +2.1% -> -0.5% against PyTorch's channels-last calls
 # on one clock. ``find_carry=False`` (tools/cold_start.py ``--configs
