@@ -8,7 +8,7 @@
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
 #   QUALITY_CONFIGS="default no-skip" bash tools/gpu_run.sh tests quality  # find() configs vs exhaustive
-#   QUALITY_CONFIGS="default carry" QUALITY_PRECISION=fp32cl QUALITY_WORKSPACE=128MiB \
+#   QUALITY_CONFIGS="default no-carry" QUALITY_PRECISION=fp32cl QUALITY_WORKSPACE=128MiB \
 #     bash tools/gpu_run.sh quality   # the same in float32 channels-last under 128 MiB
 set -u -o pipefail
 cd "$(dirname "$0")/.."
