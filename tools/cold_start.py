@@ -114,13 +114,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def _size(text: str) -> int:
-    """``--workspace``: bytes or a size with a unit (mucudnn's parser; imported
-    here, not at the top, so the parent's imports stay light)."""
-    from mucudnn.units import parse_bytes
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    """``--workspace``: bytes or a size with a unit (the command line's parser,
+    imported here, not at the top, so the parent's imports stay light)."""
+    from mucudnn.__main__ import parse_size
+    return parse_size(text)
 
 
 def _problems(net: str, batch: int | None, precision: str = "fp32") -> dict:

@@ -69,7 +69,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
-from mucudnn.units import format_bytes, parse_bytes  # noqa: E402
+from mucudnn.__main__ import parse_size  # noqa: E402  (sizes, argparse errors)
+from mucudnn.units import format_bytes  # noqa: E402
 
 try:  # only the torchvision models need it
     import torchvision
@@ -133,13 +134,6 @@ def build_model(name: str, num_classes: int = NUM_CLASSES) -> nn.Module:
 
 
 # -- arguments ------------------------------------------------------------------------------------
-def _bytes(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except (ValueError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _batches(text: str) -> list[int]:
     try:
         out = sorted({int(v) for v in text.split(",") if v.strip()})
@@ -173,9 +167,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=_positive, default=30, help="timed steps (default 30)")
     ap.add_argument("--warmup", type=_positive, default=5,
                     help="untimed steps first (planning, cudnn.benchmark; >= 3 before a capture)")
-    ap.add_argument("--workspace", type=_bytes, default=64 << 20,
+    ap.add_argument("--workspace", type=parse_size, default=64 << 20,
                     help="WR workspace limit per kernel (default 64MiB)")
-    ap.add_argument("--total-workspace", type=_bytes, default=512 << 20,
+    ap.add_argument("--total-workspace", type=parse_size, default=512 << 20,
                     help="WD budget for all kernels (default 512MiB)")
     ap.add_argument("--policy", default="powerOfTwo")
     ap.add_argument("--backend", default=None, help="mucudnn backend (default: mucudnn's)")
@@ -188,7 +182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="run only the constrained-memory search")
     ap.add_argument("--constrained-models", nargs="+", choices=MODELS,
                     default=["resnet50", "vgg16"])
-    ap.add_argument("--memory", type=_bytes, default=16 << 30,
+    ap.add_argument("--memory", type=parse_size, default=16 << 30,
                     help="emulated GPU memory for --constrained (default 16GiB)")
     ap.add_argument("--constrained-batches", type=_batches,
                     default=_batches(DEFAULT_CONSTRAINED_BATCHES))
