@@ -92,7 +92,7 @@ def positive_int(text: str) -> int:
     return n
 
 
-def _policy(text: str) -> Any:
+def parse_policy(text: str) -> Any:
     """A named policy, or sizes such as ``64,32`` (returned as a list of ints)."""
     value: Any = text
     if re.fullmatch(r"[0-9,\s]+", text):
@@ -186,7 +186,7 @@ def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) ->
                    choices=["default", "fma", "tensor_op", "tensor_op_allow_conversion"])
     p.add_argument("--workspace", type=parse_size, default=64 << 20,
                    help="workspace limit per kernel, e.g. 64MiB (default 64MiB)")
-    p.add_argument("--policy", type=_policy, default="powerOfTwo",
+    p.add_argument("--policy", type=parse_policy, default="powerOfTwo",
                    help="batch-size policy: powerOfTwo, all, undivided or a list like 64,32")
     p.add_argument("--mode", default="wr", choices=["wr", "wd"],
                    help="wr: a limit per kernel; wd: one total budget for all kernels")

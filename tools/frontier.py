@@ -92,6 +92,12 @@ def parse_limit(text: str) -> int | None:
     return parse_size(text)
 
 
+def parse_policy(text: str) -> Any:
+    """A batch-size policy: a name, or sizes such as ``64,48,32`` (the command line's parser)."""
+    from mucudnn.__main__ import parse_policy as parse  # argparse errors, like parse_limit's
+    return parse(text)
+
+
 def parse_option(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` of ``--backend-option``: the value as a Python literal
     where it is one, else the string.
@@ -117,7 +123,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--limits", nargs="+", type=parse_limit, default=None,
                     help="per-kernel workspace limits, e.g. 8MiB 64MiB unlimited (default: "
                          f"{', '.join(fmt_limit(l) for l in DEFAULT_LIMITS)})")
-    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--policy", type=parse_policy, default="powerOfTwo",
+                    help="powerOfTwo (default), all, undivided or sizes like 64,48,32")
     ap.add_argument("--backend", default=None,
                     help="mucudnn backend (default: get_backend()'s, cudnn-graph on a GPU)")
     ap.add_argument("--backend-option", action="append", type=parse_option, default=[],

@@ -46,13 +46,14 @@ def parse_kernel(text: str) -> tuple[str, str, str]:
 
 
 def main(argv: Any = None) -> int:
-    from mucudnn.__main__ import parse_size
+    from mucudnn.__main__ import parse_policy, parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", nargs="+", type=parse_kernel,
                     default=[parse_kernel(k) for k in DEFAULT_KERNELS])
     ap.add_argument("--limits", nargs="+", type=parse_size, default=[64 << 20, 128 << 20])
-    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--policy", type=parse_policy, default="powerOfTwo",
+                    help="powerOfTwo (default), all, undivided or sizes like 64,48,32")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layout", default="NCHW")
     ap.add_argument("--knob-values", type=int, default=6)

@@ -69,7 +69,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
-from mucudnn.__main__ import parse_size  # noqa: E402  (sizes, argparse errors)
+from mucudnn.__main__ import parse_policy, parse_size  # noqa: E402  (argparse errors)
 from mucudnn.units import format_bytes  # noqa: E402
 
 try:  # only the torchvision models need it
@@ -171,7 +171,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="WR workspace limit per kernel (default 64MiB)")
     ap.add_argument("--total-workspace", type=parse_size, default=512 << 20,
                     help="WD budget for all kernels (default 512MiB)")
-    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--policy", type=parse_policy, default="powerOfTwo",
+                    help="powerOfTwo (default), all, undivided or sizes like 64,48,32")
     ap.add_argument("--backend", default=None, help="mucudnn backend (default: mucudnn's)")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
