@@ -93,7 +93,10 @@ def parse_limit(text: str) -> int | None:
 
 
 def parse_policy(text: str) -> Any:
-    """A batch-size policy: a name, or sizes such as ``64,48,32`` (the command line's parser)."""
+    """A batch-size policy: a name, or sizes such as ``64,48,32`` (the command line's parser).
+    The default is not parsed: ``--plot-only`` imports no mucudnn."""
+    if text == "powerOfTwo":
+        return text
     from mucudnn.__main__ import parse_policy as parse  # argparse errors, like parse_limit's
     return parse(text)
 
