@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 from tool_support import load_tool
@@ -160,3 +161,113 @@ def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
     assert {t["mode"] for t in report["loss_tracking"]} == {"wr", "native-heur"}
     (h,) = [t for t in report["loss_tracking"] if t["mode"] == "native-heur"]
     assert h["max_rel_diff"] == 0.0  # on the CPU both are PyTorch's one algorithm
+
+
+def test_round_order_rotates(tb):
+    assert [tb.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert tb.round_order(1, 5) == [0]
+    # every job comes first equally often over n rounds
+    assert sorted(tb.round_order(4, r)[0] for r in range(4)) == [0, 1, 2, 3]
+
+
+def test_interleaved_stats_by_hand(tb):
+    """Note [interleaved steps]: per-round medians, then the median over rounds
+    of each mode's round median over the reference's, less one."""
+    step_ms = {"native": [[10.0, 12.0, 11.0], [20.0, 19.0, 30.0], [8.0, 8.0, 12.0]],
+               "wd": [[12.0, 11.5, 13.0], [19.0, 21.0, 20.0], [10.0, 9.0, 8.5]],
+               "wr": [[9.0, 10.0, 11.0], [22.0, 24.0, 23.0], [8.8, 8.0, 9.0]]}
+    s = tb.interleaved_stats(step_ms, "native")
+    # round medians: native 11, 20, 8; wd 12, 20, 9; wr 10, 23, 8.8
+    assert s["round_median_ms"] == {"native": [11.0, 20.0, 8.0], "wd": [12.0, 20.0, 9.0],
+                                    "wr": [10.0, 23.0, 8.8]}
+    # wd: 12/11-1 = 0.0909, 0, 9/8-1 = 0.125 -> 0.0909; wr: -0.0909, 0.15, 0.1 -> 0.1
+    assert set(s["rel_vs_native"]) == {"wd", "wr"}
+    assert math.isclose(s["rel_vs_native"]["wd"], 1 / 11)
+    assert math.isclose(s["rel_vs_native"]["wr"], 0.1)
+    # the median of all nine steps (native's is 12, its round medians' 11)
+    assert s["median_ms"] == {"native": 12.0, "wd": 12.0, "wr": 10.0}
+    # without native, against the mode given, and the key says so
+    s = tb.interleaved_stats({m: step_ms[m] for m in ("wd", "wr")}, "wd")
+    assert "rel_vs_native" not in s and set(s["rel_vs_wd"]) == {"wr"}
+    # wr/wd per round: 10/12-1 = -1/6, 23/20-1 = 0.15, 8.8/9-1 = -0.0222 -> -0.0222
+    assert math.isclose(s["rel_vs_wd"]["wr"], 8.8 / 9 - 1)
+
+
+def test_time_rounds_sets_each_modes_flags_before_its_steps(tb):
+    import torch
+
+    calls = []
+
+    class FakeJob:
+        set_flags = tb.TrainJob.set_flags
+
+        def __init__(self, mode):
+            self.mode, self.precision = mode, "fp32strict"
+
+        def timed_steps(self, steps, timer):
+            calls.append((self.mode, torch.backends.cudnn.benchmark,
+                          torch.backends.cuda.matmul.allow_tf32))
+            for _ in range(steps):
+                timer.stop(timer.start())
+
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+              torch.backends.cuda.matmul.allow_tf32)
+    try:
+        times = tb.time_rounds([FakeJob("native"), FakeJob("native-heur"), FakeJob("wr")], 3, 2,
+                               torch.device("cpu"))
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+         torch.backends.cuda.matmul.allow_tf32) = before
+    assert [c[0] for c in calls] == ["native", "native-heur", "wr", "native-heur", "wr", "native",
+                                     "wr", "native", "native-heur"]
+    assert all(bench == (mode != "native-heur") and tf32 is False for mode, bench, tf32 in calls)
+    assert len(times) == 3 and all(len(r) == 3 and all(len(s) == 2 for s in r) for r in times)
+
+
+def test_interleaved_run_on_cpu(tb, tmp_path, capsys):
+    """--interleave: after the runs, every mode's training state at once, the
+    modes' steps in turn; medians and per-round ratios in the JSON and a table."""
+    out = tmp_path / "i.json"
+    rc = tb.main(["--device", "cpu", "--models", "tiny", "--modes", "native", "wr",
+                  "--interleave", "2", "--interleave-steps", "2", "--steps", "2", "--warmup", "1",
+                  "--execution", "eager", "--batch", "4", "--precisions", "fp32",
+                  "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert [r["mode"] for r in report["runs"]] == ["native", "wr"]
+    (e,) = report["interleaved"]
+    assert "error" not in e, e.get("traceback")
+    assert (e["model"], e["precision"], e["execution"], e["batch"]) == ("tiny", "fp32", "eager", 4)
+    assert (e["rounds"], e["steps_per_round"], e["reference"]) == (2, 2, "native")
+    assert e["modes"] == ["native", "wr"] and set(e["median_ms"]) == {"native", "wr"}
+    for m in e["modes"]:
+        steps = e["step_ms"][m]
+        assert len(steps) == 2 and all(len(r) == 2 and min(r) > 0 for r in steps)
+        assert math.isclose(e["median_ms"][m], statistics.median(t for r in steps for t in r))
+        assert e["median_ms"][m] > 0
+        assert e["round_median_ms"][m] == [statistics.median(r) for r in steps]
+    rel = e["rel_vs_native"]
+    assert set(rel) == {"wr"} and math.isfinite(rel["wr"])
+    ratios = [w / n - 1 for w, n in zip(e["round_median_ms"]["wr"], e["round_median_ms"]["native"])]
+    assert math.isclose(rel["wr"], statistics.median(ratios))
+    printed = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("| tiny | fp32 | eager | ") for line in printed) == 2
+    assert any(line.startswith("| tiny | fp32 | eager | wr | 4 |") and line.endswith("% |")
+               for line in printed)
+
+
+def test_interleave_honours_max_seconds_and_cpu_executions(tb, tmp_path):
+    """No interleaved block past --max-seconds; on the CPU (graph execution is
+    CUDA-only) only eager is planned, interleaved blocks included."""
+    out = tmp_path / "m.json"
+    rc = tb.main(["--device", "cpu", "--models", "tiny", "--steps", "1", "--warmup", "1",
+                  "--batch", "2", "--precisions", "fp32", "--modes", "native", "wr",
+                  "--interleave", "1", "--max-seconds", "0", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["runs"] == [] and report["interleaved"] == []
+    assert [s["run"] for s in report["skipped"]] == [
+        "tiny fp32 eager native", "tiny fp32 eager wr", "interleaved tiny fp32 eager native wr"]
+    for bad in (["--interleave", "-1"], ["--interleave-steps", "0"]):
+        with pytest.raises(SystemExit):
+            tb.parse_args(["--device", "cpu"] + bad)
+    assert tb.parse_args(["--device", "cpu"]).interleave == 0

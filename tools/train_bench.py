@@ -37,6 +37,18 @@ and its images/s. mucudnn's workspace lives outside torch's allocator, so for
 converted models the fraction is reduced by their workspace budget
 (``--workspace`` or ``--total-workspace``): every mode gets the same total.
 
+``--interleave ROUNDS`` compares the modes on one GPU clock (Note
+[interleaved steps]): after the runs of each model, precision and execution,
+the training state of every selected mode is built at once (for ``graph``
+execution, each mode's step captured into its own graph), warmed up, and
+ROUNDS rounds each run ``--interleave-steps`` (K, default 5) timed steps of
+every mode in turn, in an order rotated each round. Per mode: the median
+step time over all its interleaved steps and, for every mode but native, the
+median over rounds of (its round median / native's round median) - 1 (against
+the first mode, ``rel_vs_<mode>``, when native is not selected): the JSON's
+``interleaved`` list and a markdown table after the runs' table. On the CPU
+only eager execution runs, as for the runs.
+
 Results go to ``--json`` after every run (a time-out keeps what was done); a
 short table is printed last. ``--max-seconds`` stops starting new runs after
 that many seconds. Examples::
@@ -44,6 +56,7 @@ that many seconds. Examples::
     python tools/train_bench.py --models resnet50 --json out/resnet50.json
     python tools/train_bench.py --models vgg16 --precisions amp --execution graph
     python tools/train_bench.py --models resnet50 vgg16 --constrained --modes native wr
+    python tools/train_bench.py --models resnet18 --precisions fp32cl --modes native wr --interleave 10
     python tools/train_bench.py --device cpu --models tiny --steps 2 --warmup 1   # smoke test
 """
 
@@ -52,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import json
 import math
 import os
@@ -59,7 +73,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -152,6 +166,13 @@ def _positive(text: str) -> int:
     return v
 
 
+def _nonnegative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {text}")
+    return v
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -191,6 +212,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--constrained-precision", choices=PRECISIONS, default="fp32")
     ap.add_argument("--refine", type=int, default=2,
                     help="bisection steps between the last batch that fit and the first that did not")
+    ap.add_argument("--interleave", type=_nonnegative, default=0, metavar="ROUNDS",
+                    help="after the runs of each model, precision and execution, train every "
+                         "mode at once for ROUNDS rounds of --interleave-steps steps each, "
+                         "in turn (Note [interleaved steps]; default 0: off)")
+    ap.add_argument("--interleave-steps", type=_positive, default=5, metavar="K",
+                    help="timed steps per mode and round of --interleave (default 5)")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no new run after this many seconds")
     ap.add_argument("--json", default=None, help="write all numbers here (after every run)")
@@ -279,71 +306,117 @@ def prepare(args: argparse.Namespace, name: str, mode: str, precision: str,
     return model, opt
 
 
+class TrainJob:
+    """One mode's training state: its model and optimizer (from :func:`prepare`),
+    a static input batch refilled from its own generator before every step, and
+    the step itself, run eagerly or, for ``graph`` execution, replayed from a
+    ``torch.cuda.CUDAGraph`` captured after the warm-up (:meth:`warm_up`).
+
+    The backend flags of its mode and precision (:meth:`set_flags`) are set on
+    construction and by :meth:`warm_up`; code that interleaves several jobs
+    sets them again before each job's steps."""
+
+    def __init__(self, args: argparse.Namespace, name: str, mode: str, precision: str,
+                 execution: str, batch: int, init_state: dict, device: torch.device) -> None:
+        self.mode, self.precision, self.execution = mode, precision, execution
+        self.device = device
+        self.graphed = execution == "graph"
+        self.amp = precision == "amp"
+        self.set_flags()
+        self.model, self.opt = prepare(args, name, mode, precision, init_state, device)
+        size = IMAGE_SIZE.get(name, 224)
+        fmt = torch.channels_last if precision in CHANNELS_LAST else torch.contiguous_format
+        self.x = torch.empty(batch, 3, size, size, device=device, memory_format=fmt)
+        self.t = torch.empty(batch, dtype=torch.long, device=device)
+        self.gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_loss: torch.Tensor | None = None
+
+    def set_flags(self) -> None:
+        """cudnn.benchmark per mode (Note [loss noise floor]), TF32 per precision."""
+        torch.backends.cudnn.benchmark = self.mode != "native-heur"
+        tf32 = self.precision != "fp32strict"
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+    def next_batch(self) -> None:
+        self.x.normal_(generator=self.gen)
+        self.t.random_(0, NUM_CLASSES, generator=self.gen)
+
+    def _eager_step(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=not self.graphed)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp,
+                            cache_enabled=not self.graphed):
+            loss = F.cross_entropy(self.model(self.x), self.t)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def warm_up(self, steps: int) -> tuple[list[torch.Tensor], float | None]:
+        """``steps`` eager steps on fresh batches (on a side stream before a
+        capture), then the capture for ``graph`` execution. Returns the
+        warm-up losses and the seconds the first step took."""
+        self.set_flags()
+        losses: list[torch.Tensor] = []
+        first_step_s = None
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream(self.device) if self.graphed else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for i in range(steps):
+                self.next_batch()
+                losses.append(self._eager_step().detach().float())
+                if i == 0:
+                    _sync(self.device)
+                    first_step_s = time.perf_counter() - t0
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.graphed:
+            self.opt.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self._eager_step()
+        return losses, first_step_s
+
+    def step(self) -> torch.Tensor:
+        """One training step on the current batch (:meth:`next_batch` first);
+        its loss."""
+        if self.graph is not None:
+            self.graph.replay()
+            assert self.static_loss is not None
+            return self.static_loss
+        return self._eager_step()
+
+    def timed_steps(self, steps: int, timer: Timer) -> list[torch.Tensor]:
+        """``steps`` steps on fresh batches, each timed by ``timer`` (the batch
+        refill outside the interval); their losses."""
+        losses = []
+        for _ in range(steps):
+            self.next_batch()
+            begin = timer.start()
+            loss = self.step()
+            timer.stop(begin)
+            losses.append(loss.detach().float().clone())
+        return losses
+
+    def release(self) -> None:
+        """Drop the graph, model, optimizer and tensors (for :func:`cleanup`)."""
+        self.graph = self.static_loss = None
+        self.model = self.opt = self.x = self.t = None  # type: ignore[assignment]
+
+
 def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, execution: str,
               batch: int, init_state: dict, device: torch.device, steps: int | None = None,
               warmup: int | None = None, keep_losses: int = LOSSES_KEPT) -> dict:
     """Train ``warmup + steps`` steps; return the run's numbers (see the module doc)."""
     steps = args.steps if steps is None else steps
     warmup = args.warmup if warmup is None else warmup
-    torch.backends.cudnn.benchmark = mode != "native-heur"  # Note [loss noise floor]
-    tf32 = precision != "fp32strict"
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
     free0 = _free_bytes(device)
-    model, opt = prepare(args, name, mode, precision, init_state, device)
-    size = IMAGE_SIZE.get(name, 224)
-    fmt = torch.channels_last if precision in CHANNELS_LAST else torch.contiguous_format
-    x = torch.empty(batch, 3, size, size, device=device, memory_format=fmt)
-    t = torch.empty(batch, dtype=torch.long, device=device)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    amp = precision == "amp"
-    graphed = execution == "graph"
-
-    def next_batch() -> None:
-        x.normal_(generator=gen)
-        t.random_(0, NUM_CLASSES, generator=gen)
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=not graphed)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp,
-                            cache_enabled=not graphed):
-            loss = F.cross_entropy(model(x), t)
-        loss.backward()
-        opt.step()
-        return loss
-
-    losses: list[torch.Tensor] = []
+    job = TrainJob(args, name, mode, precision, execution, batch, init_state, device)
+    losses, first_step_s = job.warm_up(warmup)
     timer = Timer(device)
-    t0 = time.perf_counter()
-    first_step_s = None
-    side = torch.cuda.Stream(device) if graphed else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        for i in range(warmup):
-            next_batch()
-            losses.append(step().detach().float())
-            if i == 0:
-                _sync(device)
-                first_step_s = time.perf_counter() - t0
-    if side is not None:
-        torch.cuda.current_stream(device).wait_stream(side)
-    graph = None
-    if graphed:
-        opt.zero_grad(set_to_none=True)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_loss = step()
-    for _ in range(steps):
-        next_batch()
-        begin = timer.start()
-        if graph is not None:
-            graph.replay()
-            loss = static_loss
-        else:
-            loss = step()
-        timer.stop(begin)
-        losses.append(loss.detach().float().clone())
+    losses += job.timed_steps(steps, timer)
     times = timer.times_ms()
     _sync(device)
     free1 = _free_bytes(device)
@@ -357,7 +430,7 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
                    if keep_losses else []),
         "max_memory_allocated": (torch.cuda.max_memory_allocated(device)
                                  if device.type == "cuda" else None),
-        "device_memory_used": (free0 - free1) if free0 is not None else None,
+        "device_memory_used": (free0 - free1) if free0 is not None and free1 is not None else None,
         "mucudnn_workspace_bytes": mt.workspace_bytes(device) if mode not in NATIVE_MODES else 0,
     }
     if mode not in NATIVE_MODES:
@@ -367,15 +440,116 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
                  for pl in c.plans.values()]
         out["mucudnn_plans"] = len(plans)
         out["mucudnn_micro_batches"] = sum(len(pl.micro_batches) for pl in plans)
-    planner = getattr(model, "mucudnn_planner", None)
+    planner = getattr(job.model, "mucudnn_planner", None)
     if planner is not None:
         chosen = [p for plans in planner.plans.values() for p in plans.values()]
         out["wd_kernels"] = len(chosen)
         out["wd_planned_workspace_bytes"] = sum(p.workspace_bytes for p in chosen)
-    # release the model, its buffers and the graph before the next run (the closures
-    # above are done with them)
-    graph = model = opt = x = t = losses = None  # noqa: F841
+    # release the model, its buffers and the graph before the next run
+    job.release()
     return out
+
+
+# -- interleaved steps ----------------------------------------------------------------------------
+# Note [interleaved steps]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# The runs above train one mode after another, and each reports its own median
+# step time. Between runs the GPU's clock moves (Note [interleaved timing] in
+# mucudnn/bench.py: under the power cap the H200's SM clock ranged over
+# 1545-1965 MHz), by about 2% from run to run on the H200, so a 1.5%
+# difference between native and converted read off two runs is not resolved.
+# ``--interleave ROUNDS`` compares the modes on one clock, as mucudnn's kernel
+# timing does: after a model's, precision's and execution's runs, the training
+# state of every mode is built at once (each from the same initial weights,
+# with its own optimizer and input batch, and for graph execution its own
+# captured graph), each is warmed up, and then ROUNDS rounds each run
+# ``--interleave-steps`` timed steps of every mode in turn, the order rotated
+# by one each round so that no mode always comes first in a round. Each mode's
+# time is the median of all its steps; its difference from native is the
+# median over rounds of (its median in the round / native's median in the
+# same round) - 1, so drift between rounds cancels in each ratio. What
+# interleaving does not remove is the choice cudnn.benchmark makes once per
+# process (docs/BENCHMARKS.md, "`find_carry`": PyTorch's own ResNet-18 moved
+# within a 2.6% band over five processes): native's interleaved steps run with
+# this process's one choice, so only repeating the whole command measures it.
+def round_order(n: int, round_index: int) -> list[int]:
+    """The order of ``n`` jobs in round ``round_index``: rotated by one each round.
+
+    >>> [round_order(3, r) for r in range(4)]
+    [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    """
+    k = round_index % n if n else 0
+    return list(range(k, n)) + list(range(k))
+
+
+def interleaved_stats(step_ms: Mapping[str, Sequence[Sequence[float]]],
+                      reference: str) -> dict[str, Any]:
+    """Each mode's median step time over all its steps and per round (from its
+    step times in ms, per round), and for every mode but ``reference`` the
+    median over rounds of (its round median / the reference's round median) - 1
+    (Note [interleaved steps]), under the key ``rel_vs_<reference>``.
+
+    >>> s = interleaved_stats({"native": [[10, 12], [20, 22]], "wr": [[11, 13], [21, 24]]},
+    ...                       "native")
+    >>> s["round_median_ms"]["wr"], round(s["rel_vs_native"]["wr"], 4)
+    ([12.0, 22.5], 0.0812)
+    """
+    rounds = {m: [statistics.median(r) for r in per_round] for m, per_round in step_ms.items()}
+    ref = rounds[reference]
+    rel = {m: statistics.median(a / b - 1 for a, b in zip(med, ref))
+           for m, med in rounds.items() if m != reference}
+    return {"median_ms": {m: statistics.median(t for r in per_round for t in r)
+                          for m, per_round in step_ms.items()},
+            "round_median_ms": rounds, f"rel_vs_{reference}": rel}
+
+
+def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
+                device: torch.device) -> list[list[list[float]]]:
+    """``rounds`` rounds of ``steps`` timed steps of every job in turn, in
+    :func:`round_order`, each job's backend flags set before its steps; the step
+    times in ms, ``[job][round][step]``."""
+    timers = [[Timer(device) for _ in range(rounds)] for _ in jobs]
+    for r in range(rounds):
+        for j in round_order(len(jobs), r):
+            jobs[j].set_flags()
+            jobs[j].timed_steps(steps, timers[j][r])
+    return [[timer.times_ms() for timer in row] for row in timers]
+
+
+def interleaved_run(args: argparse.Namespace, name: str, precision: str, execution: str,
+                    batch: int, init_state: dict, device: torch.device,
+                    modes: Sequence[str]) -> dict:
+    """Every mode's training state at once, warmed up, then ``--interleave``
+    rounds of ``--interleave-steps`` steps of each (Note [interleaved steps]);
+    the medians and the differences from native (or from the first mode, when
+    native is not among them: the key says which)."""
+    modes = list(modes)
+    jobs: list[TrainJob] = []
+    try:
+        for mode in modes:
+            jobs.append(TrainJob(args, name, mode, precision, execution, batch, init_state,
+                                 device))
+            jobs[-1].warm_up(args.warmup)
+        times = time_rounds(jobs, args.interleave, args.interleave_steps, device)
+    finally:
+        for job in jobs:
+            job.release()
+        jobs.clear()
+    reference = "native" if "native" in modes else modes[0]
+    step_ms = dict(zip(modes, times))
+    return {"model": name, "precision": precision, "execution": execution, "batch": batch,
+            "rounds": args.interleave, "steps_per_round": args.interleave_steps,
+            "warmup": args.warmup, "modes": modes, "order": "rotated by one each round",
+            "reference": reference, **interleaved_stats(step_ms, reference), "step_ms": step_ms}
+
+
+def interleaved_rows(entry: dict) -> list[str]:
+    """The markdown table rows of one :func:`interleaved_run` result, a row per mode."""
+    ref = entry["reference"]
+    rel = entry[f"rel_vs_{ref}"]
+    return [f"| {entry['model']} | {entry['precision']} | {entry['execution']} | {m} | "
+            f"{entry['batch']} | {entry['median_ms'][m]:.3f} | "
+            f"{f'{100 * rel[m]:+.2f}%' if m in rel else '-'} |" for m in entry["modes"]]
 
 
 # -- constrained memory ---------------------------------------------------------------------------
@@ -499,12 +673,23 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def ordered_modes(modes: Sequence[str]) -> list[str]:
+    """The order in which modes run: as in MODES, but WD before WR (WD benchmarks
+    under the larger cap, whose cache entries also serve WR).
+
+    >>> ordered_modes(["native-heur", "wr", "wd", "native"])
+    ['native', 'wd', 'wr', 'native-heur']
+    """
+    return sorted(modes, key=lambda m: MODES.index(m) if m != "wd" else 0.5)
+
+
 def plan_runs(args: argparse.Namespace, device: torch.device) -> list[tuple[str, str, str, str]]:
+    """(model, precision, mode, execution) of every run, grouped by model,
+    precision and execution (graph execution only on CUDA)."""
     execs = list(EXECUTIONS) if args.execution == "both" else [args.execution]
     if device.type != "cuda":
         execs = [e for e in execs if e == "eager"]
-    # WD before WR: WD benchmarks under the larger cap, whose cache entries also serve WR
-    modes = sorted(args.modes, key=lambda m: MODES.index(m) if m != "wd" else 0.5)
+    modes = ordered_modes(args.modes)
     return [(m, p, mode, e) for m in args.models for p in args.precisions for e in execs
             for mode in modes]
 
@@ -524,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     report: dict[str, Any] = {"environment": environment(device), "args": {
         k: v for k, v in vars(args).items()}, "runs": [], "loss_tracking": [],
-        "constrained": [], "skipped": []}
+        "constrained": [], "skipped": [], "interleaved": []}
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -548,29 +733,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             inits[name] = {k: v.clone() for k, v in build_model(name).state_dict().items()}
         return inits[name]
 
-    runs = [] if args.constrained_only else plan_runs(args, device)
-    bar = tqdm(total=len(runs), unit="run") if (args.progress and tqdm and runs) else None
-    for name, precision, mode, execution in runs:
-        tag = f"{name} {precision} {execution} {mode}"
+    def interleave(name: str, precision: str, execution: str) -> None:
+        modes = ordered_modes(args.modes)
+        tag = f"interleaved {name} {precision} {execution} {' '.join(modes)}"
         if out_of_time():
             report["skipped"].append({"run": tag, "reason": "--max-seconds reached"})
-            continue
+            return
         batch = args.batch or DEFAULT_BATCH[name]
-        log(f"run {tag} batch {batch} ...")
+        log(f"{tag} batch {batch}: {args.interleave} rounds x {args.interleave_steps} steps ...")
         cleanup(device)
         try:
-            r = train_run(args, name, mode, precision, execution, batch, init_state(name), device)
-            log(f"  {r['median_step_ms']:.2f} ms/step, {r['images_per_s']:.0f} img/s, "
-                f"first step {r['first_step_s']:.1f} s")
-        except Exception as exc:  # noqa: BLE001 - one failed run must not end the benchmark
-            r = {"model": name, "mode": mode, "precision": precision, "execution": execution,
-                 "batch": batch, "error": f"{type(exc).__name__}: {exc}",
+            e = interleaved_run(args, name, precision, execution, batch, init_state(name), device,
+                                modes)
+            rel = e[f"rel_vs_{e['reference']}"]
+            log("  " + ", ".join(f"{m} {e['median_ms'][m]:.2f} ms/step"
+                                 + (f" ({100 * rel[m]:+.2f}%)" if m in rel else "")
+                                 for m in modes))
+        except Exception as exc:  # noqa: BLE001 - as a failed run
+            e = {"model": name, "precision": precision, "execution": execution, "batch": batch,
+                 "modes": modes, "error": f"{type(exc).__name__}: {exc}",
                  "traceback": traceback.format_exc()}
-            log(f"  FAILED: {r['error']}")
-        report["runs"].append(r)
+            log(f"  FAILED: {e['error']}")
+        cleanup(device)
+        report["interleaved"].append(e)
         save()
-        if bar is not None:
-            bar.update()
+
+    runs = [] if args.constrained_only else plan_runs(args, device)
+    bar = tqdm(total=len(runs), unit="run") if (args.progress and tqdm and runs) else None
+    # runs come grouped by (model, precision, execution); Note [interleaved steps] after each
+    for (name, precision, execution), group in itertools.groupby(
+            runs, key=lambda run: (run[0], run[1], run[3])):
+        for _, _, mode, _ in group:
+            tag = f"{name} {precision} {execution} {mode}"
+            if out_of_time():
+                report["skipped"].append({"run": tag, "reason": "--max-seconds reached"})
+                continue
+            batch = args.batch or DEFAULT_BATCH[name]
+            log(f"run {tag} batch {batch} ...")
+            cleanup(device)
+            try:
+                r = train_run(args, name, mode, precision, execution, batch, init_state(name),
+                              device)
+                log(f"  {r['median_step_ms']:.2f} ms/step, {r['images_per_s']:.0f} img/s, "
+                    f"first step {r['first_step_s']:.1f} s")
+            except Exception as exc:  # noqa: BLE001 - one failed run must not end the benchmark
+                r = {"model": name, "mode": mode, "precision": precision, "execution": execution,
+                     "batch": batch, "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc()}
+                log(f"  FAILED: {r['error']}")
+            report["runs"].append(r)
+            save()
+            if bar is not None:
+                bar.update()
+        if args.interleave:
+            interleave(name, precision, execution)
     if bar is not None:
         bar.close()
     if args.constrained or args.constrained_only:
@@ -599,6 +815,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'ms/step':>9s} {'img/s':>9s} {'max alloc':>10s} {'dev used':>10s}")
         for r in ok:
             log(_row(r))
+    inter = [e for e in report["interleaved"] if "error" not in e]
+    if inter:
+        ref = inter[0]["reference"]  # every block has the same modes
+        vs = f"vs {ref}" + ("" if ref == "native" else " (native not among the modes)")
+        log(f"\ninterleaved (Note [interleaved steps]): median ms/step over all rounds; {vs}: "
+            "median over rounds of round median / reference's - 1")
+        log(f"| model | precision | execution | mode | batch | ms/step | {vs} |")
+        log("|---|---|---|---|---|---|---|")
+        for e in inter:
+            for row in interleaved_rows(e):
+                log(row)
     for t in report["loss_tracking"]:
         log(f"losses {t['model']} {t['precision']} {t['execution']} {t['mode']} vs native: "
             f"max rel diff {t['max_rel_diff']:.2e} over {t['steps_compared']} steps")
@@ -607,10 +834,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         ips = f"{c['images_per_s']:.0f} img/s" if c["images_per_s"] else "-"
         log(f"constrained {c['model']} {c['mode']}: largest batch {c['largest_batch']} ({ips})")
-    failed = [r for r in report["runs"] + report["constrained"] if "error" in r]
+    failed = [r for r in report["runs"] + report["constrained"] + report["interleaved"]
+              if "error" in r]
     for r in failed:
         log(f"FAILED {r['model']} {r.get('precision', '')} {r.get('execution', '')} "
-            f"{r['mode']}: {r['error']}")
+            f"{r.get('mode', 'interleaved')}: {r['error']}")
     return 1 if failed else 0
 
 
