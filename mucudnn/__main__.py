@@ -103,7 +103,7 @@ def parse_policy(text: str) -> Any:
         normalize_policy(value)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected powerOfTwo, all, undivided or positive sizes like 64,32; got {text!r}"
+            f"expected powerOfTwo, fitted, all, undivided or positive sizes like 64,32; got {text!r}"
         ) from None
     return value
 
@@ -187,7 +187,7 @@ def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) ->
     p.add_argument("--workspace", type=parse_size, default=64 << 20,
                    help="workspace limit per kernel, e.g. 64MiB (default 64MiB)")
     p.add_argument("--policy", type=parse_policy, default="powerOfTwo",
-                   help="batch-size policy: powerOfTwo, all, undivided or a list like 64,32")
+                   help="batch-size policy: powerOfTwo, fitted, all, undivided or a list like 64,32")
     p.add_argument("--mode", default="wr", choices=["wr", "wd"],
                    help="wr: a limit per kernel; wd: one total budget for all kernels")
     p.add_argument("--total-workspace", type=parse_size, default=None,

@@ -139,8 +139,10 @@ class Convolution:
         Per-kernel workspace limit (default 64 MiB): bytes, a size string such
         as ``"64MiB"``, or None for unlimited.
     policy
-        Micro-batch sizes considered: "powerOfTwo" (default), "all", "undivided",
-        or an explicit list of sizes.
+        Micro-batch sizes considered: "powerOfTwo" (default), "fitted"
+        (powerOfTwo's and, per kernel, the size its best configuration
+        stretches to under the limit: Note [fitted sizes]), "all",
+        "undivided", or an explicit list of sizes.
     backend
         "numpy", "cudnn", "cudnn-graph", a Backend instance, or None
         (``$MUCUDNN_BACKEND`` if set, else cudnn-graph where a GPU is present,

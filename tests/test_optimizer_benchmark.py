@@ -701,3 +701,89 @@ def test_zero_workspace_plan_asks_other_backends_once(cache):
     with pytest.raises(UnsupportedConfigError, match="no zero-workspace algorithm is left"):
         zero_workspace_plan(P, Direction.FORWARD, be, cache=cache)
     assert be.calls == [(32, Direction.FORWARD, 0)]
+
+
+# -- the fitted policy (Note [fitted sizes]) --------------------------------------------------------
+
+class StretchBackend:
+    """A kernel whose fast configuration needs ``per_sample_ws`` bytes of
+    workspace a sample and costs ``overhead`` ms a call on top of ``fast`` ms a
+    sample (so fewer, larger calls win), next to a slow one that needs none."""
+
+    name = "stretch"
+    device_name = "Fake"
+    version = "0"
+
+    def __init__(self, per_sample_ws, fast=0.01, overhead=0.05, slow=0.05):
+        self.per_sample_ws, self.fast, self.overhead, self.slow = per_sample_ws, fast, overhead, slow
+        self.sizes = []
+
+    def find(self, problem, direction, workspace_limit):
+        n = problem.batch
+        self.sizes.append(n)
+        out = [AlgoPerf(0, self.slow * n + self.overhead, 0)]
+        if self.per_sample_ws * n <= workspace_limit:
+            out.append(AlgoPerf(7, self.fast * n + self.overhead, self.per_sample_ws * n))
+        return sorted(out, key=lambda r: r.time_ms)
+
+
+#: 1024 bytes a sample in and out: an alignment quantum of 1
+Q1 = ConvProblem((256, 4, 8, 8), (4, 4, 3, 3), padding=1)
+
+
+def test_fitted_policy_times_the_size_the_best_configuration_stretches_to(tmp_path):
+    """Note [fitted sizes]: 36 samples fit the cap where powerOfTwo stops at 32;
+    "fitted" times 36 and the remainder's 4, its plan is 7 x 36 + 4 (8 calls,
+    as good as timing every size), and a warm run asks the backend nothing."""
+    assert Q1.batch_quantum() == 1
+    cap, d = 36 * 1000, Direction.BACKWARD_FILTER
+    path = str(tmp_path / "c.sqlite")
+    be = StretchBackend(1000)
+    perf = benchmark(be, Q1, d, "fitted", cap, cache=path, prune_sizes=True, progress=False)
+    assert be.sizes[-2:] == [36, 4] and 36 in perf and 4 in perf
+    plan = optimize_wr(perf, 256, cap, "fitted")
+    assert sorted(m.size for m in plan.micro_batches) == [4] + [36] * 7
+    every = optimize_wr(benchmark(StretchBackend(1000), Q1, d, "all", cap, cache=False,
+                                  progress=False), 256, cap, "all")
+    assert plan.time_ms == pytest.approx(every.time_ms)
+    pow2 = optimize_wr(benchmark(StretchBackend(1000), Q1, d, "powerOfTwo", cap, cache=False,
+                                 prune_sizes=True, progress=False), 256, cap, "powerOfTwo")
+    assert plan.time_ms < pow2.time_ms
+    # powerOfTwo's plans never use the fitted sizes, even when they are measured
+    assert {m.size for m in optimize_wr(perf, 256, cap, "powerOfTwo").micro_batches} <= {32}
+    warm = StretchBackend(1000)
+    again = benchmark(warm, Q1, d, "fitted", cap, cache=path, prune_sizes=True, progress=False)
+    assert warm.sizes == [] and sorted(again) == sorted(perf)
+
+
+def test_fitted_policy_adds_nothing_where_the_cap_does_not_bind():
+    be = StretchBackend(1000)
+    perf = benchmark(be, Q1, Direction.FORWARD, "fitted", 10 << 20, cache=False,
+                     prune_sizes=True, progress=False)
+    ref = StretchBackend(1000)
+    benchmark(ref, Q1, Direction.FORWARD, "powerOfTwo", 10 << 20, cache=False,
+              prune_sizes=True, progress=False)
+    assert be.sizes == ref.sizes and sorted(perf) == sorted(set(ref.sizes))
+
+
+@given(log_batch=st.integers(3, 9), per_sample_ws=st.integers(1, 1 << 20),
+       cap=st.integers(1, 64 << 20), overhead=st.floats(0.0, 1.0), fast=st.floats(0.001, 0.1))
+def test_fitted_plans_are_never_slower_than_power_of_two(log_batch, per_sample_ws, cap,
+                                                           overhead, fast):
+    """Property: "fitted" measures powerOfTwo's sizes and more, so its WR plan is
+    at most powerOfTwo's (same backend, no pruning differences), and every
+    extra size it timed is one the best configuration fits under the cap."""
+    p = Q1.with_batch(1 << log_batch)
+    d = Direction.BACKWARD_DATA
+    fit = StretchBackend(per_sample_ws, fast=fast, overhead=overhead)
+    perf = benchmark(fit, p, d, "fitted", cap, cache=False, prune_sizes=True, progress=False)
+    ref = StretchBackend(per_sample_ws, fast=fast, overhead=overhead)
+    base = benchmark(ref, p, d, "powerOfTwo", cap, cache=False, prune_sizes=True, progress=False)
+    assert set(base) <= set(perf)
+    extra = sorted(set(perf) - set(base), reverse=True)
+    if extra:
+        assert extra[0] * per_sample_ws <= cap  # the fitted size: the fast config fits
+        assert extra[0] not in batch_sizes("powerOfTwo", p.batch)
+    a = optimize_wr(perf, p.batch, cap, "fitted")
+    b = optimize_wr(base, p.batch, cap, "powerOfTwo")
+    assert a.time_ms <= b.time_ms + 1e-9

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from mucudnn.optimizer import batch_sizes, optimize_wr, pareto_front
 from mucudnn.optimizer.dp import wr_graph
+from mucudnn.optimizer.policies import allowed_sizes, fitted_size
 from mucudnn.problem import AlgoPerf, Plan
 
 from conftest import DATA
@@ -384,7 +385,7 @@ def test_batch_sizes_policies():
     assert batch_sizes("undivided", 7) == [7]
     assert batch_sizes([3, 5, 50, 3], 10) == [10, 5, 3]
     assert batch_sizes("power_of_two", 2) == batch_sizes("POWEROFTWO", 2) == [2, 1]
-    with pytest.raises(ValueError, match=r"'all', 'powerOfTwo', 'undivided'"):
+    with pytest.raises(ValueError, match=r"'all', 'powerOfTwo', 'fitted', 'undivided'"):
         batch_sizes("some", 8)
     with pytest.raises(ValueError):
         batch_sizes([0, 2], 8)
@@ -500,3 +501,42 @@ def test_pareto_front_on_all_sizes():
     for limit in (0, 1 << 20, 16 << 20, 64 << 20, 300 << 20, 1 << 30):
         wr = optimize_wr(perf, 256, limit, "all", method="numpy")
         assert min(p.time_ms for p in front if p.workspace_bytes <= limit) == wr.time_ms
+
+
+_ENTRY = st.tuples(st.floats(0.001, 100.0), st.integers(0, 1 << 28))
+
+
+@given(table=st.dictionaries(st.integers(1, 256), st.lists(_ENTRY, min_size=1, max_size=4),
+                             min_size=1, max_size=9),
+       cap=st.integers(1, 1 << 28), quantum=st.sampled_from([1, 2, 4, 8]))
+def test_fitted_size_stretches_the_best_configuration_to_the_cap(table, cap, quantum):
+    """Note [fitted sizes], property: the fitted size lies strictly between the
+    size with the best time per sample and the next larger measured size, is a
+    multiple of the quantum (where one fits), fits the cap with that size's best
+    configuration's workspace taken as proportional to the batch, and is the
+    largest such size."""
+    n = 256
+    results = {s: [AlgoPerf(i, t, w) for i, (t, w) in enumerate(es)] for s, es in table.items()}
+    f = fitted_size(results, n, cap, quantum)
+    fitting = {s: [r for r in rs if r.workspace_bytes <= cap] for s, rs in results.items()}
+    per = {s: min(r.time_ms for r in rs) / s for s, rs in fitting.items() if rs}
+    if not per:
+        assert f is None
+        return
+    best = min(per, key=lambda s: (per[s], -s))
+    larger = [s for s in results if s > best]
+    if f is None:
+        return
+    r = min(fitting[best], key=lambda r: (r.time_ms, r.workspace_bytes))
+    assert best < f < min(larger)
+    assert f * r.workspace_bytes <= cap * best
+    step = quantum if f >= quantum else 1
+    assert f % step == 0
+    assert (f + step) * r.workspace_bytes > cap * best or f + step >= min(larger)
+
+
+def test_allowed_sizes_of_fitted_are_every_measured_size():
+    measured = {256: [], 64: [], 36: [], 4: [], 300: []}
+    assert allowed_sizes("fitted", 256, measured) == [256, 64, 36, 4]
+    assert allowed_sizes("powerOfTwo", 256, measured) == [256, 64, 4]
+    assert allowed_sizes([36, 4], 256, measured) == [256, 36, 4]

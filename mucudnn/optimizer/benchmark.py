@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from tqdm.auto import tqdm
 
@@ -22,7 +22,7 @@ from ..backends import Backend, get_backend
 from ..errors import InvalidTypeError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .cache import BenchmarkCache, resolve
-from .policies import Policy, batch_sizes, normalize_policy
+from .policies import Policy, batch_sizes, fitted_size, normalize_policy
 
 __all__ = ["benchmark", "resolve_cache", "resolve_backend", "deterministic_only",
            "is_deterministic", "check_deterministic"]
@@ -160,6 +160,25 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
 # cudnn-graph's by default). Where each size is its own benchmark (optimize()
 # on several devices with a ``benchmark_cap`` over the limit), each size makes
 # its own zero-workspace find: the cost of ``"each"``, not less.
+
+
+def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, cap: int,
+                  sizes: list[int]) -> list[int]:
+    """Note [fitted sizes]: the sizes ``"fitted"`` adds to the measured ``out``:
+    the fitted size and the sizes its remainder needs, those not measured.
+
+    >>> from mucudnn.problem import AlgoPerf
+    >>> p = ConvProblem((256, 3, 227, 227), (96, 3, 11, 11), stride=4)
+    >>> out = {256: [AlgoPerf(9, 40.0, 0)], 64: [AlgoPerf(2, 8.0, 20 << 20)],
+    ...        32: [AlgoPerf(1, 2.0, 55 << 20)], 16: [AlgoPerf(1, 1.1, 27 << 20)]}
+    >>> _fitted_sizes(out, p, 64 << 20, [256, 128, 64, 32, 16, 8, 4, 2, 1])
+    [36, 4]
+    """
+    fitted = fitted_size(out, problem.batch, cap, problem.batch_quantum())
+    if fitted is None:
+        return []
+    need = [fitted] + _remainder_sizes(problem.batch, fitted, sizes)
+    return [s for s in need if s not in out]
 
 
 def _zero_size(sizes: list[int], problem: ConvProblem) -> int:
@@ -313,33 +332,41 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     needed: set[int] | None = None  # once pruning stopped the descent: the remainder's sizes
     floor = problem.batch  # pruning judges sizes at or below this (Note [size pruning])
     peeked: dict[int, Any] = {}  # a size's cache answer, read once by the warm descent
+
+    def measure(s: int) -> bool:
+        """Benchmark size ``s`` into ``out``; whether the cache answered."""
+        nonlocal hits, has_zero
+        p = problem.with_batch(s)
+        found = peeked.pop(s) if s in peeked else store.get(be, p, direction, cap)
+        from_cache = found is not None
+        if found is None:
+            found = list(be.find(p, direction, cap))
+            if retime:
+                found = _retime(be, p, direction, cap, found, int(retime), int(repeats))
+            store.put(be, p, direction, found, cap)
+        else:
+            hits += 1
+        found = sorted((r for r in found if r.workspace_bytes <= cap), key=lambda r: r.time_ms)
+        has_zero = has_zero or any(r.workspace_bytes == 0 for r in found)
+        if deterministic:
+            found = deterministic_only(found)
+        out[s] = found
+        log.debug("benchmark %s %s size %d: %d algorithms%s", direction.value, problem.key(),
+                  s, len(found), " (cache)" if from_cache else "")
+        if on_size is not None:
+            on_size(s, found, from_cache)
+        if bar is not None:
+            bar.update(1)
+        return from_cache
+
     try:
         for s in sizes:
             if needed is not None and s not in needed:
                 if bar is not None:
                     bar.update(1)
                 continue
-            p = problem.with_batch(s)
-            found = peeked.pop(s) if s in peeked else store.get(be, p, direction, cap)
-            from_cache = found is not None
-            if found is None:
-                found = list(be.find(p, direction, cap))
-                if retime:
-                    found = _retime(be, p, direction, cap, found, int(retime), int(repeats))
-                store.put(be, p, direction, found, cap)
-            else:
-                hits += 1
-            found = sorted((r for r in found if r.workspace_bytes <= cap), key=lambda r: r.time_ms)
-            has_zero = has_zero or any(r.workspace_bytes == 0 for r in found)
-            if deterministic:
-                found = deterministic_only(found)
-            out[s] = found
-            log.debug("benchmark %s %s size %d: %d algorithms%s", direction.value, problem.key(),
-                      s, len(found), " (cache)" if from_cache else "")
-            if on_size is not None:
-                on_size(s, found, from_cache)
-            if bar is not None:
-                bar.update(1)
+            from_cache = measure(s)
+            found = out[s]
             if prune_sizes and needed is None and found:
                 per_sample = found[0].time_ms / s
                 if s <= floor and per_sample > (1 + PRUNE_MARGIN) * best_per_sample:
@@ -352,7 +379,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                             if peeked[smaller[0]] is not None:
                                 reach = smaller[0]
                     else:
-                        reach = _blocked_reach(be, p, direction, cap, smaller)
+                        reach = _blocked_reach(be, problem.with_batch(s), direction, cap,
+                                               smaller)
                     if reach is None:
                         needed = set(_remainder_sizes(problem.batch, s, sizes))
                         log.debug("benchmark %s %s: sizes below %d pruned (remainder needs %s)",
@@ -369,6 +397,14 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             zero_found = True
             zero = deterministic_only(zero) if deterministic else zero
             out[s0] = sorted(out[s0] + zero, key=lambda r: r.time_ms)
+        # after the zero-workspace find, whose results a warm run reads with
+        # s0's: both then see the same measurements (Note [fitted sizes])
+        if policy == "fitted" and cap > 0:  # Note [fitted sizes]
+            extra = _fitted_sizes(out, problem, cap, sizes)
+            if bar is not None and extra:
+                bar.total += len(extra)
+            for s in extra:
+                measure(s)
     finally:
         if bar is not None:
             bar.close()

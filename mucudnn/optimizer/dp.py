@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 
 from ..problem import AlgoPerf, MicroBatch, Plan, make_plan
-from .policies import Policy, batch_sizes, normalize_policy
+from .policies import Policy, allowed_sizes, normalize_policy
 
 __all__ = ["optimize_wr", "pareto_front", "best_algo"]
 
@@ -90,11 +90,6 @@ def best_algo(entries: Sequence[AlgoPerf], limit: int | None) -> AlgoPerf | None
         if best is None or (e.time_ms, e.workspace_bytes) < (best.time_ms, best.workspace_bytes):
             best = e
     return best
-
-
-def _allowed_sizes(perf: dict[int, list[AlgoPerf]], batch: int, policy: Policy) -> list[int]:
-    """Sizes allowed by the policy and present in perf, largest first."""
-    return [s for s in batch_sizes(policy, batch) if s in perf]
 
 
 # -- the two solvers ------------------------------------------------------------------
@@ -301,7 +296,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
 
     ``perf`` maps micro-batch size -> the algorithms measured at that size
     (:class:`AlgoPerf`; every algorithm that ran, with its workspace). Only
-    sizes allowed by ``policy`` (see :func:`batch_sizes`) *and* present in
+    sizes allowed by ``policy`` (see :func:`allowed_sizes`) *and* present in
     ``perf`` are used. ``workspace_limit`` is in bytes (None: unlimited).
 
     ``quantum`` (samples): every micro-batch but the last has a size that is
@@ -334,7 +329,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     if method not in _SOLVERS and method != "auto":
         raise ValueError(f"method: expected one of {list(_SOLVERS) + ['auto']}, got {method!r}")
     table = _as_perf(perf)
-    sizes = _allowed_sizes(table, batch, policy)
+    sizes = allowed_sizes(policy, batch, table)
     pol = normalize_policy(policy)
     if method == "auto":
         # Note: the DAG of the 'all' policy has ~N^2/2 edges (33k at N = 256,
@@ -383,7 +378,7 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
     if method not in _SOLVERS:
         raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
     table = _as_perf(perf)
-    sizes = _allowed_sizes(table, batch, policy)
+    sizes = allowed_sizes(policy, batch, table)
     pol = normalize_policy(policy)
     entries = sorted(
         ((int(e.workspace_bytes), s, i, e) for s in sizes for i, e in enumerate(table[s])

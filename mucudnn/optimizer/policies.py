@@ -6,19 +6,24 @@
 [100]
 >>> batch_sizes([32, 48, 500], 100)
 [100, 48, 32]
+>>> batch_sizes("fitted", 100)  # and, per kernel, its fitted sizes (Note [fitted sizes])
+[100, 64, 32, 16, 8, 4, 2, 1]
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Union
+import math
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+from ..problem import AlgoPerf
 
 #: The named policies (matched case-insensitively; "_" and "-" ignored).
-POLICIES = ("all", "powerOfTwo", "undivided")
+POLICIES = ("all", "powerOfTwo", "fitted", "undivided")
 
 Policy = Union[str, Iterable[int]]
 
 _ALIASES = {"all": "all", "poweroftwo": "powerOfTwo", "pow2": "powerOfTwo",
-            "undivided": "undivided"}
+            "fitted": "fitted", "undivided": "undivided"}
 
 
 def policy_name(policy: Any) -> str | None:
@@ -67,6 +72,8 @@ def batch_sizes(policy: Policy, n: int) -> list[int]:
 
     - ``"all"``: every size 1..n;
     - ``"powerOfTwo"``: 1, 2, 4, ... up to n, plus n itself;
+    - ``"fitted"``: powerOfTwo's sizes; :func:`~mucudnn.optimizer.benchmark`
+      adds each kernel's fitted sizes (Note [fitted sizes]);
     - ``"undivided"``: n only;
     - an explicit iterable of positive ints: those <= n, **plus n itself**
       (always, so that the undivided call is a candidate and a plan can
@@ -80,7 +87,7 @@ def batch_sizes(policy: Policy, n: int) -> list[int]:
     name = policy_name(policy)
     if name == "all":
         sizes = set(range(1, n + 1))
-    elif name == "powerOfTwo":
+    elif name in ("powerOfTwo", "fitted"):
         sizes = {n}
         s = 1
         while s <= n:
@@ -91,3 +98,83 @@ def batch_sizes(policy: Policy, n: int) -> list[int]:
     else:
         sizes = {s for s in _explicit_sizes(policy) if s <= n} | {n}
     return sorted(sizes, reverse=True)
+
+
+def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
+    """The ``measured`` sizes a plan for a mini-batch of ``n`` may use under
+    ``policy``, largest first: those :func:`batch_sizes` lists, and for
+    ``"fitted"`` every measured size up to ``n`` (its fitted sizes differ per
+    kernel; Note [fitted sizes]).
+
+    >>> allowed_sizes("powerOfTwo", 100, [100, 64, 36, 32])
+    [100, 64, 32]
+    >>> allowed_sizes("fitted", 100, [100, 64, 36, 32, 200])
+    [100, 64, 36, 32]
+    """
+    have = set(measured)
+    if isinstance(policy, str) and policy_name(policy) == "fitted":
+        return sorted((s for s in have if 1 <= s <= int(n)), reverse=True)
+    return [s for s in batch_sizes(policy, n) if s in have]
+
+
+# Note [fitted sizes]: under a per-kernel cap the fastest configurations of
+# the big backward passes often need workspace in proportion to the batch
+# (AlexNet conv1's backward-data engine 58: 1.7 MiB a sample in float32
+# channels-last on the H200). powerOfTwo then runs them at the largest power
+# of two that fits, which can be far below what fits: 32 samples (55 MiB)
+# under 64 MiB where 36 fit, 16 samples where 28 fit; the calls per batch,
+# and so the time, grow by up to the ratio. On the H200 (docs/BENCHMARKS.md,
+# "Twelfth session") sizes 20 and 24 took 8% off AlexNet conv1's two
+# backward passes in float32 channels-last at 64 MiB. Timing every size (``"all"``) finds
+# such sizes at 28 times powerOfTwo's benchmarking. ``"fitted"`` times one
+# more size per kernel, the one that stretches the best configuration found
+# to the cap: at the size with the best time per sample, that
+# configuration's workspace taken as proportional to the batch, the largest
+# multiple of the batch's alignment quantum that fits the cap, when that is
+# above the size and below the next larger measured size (at which it did
+# not fit, or it was timed there); then the sizes its remainder needs
+# (the greedy decomposition of ``n mod fitted`` into powerOfTwo's sizes).
+# It is computed from the measurements alone, so a warm run finds the same
+# size in the cache without asking the backend; and a plan may use any size
+# measured (:func:`allowed_sizes`). Where the workspace is not proportional,
+# the extra find costs one size's benchmark and the plan is no worse.
+
+
+def fitted_size(results: Mapping[int, Sequence[AlgoPerf]], n: int, cap: int,
+                quantum: int = 1) -> int | None:
+    """Note [fitted sizes]: the size (a multiple of ``quantum``) to which the
+    best configuration of ``results`` (``{size: [AlgoPerf, ...]}``, each entry
+    within ``cap``) stretches under ``cap``, or None where there is none to
+    measure.
+
+    The best time per sample is at 32 (2.0 ms, 55 MiB); 37 samples would fit
+    64 MiB, so 36 on a quantum of 4:
+
+    >>> from mucudnn.problem import AlgoPerf
+    >>> MiB = 1 << 20
+    >>> r = {256: [AlgoPerf(9, 40.0, 0)], 64: [AlgoPerf(2, 8.0, 20 * MiB)],
+    ...      32: [AlgoPerf(1, 2.0, 55 * MiB), AlgoPerf(2, 4.1, 10 * MiB)]}
+    >>> fitted_size(r, 256, 64 * MiB, quantum=4)
+    36
+    >>> fitted_size(r, 256, 55 * MiB) is None  # it fits no more samples
+    True
+    """
+    per_sample: dict[int, tuple[float, AlgoPerf]] = {}
+    for s, rs in results.items():
+        ok = [r for r in rs if r.workspace_bytes <= cap and math.isfinite(r.time_ms)]
+        if ok and 1 <= s <= n:
+            best = min(ok, key=lambda r: (r.time_ms, r.workspace_bytes))
+            per_sample[s] = (best.time_ms / s, best)
+    if not per_sample:
+        return None
+    size = min(per_sample, key=lambda s: (per_sample[s][0], -s))
+    ws = int(per_sample[size][1].workspace_bytes)
+    larger = [s for s in results if s > size]
+    if ws <= 0 or not larger:
+        return None
+    reach = size * int(cap) // ws
+    if reach >= min(larger):
+        return None
+    q = max(1, int(quantum))
+    fitted = reach - reach % q if reach >= q else reach
+    return fitted if fitted > size else None
