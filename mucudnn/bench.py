@@ -287,7 +287,8 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
         else:
             for layer, _names, p, d in kernels:
                 perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
-                                            cache=store, progress=False)
+                                            cache=store, progress=False,
+                                            fit_limit=workspace_limit)
                 if bar is not None:
                     bar.update(1)
         if mode == "wr":

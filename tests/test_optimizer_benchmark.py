@@ -787,3 +787,22 @@ def test_fitted_plans_are_never_slower_than_power_of_two(log_batch, per_sample_w
     a = optimize_wr(perf, p.batch, cap, "fitted")
     b = optimize_wr(base, p.batch, cap, "powerOfTwo")
     assert a.time_ms <= b.time_ms + 1e-9
+
+
+def test_fitted_sizes_follow_the_plans_limit_under_a_larger_cap():
+    """Note [fitted sizes]: benchmarked under a larger cap (optimize's
+    benchmark_cap, run_network's unlimited one), "fitted" stretches to the
+    plan's limit (``fit_limit``), not to the cap."""
+    d, limit = Direction.BACKWARD_FILTER, 36 * 1000
+    be = StretchBackend(1000)
+    perf = benchmark(be, Q1, d, "fitted", 1 << 30, cache=False, fit_limit=limit,
+                     progress=False)
+    assert 36 in perf and 4 in perf
+    plan = optimize(Q1, d, limit, "fitted", StretchBackend(1000), cache=False,
+                    benchmark_cap=1 << 30)
+    assert sorted(m.size for m in plan.micro_batches) == [4] + [36] * 7
+    unfitted = benchmark(StretchBackend(1000), Q1, d, "fitted", 1 << 30, cache=False,
+                         progress=False)
+    assert set(unfitted) == set(batch_sizes("powerOfTwo", 256))  # the cap fits everything
+    with pytest.raises(ValueError, match="fit_limit"):
+        benchmark(StretchBackend(1000), Q1, d, "fitted", 1 << 30, cache=False, fit_limit=-1)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mucudnn.optimizer import batch_sizes, optimize_wr, pareto_front
 from mucudnn.optimizer.dp import wr_graph
-from mucudnn.optimizer.policies import allowed_sizes, fitted_size
+from mucudnn.optimizer.policies import FIT_MARGIN, FIT_MOST, allowed_sizes, fitted_sizes
 from mucudnn.problem import AlgoPerf, Plan
 
 from conftest import DATA
@@ -508,31 +508,37 @@ _ENTRY = st.tuples(st.floats(0.001, 100.0), st.integers(0, 1 << 28))
 
 @given(table=st.dictionaries(st.integers(1, 256), st.lists(_ENTRY, min_size=1, max_size=4),
                              min_size=1, max_size=9),
-       cap=st.integers(1, 1 << 28), quantum=st.sampled_from([1, 2, 4, 8]))
-def test_fitted_size_stretches_the_best_configuration_to_the_cap(table, cap, quantum):
-    """Note [fitted sizes], property: the fitted size lies strictly between the
-    size with the best time per sample and the next larger measured size, is a
-    multiple of the quantum (where one fits), fits the cap with that size's best
-    configuration's workspace taken as proportional to the batch, and is the
-    largest such size."""
+       limit=st.integers(1, 1 << 28), quantum=st.sampled_from([1, 2, 4, 8]))
+def test_fitted_sizes_stretch_the_best_configurations_to_the_limit(table, limit, quantum):
+    """Note [fitted sizes], property: each fitted size stretches the best
+    configuration of a measured size whose time per sample is within
+    FIT_MARGIN of the best: it lies strictly between that size and the next
+    larger measured one, is new, a multiple of the quantum (where one fits),
+    fits the limit with the configuration's workspace taken as proportional to
+    the batch, and is the largest such size; at most FIT_MOST of them."""
     n = 256
     results = {s: [AlgoPerf(i, t, w) for i, (t, w) in enumerate(es)] for s, es in table.items()}
-    f = fitted_size(results, n, cap, quantum)
-    fitting = {s: [r for r in rs if r.workspace_bytes <= cap] for s, rs in results.items()}
-    per = {s: min(r.time_ms for r in rs) / s for s, rs in fitting.items() if rs}
-    if not per:
-        assert f is None
+    got = fitted_sizes(results, n, limit, quantum)
+    assert len(got) <= FIT_MOST and len(set(got)) == len(got)
+    fitting = {s: [r for r in rs if r.workspace_bytes <= limit] for s, rs in results.items()}
+    best = {s: min(rs, key=lambda r: (r.time_ms, r.workspace_bytes))
+            for s, rs in fitting.items() if rs}
+    if not best:
+        assert got == []
         return
-    best = min(per, key=lambda s: (per[s], -s))
-    larger = [s for s in results if s > best]
-    if f is None:
-        return
-    r = min(fitting[best], key=lambda r: (r.time_ms, r.workspace_bytes))
-    assert best < f < min(larger)
-    assert f * r.workspace_bytes <= cap * best
-    step = quantum if f >= quantum else 1
-    assert f % step == 0
-    assert (f + step) * r.workspace_bytes > cap * best or f + step >= min(larger)
+    top = min(r.time_ms / s for s, r in best.items())
+    def explains(f, s):
+        r = best[s]
+        larger = [x for x in results if x > s]
+        if not larger or r.workspace_bytes <= 0 or r.time_ms / s > (1 + FIT_MARGIN) * top:
+            return False
+        step = quantum if f >= quantum else 1
+        return (s < f < min(larger) and f * r.workspace_bytes <= limit * s and f % step == 0
+                and ((f + step) * r.workspace_bytes > limit * s or f + step >= min(larger)))
+
+    for f in got:
+        assert f not in results
+        assert any(explains(f, s) for s in best)
 
 
 def test_allowed_sizes_of_fitted_are_every_measured_size():

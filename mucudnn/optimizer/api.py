@@ -149,7 +149,7 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     # Note [size pruning]: WR under this cap needs only the sizes that can win.
     perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
                      retime=retime, progress=progress, prune_sizes=cap == limit,
-                     deterministic=deterministic)
+                     deterministic=deterministic, fit_limit=limit)
     return _wr_plan(problem, direction, perf, limit, policy, deterministic,
                     time.perf_counter() - t0, be.name)
 

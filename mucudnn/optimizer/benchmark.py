@@ -22,7 +22,7 @@ from ..backends import Backend, get_backend
 from ..errors import InvalidTypeError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .cache import BenchmarkCache, resolve
-from .policies import Policy, batch_sizes, fitted_size, normalize_policy
+from .policies import Policy, batch_sizes, fitted_sizes, normalize_policy
 
 __all__ = ["benchmark", "resolve_cache", "resolve_backend", "deterministic_only",
            "is_deterministic", "check_deterministic"]
@@ -162,23 +162,22 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
 # its own zero-workspace find: the cost of ``"each"``, not less.
 
 
-def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, cap: int,
+def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, limit: int,
                   sizes: list[int]) -> list[int]:
     """Note [fitted sizes]: the sizes ``"fitted"`` adds to the measured ``out``:
-    the fitted size and the sizes its remainder needs, those not measured.
+    the fitted sizes and the sizes their remainders need, those not measured.
 
     >>> from mucudnn.problem import AlgoPerf
     >>> p = ConvProblem((256, 3, 227, 227), (96, 3, 11, 11), stride=4)
     >>> out = {256: [AlgoPerf(9, 40.0, 0)], 64: [AlgoPerf(2, 8.0, 20 << 20)],
-    ...        32: [AlgoPerf(1, 2.0, 55 << 20)], 16: [AlgoPerf(1, 1.1, 27 << 20)]}
+    ...        32: [AlgoPerf(1, 2.0, 55 << 20)], 16: [AlgoPerf(1, 1.3, 27 << 20)]}
     >>> _fitted_sizes(out, p, 64 << 20, [256, 128, 64, 32, 16, 8, 4, 2, 1])
     [36, 4]
     """
-    fitted = fitted_size(out, problem.batch, cap, problem.batch_quantum())
-    if fitted is None:
-        return []
-    need = [fitted] + _remainder_sizes(problem.batch, fitted, sizes)
-    return [s for s in need if s not in out]
+    need: list[int] = []
+    for fitted in fitted_sizes(out, problem.batch, limit, problem.batch_quantum()):
+        need += [fitted] + _remainder_sizes(problem.batch, fitted, sizes)
+    return [s for s in dict.fromkeys(need) if s not in out]
 
 
 def _zero_size(sizes: list[int], problem: ConvProblem) -> int:
@@ -283,7 +282,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
               cache: Any = None, retime: int = 0, progress: "bool | None" = None, *,
               repeats: int = 4, prune_sizes: bool = False,
               on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None,
-              deterministic: bool = False) -> dict[int, list[AlgoPerf]]:
+              deterministic: bool = False,
+              fit_limit: int | None = None) -> dict[int, list[AlgoPerf]]:
     """Find results for every micro-batch size of ``policy``: ``{size: [AlgoPerf, ...]}``.
 
     ``backend``: a Backend, a backend name, or None (the default). ``problem``
@@ -305,6 +305,9 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     ``deterministic``: leave out the entries cuDNN marks non-deterministic
     (:func:`deterministic_only`, after the cache answered: the cache stores
     every entry; Note [deterministic plans]).
+    ``fit_limit``: the per-kernel limit ``"fitted"`` stretches configurations
+    to (Note [fitted sizes]; default ``workspace_cap``): the plan's limit
+    where the benchmark runs under a larger cap.
     """
     policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
@@ -314,6 +317,10 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             or int(workspace_cap) < 0:
         raise ValueError(f"workspace_cap: expected an int >= 0 (bytes), got {workspace_cap!r}")
     cap = int(workspace_cap)
+    if fit_limit is not None and (isinstance(fit_limit, bool) or not hasattr(fit_limit, "__index__")
+                                  or int(fit_limit) < 0):
+        raise ValueError(f"fit_limit: expected None or an int >= 0 (bytes), got {fit_limit!r}")
+    fit = cap if fit_limit is None else min(cap, int(fit_limit))
     check_deterministic(deterministic)
     if isinstance(retime, bool) or int(retime) < 0:
         raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
@@ -399,8 +406,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             out[s0] = sorted(out[s0] + zero, key=lambda r: r.time_ms)
         # after the zero-workspace find, whose results a warm run reads with
         # s0's: both then see the same measurements (Note [fitted sizes])
-        if policy == "fitted" and cap > 0:  # Note [fitted sizes]
-            extra = _fitted_sizes(out, problem, cap, sizes)
+        if policy == "fitted" and fit > 0:  # Note [fitted sizes]
+            extra = _fitted_sizes(out, problem, fit, sizes)
             if bar is not None and extra:
                 bar.total += len(extra)
             for s in extra:

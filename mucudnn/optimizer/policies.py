@@ -117,7 +117,7 @@ def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
     return [s for s in batch_sizes(policy, n) if s in have]
 
 
-# Note [fitted sizes]: under a per-kernel cap the fastest configurations of
+# Note [fitted sizes]: under a per-kernel limit the fastest configurations of
 # the big backward passes often need workspace in proportion to the batch
 # (AlexNet conv1's backward-data engine 58: 1.7 MiB a sample in float32
 # channels-last on the H200). powerOfTwo then runs them at the largest power
@@ -125,56 +125,74 @@ def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
 # under 64 MiB where 36 fit, 16 samples where 28 fit; the calls per batch,
 # and so the time, grow by up to the ratio. On the H200 (docs/BENCHMARKS.md,
 # "Twelfth session") sizes 20 and 24 took 8% off AlexNet conv1's two
-# backward passes in float32 channels-last at 64 MiB. Timing every size (``"all"``) finds
-# such sizes at 28 times powerOfTwo's benchmarking. ``"fitted"`` times one
-# more size per kernel, the one that stretches the best configuration found
-# to the cap: at the size with the best time per sample, that
-# configuration's workspace taken as proportional to the batch, the largest
-# multiple of the batch's alignment quantum that fits the cap, when that is
-# above the size and below the next larger measured size (at which it did
-# not fit, or it was timed there); then the sizes its remainder needs
-# (the greedy decomposition of ``n mod fitted`` into powerOfTwo's sizes).
-# It is computed from the measurements alone, so a warm run finds the same
-# size in the cache without asking the backend; and a plan may use any size
-# measured (:func:`allowed_sizes`). Where the workspace is not proportional,
-# the extra find costs one size's benchmark and the plan is no worse.
+# backward passes in float32 channels-last at 64 MiB. Timing every size
+# (``"all"``) finds such sizes at 28 times powerOfTwo's benchmarking.
+# ``"fitted"`` times at most FIT_MOST more sizes per kernel: at each measured
+# size whose best configuration (within the limit) is within FIT_MARGIN of
+# the best time per sample, that configuration stretched to the limit (its
+# workspace taken as proportional to the batch; the largest multiple of the
+# batch's alignment quantum that fits), where that is above the size and
+# below the next larger measured size (at which it did not fit, or it was
+# timed there); the best-ranked first; then the sizes each one's remainder
+# needs (the greedy decomposition of ``n mod fitted`` into powerOfTwo's
+# sizes). It is computed from the measurements alone, so a warm run finds the
+# same sizes in the cache without asking the backend; and a plan may use any
+# size measured (:func:`allowed_sizes`). Where the workspace is not
+# proportional, an extra find costs one size's benchmark and the plan is no
+# worse.
+
+#: "fitted": stretch the best configurations of sizes this close to the best
+#: time per sample (Note [fitted sizes])
+FIT_MARGIN = 0.10
+#: "fitted": at most this many fitted sizes per kernel
+FIT_MOST = 2
 
 
-def fitted_size(results: Mapping[int, Sequence[AlgoPerf]], n: int, cap: int,
-                quantum: int = 1) -> int | None:
-    """Note [fitted sizes]: the size (a multiple of ``quantum``) to which the
-    best configuration of ``results`` (``{size: [AlgoPerf, ...]}``, each entry
-    within ``cap``) stretches under ``cap``, or None where there is none to
-    measure.
+def fitted_sizes(results: Mapping[int, Sequence[AlgoPerf]], n: int, limit: int,
+                 quantum: int = 1, margin: float = FIT_MARGIN,
+                 most: int = FIT_MOST) -> list[int]:
+    """Note [fitted sizes]: the sizes (multiples of ``quantum``) to which the
+    best configurations of ``results`` (``{size: [AlgoPerf, ...]}``) stretch
+    under ``limit``, best time per sample first, at most ``most``.
 
-    The best time per sample is at 32 (2.0 ms, 55 MiB); 37 samples would fit
-    64 MiB, so 36 on a quantum of 4:
+    The best time per sample is at 32 (2.0 ms, 55 MiB): 37 samples would fit
+    64 MiB, so 36 on a quantum of 4; 16's best is 10% slower a sample and
+    would fit 30:
 
     >>> from mucudnn.problem import AlgoPerf
     >>> MiB = 1 << 20
     >>> r = {256: [AlgoPerf(9, 40.0, 0)], 64: [AlgoPerf(2, 8.0, 20 * MiB)],
-    ...      32: [AlgoPerf(1, 2.0, 55 * MiB), AlgoPerf(2, 4.1, 10 * MiB)]}
-    >>> fitted_size(r, 256, 64 * MiB, quantum=4)
-    36
-    >>> fitted_size(r, 256, 55 * MiB) is None  # it fits no more samples
-    True
+    ...      32: [AlgoPerf(1, 2.0, 55 * MiB), AlgoPerf(2, 4.1, 10 * MiB)],
+    ...      16: [AlgoPerf(1, 1.1, 34 * MiB)]}
+    >>> fitted_sizes(r, 256, 64 * MiB, quantum=4)
+    [36, 28]
+    >>> fitted_sizes(r, 256, 34 * MiB)  # 32's best does not fit: 16's fills it
+    []
     """
     per_sample: dict[int, tuple[float, AlgoPerf]] = {}
     for s, rs in results.items():
-        ok = [r for r in rs if r.workspace_bytes <= cap and math.isfinite(r.time_ms)]
+        ok = [r for r in rs if r.workspace_bytes <= limit and math.isfinite(r.time_ms)]
         if ok and 1 <= s <= n:
             best = min(ok, key=lambda r: (r.time_ms, r.workspace_bytes))
             per_sample[s] = (best.time_ms / s, best)
     if not per_sample:
-        return None
-    size = min(per_sample, key=lambda s: (per_sample[s][0], -s))
-    ws = int(per_sample[size][1].workspace_bytes)
-    larger = [s for s in results if s > size]
-    if ws <= 0 or not larger:
-        return None
-    reach = size * int(cap) // ws
-    if reach >= min(larger):
-        return None
+        return []
+    top = min(t for t, _ in per_sample.values())
     q = max(1, int(quantum))
-    fitted = reach - reach % q if reach >= q else reach
-    return fitted if fitted > size else None
+    ranked: list[tuple[float, int]] = []
+    for s, (t, best) in per_sample.items():
+        ws = int(best.workspace_bytes)
+        larger = [x for x in results if x > s]
+        if ws <= 0 or not larger or t > (1 + margin) * top:
+            continue
+        reach = s * int(limit) // ws
+        if reach >= min(larger):
+            continue
+        fitted = reach - reach % q if reach >= q else reach
+        if fitted > s and fitted not in results:
+            ranked.append((t, fitted))
+    out: list[int] = []
+    for _, f in sorted(ranked):
+        if f not in out and len(out) < most:
+            out.append(f)
+    return out
