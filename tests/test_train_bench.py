@@ -163,6 +163,33 @@ def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
     assert h["max_rel_diff"] == 0.0  # on the CPU both are PyTorch's one algorithm
 
 
+
+def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
+    """Note [loss noise floor]: on CUDA native and native-heur are refused in one
+    process (PyTorch's plan cache ignores cudnn.benchmark); native-heur then
+    runs alone, compared with an earlier run's native losses (--reference)."""
+    import torch
+
+    with pytest.raises(SystemExit):
+        tb.parse_args(["--modes", "native", "native-heur"])
+    assert "processes of their own" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tb.parse_args(["--device", "cpu", "--reference", str(tmp_path / "missing.json")])
+    common = ["--device", "cpu", "--models", "tiny", "--steps", "2", "--warmup", "1",
+              "--batch", "4", "--precisions", "fp32"]
+    first, second = tmp_path / "native.json", tmp_path / "heur.json"
+    before = torch.backends.cudnn.benchmark
+    try:
+        assert tb.main(common + ["--modes", "native", "--json", str(first)]) == 0
+        assert tb.main(common + ["--modes", "native-heur", "--reference", str(first),
+                                 "--json", str(second)]) == 0
+    finally:
+        torch.backends.cudnn.benchmark = before
+    (t,) = json.loads(second.read_text())["loss_tracking"]
+    assert t["mode"] == "native-heur" and t["reference"] == "reference"
+    assert t["max_rel_diff"] == 0.0 and t["steps_compared"] == 3  # same seed, same CPU conv
+    assert "vs native (--reference's)" in capsys.readouterr().out
+
 def test_round_order_rotates(tb):
     assert [tb.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
     assert tb.round_order(1, 5) == [0]

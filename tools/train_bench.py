@@ -73,7 +73,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +121,14 @@ LOSS_TRACK_TOL = 1e-3
 # is any change of algorithm, not mucudnn's, is what ``native-heur`` measures:
 # PyTorch itself with cuDNN's heuristic choices (cudnn.benchmark=False)
 # instead of its timed ones, reported against ``native`` like a converted run.
+# It must run in a process of its own: PyTorch's cuDNN plan cache
+# (``benchmark_cache`` in aten/src/ATen/native/cudnn/Conv_v8.cpp) is keyed
+# without the benchmark flag and consulted first, so after ``native`` the
+# same process would rerun native's timed plans (the eleventh session's
+# 2.00e-3 / 1.42e-3 were that: PyTorch against itself with the same
+# algorithms, its run-to-run nondeterminism). So on CUDA the two modes are
+# refused together; ``--reference`` names an earlier run's JSON whose
+# ``native`` losses the runs here are compared with.
 DEFAULT_CONSTRAINED_BATCHES = "64,96,128,160,192,224,256,320,384,448,512"
 
 
@@ -181,6 +189,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
                     help="native-heur: PyTorch with cudnn.benchmark=False, the noise floor "
                          "of the loss check (Note [loss noise floor]; not run by default)")
+    ap.add_argument("--reference", default=None, metavar="JSON",
+                    help="an earlier run's --json: its native losses are the reference where "
+                         "this run has no native run (native-heur runs alone: Note [loss "
+                         "noise floor])")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32", "amp"])
     ap.add_argument("--execution", choices=EXECUTIONS + ("both",), default="both")
     ap.add_argument("--batch", type=_positive, default=None,
@@ -227,6 +239,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
     if args.device == "cpu" and args.constrained:
         ap.error("--constrained: needs --device cuda (a per-process memory fraction)")
+    if args.device == "cuda" and {"native", "native-heur"} <= set(args.modes):
+        ap.error("--modes: native and native-heur need processes of their own on CUDA "
+                 "(PyTorch's cuDNN plan cache ignores cudnn.benchmark; Note [loss noise "
+                 "floor]): run native-heur alone with --reference NATIVE_RUN.json")
+    if args.reference is not None and not os.path.isfile(args.reference):
+        ap.error(f"--reference: no such file: {args.reference}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU (use --device cpu for a smoke test)")
     try:
@@ -643,15 +661,28 @@ def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict
 
 
 # -- the whole benchmark --------------------------------------------------------------------------------
-def loss_tracking(runs: list[dict]) -> list[dict]:
+def loss_tracking(runs: list[dict], reference: Sequence[dict] = ()) -> list[dict]:
     """Max relative difference of each converted (or ``native-heur``, Note
     [loss noise floor]) run's losses from the native run of the same model,
-    precision and execution."""
-    native = {(r["model"], r["precision"], r["execution"]): r["losses"]
-              for r in runs if r.get("mode") == "native" and r.get("losses")}
+    precision and execution: this run's, else ``reference``'s (the runs of an
+    earlier report).
+
+    >>> ref = [{"model": "m", "precision": "p", "execution": "e", "mode": "native",
+    ...         "losses": [2.0, 1.0]}]
+    >>> heur = [{"model": "m", "precision": "p", "execution": "e", "mode": "native-heur",
+    ...          "losses": [2.0, 1.002]}]
+    >>> t = loss_tracking(heur, ref)[0]
+    >>> round(t["max_rel_diff"], 6), t["reference"]
+    (0.002, 'reference')
+    """
+    def natives(rs: Iterable[dict]) -> dict:
+        return {(r["model"], r["precision"], r["execution"]): r["losses"]
+                for r in rs if r.get("mode") == "native" and r.get("losses")}
+    here, earlier = natives(runs), natives(reference)
     out = []
     for r in runs:
-        ref = native.get((r["model"], r["precision"], r["execution"]))
+        key = (r["model"], r["precision"], r["execution"])
+        ref = here.get(key, earlier.get(key))
         if r.get("mode") == "native" or not r.get("losses") or ref is None:
             continue
         n = min(len(ref), len(r["losses"]))
@@ -659,7 +690,8 @@ def loss_tracking(runs: list[dict]) -> list[dict]:
         worst = max(diffs) if diffs else math.nan
         out.append({"model": r["model"], "mode": r["mode"], "precision": r["precision"],
                     "execution": r["execution"], "steps_compared": n, "max_rel_diff": worst,
-                    "within_1e-3": bool(worst <= LOSS_TRACK_TOL)})
+                    "within_1e-3": bool(worst <= LOSS_TRACK_TOL),
+                    "reference": "this run" if key in here else "reference"})
     return out
 
 
@@ -714,8 +746,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
+    reference: list[dict] = []
+    if args.reference:
+        with open(args.reference, encoding="utf-8") as f:
+            reference = list(json.load(f).get("runs", []))
+
     def save() -> None:
-        report["loss_tracking"] = loss_tracking(report["runs"])
+        report["loss_tracking"] = loss_tracking(report["runs"], reference)
         if args.json:
             d = os.path.dirname(os.path.abspath(args.json))
             os.makedirs(d, exist_ok=True)
@@ -827,7 +864,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for row in interleaved_rows(e):
                 log(row)
     for t in report["loss_tracking"]:
-        log(f"losses {t['model']} {t['precision']} {t['execution']} {t['mode']} vs native: "
+        src = "" if t.get("reference") != "reference" else " (--reference's)"
+        log(f"losses {t['model']} {t['precision']} {t['execution']} {t['mode']} vs native{src}: "
             f"max rel diff {t['max_rel_diff']:.2e} over {t['steps_compared']} steps")
     for c in report["constrained"]:
         if "error" in c:
