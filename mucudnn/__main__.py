@@ -43,7 +43,7 @@ from .exec.workspace import env_workspace_limit
 from .networks import DEFAULT_BATCH, NETWORKS, select
 from .optimizer import (CachedBackend, cache_tools, check_devices, check_ordinals, optimize,
                         optimize_kernels, optimize_network)
-from .optimizer.policies import normalize_policy
+from .optimizer.policies import DEFAULT_POLICY, normalize_policy
 from .plot import plot_network
 from .problem import Direction
 from .units import parse_bytes
@@ -186,8 +186,9 @@ def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) ->
                    choices=["default", "fma", "tensor_op", "tensor_op_allow_conversion"])
     p.add_argument("--workspace", type=parse_size, default=64 << 20,
                    help="workspace limit per kernel, e.g. 64MiB (default 64MiB)")
-    p.add_argument("--policy", type=parse_policy, default="powerOfTwo",
-                   help="batch-size policy: powerOfTwo, fitted, all, undivided or a list like 64,32")
+    p.add_argument("--policy", type=parse_policy, default=DEFAULT_POLICY,
+                   help="batch-size policy: fitted (the default), powerOfTwo, all, undivided or a "
+                        "list like 64,32")
     p.add_argument("--mode", default="wr", choices=["wr", "wd"],
                    help="wr: a limit per kernel; wd: one total budget for all kernels")
     p.add_argument("--total-workspace", type=parse_size, default=None,

@@ -96,7 +96,7 @@ from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, pool_for
 from .optimizer.benchmark import check_deterministic
 from .optimizer.planner import Planner, workspace_limit_bytes
-from .optimizer.policies import normalize_policy
+from .optimizer.policies import DEFAULT_POLICY, normalize_policy
 from .problem import ConvProblem, Direction, Plan
 
 __all__ = ["Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
@@ -139,10 +139,10 @@ class Convolution:
         Per-kernel workspace limit (default 64 MiB): bytes, a size string such
         as ``"64MiB"``, or None for unlimited.
     policy
-        Micro-batch sizes considered: "powerOfTwo" (default), "fitted"
-        (powerOfTwo's and, per kernel, the size its best configuration
-        stretches to under the limit: Note [fitted sizes]), "all",
-        "undivided", or an explicit list of sizes.
+        Micro-batch sizes considered: "fitted" (the default: powerOfTwo's
+        and, per kernel, the sizes its best configurations stretch to under
+        the limit; Note [fitted sizes]), "powerOfTwo" (1, 2, 4, ... and the
+        batch), "all", "undivided", or an explicit list of sizes.
     backend
         "numpy", "cudnn", "cudnn-graph", a Backend instance, or None
         (``$MUCUDNN_BACKEND`` if set, else cudnn-graph where a GPU is present,
@@ -176,7 +176,7 @@ class Convolution:
                  stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
                  groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
                  math: str = "default", workspace_limit: Any = 64 << 20,
-                 policy: Any = "powerOfTwo", backend: "str | Backend | None" = None,
+                 policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None,
                  graph: bool = False, plans: Mapping[Any, Plan] | None = None,
                  cache: Any = None, deterministic: bool = False) -> None:
         self.problem = ConvProblem(x_shape, w_shape, stride=stride, padding=padding,
@@ -551,7 +551,7 @@ class MicroBatchHandle(HandleEngine):
     """
 
     def __init__(self, backend: "str | Backend | None" = None, *,
-                 workspace_limit: Any = 64 << 20, policy: Any = "powerOfTwo",
+                 workspace_limit: Any = 64 << 20, policy: Any = DEFAULT_POLICY,
                  graph: bool = False, cache: Any = None, deterministic: bool = False) -> None:
         check_deterministic(deterministic)
         be = get_backend(backend)
@@ -633,7 +633,7 @@ def _convnd(nd: int, fn: str, x: Any, w: Any, *, stride: IntOrTuple, padding: In
 def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
-           policy: Any = "powerOfTwo", backend: Any = None, alpha: float = 1.0,
+           policy: Any = DEFAULT_POLICY, backend: Any = None, alpha: float = 1.0,
            beta: float = 0.0, out: Any = None, graph: bool = False) -> Any:
     """2-D convolution (cross-correlation, as cuDNN and PyTorch), micro-batched.
 
@@ -655,7 +655,7 @@ def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
 def conv3d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCDHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
-           policy: Any = "powerOfTwo", backend: Any = None, alpha: float = 1.0,
+           policy: Any = DEFAULT_POLICY, backend: Any = None, alpha: float = 1.0,
            beta: float = 0.0, out: Any = None, graph: bool = False) -> Any:
     """3-D convolution; as :func:`conv2d` with NCDHW/NDHWC shapes.
 
@@ -678,7 +678,7 @@ def _layout_for(layout: str | None, ndim: int) -> str:
 def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOrTuple = 1,
                        padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
                        layout: str | None = None, math: str = "default",
-                       workspace_limit: int | None = 64 << 20, policy: Any = "powerOfTwo",
+                       workspace_limit: int | None = 64 << 20, policy: Any = DEFAULT_POLICY,
                        backend: Any = None, alpha: float = 1.0, beta: float = 0.0,
                        out: Any = None, graph: bool = False) -> Any:
     """Gradient of the convolution with respect to its input: dx of shape ``x_shape``.
@@ -703,7 +703,7 @@ def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOr
 def conv_backward_filter(x: Any, dy: Any, w_shape: Sequence[int], *, stride: IntOrTuple = 1,
                          padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
                          layout: str | None = None, math: str = "default",
-                         workspace_limit: int | None = 64 << 20, policy: Any = "powerOfTwo",
+                         workspace_limit: int | None = 64 << 20, policy: Any = DEFAULT_POLICY,
                          backend: Any = None, alpha: float = 1.0, beta: float = 0.0,
                          out: Any = None, graph: bool = False) -> Any:
     """Gradient of the convolution with respect to its filter: dw of shape ``w_shape``.

@@ -35,7 +35,8 @@ from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
 from .errors import InvalidValueError
-from .optimizer import benchmark, check_devices, optimize_wd, optimize_wr, pareto_front
+from .optimizer import (DEFAULT_POLICY, benchmark, check_devices, optimize_wd, optimize_wr,
+                        pareto_front)
 from .optimizer.benchmark import resolve_cache
 from .optimizer.spread import run as spread_run
 from .problem import ConvProblem, Direction, Plan
@@ -222,7 +223,7 @@ def single_call_plan(perf: dict[int, list], batch: int, limit: int | None) -> Pl
 # -- the harness ----------------------------------------------------------------
 def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "NCHW",
                 math_mode: str = "default", workspace_limit: int = 64 << 20,
-                policy: Any = "powerOfTwo", mode: str = "wr",
+                policy: Any = DEFAULT_POLICY, mode: str = "wr",
                 total_workspace: int | None = None, backend: "str | Backend | None" = None,
                 repeat: int = 10, warmup: int = 3, cache: Any = None,
                 layers: Sequence[str] | None = None,

@@ -15,7 +15,7 @@ from .backends import get_backend
 from .bench import single_call_plan
 from .networks import select as select_layers
 from .networks import unique_problems
-from .optimizer import benchmark, optimize_wr, pareto_front
+from .optimizer import DEFAULT_POLICY, benchmark, optimize_wr, pareto_front
 from .optimizer.benchmark import resolve_cache
 from .problem import Direction
 
@@ -49,7 +49,7 @@ def speedup_curve(perfs: dict, counts: dict, batch: int, limits: Sequence[int],
 
 
 def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "float32",
-                 layout: str = "NCHW", math_mode: str = "default", policy: Any = "powerOfTwo",
+                 layout: str = "NCHW", math_mode: str = "default", policy: Any = DEFAULT_POLICY,
                  backend: Any = None, workspace_limit: int = 64 << 20,
                  layers: Sequence[str] | None = None,
                  directions: Iterable["Direction | str"] | None = None,

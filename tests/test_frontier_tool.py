@@ -71,7 +71,7 @@ def _synthetic(fr):
 def test_parse_args_defaults_and_errors(fr):
     a = fr.parse_args([])
     assert a.nets == ["alexnet", "resnet18", "resnet50", "vgg16"]
-    assert a.precisions == ["fp32", "bf16cl"] and a.policy == "powerOfTwo" and a.torch
+    assert a.precisions == ["fp32", "bf16cl"] and a.policy == "fitted" and a.torch
     assert a.limits == [8 * MIB, 16 * MIB, 32 * MIB, 64 * MIB, 128 * MIB, 256 * MIB, 512 * MIB,
                         None]
     assert a.figure == str(TOOLS.parent / "docs" / "figures" / "frontier.png")

@@ -806,3 +806,25 @@ def test_fitted_sizes_follow_the_plans_limit_under_a_larger_cap():
     assert set(unfitted) == set(batch_sizes("powerOfTwo", 256))  # the cap fits everything
     with pytest.raises(ValueError, match="fit_limit"):
         benchmark(StretchBackend(1000), Q1, d, "fitted", 1 << 30, cache=False, fit_limit=-1)
+
+
+def test_fitted_sizes_a_backend_cannot_measure_are_left_out():
+    """Note [fitted sizes]: offline (CachedBackend) a fitted size missing from the
+    cache is left out, and the plan is powerOfTwo's, rather than an error."""
+    from mucudnn.optimizer import CacheMissError
+
+    class Offline(StretchBackend):
+        def find(self, problem, direction, workspace_limit):
+            n = problem.batch
+            if n & (n - 1):
+                raise CacheMissError(f"size {n} was never measured")
+            return super().find(problem, direction, workspace_limit)
+
+    cap, d = 36 * 1000, Direction.BACKWARD_FILTER
+    perf = benchmark(Offline(1000), Q1, d, "fitted", cap, cache=False, prune_sizes=True,
+                     progress=False)
+    assert all(s & (s - 1) == 0 for s in perf)
+    pow2 = benchmark(StretchBackend(1000), Q1, d, "powerOfTwo", cap, cache=False,
+                     prune_sizes=True, progress=False)
+    assert optimize_wr(perf, 256, cap, "fitted").time_ms == pytest.approx(
+        optimize_wr(pow2, 256, cap, "powerOfTwo").time_ms)

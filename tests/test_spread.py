@@ -194,7 +194,7 @@ def test_one_kernel_on_devices(tmp_path, monkeypatch, benchmark_cap):
     assert plan == want and plan.problem == p
     keys = [(k, d) for _pid, k, d in lines]
     assert len(keys) == len(set(keys)) == len(store)
-    pruned = benchmark(FakeBackend(), p, "bwd_filter", "powerOfTwo", 1000, cache=False,
+    pruned = benchmark(FakeBackend(), p, "bwd_filter", "fitted", 1000, cache=False,
                        prune_sizes=True)
     assert len(keys) == (len(pruned) if benchmark_cap is None else 7)
     if benchmark_cap is None:

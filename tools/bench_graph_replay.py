@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What CUDA-graph replay saves on small layers: ResNet-18 layer4 (x (B, 512, 7, 7),
 w (512, 512, 3, 3), padding 1) at batch 128 and 16, all three directions,
-powerOfTwo plans under a 64 MiB limit, run through ``mucudnn.Convolution`` with
+plans (the default policy) under a 64 MiB limit, run through ``mucudnn.Convolution`` with
 ``graph=False`` (one cuDNN call per micro-batch, dispatched from Python) and
 ``graph=True`` (the micro-batch sequence captured once, one graph launch per call).
 
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[128, 16])
     ap.add_argument("--workspace-limit", type=int, default=64 << 20)
-    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--policy", default="fitted")
     ap.add_argument("--math", default="default")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=30)

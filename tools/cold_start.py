@@ -4,7 +4,7 @@
 For each network (AlexNet 256, ResNet-18 128, ResNet-50 128 by default: the
 bench networks) and each configuration, a fresh process optimises every
 distinct conv kernel (layer x direction) as ``Convolution`` would on its first
-call: WR, ``--workspace`` per kernel (64 MiB), ``--policy`` (powerOfTwo), the
+call: WR, ``--workspace`` per kernel (64 MiB), ``--policy`` (fitted), the
 cudnn-graph backend, an empty benchmark cache. It reports
 
 * ``process s``: from the worker's first line (before importing anything) to
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="per kernel: bytes, or a size such as 128MiB")
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                     help="fp32 (NCHW) or bf16cl (bfloat16 channels-last, as AMP runs)")
-    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--policy", default="fitted")
     ap.add_argument("--torch", action="store_true", help="also PyTorch's first iteration")
     ap.add_argument("--no-execute", action="store_true", help="skip executing the plans")
     ap.add_argument("--devices", default=None, metavar="0,1",

@@ -95,7 +95,7 @@ def parse_limit(text: str) -> int | None:
 def parse_policy(text: str) -> Any:
     """A batch-size policy: a name, or sizes such as ``64,48,32`` (the command line's parser).
     The default is not parsed: ``--plot-only`` imports no mucudnn."""
-    if text == "powerOfTwo":
+    if text == "fitted":
         return text
     from mucudnn.__main__ import parse_policy as parse  # argparse errors, like parse_limit's
     return parse(text)
@@ -126,8 +126,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--limits", nargs="+", type=parse_limit, default=None,
                     help="per-kernel workspace limits, e.g. 8MiB 64MiB unlimited (default: "
                          f"{', '.join(fmt_limit(l) for l in DEFAULT_LIMITS)})")
-    ap.add_argument("--policy", type=parse_policy, default="powerOfTwo",
-                    help="powerOfTwo (default), all, undivided or sizes like 64,48,32")
+    ap.add_argument("--policy", type=parse_policy, default="fitted",
+                    help="fitted (default), powerOfTwo, all, undivided or sizes like 64,48,32")
     ap.add_argument("--backend", default=None,
                     help="mucudnn backend (default: get_backend()'s, cudnn-graph on a GPU)")
     ap.add_argument("--backend-option", action="append", type=parse_option, default=[],

@@ -3,7 +3,7 @@
 
 For each kernel (network, layer, direction; default: the layers that keep the
 64 MiB plans behind PyTorch, docs/BENCHMARKS.md), the cudnn-graph backend plans
-it as a user's first call does (``mucudnn.optimize``: powerOfTwo, WR under the
+it as a user's first call does (``mucudnn.optimize``: fitted, WR under the
 limit, benchmarked under that limit) twice: with ``search="heuristics"`` and
 with ``search="knobs"`` (Note [knob search] in mucudnn/backends/cudnn_graph.py),
 each with its own fresh benchmark cache. The best single call with unlimited
@@ -52,8 +52,8 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--kernels", nargs="+", type=parse_kernel,
                     default=[parse_kernel(k) for k in DEFAULT_KERNELS])
     ap.add_argument("--limits", nargs="+", type=parse_size, default=[64 << 20, 128 << 20])
-    ap.add_argument("--policy", type=parse_policy, default="powerOfTwo",
-                    help="powerOfTwo (default), all, undivided or sizes like 64,48,32")
+    ap.add_argument("--policy", type=parse_policy, default="fitted",
+                    help="fitted (default), powerOfTwo, all, undivided or sizes like 64,48,32")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layout", default="NCHW")
     ap.add_argument("--knob-values", type=int, default=6)

@@ -61,7 +61,7 @@ def _price(plan: Plan, ref: dict[int, list[AlgoPerf]]) -> tuple[float, int]:
 
 
 def compare(net: str, cache: str, reference: str, *, batch: int | None = None,
-            limit: int = 64 << 20, policy: str = "powerOfTwo", backend: str = "cudnn-graph",
+            limit: int = 64 << 20, policy: str = "fitted", backend: str = "cudnn-graph",
             layers: list[str] | None = None, precision: str = "fp32") -> dict[str, Any]:
     """The comparison the module docstring describes, as a dict (``kernels``:
     one row per distinct kernel; ``total``: the weighted sums). ``layers``:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--layers", nargs="+", default=None, help="only these layers")
     ap.add_argument("--workspace", default="64MiB", help="per-kernel limit (default 64MiB)")
-    ap.add_argument("--policy", default="powerOfTwo")
+    ap.add_argument("--policy", default="fitted")
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                     help="the problems' dtype, layout and math (tools/frontier.py's PRECISIONS)")
     ap.add_argument("--backend", default="cudnn-graph", help="the backend name in the caches")

@@ -13,12 +13,12 @@ from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
 from .offline import CachedBackend, CacheMissError
 from .planner import Planner, PlanKey, zero_workspace_plan
-from .policies import POLICIES, batch_sizes
+from .policies import DEFAULT_POLICY, POLICIES, batch_sizes
 from .spread import benchmark_many, check_devices, check_ordinals
 
 __all__ = [
     "BenchmarkCache", "CacheArgumentError", "CacheFileError", "CacheMissError", "CacheWarning",
-    "CachedBackend", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
+    "CachedBackend", "DEFAULT_POLICY", "DEFAULT_WORKSPACE_LIMIT", "POLICIES", "batch_sizes",
     "benchmark", "benchmark_many", "check_devices", "check_ordinals", "default_cache_path", "optimize",
     "optimize_kernels", "optimize_network", "optimize_wd",
     "optimize_wr", "pareto_front", "Planner", "PlanKey", "zero_workspace_plan",

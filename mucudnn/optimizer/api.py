@@ -21,7 +21,7 @@ from ..units import format_bytes, parse_bytes
 from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_cache
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
-from .policies import Policy, batch_sizes, normalize_policy
+from .policies import DEFAULT_POLICY, Policy, batch_sizes, normalize_policy
 from .spread import check_devices
 from .spread import run as spread_run
 
@@ -98,7 +98,7 @@ def _wr_plan(problem: ConvProblem, direction: Direction, perf: Mapping[int, list
 
 
 def optimize(problem: ConvProblem, direction: "Direction | str",
-             workspace_limit: int = DEFAULT_WORKSPACE_LIMIT, policy: Policy = "powerOfTwo",
+             workspace_limit: int = DEFAULT_WORKSPACE_LIMIT, policy: Policy = DEFAULT_POLICY,
              backend: Any = None, cache: Any = None, *, benchmark_cap: int | None = None,
              retime: int = 0, progress: "bool | None" = None,
              deterministic: bool = False, devices: Any = None) -> Plan:
@@ -159,7 +159,7 @@ K = TypeVar("K", bound=Hashable)
 
 def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
                      workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
-                     policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
+                     policy: Policy = DEFAULT_POLICY, backend: Any = None, cache: Any = None, *,
                      benchmark_cap: int | None = None, retime: int = 0,
                      progress: "bool | None" = None, deterministic: bool = False,
                      devices: Any = None) -> dict[K, Plan]:
@@ -211,7 +211,7 @@ def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
 def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, ConvProblem]]",
                      total_workspace: int,
                      directions: "Iterable[Direction | str] | None" = None,
-                     policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
+                     policy: Policy = DEFAULT_POLICY, backend: Any = None, cache: Any = None, *,
                      retime: int = 0, progress: "bool | None" = None,
                      deterministic: bool = False,
                      devices: Any = None) -> dict[tuple[Any, Direction], Plan]:
@@ -240,7 +240,7 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
 
 
 def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_workspace: int,
-                 policy: Policy = "powerOfTwo", backend: Any = None, cache: Any = None, *,
+                 policy: Policy = DEFAULT_POLICY, backend: Any = None, cache: Any = None, *,
                  retime: int = 0, progress: "bool | None" = None,
                  deterministic: bool = False, devices: Any = None) -> dict[K, Plan]:
     """WD over named kernels: ``{key: (problem, direction)}`` -> ``{key: Plan}``,

@@ -22,7 +22,7 @@ from ..backends import Backend, get_backend
 from ..errors import InvalidTypeError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .cache import BenchmarkCache, resolve
-from .policies import Policy, batch_sizes, fitted_sizes, normalize_policy
+from .policies import DEFAULT_POLICY, Policy, batch_sizes, fitted_sizes, normalize_policy
 
 __all__ = ["benchmark", "resolve_cache", "resolve_backend", "deterministic_only",
            "is_deterministic", "check_deterministic"]
@@ -278,7 +278,7 @@ def _retime(backend: Any, problem: ConvProblem, direction: Direction, cap: int,
 
 
 def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
-              policy: Policy = "powerOfTwo", workspace_cap: int = 64 << 20,
+              policy: Policy = DEFAULT_POLICY, workspace_cap: int = 64 << 20,
               cache: Any = None, retime: int = 0, progress: "bool | None" = None, *,
               repeats: int = 4, prune_sizes: bool = False,
               on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None,
@@ -411,7 +411,11 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
             if bar is not None and extra:
                 bar.total += len(extra)
             for s in extra:
-                measure(s)
+                try:
+                    measure(s)
+                except LookupError as exc:  # offline: CachedBackend's CacheMissError
+                    log.debug("benchmark %s %s: fitted size %d left out (%s)",
+                              direction.value, problem.key(), s, exc)
     finally:
         if bar is not None:
             bar.close()

@@ -32,7 +32,7 @@ from ..units import parse_bytes
 from .api import DEFAULT_WORKSPACE_LIMIT, optimize, plan_jointly
 from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_cache
 from .dp import optimize_wr
-from .policies import Policy, normalize_policy
+from .policies import DEFAULT_POLICY, Policy, normalize_policy
 
 __all__ = ["Planner", "PlanKey", "workspace_limit_bytes", "zero_workspace_plan", "PLAN_MEMO_SIZE"]
 
@@ -121,7 +121,7 @@ class Planner:
     """
 
     def __init__(self, backend: Any = None, workspace_limit: Any = DEFAULT_WORKSPACE_LIMIT,
-                 policy: Policy = "powerOfTwo", cache: Any = None, retime: int = 0, *,
+                 policy: Policy = DEFAULT_POLICY, cache: Any = None, retime: int = 0, *,
                  deterministic: bool = False) -> None:
         self.deterministic = check_deterministic(deterministic)
         self.workspace_limit = workspace_limit_bytes(workspace_limit)

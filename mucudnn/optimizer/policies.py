@@ -20,6 +20,10 @@ from ..problem import AlgoPerf
 #: The named policies (matched case-insensitively; "_" and "-" ignored).
 POLICIES = ("all", "powerOfTwo", "fitted", "undivided")
 
+#: The policy every planning entry point uses unless told otherwise: powerOfTwo's
+#: sizes and each kernel's fitted ones (Note [fitted sizes]).
+DEFAULT_POLICY = "fitted"
+
 Policy = Union[str, Iterable[int]]
 
 _ALIASES = {"all": "all", "poweroftwo": "powerOfTwo", "pow2": "powerOfTwo",

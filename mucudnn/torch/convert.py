@@ -58,7 +58,7 @@ from torch import nn
 
 from ..backends import Backend
 from ..caches import LRU
-from ..optimizer import optimize_network
+from ..optimizer import DEFAULT_POLICY, optimize_network
 from ..problem import ConvProblem, Direction, Plan
 from . import engine
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
@@ -182,7 +182,7 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
 
 
 def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-            policy: Any = "powerOfTwo", mode: str = "wr",
+            policy: Any = DEFAULT_POLICY, mode: str = "wr",
             total_workspace: "int | None" = None,
             backend: "str | Backend | None" = None) -> nn.Module:
     """Make every ``nn.Conv2d``/``nn.Conv3d`` in ``module`` (itself included,

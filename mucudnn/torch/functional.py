@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..backends import Backend
 from ..caches import LRU
 from ..errors import MucudnnError
-from ..optimizer import batch_sizes
+from ..optimizer import DEFAULT_POLICY, batch_sizes
 from . import engine, ops
 from .engine import DTYPES, ConvConfig
 
@@ -56,7 +56,7 @@ _OPTIONS: "LRU[tuple, Options]" = LRU("torch.options", 64)
 
 
 def options(workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-            policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> Options:
+            policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> Options:
     """Check and normalise the mucudnn options of a convolution.
 
     >>> options(1 << 20, [32, 64], None)
@@ -233,7 +233,7 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
            stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
            groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-           policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> torch.Tensor:
+           policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
     """2-D convolution as ``torch.nn.functional.conv2d``, micro-batched by mucudnn.
 
     ``input`` is ``(N, C, H, W)`` or unbatched ``(C, H, W)``; ``weight``
@@ -242,8 +242,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None
     as torch). Differentiable in ``input``, ``weight`` and ``bias``.
 
     ``workspace_limit`` (bytes, None: no limit) caps each of the three
-    kernels' workspace; ``policy`` ("powerOfTwo", "all", "undivided" or a list
-    of micro-batch sizes) and ``backend`` (None: ``numpy`` for CPU tensors,
+    kernels' workspace; ``policy`` ("fitted", the default, "powerOfTwo",
+    "all", "undivided" or a list of micro-batch sizes) and ``backend`` (None: ``numpy`` for CPU tensors,
     mucudnn's default GPU backend for CUDA tensors) are as in
     :class:`mucudnn.Convolution`. Under ``torch.autocast`` the inputs are
     cast to the autocast dtype, as native convolutions are. While
@@ -264,7 +264,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None
 def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
            stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
            groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-           policy: Any = "powerOfTwo", backend: "str | Backend | None" = None) -> torch.Tensor:
+           policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
     """3-D convolution as ``torch.nn.functional.conv3d`` (see :func:`conv2d`):
     ``input`` ``(N, C, D, H, W)`` or ``(C, D, H, W)``, ``weight`` ``(K, C/groups, T, R, S)``.
 
