@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import itertools
 import json
@@ -770,30 +771,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             inits[name] = {k: v.clone() for k, v in build_model(name).state_dict().items()}
         return inits[name]
 
-    def interleave(name: str, precision: str, execution: str) -> None:
-        modes = ordered_modes(args.modes)
-        tag = f"interleaved {name} {precision} {execution} {' '.join(modes)}"
+    def attempt(tag: str, fields: dict, work: Callable[[], dict]) -> dict | None:
+        """``work()``'s record, or one with the error (a failed run must not end
+        the benchmark); None, and a skip noted, past --max-seconds."""
         if out_of_time():
             report["skipped"].append({"run": tag, "reason": "--max-seconds reached"})
-            return
-        batch = args.batch or DEFAULT_BATCH[name]
-        log(f"{tag} batch {batch}: {args.interleave} rounds x {args.interleave_steps} steps ...")
+            return None
+        log(f"run {tag} batch {fields['batch']} ...")
         cleanup(device)
         try:
-            e = interleaved_run(args, name, precision, execution, batch, init_state(name), device,
-                                modes)
+            return work()
+        except Exception as exc:  # noqa: BLE001 - recorded as a failed run
+            log(f"  FAILED: {type(exc).__name__}: {exc}")
+            return {**fields, "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()}
+
+    def one_run(name: str, mode: str, precision: str, execution: str, batch: int) -> dict:
+        r = train_run(args, name, mode, precision, execution, batch, init_state(name), device)
+        log(f"  {r['median_step_ms']:.2f} ms/step, {r['images_per_s']:.0f} img/s, "
+            f"first step {r['first_step_s']:.1f} s")
+        return r
+
+    def interleave(name: str, precision: str, execution: str) -> None:
+        modes = ordered_modes(args.modes)
+        batch = args.batch or DEFAULT_BATCH[name]
+
+        def work() -> dict:
+            e = interleaved_run(args, name, precision, execution, batch, init_state(name),
+                                device, modes)
             rel = e[f"rel_vs_{e['reference']}"]
             log("  " + ", ".join(f"{m} {e['median_ms'][m]:.2f} ms/step"
                                  + (f" ({100 * rel[m]:+.2f}%)" if m in rel else "")
                                  for m in modes))
-        except Exception as exc:  # noqa: BLE001 - as a failed run
-            e = {"model": name, "precision": precision, "execution": execution, "batch": batch,
-                 "modes": modes, "error": f"{type(exc).__name__}: {exc}",
-                 "traceback": traceback.format_exc()}
-            log(f"  FAILED: {e['error']}")
-        cleanup(device)
-        report["interleaved"].append(e)
-        save()
+            return e
+
+        e = attempt(f"interleaved {name} {precision} {execution} {' '.join(modes)}",
+                    {"model": name, "precision": precision, "execution": execution,
+                     "batch": batch, "modes": modes}, work)
+        if e is not None:
+            cleanup(device)
+            report["interleaved"].append(e)
+            save()
 
     runs = [] if args.constrained_only else plan_runs(args, device)
     bar = tqdm(total=len(runs), unit="run") if (args.progress and tqdm and runs) else None
@@ -801,23 +819,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (name, precision, execution), group in itertools.groupby(
             runs, key=lambda run: (run[0], run[1], run[3])):
         for _, _, mode, _ in group:
-            tag = f"{name} {precision} {execution} {mode}"
-            if out_of_time():
-                report["skipped"].append({"run": tag, "reason": "--max-seconds reached"})
-                continue
             batch = args.batch or DEFAULT_BATCH[name]
-            log(f"run {tag} batch {batch} ...")
-            cleanup(device)
-            try:
-                r = train_run(args, name, mode, precision, execution, batch, init_state(name),
-                              device)
-                log(f"  {r['median_step_ms']:.2f} ms/step, {r['images_per_s']:.0f} img/s, "
-                    f"first step {r['first_step_s']:.1f} s")
-            except Exception as exc:  # noqa: BLE001 - one failed run must not end the benchmark
-                r = {"model": name, "mode": mode, "precision": precision, "execution": execution,
-                     "batch": batch, "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc()}
-                log(f"  FAILED: {r['error']}")
+
+            r = attempt(f"{name} {precision} {execution} {mode}",
+                        {"model": name, "mode": mode, "precision": precision,
+                         "execution": execution, "batch": batch},
+                        functools.partial(one_run, name, mode, precision, execution, batch))
+            if r is None:
+                continue
             report["runs"].append(r)
             save()
             if bar is not None:
