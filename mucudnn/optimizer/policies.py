@@ -143,7 +143,10 @@ def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
 # same sizes in the cache without asking the backend; and a plan may use any
 # size measured (:func:`allowed_sizes`). Where the workspace is not
 # proportional, an extra find costs one size's benchmark and the plan is no
-# worse.
+# worse. Sizes a backend cannot measure (an offline cache's misses) are left
+# out. Where optimize() spreads one kernel's sizes over several devices
+# (``devices=`` with a ``benchmark_cap`` above the limit: each size its own
+# task), no fitted size is added and the plan is powerOfTwo's.
 
 #: "fitted": stretch the best configurations of sizes this close to the best
 #: time per sample (Note [fitted sizes])
