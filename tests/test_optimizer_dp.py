@@ -540,6 +540,17 @@ def test_fitted_sizes_stretch_the_best_configurations_to_the_limit(table, limit,
         assert f not in results
         assert any(explains(f, s) for s in best)
 
+    def stretches(s):  # the size s's best configuration stretches to, if any
+        r = best[s]
+        larger = [x for x in results if x > s]
+        if not larger or r.workspace_bytes <= 0 or r.time_ms / s > (1 + FIT_MARGIN) * top:
+            return None
+        reach = s * limit // r.workspace_bytes
+        f = reach - reach % quantum if reach >= quantum else reach
+        return f if reach < min(larger) and f > s and f not in results else None
+    wanted = {f for f in map(stretches, best) if f is not None}
+    assert set(got) <= wanted and len(got) == min(FIT_MOST, len(wanted))
+
 
 def test_allowed_sizes_of_fitted_are_every_measured_size():
     measured = {256: [], 64: [], 36: [], 4: [], 300: []}
