@@ -205,7 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="WR workspace limit per kernel (default 64MiB)")
     ap.add_argument("--total-workspace", type=parse_size, default=512 << 20,
                     help="WD budget for all kernels (default 512MiB)")
-    ap.add_argument("--policy", type=parse_policy, default="fitted",
+    ap.add_argument("--policy", type=parse_policy, default=mucudnn.optimizer.DEFAULT_POLICY,
                     help="fitted (default), powerOfTwo, all, undivided or sizes like 64,48,32")
     ap.add_argument("--backend", default=None, help="mucudnn backend (default: mucudnn's)")
     ap.add_argument("--lr", type=float, default=0.01)

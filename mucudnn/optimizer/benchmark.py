@@ -162,6 +162,13 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
 # its own zero-workspace find: the cost of ``"each"``, not less.
 
 
+def check_byte_count(name: str, value: Any) -> int:
+    """An int >= 0 of bytes; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 0:
+        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
+    return int(value)
+
+
 def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, limit: int,
                   sizes: list[int]) -> list[int]:
     """Note [fitted sizes]: the sizes ``"fitted"`` adds to the measured ``out``:
@@ -313,14 +320,8 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     direction = Direction.parse(direction)
     be = resolve_backend(backend)
     store = resolve_cache(cache)
-    if isinstance(workspace_cap, bool) or not hasattr(workspace_cap, "__index__") \
-            or int(workspace_cap) < 0:
-        raise ValueError(f"workspace_cap: expected an int >= 0 (bytes), got {workspace_cap!r}")
-    cap = int(workspace_cap)
-    if fit_limit is not None and (isinstance(fit_limit, bool) or not hasattr(fit_limit, "__index__")
-                                  or int(fit_limit) < 0):
-        raise ValueError(f"fit_limit: expected None or an int >= 0 (bytes), got {fit_limit!r}")
-    fit = cap if fit_limit is None else min(cap, int(fit_limit))
+    cap = check_byte_count("workspace_cap", workspace_cap)
+    fit = cap if fit_limit is None else min(cap, check_byte_count("fit_limit", fit_limit))
     check_deterministic(deterministic)
     if isinstance(retime, bool) or int(retime) < 0:
         raise ValueError(f"retime: expected an int >= 0, got {retime!r}")

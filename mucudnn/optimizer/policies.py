@@ -116,7 +116,7 @@ def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
     [100, 64, 36, 32]
     """
     have = set(measured)
-    if isinstance(policy, str) and policy_name(policy) == "fitted":
+    if policy_name(policy) == "fitted":
         return sorted((s for s in have if 1 <= s <= int(n)), reverse=True)
     return [s for s in batch_sizes(policy, n) if s in have]
 

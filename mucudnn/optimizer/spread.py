@@ -40,8 +40,8 @@ from ..backends import (DEFAULT_GPU_BACKEND, CudnnBackend, CudnnGraphBackend, Nu
 from ..cuda import device_count, require_device, set_device
 from ..errors import InvalidTypeError, InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
-from .benchmark import (PROGRESS_MIN_SIZES, benchmark, check_deterministic, resolve_backend,
-                        resolve_cache)
+from .benchmark import (PROGRESS_MIN_SIZES, benchmark, check_byte_count, check_deterministic,
+                        resolve_backend, resolve_cache)
 from .policies import Policy, batch_sizes, normalize_policy
 
 __all__ = ["benchmark_many", "check_devices"]
@@ -250,15 +250,14 @@ def check_ordinals(devices: tuple[int, ...]) -> None:
 def _check_common(policy: Any, cap: Any, retime: Any, deterministic: Any,
                   tasks: list[tuple[ConvProblem, Direction]]) -> int:
     check_deterministic(deterministic)
-    if isinstance(cap, bool) or not hasattr(cap, "__index__") or int(cap) < 0:
-        raise ValueError(f"workspace_cap: expected an int >= 0 (bytes), got {cap!r}")
+    cap = check_byte_count("workspace_cap", cap)
     if isinstance(retime, bool) or not hasattr(retime, "__index__") or int(retime) < 0:
         raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
     for p, _d in tasks:
         if not isinstance(p, ConvProblem):
             raise InvalidTypeError(f"tasks: expected (ConvProblem, Direction) pairs, got {p!r}")
         batch_sizes(policy, p.batch)
-    return int(cap)
+    return cap
 
 
 # -- the worker process ----------------------------------------------------------------------------
