@@ -1,0 +1,258 @@
+#!/usr/bin/env python
+"""Where a training step's GPU time goes: native PyTorch against a converted model.
+
+``tools/train_bench.py`` times whole steps; this profiles them (Note [step
+profile]). For one model, precision and execution, it builds the training
+state of each mode (``train_bench.TrainJob``: same initial weights, same
+data), warms each up, and then, under ``torch.profiler``, runs ``--steps``
+steps of each mode. Per mode it reports
+
+* the step time (CUDA events, measured outside the profiler, modes in turn),
+* the GPU kernel time per step by category (convolution kernels, batch norm,
+  elementwise, reductions, the optimizer, memset/memcpy, other) and in all:
+  the step time minus the kernel time is where the GPU waited,
+* per convolution call, in the order of the step (eager execution only: the
+  kernels are attributed to the op that launched them): the op, its input
+  shapes and its GPU time per step. PyTorch's ``aten::convolution`` and
+  ``aten::convolution_backward`` are matched with mucudnn's ``ConvFunction``
+  forward and backward by their position in the step, so the table shows,
+  layer by layer, which convolutions take longer,
+* the kernels whose time per step differs most between the modes, by name.
+
+Examples::
+
+    python tools/step_profile.py --model resnet18 --precision fp32cl --execution graph
+    python tools/step_profile.py --model resnet18 --precision fp32cl --execution eager \\
+        --json out/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import statistics
+import sys
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import train_bench as tb  # noqa: E402  (the training steps themselves)
+
+# Note [step profile]: what a converted model's step costs beyond native's
+# shows in three places: its convolution kernels (each layer's plan against
+# the algorithm PyTorch's benchmark chose), kernels that are not
+# convolutions (copies or memsets a converted call may add), and time the GPU
+# is idle (host work not hidden behind the GPU: in eager mode the Python of
+# each call; captured graphs remove it). Kernel categories come from kernel
+# names (``CATEGORIES``, first match wins); cuDNN's convolution kernels have
+# no common prefix, so "conv" lists the families cuDNN 9 uses on Hopper and
+# Ampere (xmma, cutlass, implicit GEMM, its layout transposes and Winograd).
+
+#: (category, regex on the kernel name), first match wins
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("memset/memcpy", r"^Mem(set|cpy)"),
+    ("batch norm", r"batch_norm|bn_fw|bn_bw|batchnorm"),
+    ("optimizer", r"multi_tensor_apply|foreach|_amp_"),
+    ("conv", r"xmma|cutlass|cudnn|implicit_convolve|implicit_gemm|conv|wgrad|dgrad|fprop|"
+             r"nchwToNhwc|nhwcToNchw|winograd|fft|precomputed|cask|sm\d\d_|generateWinograd|"
+             r"scalePackedTensor|computeOffsets|computeBOffsets|kern_precompute|im2col|"
+             r"splitKreduce|split_k"),
+    ("reduction", r"reduce|Reduce"),
+    ("elementwise", r"elementwise|vectorized|unrolled|index|fill|copy"),
+)
+
+#: profiler op names of one convolution call (its kernels' time is attributed to it)
+CONV_OPS = re.compile(r"^(aten::convolution|aten::convolution_backward|ConvFunction|"
+                      r"ConvFunctionBackward|mucudnn::conv|mucudnn::conv_backward)$")
+
+
+def category(name: str) -> str:
+    """The category of a kernel (``CATEGORIES``).
+
+    >>> category("sm90_xmma_wgrad_implicit_gemm_indexed_f32f32_tf32f32_f32_nhwckrsc_nhwc")
+    'conv'
+    >>> category("void at::native::batch_norm_collect_statistics_channels_last_kernel<float>")
+    'batch norm'
+    >>> category("Memset (Device)")
+    'memset/memcpy'
+    >>> category("void at::native::(anonymous namespace)::max_pool_forward_nhwc<float>")
+    'other'
+    """
+    for cat, pattern in CATEGORIES:
+        if re.search(pattern, name):
+            return cat
+    return "other"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """This tool's arguments, and ``train_bench``'s (its checks applied) for the jobs."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--model", choices=tb.MODELS, default="resnet18")
+    ap.add_argument("--precision", choices=tb.PRECISIONS, default="fp32cl")
+    ap.add_argument("--execution", choices=tb.EXECUTIONS, default="graph")
+    ap.add_argument("--modes", nargs="+", choices=tb.MODES, default=["native", "wr"])
+    ap.add_argument("--batch", type=tb._positive, default=None)
+    ap.add_argument("--warmup", type=tb._positive, default=5)
+    ap.add_argument("--steps", type=tb._positive, default=5, help="profiled steps per mode")
+    ap.add_argument("--timed-rounds", type=tb._positive, default=5,
+                    help="rounds of --steps timed steps of every mode, outside the profiler")
+    ap.add_argument("--top", type=tb._positive, default=25,
+                    help="kernels listed by their difference between modes")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    known, rest = ap.parse_known_args(argv)
+    if known.device == "cuda" and known.execution == "graph" and known.warmup < 3:
+        ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
+    # the remaining options (--workspace, --policy, --backend, ...) are train_bench's
+    tb_argv = ["--models", known.model, "--precisions", known.precision, "--execution",
+               known.execution, "--modes", *known.modes, "--warmup", str(known.warmup),
+               "--device", known.device, *rest]
+    return known, tb.parse_args(tb_argv)
+
+
+def kernel_events(prof: Any) -> list[Any]:
+    """The GPU kernel (and memset/memcpy) events of a profile."""
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def by_category(kernels: Iterable[Any], steps: int) -> dict[str, float]:
+    """GPU ms per step of each category, and ``"all"``."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for e in kernels:
+        ms = e.time_range.elapsed_us() / 1e3 / steps
+        out[category(e.name)] += ms
+        out["all"] += ms
+    return dict(out)
+
+
+def by_name(kernels: Iterable[Any], steps: int) -> dict[str, tuple[float, float]]:
+    """Per kernel name: (GPU ms per step, launches per step)."""
+    ms: dict[str, float] = collections.defaultdict(float)
+    n: dict[str, int] = collections.defaultdict(int)
+    for e in kernels:
+        ms[e.name] += e.time_range.elapsed_us() / 1e3 / steps
+        n[e.name] += 1
+    return {k: (ms[k], n[k] / steps) for k in ms}
+
+
+def conv_calls(prof: Any, steps: int) -> list[dict]:
+    """The convolution ops of the profile's last step, in order: op name, input
+    shapes, GPU ms (the kernels each launched, its children included)."""
+    ops = sorted((e for e in prof.events() if e.device_type == DeviceType.CPU
+                  and CONV_OPS.match(e.name)), key=lambda e: e.time_range.start)
+    # nested matches (a custom op inside its Function) count once: the outermost
+    outer: list[Any] = []
+    for e in ops:
+        if outer and e.time_range.start < outer[-1].time_range.end:
+            continue
+        outer.append(e)
+    per_step = len(outer) // steps if steps else 0
+    last = outer[len(outer) - per_step:] if per_step else []
+    return [{"op": e.name, "shapes": [list(s) for s in (e.input_shapes or []) if s],
+             "ms": e.device_time_total / 1e3} for e in last]
+
+
+def profile_job(job: tb.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
+    """``steps`` profiled steps of ``job``: kernel ms by category, its conv calls
+    (eager), and kernel ms by name."""
+    job.set_flags()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 record_shapes=not job.graphed) as prof:
+        for _ in range(steps):
+            job.next_batch()
+            job.step()
+        tb._sync(job.device)
+    kernels = kernel_events(prof)
+    calls = [] if job.graphed else conv_calls(prof, steps)
+    return by_category(kernels, steps), calls, by_name(kernels, steps)
+
+
+def layer_rows(calls: Mapping[str, list[dict]], modes: Sequence[str]) -> list[str]:
+    """Markdown rows: the i-th convolution op of every mode side by side."""
+    n = min(len(c) for c in calls.values()) if calls else 0
+    rows = [f"| # | {' | '.join(f'{m} op | {m} ms' for m in modes)} | shapes ({modes[0]}) |",
+            "|---|" + "---|---|" * len(modes) + "---|"]
+    for i in range(n):
+        cells = " | ".join(f"{calls[m][i]['op']} | {calls[m][i]['ms']:.3f}" for m in modes)
+        rows.append(f"| {i} | {cells} | {calls[modes[0]][i]['shapes'][:2]} |")
+    return rows
+
+
+def diff_rows(names: Mapping[str, Mapping[str, tuple[float, float]]], modes: Sequence[str],
+              top: int) -> list[str]:
+    """Markdown rows: the ``top`` kernels whose ms per step differ most from the
+    first mode's."""
+    ref = modes[0]
+    keys = set().union(*(names[m] for m in modes))
+
+    def spread(k: str) -> float:
+        return max(abs(names[m].get(k, (0.0, 0))[0] - names[ref].get(k, (0.0, 0))[0])
+                   for m in modes)
+
+    rows = [f"| kernel | {' | '.join(f'{m} ms (n)' for m in modes)} |",
+            "|---|" + "---|" * len(modes)]
+    for k in sorted(keys, key=spread, reverse=True)[:top]:
+        cells = " | ".join("%.3f (%g)" % names[m].get(k, (0.0, 0)) for m in modes)
+        rows.append(f"| `{k[:90]}` | {cells} |")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    known, args = parse_args(argv)
+    device = torch.device(known.device)
+    name, precision, execution = known.model, known.precision, known.execution
+    batch = known.batch or tb.DEFAULT_BATCH[name]
+    torch.manual_seed(args.seed)
+    init_state = {k: v.clone() for k, v in tb.build_model(name).state_dict().items()}
+    jobs = []
+    for mode in known.modes:
+        jobs.append(tb.TrainJob(args, name, mode, precision, execution, batch, init_state,
+                                device))
+        jobs[-1].warm_up(args.warmup)
+    times = tb.time_rounds(jobs, known.timed_rounds, known.steps, device)
+    result: dict[str, Any] = {"model": name, "precision": precision, "execution": execution,
+                              "batch": batch, "modes": known.modes, "steps": known.steps,
+                              "environment": tb.environment(device), "per_mode": {}}
+    cats, calls, names = {}, {}, {}
+    for mode, job, t in zip(known.modes, jobs, times):
+        cats[mode], calls[mode], names[mode] = profile_job(job, known.steps)
+        step_ms = statistics.median(x for r in t for x in r)
+        result["per_mode"][mode] = {"step_ms": step_ms, "kernel_ms": cats[mode],
+                                    "idle_ms": step_ms - cats[mode].get("all", 0.0),
+                                    "conv_calls": calls[mode],
+                                    "kernels": {k: list(v) for k, v in names[mode].items()}}
+    for job in jobs:
+        job.release()
+    lines = [f"{name} {precision} {execution} batch {batch}: GPU ms per step", "",
+             f"| mode | step | kernels | GPU idle | {' | '.join(c for c, _ in CATEGORIES)} "
+             "| other |", "|---|" + "---|" * (len(CATEGORIES) + 4)]
+    for mode in known.modes:
+        pm = result["per_mode"][mode]
+        cells = " | ".join(f"{cats[mode].get(c, 0.0):.3f}" for c, _ in CATEGORIES)
+        lines.append(f"| {mode} | {pm['step_ms']:.3f} | {cats[mode].get('all', 0.0):.3f} | "
+                     f"{pm['idle_ms']:.3f} | {cells} | {cats[mode].get('other', 0.0):.3f} |")
+    if execution == "eager" and len(known.modes) > 1:
+        lines += ["", "Convolution ops in step order:", ""] + layer_rows(calls, known.modes)
+    if len(known.modes) > 1:
+        lines += ["", f"Kernels that differ most from {known.modes[0]}:", ""]
+        lines += diff_rows(names, known.modes, known.top)
+    result["markdown"] = "\n".join(lines)
+    if known.json:
+        os.makedirs(os.path.dirname(os.path.abspath(known.json)), exist_ok=True)
+        with open(known.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(result["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
