@@ -14,7 +14,7 @@ import importlib.metadata
 import os
 import pickle
 import re
-from ctypes import POINTER, c_char_p, c_int, c_int64, c_size_t, c_uint, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint, c_uint32, c_void_p
 from pathlib import Path
 
 import pytest
@@ -219,6 +219,7 @@ _OPAQUE = {
     "cudnnFilterDescriptor_t": structs.cudnnFilterDescriptor_t,
     "cudnnConvolutionDescriptor_t": structs.cudnnConvolutionDescriptor_t,
     "cudnnBackendDescriptor_t": structs.cudnnBackendDescriptor_t,
+    "cudnnTensorTransformDescriptor_t": structs.cudnnTensorTransformDescriptor_t,
     "cudaStream_t": structs.cudaStream_t,
 }
 _STRUCTS = {
@@ -226,11 +227,13 @@ _STRUCTS = {
     "cudnnConvolutionBwdDataAlgoPerf_t": structs.cudnnConvolutionBwdDataAlgoPerf_t,
     "cudnnConvolutionBwdFilterAlgoPerf_t": structs.cudnnConvolutionBwdFilterAlgoPerf_t,
 }
-_SCALARS = {"int": c_int, "size_t": c_size_t, "int64_t": c_int64, "unsigned": c_uint}
+_SCALARS = {"int": c_int, "size_t": c_size_t, "int64_t": c_int64, "unsigned": c_uint,
+            "int32_t": c_int32, "uint32_t": c_uint32}
 _ENUMS = {"cudnnStatus_t", "cudnnDataType_t", "cudnnTensorFormat_t", "cudnnMathType_t",
           "cudnnConvolutionMode_t", "cudnnConvolutionFwdAlgo_t", "cudnnConvolutionBwdDataAlgo_t",
           "cudnnConvolutionBwdFilterAlgo_t", "libraryPropertyType", "cudnnBackendDescriptorType_t",
-          "cudnnBackendAttributeName_t", "cudnnBackendAttributeType_t"}
+          "cudnnBackendAttributeName_t", "cudnnBackendAttributeType_t",
+          "cudnnFoldingDirection_t"}
 
 
 def _expected_ctype(decl: str):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import POINTER, c_char_p, c_int, c_int64, c_size_t, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 from typing import Any, NamedTuple, Optional, Sequence
 
 from . import loader
@@ -29,7 +29,7 @@ from .structs import (
     cudaStream_t, cudnnBackendDescriptor_t, cudnnConvolutionBwdDataAlgoPerf_t,
     cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionDescriptor_t,
     cudnnConvolutionFwdAlgoPerf_t, cudnnFilterDescriptor_t, cudnnHandle_t,
-    cudnnTensorDescriptor_t,
+    cudnnTensorDescriptor_t, cudnnTensorTransformDescriptor_t,
 )
 
 __all__ = ["Prototype", "STATUS", "PROTOTYPES", "lib", "register", "last_error_string",
@@ -63,6 +63,7 @@ _H = cudnnHandle_t
 _T = cudnnTensorDescriptor_t
 _F = cudnnFilterDescriptor_t
 _C = cudnnConvolutionDescriptor_t
+_TT = cudnnTensorTransformDescriptor_t
 _S = cudaStream_t
 _FwdPerf = POINTER(cudnnConvolutionFwdAlgoPerf_t)
 _BwdDPerf = POINTER(cudnnConvolutionBwdDataAlgoPerf_t)
@@ -101,6 +102,14 @@ PROTOTYPES: list[Prototype] = [
     P("cudnnGetTensorSizeInBytes", STATUS, (_T, _psize)),
     P("cudnnAddTensor", STATUS, (_H, _vp, _T, _vp, _vp, _T, _vp)),
     P("cudnnSetTensor", STATUS, (_H, _T, _vp, _vp)),
+    P("cudnnTransformTensor", STATUS, (_H, _vp, _T, _vp, _vp, _T, _vp)),
+    # -- cudnn_ops.h: tensor transforms (padding, folding) ---------------------------
+    P("cudnnCreateTensorTransformDescriptor", STATUS, (POINTER(_TT),)),
+    P("cudnnDestroyTensorTransformDescriptor", STATUS, (_TT,)),
+    P("cudnnSetTensorTransformDescriptor", STATUS,
+      (_TT, c_uint32, _enum, POINTER(c_int32), POINTER(c_int32), POINTER(c_uint32), _enum)),
+    P("cudnnInitTransformDest", STATUS, (_TT, _T, _T, _psize)),
+    P("cudnnTransformTensorEx", STATUS, (_H, _TT, _vp, _T, _vp, _vp, _T, _vp)),
     # -- cudnn_ops.h: filter descriptors --------------------------------------------
     P("cudnnCreateFilterDescriptor", STATUS, (POINTER(_F),)),
     P("cudnnDestroyFilterDescriptor", STATUS, (_F,)),

@@ -15,7 +15,7 @@ from ctypes import c_float, c_int, c_size_t
 __all__ = [
     "OpaqueHandle", "cudnnHandle_t", "cudnnTensorDescriptor_t", "cudnnFilterDescriptor_t",
     "cudnnConvolutionDescriptor_t", "cudnnBackendDescriptor_t", "cudaStream_t",
-    "cudnnConvolutionFwdAlgoPerf_t", "cudnnConvolutionBwdDataAlgoPerf_t",
+    "cudnnTensorTransformDescriptor_t", "cudnnConvolutionFwdAlgoPerf_t", "cudnnConvolutionBwdDataAlgoPerf_t",
     "cudnnConvolutionBwdFilterAlgoPerf_t", "ALGO_PERF_FIELDS",
 ]
 
@@ -52,6 +52,10 @@ class cudnnFilterDescriptor_t(OpaqueHandle):
 
 class cudnnConvolutionDescriptor_t(OpaqueHandle):
     """struct cudnnConvolutionStruct *"""
+
+
+class cudnnTensorTransformDescriptor_t(OpaqueHandle):
+    """struct cudnnTensorTransformStruct * (padding and folding of a tensor copy)"""
 
 
 class cudnnBackendDescriptor_t(OpaqueHandle):
