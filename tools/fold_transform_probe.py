@@ -13,7 +13,8 @@ This probe times two ways on the GPU, for AlexNet's and ResNet's first layer
 * ``fold``: one ``cudnnTransformTensorEx`` with a tensor transform
   descriptor (``cudnnSetTensorTransformDescriptor``: padding and fold per
   dimension, NHWC destination), its destination from ``cudnnInitTransformDest``;
-  its channel order is found by comparison with both candidate orders.
+  its channel order is found by comparison with both candidate orders; then
+  the way back (``CUDNN_TRANSFORM_UNFOLD``), checked against x.
 
     python tools/fold_transform_probe.py --batch 256 32
 """
@@ -129,42 +130,60 @@ def probe(name: str, batch: int, handle: Handle) -> dict:
                     "max_abs_error": float((out - ref["ijc"]).abs().max()),
                     "ms": timed(lambda: run_boxes(handle, calls, out))}
     res["torch_ms"] = timed(lambda: fold_reference(x_nchw, s, p, "ijc"))
-    # cuDNN's own fold: try the descriptor conventions cuDNN might expect
+    # cuDNN's own fold. A first probe (docs/BENCHMARKS.md, "Thirteenth session") found the
+    # convention: padBeforeA/padAfterA have an entry per dimension (N, C, H, W),
+    # foldA one per spatial dimension.
     hp, wp = h + 2 * p, w + 2 * p
-    variants = {
-        "nd4": (4, [0, 0, p, p], [0, 0, p + (-hp) % s, p + (-wp) % s], [1, 1, s, s]),
-        "spatial2": (4, [p, p], [p + (-hp) % s, p + (-wp) % s], [s, s]),
-    }
+    pb, pa, fo = [0, 0, p, p], [0, 0, p + (-hp) % s, p + (-wp) % s], [s, s]
     src = TensorDescriptor((batch, c, h, w), (h * w * c, 1, w * c, c), "float32")
-    for tag, (nb, pb, pa, fo) in variants.items():
-        entry: dict = {"pad_before": pb, "pad_after": pa, "fold": fo}
-        res["fold_" + tag] = entry
-        try:
-            tdesc = fold_descriptor(nb, pb, pa, fo, FOLD)
-            dst = TensorDescriptor()
-            size = ctypes.c_size_t()
-            lib.cudnnInitTransformDest(tdesc, src, dst, ctypes.byref(size))
-            dt, dims, strides = dst.get_nd()
-            entry.update(dest_dims=list(dims), dest_strides=list(strides), dest_bytes=size.value)
-            buf = torch.zeros(size.value // 4 + 1, device=dev)
-            one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    entry: dict = {"pad_before": pb, "pad_after": pa, "fold": fo}
+    res["fold"] = entry
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    try:
+        tdesc = fold_descriptor(4, pb, pa, fo, FOLD)
+        dst = TensorDescriptor()
+        size = ctypes.c_size_t()
+        lib.cudnnInitTransformDest(tdesc, src, dst, ctypes.byref(size))
+        _, dims, strides = dst.get_nd()
+        entry.update(dest_dims=list(dims), dest_strides=list(strides), dest_bytes=size.value)
+        buf = torch.zeros(size.value // 4 + 1, device=dev)
+        args = (handle, tdesc, ctypes.byref(one), src, ctypes.c_void_p(x.data_ptr()),
+                ctypes.byref(zero), dst, ctypes.c_void_p(buf.data_ptr()))
 
-            args = (handle, tdesc, ctypes.byref(one), src, ctypes.c_void_p(x.data_ptr()),
-                    ctypes.byref(zero), dst, ctypes.c_void_p(buf.data_ptr()))
+        def go(args: tuple = args) -> None:
+            lib.cudnnTransformTensorEx(*args)
+        go()
+        torch.cuda.synchronize()
+        got = torch.as_strided(buf, (dims[0], dims[2], dims[3], dims[1]),
+                               (strides[0], strides[2], strides[3], strides[1]))
+        for o, r in ref.items():
+            if tuple(got.shape) == tuple(r.shape):
+                entry[f"max_abs_error_{o}"] = float((got - r).abs().max())
+        entry["ms"] = timed(go)
+        # and back: unfold the folded tensor into x's shape (the padding dropped?)
+        udesc = fold_descriptor(4, pb, pa, fo, UNFOLD)
+        back = TensorDescriptor()
+        usize = ctypes.c_size_t()
+        lib.cudnnInitTransformDest(udesc, dst, back, ctypes.byref(usize))
+        _, bdims, bstrides = back.get_nd()
+        entry.update(unfold_dims=list(bdims), unfold_strides=list(bstrides),
+                     unfold_bytes=usize.value)
+        ubuf = torch.zeros(usize.value // 4 + 1, device=dev)
+        uargs = (handle, udesc, ctypes.byref(one), dst, ctypes.c_void_p(buf.data_ptr()),
+                 ctypes.byref(zero), back, ctypes.c_void_p(ubuf.data_ptr()))
 
-            def go(args: tuple = args) -> None:
-                lib.cudnnTransformTensorEx(*args)
-            go()
-            torch.cuda.synchronize()
-            got = torch.as_strided(buf, (dims[0], dims[2], dims[3], dims[1]),
-                                   (strides[0], strides[2], strides[3], strides[1]))
-            for o, r in ref.items():
-                if tuple(got.shape) == tuple(r.shape):
-                    entry[f"max_abs_error_{o}"] = float((got - r).abs().max())
-            entry["ms"] = timed(go)
-        except Exception as exc:  # noqa: BLE001 - a probe reports what cuDNN says
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            entry["traceback"] = traceback.format_exc(limit=3)
+        def ungo(args: tuple = uargs) -> None:
+            lib.cudnnTransformTensorEx(*args)
+        ungo()
+        torch.cuda.synchronize()
+        if tuple(bdims) == (batch, c, h, w):
+            un = torch.as_strided(ubuf, (batch, h, w, c), (bstrides[0], bstrides[2],
+                                                          bstrides[3], bstrides[1]))
+            entry["unfold_max_abs_error"] = float((un - x).abs().max())
+        entry["unfold_ms"] = timed(ungo)
+    except Exception as exc:  # noqa: BLE001 - a probe reports what cuDNN says
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+        entry["traceback"] = traceback.format_exc(limit=3)
     return res
 
 
