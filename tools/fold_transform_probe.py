@@ -181,6 +181,43 @@ def probe(name: str, batch: int, handle: Handle) -> dict:
                                                           bstrides[3], bstrides[1]))
             entry["unfold_max_abs_error"] = float((un - x).abs().max())
         entry["unfold_ms"] = timed(ungo)
+        # the padding dropped on the way back: negative pads, or a crop of rows
+        neg = fold_descriptor(4, [-v for v in pb], [-v for v in pa], fo, UNFOLD)
+        try:
+            nback = TensorDescriptor()
+            lib.cudnnInitTransformDest(neg, dst, nback, ctypes.byref(usize))
+            _, ndims, nstrides = nback.get_nd()
+            entry.update(neg_unfold_dims=list(ndims), neg_unfold_strides=list(nstrides))
+            nbuf = torch.zeros(usize.value // 4 + 1, device=dev)
+            nargs = (handle, neg, ctypes.byref(one), dst, ctypes.c_void_p(buf.data_ptr()),
+                     ctypes.byref(zero), nback, ctypes.c_void_p(nbuf.data_ptr()))
+
+            def nego(args: tuple = nargs) -> None:
+                lib.cudnnTransformTensorEx(*args)
+            nego()
+            torch.cuda.synchronize()
+            if tuple(ndims) == (batch, c, h, w):
+                un = torch.as_strided(nbuf, (batch, h, w, c), (nstrides[0], nstrides[2],
+                                                              nstrides[3], nstrides[1]))
+                entry["neg_unfold_max_abs_error"] = float((un - x).abs().max())
+            entry["neg_unfold_ms"] = timed(nego)
+        except Exception as exc:  # noqa: BLE001
+            entry["neg_unfold_error"] = f"{type(exc).__name__}: {exc}"
+        # crop by rows: (m, 1, H, W*C) views, one cudnnTransformTensor
+        hu, wu = bdims[2], bdims[3]
+        crop_src = TensorDescriptor((batch, 1, h, w * c), (hu * wu * c, 1, wu * c, 1), "float32")
+        crop_dst = TensorDescriptor((batch, 1, h, w * c), (h * w * c, 1, w * c, 1), "float32")
+        cbuf = torch.zeros(batch * h * w * c, device=dev)
+        src_ptr = ubuf.data_ptr() + 4 * (pb[2] * wu + pb[3]) * c
+        cargs = (handle, ctypes.byref(one), crop_src, ctypes.c_void_p(src_ptr), ctypes.byref(zero),
+                 crop_dst, ctypes.c_void_p(cbuf.data_ptr()))
+
+        def crop(args: tuple = cargs) -> None:
+            lib.cudnnTransformTensor(*args)
+        crop()
+        torch.cuda.synchronize()
+        entry["crop_max_abs_error"] = float((cbuf.view(batch, h, w, c) - x).abs().max())
+        entry["crop_ms"] = timed(crop)
     except Exception as exc:  # noqa: BLE001 - a probe reports what cuDNN says
         entry["error"] = f"{type(exc).__name__}: {exc}"
         entry["traceback"] = traceback.format_exc(limit=3)
