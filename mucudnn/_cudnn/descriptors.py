@@ -47,16 +47,18 @@ from .intrange import as_int, check_span, int32, int32s
 from .prototypes import lib
 from .structs import (
     cudnnConvolutionDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t,
+    cudnnTensorTransformDescriptor_t,
 )
 
 __all__ = ["TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor",
+           "TensorTransformDescriptor",
            "live_descriptors", "live_descriptor_counts", "tensor_format", "output_dims",
            "DIM_MAX"]
 
 #: CUDNN_DIM_MAX (cudnn_graph.h).
 DIM_MAX = 8
 
-_live = LiveCount("tensor", "filter", "convolution")
+_live = LiveCount("tensor", "filter", "convolution", "transform")
 
 
 def live_descriptors() -> int:
@@ -497,6 +499,86 @@ class ConvolutionDescriptor(_Descriptor):
         return (f"padding={p}, stride={s}, dilation={d}, mode={m.name}, "
                 f"compute_type={ct.name}, groups={self.group_count}, "
                 f"math_type={self.math_type.name}")
+
+
+# -- tensor transforms (padding and folding) -------------------------------------------
+#: cudnnFoldingDirection_t
+FOLD, UNFOLD = 0, 1
+
+
+class TensorTransformDescriptor(_Descriptor):
+    """cudnnTensorTransformDescriptor_t: how ``cudnnTransformTensorEx`` pads and
+    folds a 4-D tensor (Note [folded first layers] in
+    :mod:`mucudnn.backends.fold`).
+
+    ``pad_before`` and ``pad_after`` have an entry per dimension (N, C, H, W),
+    ``fold`` one per spatial dimension (cuDNN reads them so: measured on the
+    H200, docs/BENCHMARKS.md "Thirteenth session"). Folding (``unfold=False``)
+    pads, then moves each fold x fold block of pixels into the channels, in
+    the order (row phase, column phase, channel); unfolding does the reverse
+    and then pads, so negative pads crop what folding added. ``destination``
+    is the memory format of the result (NHWC by default).
+
+    >>> t = TensorTransformDescriptor([0, 0, 3, 3], [0, 0, 3, 3], [2, 2])
+    >>> t.get()
+    ('NHWC', (0, 0, 3, 3), (0, 0, 3, 3), (2, 2), 'fold')
+    >>> src = TensorDescriptor((8, 3, 224, 224), format="NHWC")
+    >>> dims, strides, nbytes = t.destination_of(src)
+    >>> dims, strides[1]  # folded: 12 channels of 115 x 115, channels-last
+    ((8, 12, 115, 115), 1)
+    >>> t.close(); src.close()
+    """
+
+    _kind = "transform"
+    _ctype = cudnnTensorTransformDescriptor_t
+    _create_fn = "cudnnCreateTensorTransformDescriptor"
+    _destroy_fn = "cudnnDestroyTensorTransformDescriptor"
+
+    def __init__(self, pad_before: Sequence[int], pad_after: Sequence[int],
+                 fold: Sequence[int], unfold: bool = False, destination: Any = "NHWC") -> None:
+        super().__init__()
+        try:
+            fn = "cudnnSetTensorTransformDescriptor"
+            before = _ints("pad_before", pad_before, fn, 4)
+            after = _ints("pad_after", pad_after, fn, 4)
+            folds = _ints("fold", fold, fn, 2)
+            if any(f < 1 for f in folds):
+                raise ValueError(f"fold: expected factors >= 1 per spatial dimension, got {folds}")
+            fmt = tensor_format(destination)
+            pads = ctypes.c_int32 * 4
+            self._call(fn, 4, fmt, pads(*before), pads(*after), (ctypes.c_uint32 * 2)(*folds),
+                       UNFOLD if unfold else FOLD, pad_before=before, pad_after=after,
+                       fold=folds, unfold=bool(unfold))
+        except BaseException:
+            self.close()
+            raise
+
+    def get(self) -> tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], str]:
+        """cudnnGetTensorTransformDescriptor -> (destination format, pad_before,
+        pad_after, fold, "fold" or "unfold")."""
+        fmt, direction = ctypes.c_int(), ctypes.c_int()
+        before, after = (ctypes.c_int32 * 4)(), (ctypes.c_int32 * 4)()
+        folds = (ctypes.c_uint32 * 2)()
+        self._call("cudnnGetTensorTransformDescriptor", 4, ctypes.byref(fmt), before, after,
+                   folds, ctypes.byref(direction))
+        return (TensorFormat(fmt.value).name.replace("CUDNN_TENSOR_", ""), tuple(before),
+                tuple(after), tuple(folds), "unfold" if direction.value == UNFOLD else "fold")
+
+    def destination_of(self, src: "TensorDescriptor") -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """cudnnInitTransformDest: the (dims, strides, bytes) of the result of
+        transforming a tensor described by ``src``."""
+        dst = TensorDescriptor()
+        try:
+            size = ctypes.c_size_t()
+            self._call("cudnnInitTransformDest", src, dst, ctypes.byref(size))
+            _, dims, strides = dst.get_nd()
+            return dims, strides, size.value
+        finally:
+            dst.close()
+
+    def _describe(self) -> str:
+        fmt, before, after, folds, direction = self.get()
+        return f"{direction}={folds}, pad_before={before}, pad_after={after}, {fmt}"
 
 
 def output_dims(problem) -> tuple[int, ...]:

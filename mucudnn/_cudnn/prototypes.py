@@ -108,6 +108,8 @@ PROTOTYPES: list[Prototype] = [
     P("cudnnDestroyTensorTransformDescriptor", STATUS, (_TT,)),
     P("cudnnSetTensorTransformDescriptor", STATUS,
       (_TT, c_uint32, _enum, POINTER(c_int32), POINTER(c_int32), POINTER(c_uint32), _enum)),
+    P("cudnnGetTensorTransformDescriptor", STATUS,
+      (_TT, c_uint32, _penum, POINTER(c_int32), POINTER(c_int32), POINTER(c_uint32), _penum)),
     P("cudnnInitTransformDest", STATUS, (_TT, _T, _T, _psize)),
     P("cudnnTransformTensorEx", STATUS, (_H, _TT, _vp, _T, _vp, _vp, _T, _vp)),
     # -- cudnn_ops.h: filter descriptors --------------------------------------------

@@ -38,6 +38,7 @@ names what runs).
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import functools
 import logging
@@ -59,8 +60,10 @@ from ..caches import LRU
 from ..cuda import time_on_stream, using_device
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
+from . import fold as _fold
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
+from .fold_cudnn import FoldTransforms
 from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES, FirstTimed,
                                carried_ids, cold_out, far_cut, fitting, knob_variants,
                                long_run, note_ratios, numerics_allowed, over_cap, remember,
@@ -245,6 +248,10 @@ class CudnnGraphBackend(DeviceBackend):
     that led the find() of another size before, or that heuristics preferred
     there but that needed more workspace than the cap, where they fit (Note
     [carried to other sizes]; default True).
+    ``fold``: also time, for a strided first layer over few channels in
+    channels-last, every config of the problem folded by space-to-depth, with
+    its transforms (ids ``"fold{s}|<config id>"``; Note [folded first layers]
+    in :mod:`mucudnn.backends.fold`; default True).
     ``search``: ``"heuristics"`` (the
     configs heuristics name) or ``"knobs"`` (those plus the knob space of
     every engine of the operation graph, Note [knob search]), with
@@ -269,7 +276,8 @@ class CudnnGraphBackend(DeviceBackend):
                  find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
                  find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
                  find_long_ms: Optional[float] = LONG_RUN_MS, find_zero: str = "each",
-                 find_carry: bool = True, search: str = "heuristics", search_knob_values: int = 6,
+                 find_carry: bool = True, fold: bool = True, search: str = "heuristics",
+                 search_knob_values: int = 6,
                  search_max_configs: int = 256,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
                  pack_cache_size: int = 64) -> None:
@@ -312,6 +320,8 @@ class CudnnGraphBackend(DeviceBackend):
             raise ValueError(f"find_zero: expected one of {ZERO_CHOICES}, got {find_zero!r}")
         if not isinstance(find_carry, bool):
             raise TypeError(f"find_carry: expected True or False, got {find_carry!r}")
+        if not isinstance(fold, bool):
+            raise TypeError(f"fold: expected True or False, got {fold!r}")
         if find_long_ms is not None and not float(find_long_ms) > 0.0:
             raise ValueError(f"find_long_ms: expected None or a number of ms > 0, got "
                              f"{find_long_ms!r}")
@@ -330,6 +340,7 @@ class CudnnGraphBackend(DeviceBackend):
         self.find_zero = find_zero
         self.finds_zero_once = find_zero == "once"
         self.find_carry = find_carry
+        self.fold = fold
         self.search = search
         # Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
@@ -662,11 +673,74 @@ class CudnnGraphBackend(DeviceBackend):
     def find(self, problem: ConvProblem, direction: Direction,
              workspace_limit: Optional[int]) -> list[AlgoPerf]:
         """Every engine config that finalized and ran for ``problem`` (at its own
-        batch) with workspace <= ``workspace_limit`` (and the find cap), fastest first."""
+        batch) with workspace <= ``workspace_limit`` (and the find cap), fastest
+        first; with ``fold``, also those of the problem folded (Note [folded
+        first layers])."""
         direction = Direction.parse(direction)
         limit = None if workspace_limit is None else int(workspace_limit)
         if limit is not None and limit < 0:
             raise ValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
+        out = self._find_configs(problem, direction, limit)
+        if self.fold:
+            folded = self._find_folded(problem, direction, limit)
+            if folded:
+                out = sorted(out + folded, key=lambda a: a.time_ms)
+        return out
+
+    def _find_folded(self, problem: ConvProblem, direction: Direction,
+                     limit: Optional[int]) -> list[AlgoPerf]:
+        """Note [folded first layers]: the configs of ``problem`` folded, each
+        with the time of its transforms and the workspace of its regions (none
+        where the problem does not fold or the regions alone exceed the cap)."""
+        f = _fold.fold_of(problem)
+        if f is None:
+            return []
+        extra = _fold.regions(f, problem.batch).inner
+        with self.on_home_stream():
+            cap = self.find_workspace_cap()
+        want = cap if limit is None else min(limit, cap)
+        if want < extra:
+            return []
+        inner = self._find_configs(f.inner, direction, want - extra)
+        if not inner:
+            return []
+        try:
+            transform_ms = self._time_fold(f, direction, problem.batch)
+        except CudnnError as exc:
+            log.info("mucudnn: cannot fold %s %s: %s", problem, direction, exc)
+            return []
+        return _fold.folded_perfs(inner, f, problem.batch, transform_ms)
+
+    def _time_fold(self, fold: _fold.Fold, direction: Direction, size: int) -> float:
+        """The median ms of the transforms one folded call of ``direction`` runs
+        at ``size`` rows, on scratch buffers (Note [folded first layers])."""
+        tf = FoldTransforms(fold, size)
+        item = fold.problem.itemsize
+        w_bytes = math.prod(fold.problem.w_shape) * item
+        wf_bytes = math.prod(fold.inner.w_shape) * item
+        src = dst = None
+        try:
+            with self.on_home_stream():
+                src = self.alloc_workspace(max(tf.x_bytes, w_bytes))
+                dst = self.alloc_workspace(max(tf.xf_bytes, wf_bytes))
+                h = self.handle
+
+                def run(a: int = src.ptr, b: int = dst.ptr) -> None:
+                    tf.run_all(h, direction, a, b)
+
+                times = time_on_stream(run, self.stream, warmup=1, repeat=self.find_repeat)
+                self.stream.synchronize()
+        finally:
+            for buf in (src, dst):
+                if buf is not None:
+                    buf.close()
+            tf.close()
+        return float(statistics.median(times))
+
+    def _find_configs(self, problem: ConvProblem, direction: Direction,
+                      limit: Optional[int]) -> list[AlgoPerf]:
+        """find() of ``problem`` as it is (the engine configs heuristics, carried
+        configs and the knob search name)."""
         prof = self.find_profile
         t_start = time.perf_counter()
         out: list[AlgoPerf] = []
@@ -926,7 +1000,21 @@ class CudnnGraphBackend(DeviceBackend):
         """CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of engine config ``algo`` for
         ``problem`` (16-byte aligned tensors, alpha 1); see Note [beta and workspace]."""
         direction = Direction.parse(direction)
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:  # Note [folded first layers]
+            f = self._folding(problem, folded[0])
+            return (_fold.regions(f, problem.batch).inner
+                    + self._workspace_need(f.inner, direction, canonical_id(folded[1])))
         return self._workspace_need(problem, direction, canonical_id(algo))
+
+    @staticmethod
+    def _folding(problem: ConvProblem, s: int) -> _fold.Fold:
+        f = _fold.fold_of(problem)
+        if f is None or f.s != s:
+            raise UnsupportedConfigError(
+                f"algo: a configuration folded by {s} cannot run {problem!r} (Note [folded "
+                "first layers])", algo=f"fold{s}", reason="the problem does not fold so")
+        return f
 
     def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
         """The workspace planning uses for ``algo_id``.
@@ -989,11 +1077,15 @@ class CudnnGraphBackend(DeviceBackend):
         does not finalize for these alignments and scalars.
         """
         direction = Direction.parse(direction)
-        algo_id = canonical_id(algo)
         alpha, beta = float(alpha), float(beta)
         if offset < 0 or size < 1 or offset + size > problem.batch:
             raise ValueError(f"micro-batch rows [{offset}, {offset + size}) outside the batch "
                              f"of {problem.batch}")
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:
+            return self._bind_folded(direction, folded, math_type, problem, offset, size,
+                                     alpha, beta, aligns)
+        algo_id = canonical_id(algo)
         sub = problem.with_batch(size)
         item = problem.itemsize
         ox = offset * math.prod(problem.x_shape[1:]) * item
@@ -1041,6 +1133,55 @@ class CudnnGraphBackend(DeviceBackend):
         launch = self._launcher(call, (plan, self.handle), plan.workspace_bytes, plan.id)
         weakref.finalize(launch, self._release_plan, plan)
         return launch
+
+    def _bind_folded(self, direction: Direction, folded: tuple[int, Union[int, str]],
+                     math_type: Union[int, str], problem: ConvProblem, offset: int, size: int,
+                     alpha: float, beta: float, aligns: tuple[int, int, int]) -> Launcher:
+        """Note [folded first layers]: a launcher that folds this micro-batch's
+        operands into the workspace's regions, runs the inner config's launcher
+        there, and unfolds its result (alpha and beta applied there)."""
+        s, inner_algo = folded
+        f = self._folding(problem, s)
+        reg = _fold.regions(f, size)
+        item = problem.itemsize
+        ox = offset * math.prod(problem.x_shape[1:]) * item
+        oy = offset * math.prod(problem.output_shape[1:]) * item
+        y_align = min(int(aligns[2]), _lowbit(oy))
+        fwd = direction is Direction.FORWARD
+        inner = self.bind(direction, inner_algo, math_type, f.inner.with_batch(size), 0, size,
+                          alpha if fwd else 1.0, beta if fwd else 0.0, (_MAX, _MAX, y_align))
+        try:
+            tf = FoldTransforms(f, size)
+        except CudnnError as exc:
+            raise UnsupportedConfigError(
+                f"algo: cannot fold {problem!r} for {direction}: {exc}",
+                algo=_fold.fold_id(s, inner_algo), reason=str(exc)) from exc
+        need = reg.inner + int(inner.workspace_bytes)
+        handle = self.handle
+        ca, cb = ctypes.c_float(alpha), ctypes.c_float(beta)
+        a_off, b_off, i_off = reg.a, reg.b, reg.inner
+        fold_x, fold_w, unfold_x, unfold_w = tf.fold_x, tf.fold_w, tf.unfold_x, tf.unfold_w
+        name = _fold.fold_id(s, inner_algo)
+
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            if ws_size < need:
+                raise ValueError(f"workspace: folded config {name} ({direction}) needs {need} "
+                                 f"bytes for {size} rows of {problem!r}, got {ws_size}")
+            a, b = ws + a_off, ws + b_off
+            if direction is Direction.FORWARD:
+                fold_x(handle, x + ox, a)
+                fold_w(handle, w, b)
+                inner(a, b, y + oy, ws + i_off, ws_size - i_off)
+            elif direction is Direction.BACKWARD_DATA:
+                fold_w(handle, w, b)
+                inner(a, b, y + oy, ws + i_off, ws_size - i_off)
+                unfold_x(handle, a, x + ox, ca, cb)
+            else:
+                fold_x(handle, x + ox, a)
+                inner(a, b, y + oy, ws + i_off, ws_size - i_off)
+                unfold_w(handle, b, w, ca, cb)
+
+        return self._launcher(call, (inner, tf, handle), need, name)
 
     # Note [releases from finalizers]: a bound launcher's finalizer hands its plan
     # back (plan.release, under the backend's lock). Finalizers run wherever the

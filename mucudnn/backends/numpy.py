@@ -62,6 +62,7 @@ import numpy as np
 from scipy.fft import next_fast_len
 
 from ..problem import AlgoPerf, ConvProblem, Direction, conv_dtype
+from . import fold as _fold
 from ._numpy_guard import Guarded
 from .base import OUTPUT_OF, BackendBase, ConvTensors
 
@@ -192,6 +193,10 @@ class NumpyBackend(BackendBase):
 
     ``repeats``: timed runs per algorithm in :meth:`find` (the median is
     reported, after one untimed warm-up run); ``seed``: the random data find uses.
+    ``fold``: find() also times each algorithm on the problem folded by
+    space-to-depth, where it folds (ids ``"fold{s}|{algo}"``; Note [folded
+    first layers] in :mod:`mucudnn.backends.fold`). Off by default here, the
+    CPU reference; run() and workspace_size() take folded ids either way.
 
     >>> be = NumpyBackend()
     >>> p = ConvProblem((4, 8, 12, 12), (8, 8, 3, 3), padding=1)
@@ -205,11 +210,12 @@ class NumpyBackend(BackendBase):
     name = "numpy"
     is_host = True
 
-    def __init__(self, repeats: int = 3, seed: int = 0) -> None:
+    def __init__(self, repeats: int = 3, seed: int = 0, fold: bool = False) -> None:
         if repeats < 1:
             raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
         self.repeats = int(repeats)
         self.seed = seed
+        self.fold = bool(fold)
         self.version = np.__version__
         self.device_name = _cpu_name()
 
@@ -224,9 +230,15 @@ class NumpyBackend(BackendBase):
 
     @staticmethod
     def supports(problem: ConvProblem, direction: Direction, algo: Union[int, str]) -> bool:
-        """Whether ``algo`` can run ``problem`` in ``direction`` (all can)."""
-        _algo(algo)
+        """Whether ``algo`` can run ``problem`` in ``direction`` (every algorithm
+        can; a folded one where the problem folds by its factor)."""
         Direction.parse(direction)
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:
+            f = _fold.fold_of(problem)
+            _algo(folded[1])
+            return f is not None and f.s == folded[0]
+        _algo(algo)
         return True
 
     def workspace_size(self, problem: ConvProblem, direction: Direction,
@@ -237,7 +249,12 @@ class NumpyBackend(BackendBase):
         >>> NumpyBackend().workspace_size(p, "forward", NumpyAlgo.IM2COL_GEMM)  # 27 x (2*3*3) x 4 B
         1944
         """
-        Direction.parse(direction)
+        direction = Direction.parse(direction)
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:
+            f = _folding(problem, folded[0])
+            inner = _workspace_bytes(f.inner, _algo(folded[1]))
+            return _fold.regions(f, problem.batch).inner + inner
         return _workspace_bytes(problem, _algo(algo))
 
     # -- find ------------------------------------------------------------------------
@@ -263,7 +280,11 @@ class NumpyBackend(BackendBase):
         tensors = ConvTensors(problem, rand(problem.x_shape), rand(problem.w_shape),
                               rand(problem.output_shape))
         perfs = []
-        for algo in NumpyAlgo:
+        algos: list[Union[int, str]] = list(NumpyAlgo)
+        f = _fold.fold_of(problem) if self.fold else None
+        if f is not None:  # Note [folded first layers]
+            algos += [_fold.fold_id(f.s, int(a)) for a in NumpyAlgo]
+        for algo in algos:
             ws_bytes = self.workspace_size(problem, direction, algo)
             if workspace_limit is not None and ws_bytes > workspace_limit:
                 continue
@@ -276,9 +297,10 @@ class NumpyBackend(BackendBase):
                     if i:  # the first run is a warm-up
                         times.append((time.perf_counter() - t0) * 1e3)
             except MemoryError:
-                log.info("numpy find: %s %s skipped (out of memory)", algo.name, direction)
+                log.info("numpy find: %s %s skipped (out of memory)", algo, direction)
                 continue
-            perfs.append(AlgoPerf(algo=int(algo), time_ms=float(np.median(times)),
+            perfs.append(AlgoPerf(algo=algo if isinstance(algo, str) else int(algo),
+                                  time_ms=float(np.median(times)),
                                   workspace_bytes=ws_bytes, math_type=0, determinism=1))
         perfs.sort(key=lambda a: (a.time_ms, a.workspace_bytes, a.algo))
         log.debug("numpy find %s %s: %s", direction, problem.key(), perfs)
@@ -296,6 +318,10 @@ class NumpyBackend(BackendBase):
         :meth:`workspace_size` bytes, else ValueError.
         """
         direction = Direction.parse(direction)
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:
+            self._run_folded(direction, folded, math_type, tensors, alpha, beta, workspace)
+            return
         algo = _algo(algo)
         p = tensors.problem
         dt = _np_dtype(p.dtype)
@@ -336,6 +362,43 @@ class NumpyBackend(BackendBase):
             r = impl.backward_filter(p, x, y, ws)
         _store(_canon(out, p.layout), r, alpha, beta)
 
+    def _run_folded(self, direction: Direction, folded: tuple[int, Union[int, str]],
+                    math_type: Union[int, str], tensors: ConvTensors, alpha: float,
+                    beta: float, workspace: Any) -> None:
+        """Note [folded first layers]: fold into the workspace's regions, run the
+        inner algorithm there, unfold (alpha and beta applied on the way back)."""
+        p = tensors.problem
+        s, inner_algo = folded
+        f = _folding(p, s)
+        dt = _np_dtype(p.dtype)
+        for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.output_shape)):
+            a = getattr(tensors, name)
+            if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dt:
+                raise ValueError(f"tensors.{name}: expected a numpy array of shape {shape} and "
+                                 f"dtype {p.dtype}, got {getattr(a, 'shape', type(a).__name__)}")
+        need = self.workspace_size(p, direction, _fold.fold_id(s, inner_algo))
+        ws = _check_workspace(workspace, need, _algo(inner_algo))
+        reg = _fold.regions(f, p.batch)
+        inner = f.inner.with_batch(p.batch)
+        a = ws[reg.a:reg.a + reg.a_bytes].view(dt).reshape(inner.x_shape)
+        b = ws[reg.b:reg.b + reg.b_bytes].view(dt).reshape(inner.w_shape)
+        rest = ws[reg.inner:]
+        if direction is not Direction.BACKWARD_DATA:
+            a[...] = _fold.fold_x(f, tensors.x)
+        if direction is not Direction.BACKWARD_FILTER:
+            b[...] = _fold.fold_w(f, tensors.w)
+        if direction is Direction.FORWARD:
+            self.run(direction, inner_algo, math_type, ConvTensors(inner, a, b, tensors.y),
+                     alpha, beta, rest)
+            return
+        self.run(direction, inner_algo, math_type, ConvTensors(inner, a, b, tensors.y),
+                 1.0, 0.0, rest)
+        cdt = _compute_dtype(p)
+        if direction is Direction.BACKWARD_DATA:
+            _store(tensors.x, _fold.unfold_x(f, a).astype(cdt), alpha, beta)
+        else:
+            _store(tensors.w, _fold.unfold_w(f, b).astype(cdt), alpha, beta)
+
     # -- arrays ------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array; ``dtype`` a name like "float16"."""
@@ -374,6 +437,16 @@ def _workspace_bytes(p: ConvProblem, algo: NumpyAlgo) -> int:
     f = _fft_freqs(_fft_sizes(p))
     cs = _complex_dtype(p).itemsize
     return _align(n * c * f * cs) + _align(k * cg * f * cs) + _align(n * k * f * cs)
+
+
+def _folding(p: ConvProblem, s: int) -> "_fold.Fold":
+    """How ``p`` folds by ``s``; ValueError where it does not."""
+    f = _fold.fold_of(p)
+    if f is None or f.s != s:
+        raise ValueError(f"algo: a configuration folded by {s} cannot run {p!r} (it folds "
+                         f"{'by ' + str(f.s) if f is not None else 'not at all'}; Note [folded "
+                         "first layers])")
+    return f
 
 
 def _algo(algo: Union[int, str]) -> NumpyAlgo:

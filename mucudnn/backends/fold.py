@@ -1,0 +1,248 @@
+"""Folded first layers: a strided convolution over few input channels, run as a
+stride-1 convolution over its input folded by space-to-depth (Note [folded
+first layers]).
+
+This module holds what every backend shares: which problems fold and into
+what (:func:`fold_of`), the ids of folded configurations (:func:`fold_id`,
+:func:`split_fold_id`), where a folded call keeps its folded tensors in its
+workspace (:func:`regions`), the folded entries of a find()
+(:func:`folded_perfs`), and the transforms on host arrays (NumPy; the
+reference, and what :class:`~mucudnn.backends.numpy.NumpyBackend` runs). The
+cuDNN backend runs the same transforms with ``cudnnTransformTensorEx``
+(:class:`mucudnn._cudnn.descriptors.TensorTransformDescriptor`), whose
+folded channel order, (row phase, column phase, channel), is the one used here.
+
+>>> from mucudnn.problem import ConvProblem
+>>> p = ConvProblem((256, 227, 227, 3), (96, 11, 11, 3), stride=4, layout="NHWC")
+>>> f = fold_of(p)
+>>> f.inner.x_shape, f.inner.w_shape, f.inner.stride
+((256, 57, 57, 48), (96, 3, 3, 48), (1, 1))
+>>> f.inner.output_shape == p.output_shape
+True
+>>> fold_id(4, "e12;k3=1"), split_fold_id("fold4|e12;k3=1"), split_fold_id(2)
+('fold4|e12;k3=1', (4, 'e12;k3=1'), None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, NamedTuple, Union
+
+import numpy as np
+
+from ..problem import AlgoPerf, ConvProblem, Direction
+
+__all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "fold_of", "fold_id",
+           "split_fold_id", "regions", "folded_perfs", "fold_x", "fold_w", "unfold_x",
+           "unfold_w"]
+
+# Note [folded first layers]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The first layer of most image networks is a strided convolution over three
+# channels (AlexNet: 11 x 11, stride 4; ResNet: 7 x 7, stride 2, pad 3). In
+# float32 channels-last its fast cuDNN engines copy x, padded to four
+# channels, and dy into their workspace, 2-4 MiB a sample, so under 64 MiB
+# they run 15-36 samples a call, 20-35% slower a sample than one full-batch
+# call: on the H200 the whole gap to PyTorch at 64 MiB in ResNet-18's training
+# step and a third of AlexNet's (docs/BENCHMARKS.md, "Thirteenth session").
+# The same sum is a stride-1 convolution over x folded by space-to-depth:
+# x padded by the padding and up to a multiple of the stride s, each s x s
+# block of pixels becoming s*s*C channels (AlexNet: 57 x 57 x 48; ResNet:
+# 115 x 115 x 12), with the filter padded to a multiple of s and folded the
+# same way (3 x 3 x 48; 4 x 4 x 12). Tensor-core engines run that problem
+# without padding channels and with little workspace: at 64 MiB on the H200,
+# AlexNet conv1's three directions took 3.91 ms unfolded and 1.58 folded (batch
+# 256), ResNet's 9.26 and 4.82 (tools/space_to_depth_probe.py).
+#
+# A folded configuration (id ``fold{s}|{inner id}``) runs, per micro-batch,
+# inside the plan's workspace: forward folds the micro-batch's x rows and the
+# filter into the workspace and runs the inner configuration into y;
+# backward-data folds the filter, runs the inner configuration into a folded
+# dx in the workspace and unfolds it into dx's rows (the padding dropped,
+# alpha and beta applied there); backward-filter folds the x rows, runs the
+# inner configuration into a folded dw and unfolds it into dw (alpha, and the
+# micro-batch's beta). So the folded tensors count against the workspace
+# limit like any engine's scratch, and find() reports each folded
+# configuration's time with its transforms (timed with it) and its workspace
+# with its regions (:func:`regions`). On cuDNN the transforms are
+# cudnnTransformTensorEx with a fold descriptor (about 0.25 ms to fold a batch
+# of 256 AlexNet inputs, 0.12 ms to unfold; cudnnTransformTensor's strided
+# copies took 10-20 times longer).
+#
+# Only 2-D channels-last problems fold (cuDNN's fold writes NHWC), with one
+# stride s >= 2 in both dimensions, no dilation, one group, C * s * s <=
+# FOLD_MAX_CHANNELS and the folded output the original's size.
+
+#: A problem folds only if C * s * s is at most this (the first layers: 48, 12).
+FOLD_MAX_CHANNELS = 64
+#: The data types a fold runs in (cuDNN's transforms and the NumPy backend's).
+FOLD_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+#: Each region of a folded call's workspace starts at a multiple of this.
+REGION_ALIGN = 256
+_PREFIX = "fold"
+_SEP = "|"
+
+Algo = Union[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fold:
+    """How ``problem`` folds: into ``inner`` (same batch, stride 1, no
+    padding), by ``s`` in both spatial dimensions; ``pad_before`` and
+    ``pad_after`` are x's padding (rows, columns) before folding, the latter
+    including the rows and columns that round up to a multiple of ``s``;
+    ``filter_pad_after`` the filter's."""
+
+    problem: ConvProblem
+    inner: ConvProblem
+    s: int
+    pad_before: tuple[int, int]
+    pad_after: tuple[int, int]
+    filter_pad_after: tuple[int, int]
+
+
+def fold_of(problem: ConvProblem) -> Fold | None:
+    """How ``problem`` folds (Note [folded first layers]); None where it does not.
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> fold_of(ConvProblem((8, 224, 224, 3), (64, 7, 7, 3), stride=2, padding=3,
+    ...                     layout="NHWC")).inner.x_shape
+    (8, 115, 115, 12)
+    >>> fold_of(ConvProblem((8, 3, 224, 224), (64, 3, 7, 7), stride=2, padding=3)) is None
+    True
+    """
+    p = problem
+    if (p.nd != 2 or p.layout != "NHWC" or p.groups != 1 or p.dtype not in FOLD_DTYPES
+            or any(d != 1 for d in p.dilation)):
+        return None
+    sh, sw = p.stride
+    if sh != sw or sh < 2:
+        return None
+    s = int(sh)
+    n, c, h, w = p.x_dims
+    k, _, r, q = p.w_dims
+    if c * s * s > FOLD_MAX_CHANNELS:
+        return None
+    ph, pw = p.padding
+    hp, wp = h + 2 * ph, w + 2 * pw
+    h2, w2 = -(-hp // s), -(-wp // s)
+    r2, q2 = -(-r // s), -(-q // s)
+    if (h2 - r2 + 1, w2 - q2 + 1) != p.y_dims[2:]:
+        return None
+    inner = ConvProblem((n, h2, w2, s * s * c), (k, r2, q2, s * s * c), stride=1, padding=0,
+                        dilation=1, groups=1, dtype=p.dtype, layout="NHWC", math=p.math,
+                        compute_type=p.compute_type)
+    return Fold(p, inner, s, (ph, pw), (h2 * s - h - ph, w2 * s - w - pw),
+                (r2 * s - r, q2 * s - q))
+
+
+def fold_id(s: int, inner: Algo) -> str:
+    """The id of inner configuration ``inner`` run folded by ``s``."""
+    return f"{_PREFIX}{int(s)}{_SEP}{inner}"
+
+
+def split_fold_id(algo: Any) -> tuple[int, Algo] | None:
+    """(s, inner id) of a folded configuration's id; None for any other id.
+    An inner id of digits comes back as an int (the NumPy backend's)."""
+    if not isinstance(algo, str) or not algo.startswith(_PREFIX) or _SEP not in algo:
+        return None
+    head, inner = algo.split(_SEP, 1)
+    s = head[len(_PREFIX):]
+    if not s.isdigit() or not inner:
+        return None
+    return int(s), (int(inner) if inner.isdigit() else inner)
+
+
+class Regions(NamedTuple):
+    """Byte offsets and sizes of a folded call's workspace: ``a`` holds the
+    folded x rows (forward, backward-filter) or the folded dx rows
+    (backward-data); ``b`` the folded filter (forward, backward-data) or the
+    folded dw (backward-filter); the inner configuration's own workspace
+    starts at ``inner``."""
+
+    a: int
+    a_bytes: int
+    b: int
+    b_bytes: int
+    inner: int
+
+
+def _up(n: int) -> int:
+    return -(-n // REGION_ALIGN) * REGION_ALIGN
+
+
+def regions(fold: Fold, size: int) -> Regions:
+    """The workspace regions of a folded call of ``size`` rows (every direction
+    uses an ``a`` of folded x rows and a ``b`` of one folded filter).
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> p = ConvProblem((256, 227, 227, 3), (96, 11, 11, 3), stride=4, layout="NHWC")
+    >>> regions(fold_of(p), 2)  # 2 x 57*57*48 and 96*3*3*48 floats
+    Regions(a=0, a_bytes=1247616, b=1247744, b_bytes=165888, inner=1413632)
+    """
+    inner = fold.inner
+    a = int(size) * math.prod(inner.x_shape[1:]) * inner.itemsize
+    b = math.prod(inner.w_shape) * inner.itemsize
+    return Regions(0, a, _up(a), b, _up(a) + _up(b))
+
+
+def folded_perfs(inner_perfs: Iterable[AlgoPerf], fold: Fold, size: int,
+                 transform_ms: float) -> list[AlgoPerf]:
+    """The entries of a find() for ``fold``'s problem at ``size`` rows made from
+    its inner problem's: each inner configuration's id folded, its time plus
+    ``transform_ms`` (the folds and unfolds of one call), its workspace plus
+    the regions'."""
+    extra = regions(fold, size).inner
+    return [AlgoPerf(algo=fold_id(fold.s, a.algo), time_ms=a.time_ms + transform_ms,
+                     workspace_bytes=a.workspace_bytes + extra, math_type=a.math_type,
+                     determinism=a.determinism) for a in inner_perfs]
+
+
+def transforms_of(direction: Direction) -> tuple[str, ...]:
+    """The transforms one folded call of ``direction`` runs, in order."""
+    return {Direction.FORWARD: ("fold_x", "fold_w"),
+            Direction.BACKWARD_DATA: ("fold_w", "unfold_x"),
+            Direction.BACKWARD_FILTER: ("fold_x", "unfold_w")}[Direction.parse(direction)]
+
+
+# -- the transforms on host arrays (NHWC) ------------------------------------------------
+def _fold(a: np.ndarray, s: int, before: tuple[int, int], after: tuple[int, int]) -> np.ndarray:
+    n, h, w, c = a.shape
+    a = np.pad(a, ((0, 0), (before[0], after[0]), (before[1], after[1]), (0, 0)))
+    h2, w2 = a.shape[1] // s, a.shape[2] // s
+    a = a.reshape(n, h2, s, w2, s, c).transpose(0, 1, 3, 2, 4, 5)
+    return np.ascontiguousarray(a.reshape(n, h2, w2, s * s * c))
+
+
+def _unfold(a: np.ndarray, s: int, before: tuple[int, int], after: tuple[int, int]) -> np.ndarray:
+    n, h2, w2, cs = a.shape
+    c = cs // (s * s)
+    a = a.reshape(n, h2, w2, s, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(n, h2 * s, w2 * s, c)
+    return a[:, before[0]:h2 * s - after[0], before[1]:w2 * s - after[1], :]
+
+
+def fold_x(fold: Fold, x: np.ndarray) -> np.ndarray:
+    """x rows (m, H, W, C) folded: (m, H', W', s*s*C), a new array.
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> f = fold_of(ConvProblem((1, 4, 4, 1), (1, 2, 2, 1), stride=2, layout="NHWC"))
+    >>> fold_x(f, np.arange(16.0).reshape(1, 4, 4, 1))[0, 0, 0]  # the top-left 2 x 2 block
+    array([0., 1., 4., 5.])
+    """
+    return _fold(x, fold.s, fold.pad_before, fold.pad_after)
+
+
+def fold_w(fold: Fold, w: np.ndarray) -> np.ndarray:
+    """The filter (K, R, S, C) folded: (K, R', S', s*s*C), a new array."""
+    return _fold(w, fold.s, (0, 0), fold.filter_pad_after)
+
+
+def unfold_x(fold: Fold, dx: np.ndarray) -> np.ndarray:
+    """Folded dx rows back to (m, H, W, C), the padding dropped (a view)."""
+    return _unfold(dx, fold.s, fold.pad_before, fold.pad_after)
+
+
+def unfold_w(fold: Fold, dw: np.ndarray) -> np.ndarray:
+    """A folded dw back to (K, R, S, C), the padding dropped (a view)."""
+    return _unfold(dw, fold.s, (0, 0), fold.filter_pad_after)
