@@ -99,13 +99,16 @@ class FindProfile:
     run only because it was long (Note [long runs]); ``carried``: configs
     added because they led, or heuristics preferred them over the cap, at
     another batch size of the kernel (cudnn-graph's ``find_carry``, Note
-    [carried to other sizes]).
+    [carried to other sizes]); ``folded``: results of configs run on the
+    problem folded by space-to-depth (cudnn-graph's ``fold``; their inner
+    find()'s work is counted with the rest, Note [folded first layers]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
     """
 
     calls: int = 0
+    folded: int = 0
     configs: int = 0
     skipped: int = 0
     finalized: int = 0

@@ -684,7 +684,9 @@ class CudnnGraphBackend(DeviceBackend):
         if self.fold:
             folded = self._find_folded(problem, direction, limit)
             if folded:
+                self.find_profile.folded += len(folded)
                 out = sorted(out + folded, key=lambda a: a.time_ms)
+        self.find_profile.calls += 1
         return out
 
     def _find_folded(self, problem: ConvProblem, direction: Direction,
@@ -805,7 +807,6 @@ class CudnnGraphBackend(DeviceBackend):
                 with self._lock:  # Note [carried to other sizes]
                     remember(self._carry.get_or_create(kernel, dict), out,
                              {c.id for c in extra})
-        prof.calls += 1
         prof.timed += len(out)
         prof.total_s += time.perf_counter() - t_start
         out.sort(key=lambda a: a.time_ms)
