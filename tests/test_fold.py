@@ -7,6 +7,8 @@ descriptor (the real library, no GPU needed)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -17,9 +19,11 @@ from mucudnn._cudnn.descriptors import (TensorDescriptor, TensorTransformDescrip
                                         live_descriptor_counts)
 from mucudnn.backends import fold
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
+from mucudnn.backends.fold_cudnn import FoldTransforms
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
-from mucudnn.problem import AlgoPerf, MicroBatch, Plan
+from mucudnn.problem import AlgoPerf, MicroBatch, Plan, packed_strides
+from conftest import needs_cudnn
 from conv_support import composition, convolution_for, run_direction
 from reference import reference, rel_err
 
@@ -220,6 +224,33 @@ def test_a_convolution_plans_and_runs_folded_configurations(d, tmp_path, monkeyp
     assert rel_err(got, reference(p, d, x, w, y, 0.5, 0.25)) < 1e-5
 
 
+@needs_cudnn
+@settings(max_examples=40, deadline=None)
+@given(p=foldable(), dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+       size=st.integers(1, 5))
+def test_cudnn_transforms_fold_to_the_inner_problem_and_back(p, dtype, size):
+    """The transform descriptors a folded launcher uses, as cuDNN itself reads
+    them (cudnnInitTransformDest, no GPU needed): x rows and the filter fold to
+    the inner problem's packed NHWC tensors and unfold back to the originals."""
+    p = ConvProblem(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding,
+                    layout="NHWC", dtype=dtype)
+    f = fold.fold_of(p)
+    tf = FoldTransforms(f, size)
+    try:
+        inner = f.inner.with_batch(size)
+        for t, src, want in ((tf.fold_x_t, tf.x, inner.x_dims), (tf.fold_w_t, tf.w, inner.w_dims),
+                             (tf.unfold_x_t, tf.xf, p.with_batch(size).x_dims),
+                             (tf.unfold_w_t, tf.wf, p.w_dims)):
+            dims, strides, nbytes = t.destination_of(src)
+            assert dims == want
+            assert strides == tuple(packed_strides(want, "NHWC"))
+            assert nbytes == math.prod(want) * p.itemsize
+        assert tf.xf_bytes == fold.regions(f, size).a_bytes
+    finally:
+        tf.close()
+
+
+@needs_cudnn
 def test_transform_descriptor_reads_back_and_computes_the_folded_shape():
     before = live_descriptor_counts()["transform"]
     with TensorTransformDescriptor([0, 0, 0, 0], [0, 0, 1, 1], [4, 4]) as t:
