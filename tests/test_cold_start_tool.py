@@ -85,6 +85,7 @@ def test_the_breakdown_has_its_columns_and_the_runtime_compiled_share(cs):
     p.timed, p.carried = 30, 3
     assert cs._breakdown(p.as_dict()).split(" | ")[7] == "30 (+3 carried)"
     assert cs.CONFIGS["no-carry"] == {"find_carry": False}
+    assert cs.CONFIGS["no-fold"] == {"fold": False}
 
 
 @pytest.fixture

@@ -110,6 +110,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Note [carried to other sizes]: the default times configs that led, or that
     # the cap left out, at a larger size also at the smaller ones; without that
     "no-carry": dict(find_carry=False),
+    # Note [folded first layers]: the default also times strided first layers
+    # folded by space-to-depth (their inner finds add to the cold start); without
+    "no-fold": dict(fold=False),
 }
 
 
