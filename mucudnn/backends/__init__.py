@@ -1,5 +1,7 @@
 """Backends: the Backend protocol and its implementations (numpy, cudnn, cudnn-graph,
-and cudnn-graph+knobs: the graph backend searching each engine's knobs).
+and cudnn-graph+knobs: the graph backend searching each engine's knobs), and
+what cudnn-graph and numpy share to run a strided first layer folded by
+space-to-depth (:mod:`.fold`, :mod:`.fold_cudnn`; Note [folded first layers]).
 
 >>> get_backend("numpy").name
 'numpy'

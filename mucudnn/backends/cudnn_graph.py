@@ -9,7 +9,10 @@ whose workspace exceeds ``min(workspace_limit, find cap)``, and times each on
 real random buffers (CUDA events on the backend's stream, 1 warm-up, median of
 ``find_repeat`` >= 3 runs). ``AlgoPerf.algo`` is the engine-config id
 ``"e<engine global index>;k<knob type>=<value>..."`` (knob types ascending),
-from which ``run()`` rebuilds the plan.
+from which ``run()`` rebuilds the plan. With ``fold`` (the default) a strided
+first layer over few channels in channels-last also gets the configs of its
+problem folded by space-to-depth, ``"fold<s>|<engine config id>"``, timed
+with their transforms (Note [folded first layers] in :mod:`.fold`).
 
 Numerics follow the problem's math mode, from each engine's numerical notes:
 ``"fma"`` drops engines noted TENSOR_CORE (TF32 for float32) or
