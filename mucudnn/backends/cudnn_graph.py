@@ -203,6 +203,13 @@ def _lowbit(n: int) -> int:
     return gd.MAX_ALIGNMENT if n == 0 else min(gd.MAX_ALIGNMENT, n & -n)
 
 
+def _row_offsets(problem: ConvProblem, offset: int) -> tuple[int, int]:
+    """Byte offsets of row ``offset`` in ``problem``'s x (dx) and y (dy)."""
+    item = problem.itemsize
+    return (offset * math.prod(problem.x_shape[1:]) * item,
+            offset * math.prod(problem.output_shape[1:]) * item)
+
+
 class CudnnGraphBackend(DeviceBackend):
     """cuDNN's graph (backend) API as a :class:`~mucudnn.backends.base.Backend`.
 
@@ -720,14 +727,12 @@ class CudnnGraphBackend(DeviceBackend):
         """The median ms of the transforms one folded call of ``direction`` runs
         at ``size`` rows, on scratch buffers (Note [folded first layers])."""
         tf = FoldTransforms(fold, size)
-        item = fold.problem.itemsize
-        w_bytes = math.prod(fold.problem.w_shape) * item
-        wf_bytes = math.prod(fold.inner.w_shape) * item
         src = dst = None
         try:
             with self.on_home_stream():
-                src = self.alloc_workspace(max(tf.x_bytes, w_bytes))
-                dst = self.alloc_workspace(max(tf.xf_bytes, wf_bytes))
+                src_bytes, dst_bytes = tf.scratch_bytes
+                src = self.alloc_workspace(src_bytes)
+                dst = self.alloc_workspace(dst_bytes)
                 h = self.handle
 
                 def run(a: int = src.ptr, b: int = dst.ptr) -> None:
@@ -1006,19 +1011,10 @@ class CudnnGraphBackend(DeviceBackend):
         direction = Direction.parse(direction)
         folded = _fold.split_fold_id(algo)
         if folded is not None:  # Note [folded first layers]
-            f = self._folding(problem, folded[0])
+            f = _fold.folding(problem, folded[0])
             return (_fold.regions(f, problem.batch).inner
                     + self._workspace_need(f.inner, direction, canonical_id(folded[1])))
         return self._workspace_need(problem, direction, canonical_id(algo))
-
-    @staticmethod
-    def _folding(problem: ConvProblem, s: int) -> _fold.Fold:
-        f = _fold.fold_of(problem)
-        if f is None or f.s != s:
-            raise UnsupportedConfigError(
-                f"algo: a configuration folded by {s} cannot run {problem!r} (Note [folded "
-                "first layers])", algo=f"fold{s}", reason="the problem does not fold so")
-        return f
 
     def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
         """The workspace planning uses for ``algo_id``.
@@ -1091,9 +1087,7 @@ class CudnnGraphBackend(DeviceBackend):
                                      alpha, beta, aligns)
         algo_id = canonical_id(algo)
         sub = problem.with_batch(size)
-        item = problem.itemsize
-        ox = offset * math.prod(problem.x_shape[1:]) * item
-        oy = offset * math.prod(problem.output_shape[1:]) * item
+        ox, oy = _row_offsets(problem, offset)
         mb_aligns = (min(int(aligns[0]), _lowbit(ox)), int(aligns[1]),
                      min(int(aligns[2]), _lowbit(oy)))
         with self._lock:
@@ -1145,11 +1139,9 @@ class CudnnGraphBackend(DeviceBackend):
         operands into the workspace's regions, runs the inner config's launcher
         there, and unfolds its result (alpha and beta applied there)."""
         s, inner_algo = folded
-        f = self._folding(problem, s)
+        f = _fold.folding(problem, s)
         reg = _fold.regions(f, size)
-        item = problem.itemsize
-        ox = offset * math.prod(problem.x_shape[1:]) * item
-        oy = offset * math.prod(problem.output_shape[1:]) * item
+        ox, oy = _row_offsets(problem, offset)
         y_align = min(int(aligns[2]), _lowbit(oy))
         fwd = direction is Direction.FORWARD
         inner = self.bind(direction, inner_algo, math_type, f.inner.with_batch(size), 0, size,

@@ -31,10 +31,11 @@ from typing import Any, Iterable, NamedTuple, Union
 
 import numpy as np
 
+from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 
-__all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "fold_of", "fold_id",
-           "split_fold_id", "regions", "folded_perfs", "fold_x", "fold_w", "unfold_x",
+__all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "fold_of", "folding",
+           "fold_id", "split_fold_id", "regions", "folded_perfs", "fold_x", "fold_w", "unfold_x",
            "unfold_w"]
 
 # Note [folded first layers]
@@ -135,6 +136,27 @@ def fold_of(problem: ConvProblem) -> Fold | None:
                         compute_type=p.compute_type)
     return Fold(p, inner, s, (ph, pw), (h2 * s - h - ph, w2 * s - w - pw),
                 (r2 * s - r, q2 * s - q))
+
+
+def folding(problem: ConvProblem, s: int) -> Fold:
+    """How ``problem`` folds by ``s``, for running a folded id;
+    :class:`~mucudnn.errors.UnsupportedConfigError` (a ValueError) where it
+    does not fold so.
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> folding(ConvProblem((2, 9, 9, 3), (4, 3, 3, 3), stride=2, layout="NHWC"), 3)
+    Traceback (most recent call last):
+      ...
+    mucudnn.errors.UnsupportedConfigError: algo: a configuration folded by 3 cannot run \
+ConvProblem(...) (it folds by 2; Note [folded first layers])
+    """
+    f = fold_of(problem)
+    if f is None or f.s != s:
+        raise UnsupportedConfigError(
+            f"algo: a configuration folded by {s} cannot run {problem!r} (it folds "
+            f"{'by ' + str(f.s) if f is not None else 'not at all'}; Note [folded first "
+            "layers])", algo=f"{_PREFIX}{s}", reason="the problem does not fold so")
+    return f
 
 
 def fold_id(s: int, inner: Algo) -> str:

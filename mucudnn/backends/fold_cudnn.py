@@ -60,9 +60,13 @@ class FoldTransforms:
             raise
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._run = lib.cudnnTransformTensorEx
-        #: bytes of x rows and of the folded rows, for scratch sizes
+        #: bytes of the x rows and of the folded rows
         self.x_bytes = math.prod(p.x_shape[1:]) * p.itemsize * self.size
         self.xf_bytes = math.prod(inner.x_shape) * inner.itemsize
+        #: (src, dst) bytes of the scratch :meth:`run_all` needs: x rows or
+        #: the filter, and their folds
+        self.scratch_bytes = (max(self.x_bytes, math.prod(p.w_shape) * p.itemsize),
+                              max(self.xf_bytes, math.prod(inner.w_shape) * inner.itemsize))
 
     def _go(self, handle: Any, t: Any, src: Any, sp: int, dst: Any, dp: int,
             alpha: Any, beta: Any) -> None:
@@ -86,9 +90,8 @@ class FoldTransforms:
         self._go(handle, self.unfold_w_t, self.wf, wf, self.w, w, alpha, beta)
 
     def run_all(self, handle: Any, direction: Direction, src: int, dst: int) -> None:
-        """Every transform one call of ``direction`` runs, on scratch: ``src`` of
-        at least x rows' and the filter's bytes, ``dst`` of their folds' (for
-        timing them: Note [folded first layers])."""
+        """Every transform one call of ``direction`` runs, on scratch of
+        :attr:`scratch_bytes` (for timing them: Note [folded first layers])."""
         for name in transforms_of(direction):
             if name == "fold_x":
                 self.fold_x(handle, src, dst)

@@ -252,7 +252,7 @@ class NumpyBackend(BackendBase):
         direction = Direction.parse(direction)
         folded = _fold.split_fold_id(algo)
         if folded is not None:
-            f = _folding(problem, folded[0])
+            f = _fold.folding(problem, folded[0])
             inner = _workspace_bytes(f.inner, _algo(folded[1]))
             return _fold.regions(f, problem.batch).inner + inner
         return _workspace_bytes(problem, _algo(algo))
@@ -326,17 +326,8 @@ class NumpyBackend(BackendBase):
         p = tensors.problem
         dt = _np_dtype(p.dtype)
         out_name = OUTPUT_OF[direction]
-        for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.output_shape)):
-            a = getattr(tensors, name)
-            if not isinstance(a, np.ndarray):
-                raise TypeError(f"tensors.{name}: expected a numpy array, got {type(a).__name__}")
-            if a.shape != shape:
-                raise ValueError(f"tensors.{name}: expected shape {shape} ({p.layout}), got {a.shape}")
-            if a.dtype != dt:
-                raise ValueError(f"tensors.{name}: expected dtype {p.dtype}, got {a.dtype}")
+        _check_tensors(p, tensors, out_name)
         out = getattr(tensors, out_name)
-        if not out.flags.writeable:
-            raise ValueError(f"tensors.{out_name}: the output array is read-only")
         need = self.workspace_size(p, direction, algo)
         ws = _check_workspace(workspace, need, algo)
 
@@ -369,13 +360,9 @@ class NumpyBackend(BackendBase):
         inner algorithm there, unfold (alpha and beta applied on the way back)."""
         p = tensors.problem
         s, inner_algo = folded
-        f = _folding(p, s)
+        f = _fold.folding(p, s)
         dt = _np_dtype(p.dtype)
-        for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.output_shape)):
-            a = getattr(tensors, name)
-            if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dt:
-                raise ValueError(f"tensors.{name}: expected a numpy array of shape {shape} and "
-                                 f"dtype {p.dtype}, got {getattr(a, 'shape', type(a).__name__)}")
+        _check_tensors(p, tensors, OUTPUT_OF[direction])
         need = self.workspace_size(p, direction, _fold.fold_id(s, inner_algo))
         ws = _check_workspace(workspace, need, _algo(inner_algo))
         reg = _fold.regions(f, p.batch)
@@ -439,14 +426,20 @@ def _workspace_bytes(p: ConvProblem, algo: NumpyAlgo) -> int:
     return _align(n * c * f * cs) + _align(k * cg * f * cs) + _align(n * k * f * cs)
 
 
-def _folding(p: ConvProblem, s: int) -> "_fold.Fold":
-    """How ``p`` folds by ``s``; ValueError where it does not."""
-    f = _fold.fold_of(p)
-    if f is None or f.s != s:
-        raise ValueError(f"algo: a configuration folded by {s} cannot run {p!r} (it folds "
-                         f"{'by ' + str(f.s) if f is not None else 'not at all'}; Note [folded "
-                         "first layers])")
-    return f
+def _check_tensors(p: ConvProblem, tensors: ConvTensors, out_name: str) -> None:
+    """x, w and y of ``tensors``: numpy arrays of ``p``'s shapes and dtype, the
+    output ``out_name`` writeable; TypeError or ValueError naming the tensor."""
+    dt = _np_dtype(p.dtype)
+    for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.output_shape)):
+        a = getattr(tensors, name)
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"tensors.{name}: expected a numpy array, got {type(a).__name__}")
+        if a.shape != shape:
+            raise ValueError(f"tensors.{name}: expected shape {shape} ({p.layout}), got {a.shape}")
+        if a.dtype != dt:
+            raise ValueError(f"tensors.{name}: expected dtype {p.dtype}, got {a.dtype}")
+    if not getattr(tensors, out_name).flags.writeable:
+        raise ValueError(f"tensors.{out_name}: the output array is read-only")
 
 
 def _algo(algo: Union[int, str]) -> NumpyAlgo:
