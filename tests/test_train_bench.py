@@ -190,6 +190,52 @@ def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
     assert t["max_rel_diff"] == 0.0 and t["steps_compared"] == 3  # same seed, same CPU conv
     assert "vs native (--reference's)" in capsys.readouterr().out
 
+def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
+    """Note [deterministic loss check]: --deterministic sets
+    cudnn.deterministic for every mode (mucudnn.torch then plans deterministic
+    configurations only), and a native run is compared with --reference's
+    native run: the same seed and algorithms, so no difference at all."""
+    import torch
+
+    from mucudnn.torch import engine
+
+    seen = []
+    original = tb.TrainJob.step
+
+    def spying_step(self):
+        seen.append((self.mode, torch.backends.cudnn.deterministic, engine.deterministic()))
+        return original(self)
+
+    common = ["--device", "cpu", "--models", "tiny", "--steps", "2", "--warmup", "1",
+              "--batch", "4", "--precisions", "fp32", "--deterministic"]
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    before = torch.backends.cudnn.deterministic
+    try:
+        tb.TrainJob.step = spying_step
+        assert tb.main(common + ["--modes", "native", "wr", "--json", str(first)]) == 0
+        assert tb.main(common + ["--modes", "native", "--reference", str(first),
+                                 "--json", str(second)]) == 0
+        assert torch.backends.cudnn.deterministic is True
+        assert tb.main(["--device", "cpu", "--models", "tiny", "--steps", "1", "--warmup", "1",
+                        "--batch", "2", "--precisions", "fp32", "--modes", "native"]) == 0
+        assert torch.backends.cudnn.deterministic is False  # off without the flag
+    finally:
+        tb.TrainJob.step = original
+        torch.backends.cudnn.deterministic = before
+    assert {m for m, _, _ in seen} == {"native", "wr"}
+    assert all(flag and asked for _, flag, asked in seen[:-1])
+    assert tb.parse_args(["--device", "cpu", "--deterministic"]).deterministic
+    assert json.loads(first.read_text())["args"]["deterministic"] is True
+    (wr,) = json.loads(first.read_text())["loss_tracking"]
+    assert wr["mode"] == "wr" and len(wr["rel_diffs"]) == wr["steps_compared"] == 3
+    assert wr["max_rel_diff"] == max(wr["rel_diffs"])
+    (again,) = json.loads(second.read_text())["loss_tracking"]
+    assert again["mode"] == "native" and again["reference"] == "reference"
+    assert again["max_rel_diff"] == 0.0 and again["rel_diffs"] == [0.0, 0.0, 0.0]
+    out = capsys.readouterr().out
+    assert "losses tiny fp32 eager native vs native (--reference's): max rel diff 0.00e+00" in out
+
+
 def test_round_order_rotates(tb):
     assert [tb.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
     assert tb.round_order(1, 5) == [0]
@@ -229,7 +275,7 @@ def test_time_rounds_sets_each_modes_flags_before_its_steps(tb):
         set_flags = tb.TrainJob.set_flags
 
         def __init__(self, mode):
-            self.mode, self.precision = mode, "fp32strict"
+            self.mode, self.precision, self.deterministic = mode, "fp32strict", False
 
         def timed_steps(self, steps, timer):
             calls.append((self.mode, torch.backends.cudnn.benchmark,

@@ -30,6 +30,12 @@ the same initial weights and sees the same data, so losses are comparable;
 the maximum relative difference of each converted run's losses from the
 native run's (same precision and execution) is reported.
 
+``--deterministic`` trains every mode with
+``torch.backends.cudnn.deterministic = True`` (Note [deterministic loss
+check]): bitwise repeatable runs, whose losses differ from native's only by
+the algorithms chosen; a native run given ``--reference`` is then compared
+with the earlier run's native losses too (0 when repeatable).
+
 ``--constrained`` adds the constrained-memory mode: under a per-process memory
 fraction emulating a ``--memory`` GPU (16 GiB), the largest batch each mode
 can train (searched over ``--constrained-batches``, catching out-of-memory)
@@ -132,6 +138,20 @@ LOSS_TRACK_TOL = 1e-3
 # ``native`` losses the runs here are compared with.
 DEFAULT_CONSTRAINED_BATCHES = "64,96,128,160,192,224,256,320,384,448,512"
 
+# Note [deterministic loss check]: with ``--deterministic`` every mode trains
+# with ``torch.backends.cudnn.deterministic = True``: PyTorch times only the
+# algorithms cuDNN marks deterministic, and mucudnn.torch plans only with such
+# configurations (Note [deterministic plans] in mucudnn/optimizer/benchmark.py).
+# Then a run is bitwise repeatable, so the loss check separates what the
+# converted model changes (other algorithms, summing in another order) from
+# run-to-run nondeterminism (atomics in some backward algorithms), which the
+# plain runs mix (Note [loss noise floor]). A native run given ``--reference``
+# with a native run of the same model, precision and execution is compared with
+# it too: two processes, the same algorithms; 0 when they are deterministic.
+# Each loss-tracking entry keeps the per-step relative differences
+# (``rel_diffs``), to show how a difference grows over the steps.
+
+
 
 class TinyCNN(nn.Module):
     """A small CNN for CPU smoke tests (conv, BN, ReLU, pooling, a grouped conv)."""
@@ -208,6 +228,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--policy", type=parse_policy, default=mucudnn.optimizer.DEFAULT_POLICY,
                     help="fitted (default), powerOfTwo, all, undivided or sizes like 64,48,32")
     ap.add_argument("--backend", default=None, help="mucudnn backend (default: mucudnn's)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.backends.cudnn.deterministic=True for every mode: PyTorch and "
+                         "mucudnn.torch use only deterministic convolution algorithms (Note "
+                         "[deterministic loss check])")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -341,6 +365,7 @@ class TrainJob:
         self.device = device
         self.graphed = execution == "graph"
         self.amp = precision == "amp"
+        self.deterministic = bool(getattr(args, "deterministic", False))
         self.set_flags()
         self.model, self.opt = prepare(args, name, mode, precision, init_state, device)
         size = IMAGE_SIZE.get(name, 224)
@@ -352,8 +377,10 @@ class TrainJob:
         self.static_loss: torch.Tensor | None = None
 
     def set_flags(self) -> None:
-        """cudnn.benchmark per mode (Note [loss noise floor]), TF32 per precision."""
+        """cudnn.benchmark per mode (Note [loss noise floor]), TF32 per precision,
+        cudnn.deterministic per ``--deterministic`` (Note [deterministic loss check])."""
         torch.backends.cudnn.benchmark = self.mode != "native-heur"
+        torch.backends.cudnn.deterministic = self.deterministic
         tf32 = self.precision != "fp32strict"
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -666,15 +693,20 @@ def loss_tracking(runs: list[dict], reference: Sequence[dict] = ()) -> list[dict
     """Max relative difference of each converted (or ``native-heur``, Note
     [loss noise floor]) run's losses from the native run of the same model,
     precision and execution: this run's, else ``reference``'s (the runs of an
-    earlier report).
+    earlier report). A native run is compared with ``reference``'s native run
+    (run to run, Note [deterministic loss check]). Each entry has the per-step
+    differences, ``rel_diffs``.
 
     >>> ref = [{"model": "m", "precision": "p", "execution": "e", "mode": "native",
     ...         "losses": [2.0, 1.0]}]
     >>> heur = [{"model": "m", "precision": "p", "execution": "e", "mode": "native-heur",
     ...          "losses": [2.0, 1.002]}]
     >>> t = loss_tracking(heur, ref)[0]
-    >>> round(t["max_rel_diff"], 6), t["reference"]
-    (0.002, 'reference')
+    >>> round(t["max_rel_diff"], 6), t["reference"], [round(d, 6) for d in t["rel_diffs"]]
+    (0.002, 'reference', [0.0, 0.002])
+    >>> again = [{**ref[0], "losses": [2.0, 1.0]}]
+    >>> [(t["mode"], t["max_rel_diff"]) for t in loss_tracking(again, ref)]
+    [('native', 0.0)]
     """
     def natives(rs: Iterable[dict]) -> dict:
         return {(r["model"], r["precision"], r["execution"]): r["losses"]
@@ -683,8 +715,9 @@ def loss_tracking(runs: list[dict], reference: Sequence[dict] = ()) -> list[dict
     out = []
     for r in runs:
         key = (r["model"], r["precision"], r["execution"])
-        ref = here.get(key, earlier.get(key))
-        if r.get("mode") == "native" or not r.get("losses") or ref is None:
+        native = r.get("mode") == "native"
+        ref = earlier.get(key) if native else here.get(key, earlier.get(key))
+        if not r.get("losses") or ref is None:
             continue
         n = min(len(ref), len(r["losses"]))
         diffs = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(r["losses"][:n], ref[:n])]
@@ -692,7 +725,8 @@ def loss_tracking(runs: list[dict], reference: Sequence[dict] = ()) -> list[dict
         out.append({"model": r["model"], "mode": r["mode"], "precision": r["precision"],
                     "execution": r["execution"], "steps_compared": n, "max_rel_diff": worst,
                     "within_1e-3": bool(worst <= LOSS_TRACK_TOL),
-                    "reference": "this run" if key in here else "reference"})
+                    "reference": "this run" if key in here and not native else "reference",
+                    "rel_diffs": diffs})
     return out
 
 
