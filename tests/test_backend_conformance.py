@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import mucudnn.cuda as mc
 from mucudnn import Backend, BackendBase, ConvProblem, Direction
+from mucudnn.backends import fold
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.errors import UnsupportedConfigError
 from mucudnn.exec import bind_plan
@@ -80,6 +81,19 @@ def test_identity_and_protocol(be):
         assert be.find_workspace_cap() == FIND_LIMIT
         free, total = be.mem_get_info()
         assert 0 < free <= total
+
+
+def test_cache_name_changes_exactly_where_find_reports_more(be):
+    """Note [candidate sets in keys]: a problem's key names a variant of the
+    backend only where find() reports configurations beyond the plain set
+    (folded first layers: cudnn-graph folds by default, numpy and cudnn do not)."""
+    plain = problem("2d-nchw", "float32", "default")
+    assert be.cache_name(plain) == be.name
+    p = problem("2d-nhwc-stride2", "float32", "default")
+    assert fold.fold_of(p) is not None
+    folded = any(fold.split_fold_id(r.algo) for r in _find(be, p, Direction.FORWARD))
+    assert be.cache_name(p) == (be.name + fold.CACHE_SUFFIX if folded else be.name)
+    assert folded == (be.name == "cudnn-graph")
 
 
 def test_blocked_workspace_is_over_the_limit_or_none(be):

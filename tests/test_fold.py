@@ -274,3 +274,112 @@ def test_transform_descriptor_reads_back_and_computes_the_folded_shape():
     with pytest.raises(ValueError, match="pad_before"):
         TensorTransformDescriptor([0] * 3, [0] * 4, [2, 2])
     assert live_descriptor_counts()["transform"] == before
+
+
+# -- Note [candidate sets in keys] ---------------------------------------------------------------
+class _Counting(NumpyBackend):
+    """NumPy, counting its find() calls per problem key."""
+
+    def __init__(self, fold: bool) -> None:
+        super().__init__(repeats=1, fold=fold)
+        self.finds: list[str] = []
+
+    def find(self, problem, direction, workspace_limit):
+        self.finds.append(problem.key())
+        return super().find(problem, direction, workspace_limit)
+
+
+_FOLDS = ConvProblem((4, 19, 19, 3), (4, 5, 5, 3), stride=2, padding=1, layout="NHWC")
+_STAYS = ConvProblem((4, 3, 19, 19), (4, 3, 5, 5), stride=2, padding=1)
+
+
+def test_cache_name_marks_the_problems_whose_candidates_folding_changes():
+    plain, folding = NumpyBackend(), NumpyBackend(fold=True)
+    assert plain.cache_name(_FOLDS) == plain.cache_name(_STAYS) == "numpy"
+    assert folding.cache_name(_FOLDS) == "numpy" + fold.CACHE_SUFFIX
+    assert folding.cache_name(_STAYS) == "numpy"
+    # an adapted object without cache_name keys every problem by its name
+    from mucudnn.backends.base import adapt
+
+    class Bare:
+        name = "bare"
+
+        def find(self, problem, direction, workspace_limit):
+            return []
+
+    assert adapt(Bare()).cache_name(_FOLDS) == "bare"
+
+
+def test_a_cache_written_without_folding_is_measured_again_where_it_folds(tmp_path):
+    """A stale entry (a cache from before folding, or from fold=False) is not
+    read by a backend that folds, for the problems that fold only; each keeps
+    its own entries, and the plain backend still reads its own."""
+    from mucudnn.optimizer import BenchmarkCache
+    from mucudnn.optimizer.benchmark import benchmark
+
+    cache = BenchmarkCache(tmp_path / "c.sqlite")
+    old = _Counting(fold=False)
+    for p in (_FOLDS, _STAYS):
+        benchmark(old, p, Direction.FORWARD, "undivided", 64 << 20, cache=cache)
+    assert old.finds == [_FOLDS.key(), _STAYS.key()]
+    new = _Counting(fold=True)
+    got = {p: benchmark(new, p, Direction.FORWARD, "undivided", 64 << 20, cache=cache)[4]
+           for p in (_FOLDS, _STAYS)}
+    assert new.finds == [_FOLDS.key()]  # the plain problem came from the cache
+    assert any(fold.split_fold_id(a.algo) for a in got[_FOLDS])
+    assert not any(fold.split_fold_id(a.algo) for a in got[_STAYS])
+    names = sorted((k[0], k[3]) for k in cache.keys())
+    assert names == sorted([("numpy", _FOLDS.key()), ("numpy", _STAYS.key()),
+                            ("numpy+fold", _FOLDS.key())])
+    # a backend's entries are listed (and exported) with its folded variant's
+    assert sorted(e.backend for e in cache.entries("numpy")) == ["numpy", "numpy", "numpy+fold"]
+    # both read back their own, without finding again
+    again_old, again_new = _Counting(fold=False), _Counting(fold=True)
+    for be in (again_old, again_new):
+        benchmark(be, _FOLDS, Direction.FORWARD, "undivided", 64 << 20, cache=cache)
+    assert again_old.finds == again_new.finds == []
+    assert not any(fold.split_fold_id(a.algo) for a in cache.get(again_old, _FOLDS, "forward"))
+
+
+class _FoldFirstSameKey(_FoldFirstBackend):
+    """_FoldFirstBackend under NumPy's own version: only cache_name tells it
+    from a plain NumpyBackend."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = NumpyBackend().version
+
+
+def test_plans_of_a_backend_that_folds_are_not_memoised_for_one_that_does_not(tmp_path):
+    from mucudnn.optimizer.planner import Planner
+
+    cache = tmp_path / "c.sqlite"
+    limit = fold.regions(fold.fold_of(_FOLDS), _FOLDS.batch).inner + (1 << 20)
+    folding = Planner(_FoldFirstSameKey(), limit, "undivided", cache=cache)
+    plain = Planner(NumpyBackend(repeats=1), limit, "undivided", cache=cache)
+    assert folding.key(_FOLDS, Direction.FORWARD) != plain.key(_FOLDS, Direction.FORWARD)
+    assert folding.key(_STAYS, Direction.FORWARD) == plain.key(_STAYS, Direction.FORWARD)
+    first = folding.plan(_FOLDS, Direction.FORWARD)
+    assert all(fold.split_fold_id(m.algo) for m in first.micro_batches), first
+    second = plain.plan(_FOLDS, Direction.FORWARD)
+    assert not any(fold.split_fold_id(m.algo) for m in second.micro_batches), second
+
+
+def test_an_offline_backend_replays_the_folded_measurements_where_the_cache_has_them(tmp_path):
+    from mucudnn.optimizer import BenchmarkCache
+    from mucudnn.optimizer.benchmark import benchmark
+    from mucudnn.optimizer.offline import CachedBackend
+
+    path = tmp_path / "c.sqlite"
+    cache = BenchmarkCache(path)
+    for p in (_FOLDS, _STAYS):
+        benchmark(NumpyBackend(repeats=1), p, Direction.FORWARD, "undivided", 1 << 30, cache=cache)
+    stale = CachedBackend("numpy", cache=path)
+    assert stale.cache_name(_FOLDS) == "numpy"  # only plain entries: those
+    assert not any(fold.split_fold_id(a.algo)
+                   for a in benchmark(stale, _FOLDS, "forward", "undivided", 1 << 30, cache=path)[4])
+    benchmark(_FoldFirstSameKey(), _FOLDS, Direction.FORWARD, "undivided", 1 << 30, cache=cache)
+    replay = CachedBackend("numpy", cache=path)
+    assert (replay.cache_name(_FOLDS), replay.cache_name(_STAYS)) == ("numpy+fold", "numpy")
+    got = benchmark(replay, _FOLDS, "forward", "undivided", 1 << 30, cache=path)[4]
+    assert any(fold.split_fold_id(a.algo) for a in got)

@@ -126,6 +126,26 @@ def test_fold_off_reports_no_folded_configuration():
         b.close()
 
 
+def test_a_cache_from_fold_off_is_measured_again_by_the_folding_backend(be, tmp_path):
+    """Note [candidate sets in keys]: entries a fold=False backend wrote (as a
+    cache from before folding) are not what the folding backend reads for a
+    first layer; it finds again, and its plan may use folded configurations."""
+    from mucudnn.optimizer import BenchmarkCache
+    from mucudnn.optimizer.benchmark import benchmark
+
+    cache = BenchmarkCache(tmp_path / "c.sqlite")
+    p = _problem("resnet-like", "f32-default")
+    off = CudnnGraphBackend(find_workspace_limit=256 * MiB, fold=False)
+    try:
+        stale = benchmark(off, p, Direction.FORWARD, "undivided", 256 * MiB, cache=cache)[8]
+    finally:
+        off.close()
+    assert not any(fold.split_fold_id(a.algo) for a in stale)
+    fresh = benchmark(be, p, Direction.FORWARD, "undivided", 256 * MiB, cache=cache)[8]
+    assert any(fold.split_fold_id(a.algo) for a in fresh)
+    assert {k[0] for k in cache.keys()} == {"cudnn-graph", "cudnn-graph+fold"}
+
+
 @pytest.mark.parametrize("direction", list(Direction), ids=str)
 def test_a_convolution_replays_a_folded_plan_from_a_cuda_graph(be, direction):
     p = _problem("alexnet-like", "f32-fma")

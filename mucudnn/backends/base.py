@@ -74,6 +74,23 @@ class Launcher(Protocol):
         ...
 
 
+# Note [candidate sets in keys]: a benchmark-cache entry (and a memoised plan)
+# stands for "every configuration this backend's find() reports for this
+# problem". An option that changes that set for some problems must change their
+# key, or a backend with the option reads entries measured without it (and a
+# backend without it, plans with configurations it was asked not to use).
+# ``cache_name(problem)`` is that key's backend name: ``name``, or a variant
+# for the problems the option reaches. Folding (Note [folded first layers] in
+# :mod:`.fold`) adds ``"+fold"`` for the problems that fold, so caches written
+# before folding existed, or with ``fold=False``, are measured again for those
+# problems only: the first layers, a few seconds, not the whole network. The
+# knob search changes every problem's set and so changes ``name`` itself
+# (``"cudnn-graph+knobs"``, Note [knob search]). A cache read offline
+# (:class:`~mucudnn.optimizer.offline.CachedBackend`) prefers the folded
+# entries where it holds them. Raw string problem keys (the cache's own tools)
+# use ``name`` as it is.
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the optimizer and the engine need of a convolution library.
@@ -105,6 +122,13 @@ class Backend(Protocol):
              workspace_limit: int | None) -> list[AlgoPerf]:
         """Every algorithm that ran for ``problem`` (at its own batch) within
         ``workspace_limit``, fastest first."""
+        ...
+
+    def cache_name(self, problem: ConvProblem) -> str:
+        """The name ``problem``'s measurements and plans are kept under in the
+        benchmark cache and the plan memo: ``name``, or a variant of it where
+        an option of this backend changes which configurations find() reports
+        for ``problem`` (Note [candidate sets in keys])."""
         ...
 
     def workspace_size(self, problem: ConvProblem, direction: Direction, algo: Algo,
@@ -198,6 +222,9 @@ class BackendBase:
     supports_graphs: bool = False
     finds_zero_once: bool = False
 
+    def cache_name(self, problem: ConvProblem) -> str:
+        return self.name
+
     def bind(self, direction: Direction, algo: Algo, math_type: Algo, problem: ConvProblem,
              offset: int, size: int, alpha: float, beta: float,
              aligns: tuple[int, int, int] = (16, 16, 16)) -> Launcher:
@@ -277,8 +304,8 @@ REQUIRED = ("name", "find")
 #: Members an adapted object may bring; the rest take BackendBase's defaults.
 _OPTIONAL_ATTRS = ("device_name", "version", "is_host", "device", "stream", "supports_graphs",
                    "finds_zero_once")
-_OPTIONAL_METHODS = ("workspace_size", "blocked_workspace", "run", "bind", "address", "activate",
-                     "on_home_stream", "mem_get_info", "release_find_buffers", "empty",
+_OPTIONAL_METHODS = ("cache_name", "workspace_size", "blocked_workspace", "run", "bind",
+                     "address", "activate", "on_home_stream", "mem_get_info", "release_find_buffers", "empty",
                      "from_host", "to_host", "alloc_workspace", "synchronize")
 
 

@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 
-__all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "fold_of", "folding",
+__all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "CACHE_SUFFIX", "cache_name",
+           "fold_of", "folding",
            "fold_id", "split_fold_id", "regions", "folded_perfs", "fold_x", "fold_w", "unfold_x",
            "unfold_w"]
 
@@ -101,6 +102,27 @@ class Fold:
     pad_before: tuple[int, int]
     pad_after: tuple[int, int]
     filter_pad_after: tuple[int, int]
+
+
+#: Note [candidate sets in keys]: what a backend that folds appends to its
+#: name in the keys of problems that fold.
+CACHE_SUFFIX = "+fold"
+
+
+def cache_name(name: str, problem: ConvProblem) -> str:
+    """The name a backend ``name`` that folds keeps ``problem``'s measurements
+    and plans under: with :data:`CACHE_SUFFIX` where ``problem`` folds (its
+    find() reports the folded configurations too), else ``name`` (Note
+    [candidate sets in keys] in :mod:`mucudnn.backends.base`).
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> cache_name("cudnn-graph", ConvProblem((8, 224, 224, 3), (64, 7, 7, 3), stride=2,
+    ...                                        padding=3, layout="NHWC"))
+    'cudnn-graph+fold'
+    >>> cache_name("cudnn-graph", ConvProblem((8, 3, 224, 224), (64, 3, 7, 7), stride=2, padding=3))
+    'cudnn-graph'
+    """
+    return name + CACHE_SUFFIX if fold_of(problem) is not None else name
 
 
 def fold_of(problem: ConvProblem) -> Fold | None:

@@ -222,6 +222,11 @@ class NumpyBackend(BackendBase):
     def __repr__(self) -> str:
         return f"NumpyBackend(device={self.device_name!r}, numpy={self.version})"
 
+    def cache_name(self, problem: ConvProblem) -> str:
+        """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on
+        (Note [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
+        return _fold.cache_name(self.name, problem) if self.fold else self.name
+
     # -- algorithms and their workspaces -----------------------------------------
     @staticmethod
     def algorithms() -> list[NumpyAlgo]:

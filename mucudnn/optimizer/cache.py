@@ -45,6 +45,8 @@ import sqlite3
 import time
 from typing import Any, Iterable, Iterator, NamedTuple
 
+from ..backends.base import adapt
+from ..backends.fold import CACHE_SUFFIX
 from ..caches import LRU
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import cache_files as files
@@ -122,10 +124,16 @@ def resolve(cache: Any) -> "BenchmarkCache":
     return BenchmarkCache(cache, _name="cache")
 
 
-def _names(backend: Any) -> tuple[str, str, str]:
+def _names(backend: Any, problem: "ConvProblem | str") -> tuple[str, str, str]:
+    """The backend part of a key: a ``(name, device, version)`` tuple as it is;
+    a backend's ``cache_name(problem)`` (Note [candidate sets in keys] in
+    :mod:`mucudnn.backends.base`), its device name and version; a raw string
+    problem key takes the backend's ``name``."""
     if isinstance(backend, (tuple, list)) and len(backend) == 3:
         return tuple(str(v) for v in backend)  # type: ignore[return-value]
-    return (str(backend.name), str(getattr(backend, "device_name", "")),
+    name = adapt(backend).cache_name(problem) if isinstance(problem, ConvProblem) \
+        else backend.name
+    return (str(name), str(getattr(backend, "device_name", "")),
             str(getattr(backend, "version", "")))
 
 
@@ -159,7 +167,7 @@ class BenchmarkCache(CacheFile):
         warning) or found under a cap smaller than ``workspace_cap`` (None = unlimited)."""
         if not self.enabled:
             return None
-        key = (*_names(backend), _pkey(problem), Direction.parse(direction).value)
+        key = (*_names(backend, problem), _pkey(problem), Direction.parse(direction).value)
         row = self._run(lambda c: c.execute(
             f"SELECT results, workspace_cap FROM {_TABLE} WHERE {_KEY}", key).fetchone())
         if row is None:
@@ -180,7 +188,7 @@ class BenchmarkCache(CacheFile):
         refuse (see :mod:`.cache_entries`) are not stored (logged)."""
         if not self.enabled:
             return
-        key = (*_names(backend), _pkey(problem), Direction.parse(direction).value)
+        key = (*_names(backend, problem), _pkey(problem), Direction.parse(direction).value)
         try:
             payload = encode_results(results)
         except BadEntry as exc:
@@ -222,14 +230,18 @@ class BenchmarkCache(CacheFile):
 
     def entries(self, backend: str | None = None, device: str | None = None,
                 version: str | None = None) -> Iterator[Entry]:
-        """Every valid stored entry (optionally of one backend, device, version)."""
+        """Every valid stored entry (optionally of one backend, device, version).
+        A backend's entries include its folded variant's (``backend + "+fold"``,
+        Note [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
         if not self.enabled:
             return
+        variant = None if backend is None else backend + CACHE_SUFFIX
         rows = self._run(lambda c: c.execute(
             f"SELECT backend, device, version, problem, direction, workspace_cap, results, "
-            f"created FROM {_TABLE} WHERE (? IS NULL OR backend = ?) AND (? IS NULL OR device = ?) "
-            "AND (? IS NULL OR version = ?) ORDER BY backend, device, version, problem, direction",
-            (backend, backend, device, device, version, version)).fetchall()) or []
+            f"created FROM {_TABLE} WHERE (? IS NULL OR backend = ? OR backend = ?) "
+            "AND (? IS NULL OR device = ?) AND (? IS NULL OR version = ?) "
+            "ORDER BY backend, device, version, problem, direction",
+            (backend, backend, variant, device, device, version, version)).fetchall()) or []
         for r in rows:
             try:
                 b, d, v, pk, di = (str(c) for c in r[:5])

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, NoReturn, Union
 
 from ..backends.base import BackendBase
+from ..backends.fold import CACHE_SUFFIX
 from ..errors import MucudnnError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .benchmark import resolve_cache
@@ -54,6 +55,17 @@ class CachedBackend(BackendBase):
             raise ValueError(f"device_name/version: the cache holds {name!r} measurements of "
                              f"several devices or versions {found}; choose one")
         self.name, self.device_name, self.version = found[0]
+        #: problem keys measured with folding (Note [candidate sets in keys])
+        variant = (self.name + CACHE_SUFFIX, self.device_name, self.version)
+        self._folded = frozenset(k[3] for k in keys if k[:3] == variant)
+
+    def cache_name(self, problem: ConvProblem) -> str:
+        """The name of the measurements replayed for ``problem``: the folded
+        variant's (Note [candidate sets in keys] in
+        :mod:`mucudnn.backends.base`) where the cache holds it, else ``name``."""
+        if problem.key() in self._folded:
+            return self.name + CACHE_SUFFIX
+        return self.name
 
     def __repr__(self) -> str:
         return f"CachedBackend({self.name!r}, {self.device_name!r}, {self.version!r})"

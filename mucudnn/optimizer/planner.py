@@ -46,8 +46,9 @@ PLAN_MEMO_SIZE = 4096
 class PlanKey:
     """Every input that affects which plan is chosen (as PyTorch's ConvolutionParams).
 
-    The backend is named by what its measurements depend on (name, device,
-    library version), so two instances on the same device share plans.
+    The backend is named by what its measurements depend on (its name for the
+    problem, Note [candidate sets in keys]; device; library version), so two
+    instances on the same device with the same options share plans.
     """
 
     backend: str
@@ -144,7 +145,9 @@ class Planner:
     def key(self, problem: ConvProblem, direction: Direction, exclude: Collection[Any] = (),
             available: int | None = None) -> PlanKey:
         be = self.backend
-        return PlanKey(be.name, be.device_name, be.version, problem, Direction.parse(direction),
+        # Note [candidate sets in keys]: the backend's name for this problem
+        return PlanKey(be.cache_name(problem), be.device_name, be.version, problem,
+                       Direction.parse(direction),
                        self.workspace_limit, self.policy, self._cache_name, self.retime,
                        frozenset(exclude), available, self.deterministic)
 
