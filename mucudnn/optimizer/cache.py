@@ -45,7 +45,7 @@ import sqlite3
 import time
 from typing import Any, Iterable, Iterator, NamedTuple
 
-from ..backends.base import adapt
+from ..backends.base import Backend
 from ..backends.fold import CACHE_SUFFIX
 from ..caches import LRU
 from ..problem import AlgoPerf, ConvProblem, Direction
@@ -126,13 +126,14 @@ def resolve(cache: Any) -> "BenchmarkCache":
 
 def _names(backend: Any, problem: "ConvProblem | str") -> tuple[str, str, str]:
     """The backend part of a key: a ``(name, device, version)`` tuple as it is;
-    a backend's ``cache_name(problem)`` (Note [candidate sets in keys] in
-    :mod:`mucudnn.backends.base`), its device name and version; a raw string
-    problem key takes the backend's ``name``."""
+    a complete Backend's ``cache_name(problem)`` (Note [candidate sets in keys]
+    in :mod:`mucudnn.backends.base`), its device name and version; anything
+    else with a ``name`` (a partial backend, an identity record), or a raw
+    string problem key, takes ``name``."""
     if isinstance(backend, (tuple, list)) and len(backend) == 3:
         return tuple(str(v) for v in backend)  # type: ignore[return-value]
-    name = adapt(backend).cache_name(problem) if isinstance(problem, ConvProblem) \
-        else backend.name
+    name = backend.cache_name(problem) \
+        if isinstance(problem, ConvProblem) and isinstance(backend, Backend) else backend.name
     return (str(name), str(getattr(backend, "device_name", "")),
             str(getattr(backend, "version", "")))
 
