@@ -204,6 +204,12 @@ def test_plot_only_merges_reports(fr, tmp_path):
     assert fr.main(["--plot-only", *map(str, paths), "--json", str(out), "--figure", ""]) == 0
     assert json.loads(out.read_text())["series"] == merged["series"]
     assert (tmp_path / "all.md").is_file()
+    # a gzipped merge is written gzipped, and reads back (it did not: plain JSON under .gz)
+    zipped = tmp_path / "all.json.gz"
+    assert fr.main(["--plot-only", *map(str, paths), "--json", str(zipped), "--figure", ""]) == 0
+    with gzip.open(zipped, "rt", encoding="utf-8") as f:
+        assert json.load(f)["series"] == merged["series"]
+    assert fr.load([str(zipped)])["series"] == merged["series"]
     assert fr.table_path_for("out/f.json.gz") == "out/f.md" and fr.table_path_for(None) is None
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"net": "alexnet"}]))  # e.g. a paper_experiment/bench file

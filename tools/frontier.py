@@ -182,11 +182,13 @@ def _point(limit: int | None, r: Any, wall_s: float) -> dict[str, Any]:
 
 
 def _write_json(report: dict, path: str) -> None:
-    """Write atomically: a time-out during the write leaves the previous file whole."""
+    """Write atomically: a time-out during the write leaves the previous file
+    whole. A ``.gz`` path is written gzipped, as :func:`load` reads it."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(tmp, "wt", encoding="utf-8") as f:
         json.dump(report, f, indent=1, default=str)
     os.replace(tmp, path)
 
