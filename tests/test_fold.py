@@ -8,6 +8,7 @@ descriptor (the real library, no GPU needed)."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -131,7 +132,7 @@ def test_numpy_folded_configuration_matches_the_reference(p, d, inner, alpha, be
     be.run(d, algo, 0, t, alpha, beta, be.alloc_workspace(need))
     got = getattr(t, OUTPUT_OF[d])
     assert rel_err(got, reference(p, d, x, w, y, alpha, beta)) < 1e-5
-    with pytest.raises(ValueError, match="workspace"):
+    with pytest.raises(ValueError, match=f"workspace: {re.escape(algo)} needs {need} bytes"):
         be.run(d, algo, 0, ConvTensors(p, x, w, y.copy()), 1.0, 0.0,
                be.alloc_workspace(need - 1))
 

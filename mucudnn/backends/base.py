@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ContextManager, NoReturn, Protocol, Union, runtime_checkable
 
 from ..problem import AlgoPerf, ConvProblem, Direction
+from . import fold as _fold
 
 __all__ = ["Backend", "BackendBase", "ConvTensors", "Launcher", "OUTPUT_OF", "adapt",
            "REQUIRED"]
@@ -221,9 +222,15 @@ class BackendBase:
     stream: Any = None
     supports_graphs: bool = False
     finds_zero_once: bool = False
+    #: Whether find() also reports the configurations of problems folded by
+    #: space-to-depth (Note [folded first layers] in :mod:`.fold`); it names
+    #: their keys (:meth:`cache_name`).
+    fold: bool = False
 
     def cache_name(self, problem: ConvProblem) -> str:
-        return self.name
+        """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on
+        (Note [candidate sets in keys])."""
+        return _fold.cache_name(self.name, problem) if self.fold else self.name
 
     def bind(self, direction: Direction, algo: Algo, math_type: Algo, problem: ConvProblem,
              offset: int, size: int, alpha: float, beta: float,

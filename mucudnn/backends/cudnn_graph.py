@@ -376,11 +376,6 @@ class CudnnGraphBackend(DeviceBackend):
         self._carry: LRU[tuple, dict[str, None]] = LRU("cudnn_graph.carry",
                                                        self.graph_cache_size)
 
-    def cache_name(self, problem: ConvProblem) -> str:
-        """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on
-        (Note [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
-        return _fold.cache_name(self.name, problem) if self.fold else self.name
-
     # -- caches ------------------------------------------------------------------------
     @staticmethod
     def _graph_key(problem: ConvProblem, direction: Direction, alpha: float, beta: float,

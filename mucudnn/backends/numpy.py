@@ -222,11 +222,6 @@ class NumpyBackend(BackendBase):
     def __repr__(self) -> str:
         return f"NumpyBackend(device={self.device_name!r}, numpy={self.version})"
 
-    def cache_name(self, problem: ConvProblem) -> str:
-        """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on
-        (Note [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
-        return _fold.cache_name(self.name, problem) if self.fold else self.name
-
     # -- algorithms and their workspaces -----------------------------------------
     @staticmethod
     def algorithms() -> list[NumpyAlgo]:
@@ -334,7 +329,7 @@ class NumpyBackend(BackendBase):
         _check_tensors(p, tensors, out_name)
         out = getattr(tensors, out_name)
         need = self.workspace_size(p, direction, algo)
-        ws = _check_workspace(workspace, need, algo)
+        ws = _check_workspace(workspace, need, algo.name)
 
         x = _canon(tensors.x, p.layout)
         w = _canon(tensors.w, p.layout)
@@ -369,7 +364,7 @@ class NumpyBackend(BackendBase):
         dt = _np_dtype(p.dtype)
         _check_tensors(p, tensors, OUTPUT_OF[direction])
         need = self.workspace_size(p, direction, _fold.fold_id(s, inner_algo))
-        ws = _check_workspace(workspace, need, _algo(inner_algo))
+        ws = _check_workspace(workspace, need, _fold.fold_id(s, inner_algo))
         reg = _fold.regions(f, p.batch)
         inner = f.inner.with_batch(p.batch)
         a = ws[reg.a:reg.a + reg.a_bytes].view(dt).reshape(inner.x_shape)
@@ -457,7 +452,9 @@ def _algo(algo: Union[int, str]) -> NumpyAlgo:
             f"algo: expected one of {[f'{a.name}={int(a)}' for a in NumpyAlgo]}, got {algo!r}") from None
 
 
-def _check_workspace(workspace: Any, need: int, algo: NumpyAlgo) -> np.ndarray:
+def _check_workspace(workspace: Any, need: int, algo: str) -> np.ndarray:
+    """The first ``need`` bytes of ``workspace``; TypeError or ValueError
+    naming the argument and ``algo`` (the configuration's name) otherwise."""
     if workspace is None:
         have = 0
     elif not isinstance(workspace, np.ndarray):
@@ -469,7 +466,7 @@ def _check_workspace(workspace: Any, need: int, algo: NumpyAlgo) -> np.ndarray:
     else:
         have = workspace.nbytes
     if have < need:
-        raise ValueError(f"workspace: {algo.name} needs {need} bytes, got {have}")
+        raise ValueError(f"workspace: {algo} needs {need} bytes, got {have}")
     if need == 0:
         return np.empty(0, np.uint8)
     if not workspace.flags.c_contiguous or not workspace.flags.writeable:
