@@ -22,17 +22,22 @@ import traceback
 import warnings
 
 import networkx  # noqa: F401  (loaded before _as_user drops root, which may not read it)
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mucudnn as mu
+import reference
+from mucudnn.backends import get_backend
+from mucudnn.backends.numpy import NumpyAlgo
 from mucudnn.caches import clear_all, live_caches
 from mucudnn.errors import MucudnnError
 from mucudnn.optimizer import BenchmarkCache, CacheWarning, CachedBackend
 from mucudnn.optimizer.benchmark import resolve_cache
 from mucudnn.optimizer.cache import CacheArgumentError, CacheFileError
-from mucudnn.problem import AlgoPerf, ConvProblem, Direction
+from mucudnn.exec.kernel import FallbackWarning
+from mucudnn.problem import AlgoPerf, ConvProblem, Direction, MicroBatch, make_plan
 
 from conftest import DATA
 
@@ -604,3 +609,78 @@ def test_sigkill_during_writes_keeps_every_committed_entry(tmp_path):
     cache.put(BE, P, Direction.FORWARD, GOOD, 0)
     assert cache.get(BE, P, Direction.FORWARD) == GOOD
     assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+# -- entries the backend cannot run (Note [entries the backend cannot run]) ----------------------
+RUN_P = ConvProblem((4, 3, 6, 6), (5, 3, 3, 3), padding=1)
+
+
+def _run_forward(cache, problem=RUN_P, **kw):
+    """y of a NumPy-backend forward through ``cache`` and the float64 reference's y."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(problem.x_shape).astype(np.float32)
+    w = rng.standard_normal(problem.w_shape).astype(np.float32)
+    conv = mu.Convolution(problem.x_shape, problem.w_shape, padding=problem.padding,
+                          backend="numpy", cache=cache, **kw)
+    return conv, conv.forward(x, w), reference.forward(problem, x, w)
+
+
+def _seed_every_size(path, results, cap=1 << 40):
+    be = get_backend("numpy")
+    with BenchmarkCache(path) as c:
+        for s in (4, 2, 1, 3):
+            c.put(be, RUN_P.with_batch(s), Direction.FORWARD, results, cap)
+
+
+@pytest.mark.parametrize("algo", ["bogus", 3, "e5;k2=0", "fold2|0"])
+def test_entry_naming_an_unknown_algo_is_dropped_and_measured_again(tmp_path, algo):
+    path = tmp_path / "c.sqlite"
+    _seed_every_size(path, [AlgoPerf(algo, 1e-6, 0)])
+    (conv, y, ref), warned = _caught(_run_forward, path)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    assert warned and all(str(path) in m and "measured again" in m for m in warned)
+    assert all(mb.algo in set(NumpyAlgo) for mb in conv.plans[Direction.FORWARD].micro_batches)
+    # the bad entries the plan came from were replaced by measurements
+    be = get_backend("numpy")
+    with BenchmarkCache(path) as c:
+        for mb in conv.plans[Direction.FORWARD].micro_batches:
+            got = c.get(be, RUN_P.with_batch(mb.size), Direction.FORWARD, 0)
+            assert got and all(a.algo in set(NumpyAlgo) for a in got)
+    # planning again (memo cleared) measures no size twice: the dropped ones were stored
+    clear_all()
+    (conv2, y2, _), warned2 = _caught(_run_forward, path)
+    np.testing.assert_allclose(y2, ref, rtol=1e-4, atol=1e-4)
+    assert not set(warned) & set(warned2)
+
+
+def test_entry_understating_its_workspace_is_measured_again(tmp_path):
+    """One imported config that claims no workspace, under a limit of 0: the
+    plan needs more than the limit once bound; the entry is measured again
+    instead of being excluded for good."""
+    path = tmp_path / "c.sqlite"
+    _seed_every_size(path, [AlgoPerf(int(NumpyAlgo.IM2COL_GEMM), 1e-6, 0)])
+    (conv, y, ref), warned = _caught(lambda: _run_forward(path, workspace_limit=0))
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    plan = conv.plans[Direction.FORWARD]
+    assert plan.workspace_bytes == 0
+    assert all(mb.algo != NumpyAlgo.IM2COL_GEMM for mb in plan.micro_batches)
+    assert any("needs" in m and str(path) in m for m in warned)
+
+
+def test_unknown_algo_in_a_gzipped_cache_is_ignored(tmp_path):
+    path = tmp_path / "c.sqlite"
+    _seed_every_size(path, [AlgoPerf("bogus", 1e-6, 0)])
+    gz = tmp_path / "c.sqlite.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    (conv, y, ref), warned = _caught(_run_forward, gz)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    assert any(str(gz) in m and "bogus" in m for m in warned)
+
+
+def test_forced_plan_with_an_unknown_algo_falls_back_before_running(tmp_path):
+    plan = make_plan([MicroBatch(0, 4, 42)], undivided_time_ms=1.0, workspace_limit=0,
+                     problem=RUN_P, direction="forward")
+    with pytest.warns(FallbackWarning, match=r"plans\[forward\].*42"):
+        conv, y, ref = _run_forward(False, plans={"forward": plan})
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    assert all(mb.algo in set(NumpyAlgo) for mb in conv.plans[Direction.FORWARD].micro_batches)

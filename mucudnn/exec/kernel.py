@@ -24,7 +24,8 @@ from typing import Any, Callable
 from ..backends.base import Backend, ConvTensors
 from ..caches import LRU
 from ..cuda import is_capturing
-from ..errors import PlanningInCaptureError, UnsupportedConfigError, WorkspaceUnavailable
+from ..errors import (MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
+                      WorkspaceUnavailable)
 from ..problem import ConvProblem, Direction, Plan
 from .graph import GraphCache
 from .planning import Planner
@@ -103,7 +104,27 @@ class Kernel:
         if plan.problem != self.problem:
             plan = plan.with_context(self.problem, self.direction)
         check_micro_batches(plan.micro_batches, self.problem.batch)
+        self._check_configs(plan)
         return resolve_workspace(plan, self.backend, self.direction)
+
+    def _check_configs(self, plan: Plan) -> None:
+        """UnsupportedConfigError naming the first configuration of ``plan`` the
+        backend does not know (a plan loaded for another backend, or planned
+        from a cache entry the planner could not measure again), before any
+        device work; the callers then ask the planner for a plan without it."""
+        for mb in plan.micro_batches:
+            try:
+                self.backend.workspace_size(self.problem.with_batch(mb.size), self.direction,
+                                            mb.algo, mb.math_type)
+            except NotImplementedError:
+                continue
+            except MemoryError:
+                raise
+            except (MucudnnError, ValueError, TypeError, LookupError, OverflowError) as exc:
+                raise UnsupportedConfigError(
+                    f"algo: backend {self.backend.name} has no configuration {mb.algo!r} "
+                    f"(math_type {mb.math_type!r}) for {self.name} ({type(exc).__name__}: {exc})",
+                    algo=mb.algo, reason="unknown") from None
 
     @property
     def plan(self) -> Plan:
@@ -113,7 +134,8 @@ class Kernel:
             with self._lock:
                 if self._plan is None:
                     if self._forced is not None:
-                        p = self._install(self._forced)
+                        p = self._install_or_replan(self._forced,
+                                                    f"plans[{self.direction.value}]")
                         limit = self.planner.workspace_limit
                         if limit is not None and p.workspace_bytes > limit:
                             raise ValueError(
@@ -121,12 +143,32 @@ class Kernel:
                                 f"{p.workspace_bytes} bytes of workspace, over workspace_limit="
                                 f"{limit}; raise the limit or give a smaller plan")
                     else:
-                        p = self._install(self.planner.plan(self.problem, self.direction))
+                        p = self._install_or_replan(
+                            self.planner.plan(self.problem, self.direction), "the plan")
                     self._plan = self._preferred = p
                     log.debug("mucudnn: %s plan %s (%d bytes workspace)", self.name,
                               p.describe(), p.workspace_bytes)
                 p = self._plan
         return p
+
+    def _install_or_replan(self, plan: Plan, what: str) -> Plan:
+        """``plan`` installed; where the backend has no configuration of it
+        (:meth:`_check_configs`), the planner's plan without that configuration,
+        with a FallbackWarning naming ``what`` (a plan given or made)."""
+        for _ in range(MAX_REPLANS):
+            try:
+                return self._install(plan)
+            except UnsupportedConfigError as exc:
+                self._excluded.add(exc.algo)
+                limit = self.planner.workspace_limit
+                avail = limit if limit is not None else self._available()
+                new = self.planner.replan(self.problem, self.direction, avail,
+                                          exclude=frozenset(self._excluded))
+                self._warn(FallbackWarning, f"{what}: {exc}", plan, new)
+                plan = new
+        raise UnsupportedConfigError(
+            f"{self.name}: no plan the backend knows after {MAX_REPLANS} re-plans "
+            f"(excluded {sorted(map(str, self._excluded))})")
 
     @property
     def planned(self) -> bool:
@@ -182,8 +224,9 @@ class Kernel:
             except UnsupportedConfigError as exc:
                 self._excluded.add(exc.algo)
                 avail = limit if limit is not None else self._available()
-                new = self._install(self.planner.replan(self.problem, self.direction, avail,
-                                                        exclude=frozenset(self._excluded)))
+                new = self._install_or_replan(
+                    self.planner.replan(self.problem, self.direction, avail,
+                                        exclude=frozenset(self._excluded)), "a re-plan")
                 self._warn(FallbackWarning, f"{exc}", plan, new)
                 plan = self._plan = new
         raise UnsupportedConfigError(
@@ -233,8 +276,9 @@ class Kernel:
             with self._lock:
                 old = self._plan or bound.plan
                 for attempt in (max(0, exc.available), 0):
-                    new = self._install(self.planner.replan(
-                        self.problem, self.direction, attempt, exclude=frozenset(self._excluded)))
+                    new = self._install_or_replan(self.planner.replan(
+                        self.problem, self.direction, attempt, exclude=frozenset(self._excluded)),
+                        "a re-plan")
                     self._plan = new
                     self._bound.clear()
                     nb = self._bind(key, stream)

@@ -160,6 +160,9 @@ class BenchmarkCache(CacheFile):
                  timeout: float = 30.0, read_only: bool = False, _name: str = "path") -> None:
         super().__init__(path, timeout=timeout, read_only=read_only, _name=_name)
         self._dropped: set[tuple[str, ...]] = set()  # entries warned about
+        # entries invalidated (Note [entries the backend cannot run]) that a
+        # read-only file still holds: misses for this object until stored again
+        self._ignored: set[tuple[str, ...]] = set()
 
     # -- the public operations -----------------------------------------------
     def get(self, backend: Any, problem: "ConvProblem | str", direction: "Direction | str",
@@ -169,6 +172,8 @@ class BenchmarkCache(CacheFile):
         if not self.enabled:
             return None
         key = (*_names(backend, problem), _pkey(problem), Direction.parse(direction).value)
+        if key in self._ignored:
+            return None
         row = self._run(lambda c: c.execute(
             f"SELECT results, workspace_cap FROM {_TABLE} WHERE {_KEY}", key).fetchone())
         if row is None:
@@ -196,7 +201,29 @@ class BenchmarkCache(CacheFile):
             log.warning("mucudnn cache: not storing %s %s: %s", key[3], key[4], exc)
             return
         row = (*key, _cap(workspace_cap), payload, time.time())
-        self._run(lambda c: c.execute(_UPSERT, row), write=True)
+        if self._run(lambda c: c.execute(_UPSERT, row), write=True) is not None:
+            self._ignored.discard(key)
+
+    def invalidate(self, backend: Any, problem: "ConvProblem | str",
+                   direction: "Direction | str", reason: str) -> None:
+        """Forget the entry for (backend, problem, direction): its measurements
+        cannot be used (Note [entries the backend cannot run] in
+        :mod:`mucudnn.optimizer.planner`). One warning naming the cache file;
+        the entry is deleted where the cache is writable, and is a miss for
+        this object from now on where it is not, so the problem is measured again."""
+        if not self.enabled:
+            return
+        key = (*_names(backend, problem), _pkey(problem), Direction.parse(direction).value)
+        if len(self._ignored) < 4096:
+            self._ignored.add(key)
+        if key not in self._dropped and len(self._dropped) < 4096:
+            self._dropped.add(key)
+            warn(f"mucudnn cache {self.path}: dropping the entry for {key[3]} {key[4]} "
+                 f"({key[0]}, {key[1]}, {key[2]}): {reason}; it will be measured again")
+        if not self.read_only and self._run(
+                lambda c: c.execute(f"DELETE FROM {_TABLE} WHERE {_KEY}", key),
+                write=True) is not None:
+            self._ignored.discard(key)
 
     def put_many(self, entries: Iterable[Entry]) -> int:
         """Store many entries in one transaction (each as :meth:`put` would);

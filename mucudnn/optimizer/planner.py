@@ -22,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from ..backends import Backend
 from ..caches import LRU
-from ..errors import UnsupportedConfigError
+from ..errors import MucudnnError, UnsupportedConfigError
 from ..problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, MicroBatch, Plan, make_plan
 from ..units import parse_bytes
 from .api import DEFAULT_WORKSPACE_LIMIT, optimize, plan_jointly
@@ -34,7 +34,8 @@ from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_
 from .dp import optimize_wr
 from .policies import DEFAULT_POLICY, Policy, normalize_policy
 
-__all__ = ["Planner", "PlanKey", "workspace_limit_bytes", "zero_workspace_plan", "PLAN_MEMO_SIZE"]
+__all__ = ["Planner", "PlanKey", "workspace_limit_bytes", "zero_workspace_plan", "PLAN_MEMO_SIZE",
+           "config_faults"]
 
 log = logging.getLogger("mucudnn")
 
@@ -69,6 +70,52 @@ class PlanKey:
 
 
 _PLANS: LRU[PlanKey, Plan] = LRU("optimizer.plans", PLAN_MEMO_SIZE)
+
+
+# Note [entries the backend cannot run]: a benchmark-cache entry is checked
+# when it is read (cache_entries: types and ranges), but not against the
+# backend: a hand edit, ``cache import`` of another machine's file or a library
+# that renamed its configurations can leave an entry naming a configuration the
+# backend does not know, or recording less workspace than it needs. Planned
+# from, such an entry makes every call fail (the configuration cannot be
+# bound), or makes the plan over its limit, excluded and re-planned from the
+# same entry for good. So every plan the Planner hands out is checked first:
+# each micro-batch's configuration goes through ``backend.workspace_size`` at
+# its size (what installing the plan does anyway; the backends memoise it). A
+# configuration the backend refuses, or one needing more workspace than its
+# entry recorded, means the entries of those sizes are wrong: they are
+# invalidated (``BenchmarkCache.invalidate``: one warning naming the cache
+# file), and the plan is made again, which measures those sizes afresh (and
+# may now pick another size, checked the same way). A size is invalidated once
+# per plan: a backend whose own find() reports what it cannot run is left to
+# the kernel, which excludes the configuration and re-plans (exec/kernel.py).
+
+
+def config_faults(backend: Backend, plan: Plan) -> dict[int, str]:
+    """Note [entries the backend cannot run]: ``{size: why}`` for the
+    micro-batches of ``plan`` whose configuration ``backend`` cannot run at
+    that size, or which need more workspace than the plan records."""
+    p, d = plan.problem, plan.direction
+    faults: dict[int, str] = {}
+    if p is None or d is None:
+        return faults
+    for mb in plan.micro_batches:
+        if mb.size in faults:
+            continue
+        try:
+            need = int(backend.workspace_size(p.with_batch(mb.size), d, mb.algo, mb.math_type))
+        except NotImplementedError:
+            continue
+        except MemoryError:
+            raise
+        except (MucudnnError, ValueError, TypeError, LookupError, OverflowError) as exc:
+            faults[mb.size] = (f"backend {backend.name} cannot run configuration {mb.algo!r} "
+                               f"({type(exc).__name__}: {exc})")
+            continue
+        if need > int(mb.workspace_bytes):
+            faults[mb.size] = (f"configuration {mb.algo!r} needs {need} bytes of workspace, "
+                               f"the entry says {mb.workspace_bytes}")
+    return faults
 
 
 def workspace_limit_bytes(value: Any, name: str = "workspace_limit") -> int | None:
@@ -157,10 +204,38 @@ class Planner:
         key = self.key(problem, direction)
         plan = _PLANS.get(key)
         if plan is None:
-            plan = optimize(problem, key.direction, self._limit(), self.policy, self.backend,
-                            cache=self.cache, retime=self.retime,
-                            deterministic=self.deterministic)
+            plan = self._checked(lambda: optimize(
+                problem, key.direction, self._limit(), self.policy, self.backend,
+                cache=self.cache, retime=self.retime, deterministic=self.deterministic))
             _PLANS.put(key, plan)
+        return plan
+
+    def _invalidate(self, plan: Plan, done: set[tuple[int, Direction]]) -> bool:
+        """Note [entries the backend cannot run]: invalidate the cache entries
+        ``plan`` came from where the backend cannot run it, unless invalidated
+        before (in ``done``: then the faulty plan came from a fresh measurement);
+        whether any was."""
+        faults = config_faults(self.backend, plan)
+        if not faults or not self.cache.enabled:
+            return False
+        assert plan.problem is not None and plan.direction is not None
+        fresh = False
+        for size, why in faults.items():
+            if (size, plan.direction) in done:
+                continue
+            done.add((size, plan.direction))
+            self.cache.invalidate(self.backend, plan.problem.with_batch(size), plan.direction,
+                                  why)
+            fresh = True
+        return fresh
+
+    def _checked(self, make: Callable[[], Plan]) -> Plan:
+        """``make()``, made again while it comes from cache entries the backend
+        cannot run, each invalidated once (Note [entries the backend cannot run])."""
+        done: set[tuple[int, Direction]] = set()
+        plan = make()
+        while self._invalidate(plan, done):
+            plan = make()
         return plan
 
     def replan(self, problem: ConvProblem, direction: Direction, available: int,
@@ -173,6 +248,12 @@ class Planner:
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
+        plan = self._checked(lambda: self._replan(problem, direction, available, exclude))
+        _PLANS.put(key, plan)
+        return plan
+
+    def _replan(self, problem: ConvProblem, direction: Direction, available: int,
+                exclude: Collection[Any]) -> Plan:
         cap = min(self._limit(), available)
         perf = benchmark(self.backend, problem, direction, self.policy, self._limit(),
                          cache=self.cache, retime=self.retime, progress=False,
@@ -182,19 +263,27 @@ class Planner:
         try:
             plan = optimize_wr(perf, problem.batch, cap, self.policy,
                                quantum=problem.batch_quantum())
-            plan = dataclasses.replace(plan, problem=problem, direction=direction)
+            return dataclasses.replace(plan, problem=problem, direction=direction)
         except ValueError as exc:
             log.info("mucudnn: no WR plan under %d bytes for %s %s (%s); using a "
                      "zero-workspace plan", cap, problem, direction, exc)
-            plan = zero_workspace_plan(problem, direction, self.backend, self.policy,
+            return zero_workspace_plan(problem, direction, self.backend, self.policy,
                                        self.cache, exclude, deterministic=self.deterministic)
-        _PLANS.put(key, plan)
-        return plan
 
     def plan_jointly(self, kernels: Mapping[str, tuple[ConvProblem, Direction]],
                      total_workspace: int) -> dict[str, Plan]:
-        """WD: one plan per kernel, workspaces summing to at most ``total_workspace``."""
-        return plan_jointly(kernels, total_workspace, self.policy, self.backend, self.cache,
-                            retime=self.retime, progress=False,
-                            deterministic=self.deterministic)
+        """WD: one plan per kernel, workspaces summing to at most ``total_workspace``
+        (made again once if a plan came from entries the backend cannot run,
+        Note [entries the backend cannot run])."""
+        def make() -> dict[str, Plan]:
+            return plan_jointly(kernels, total_workspace, self.policy, self.backend,
+                                self.cache, retime=self.retime, progress=False,
+                                deterministic=self.deterministic)
+
+        done: dict[ConvProblem, set[tuple[int, Direction]]] = {}
+        plans = make()
+        while any([self._invalidate(p, done.setdefault(p.problem, set()))
+                   for p in plans.values() if p.problem is not None]):
+            plans = make()
+        return plans
 
