@@ -7,11 +7,13 @@ test can tell whether a refused library was ever loaded.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,9 +44,14 @@ int mucudnn_fake_symbol(void) { return 42; }
 """
 
 
-def build(directory: Path, name: str, version: int | None, soname: str | None) -> Path:
+def build(directory: Path, name: str, version: int | None, soname: str | None,
+          graph: bool = True) -> Path:
     """A shared library ``directory/name``: cudnnGetVersion() returns ``version``
-    (None: no such symbol), DT_SONAME is ``soname`` (None: none)."""
+    (None: no such symbol), DT_SONAME is ``soname`` (None: none); with ``graph``
+    a file named libcudnn_graph.so.9 beside it, as in every cuDNN 9 installation
+    (Note [cuDNN's sub-libraries] in mucudnn/_cudnn/loader.py)."""
+    if graph:
+        (directory / loader.REQUIRED_SUB_LIBRARY).write_bytes(b"")
     src = directory / "fake.c"
     src.write_text(_SOURCE)
     out = directory / name
@@ -228,6 +235,70 @@ def test_version_errors_pickle_with_their_fields(monkeypatch, tmp_path, marker):
     again = pickle.loads(pickle.dumps(info.value))
     assert str(again) == str(info.value)
     assert again.version == 100000 and again.attempts == info.value.attempts
+
+
+# -- links and lone copies (Note [cuDNN's sub-libraries]) ------------------------------------------
+
+_CHILD = r"""
+import sys
+from mucudnn._cudnn import loader
+from mucudnn.errors import MucudnnError
+try:
+    found = loader.find_library()
+except MucudnnError as exc:
+    print("REFUSED", type(exc).__name__, exc)
+else:
+    print("LOADED", found.version, found.path)
+"""
+
+
+def _load_in_child(value: str) -> subprocess.CompletedProcess:
+    """find_library() in a fresh process with MUCUDNN_CUDNN_LIBRARY=value (cuDNN's
+    dispatcher aborts the process it runs in when its sub-libraries are missing)."""
+    env = {**os.environ, loader.ENV_VAR: value}
+    return subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@needs_cudnn
+def test_env_symlink_to_the_real_library_loads_it(tmp_path):
+    real = Path(loader.find_library().path)
+    link = tmp_path / "libcudnn.so.9"
+    link.symlink_to(real)
+    out = _load_in_child(str(link))
+    assert out.returncode == 0, out.stderr
+    kind, version, path = out.stdout.split()
+    assert kind == "LOADED" and int(version) == loader.get_version()
+    assert Path(path) == real.resolve()
+
+
+@needs_cudnn
+@pytest.mark.parametrize("how", ["copy", "link to a copy", "copy under another name"])
+def test_env_lone_copy_is_refused_before_loading(tmp_path, how):
+    real = Path(loader.find_library().path)
+    copy = tmp_path / ("libmine.so" if how == "copy under another name" else "libcudnn.so.9")
+    shutil.copyfile(real, copy)
+    target = copy
+    if how == "link to a copy":
+        target = tmp_path / "elsewhere" / "libcudnn.so.9"
+        target.parent.mkdir()
+        target.symlink_to(copy)
+    out = _load_in_child(str(target))
+    assert out.returncode == 0, f"the child died ({out.returncode}): {out.stderr[-500:]}"
+    assert out.stdout.startswith("REFUSED CudnnLibraryNotFoundError"), out.stdout
+    assert loader.ENV_VAR in out.stdout and loader.REQUIRED_SUB_LIBRARY in out.stdout
+    assert str(tmp_path) in out.stdout and "before loading" in out.stdout
+
+
+@needs_cc
+def test_env_fake_without_graph_beside_it_is_refused_before_its_constructor_runs(
+        monkeypatch, tmp_path, marker):
+    lib = build(tmp_path, "libcudnn.so.9", 91900, "libcudnn.so.9", graph=False)
+    monkeypatch.setenv(loader.ENV_VAR, str(lib))
+    with pytest.raises(errors.CudnnLibraryError) as info:
+        loader.find_library()
+    assert loader.REQUIRED_SUB_LIBRARY in str(info.value) and loader.ENV_VAR in str(info.value)
+    assert not marker.exists()
 
 
 # -- the ELF reader -------------------------------------------------------------------------------

@@ -34,7 +34,9 @@ constructors):
 - (Linux) the file is ELF, and its ``DT_SONAME`` (read by :mod:`.elf`, without
   loading) is absent or ``libcudnn.so.<major>`` with major 9. Another soname
   (``libfoo.so.1``, ``libcudnn_graph.so.9``, a cuDNN sub-library) is not the
-  library the prototype table binds and is refused.
+  library the prototype table binds and is refused;
+- (Linux) ``libcudnn_graph.so.9`` is beside the file a path resolves to (Note
+  [cuDNN's sub-libraries]): the file is then loaded by that real path.
 
 *After loading* (only what the library itself can tell):
 
@@ -243,13 +245,53 @@ class _LoadFailed(OSError):
     """dlopen refused a file that exists (never "not found", whatever its text says)."""
 
 
+#: The sub-library cuDNN 9's libcudnn loads from its own folder for every call
+#: (cudnnGetVersion included); Note [cuDNN's sub-libraries].
+REQUIRED_SUB_LIBRARY = f"libcudnn_graph.so.{REQUIRED_MAJOR}"
+#: The others, loaded on first use of their part of the API; missing ones are logged.
+OTHER_SUB_LIBRARIES = tuple(f"libcudnn_{n}.so.{REQUIRED_MAJOR}" for n in (
+    "ops", "cnn", "adv", "heuristic", "engines_precompiled", "engines_runtime_compiled"))
+
+
+# Note [cuDNN's sub-libraries]: cuDNN 9's libcudnn.so.9 is a small dispatcher
+# that dlopens libcudnn_graph.so.9 (and, on first use of their calls, ops, cnn,
+# adv, the engine libraries) from the folder of the file the process mapped. If
+# libcudnn_graph is not there, its first call (cudnnGetVersion) prints "Cannot
+# load symbol" and aborts the process: no exception can be raised after that.
+# So a path is loaded by its real path (a symlink's target: the file in the
+# cuDNN installation, beside its sub-libraries; the dispatcher does not follow
+# the link itself), and a file with no libcudnn_graph.so.9 beside it (a lone
+# copy of libcudnn.so.9, or a link to one) is refused before it is loaded.
+
+
+def _check_siblings(real: str) -> None:
+    """Note [cuDNN's sub-libraries]: refuse ``real`` (a resolved path) when
+    libcudnn_graph is not beside it; log the other missing sub-libraries."""
+    folder = os.path.dirname(real)
+    if not os.path.isfile(os.path.join(folder, REQUIRED_SUB_LIBRARY)):
+        raise _Refused(
+            f"{real} has no {REQUIRED_SUB_LIBRARY} beside it in {folder}; cuDNN "
+            f"{REQUIRED_MAJOR}'s libcudnn loads its sub-libraries from its own folder and "
+            "aborts the process without them (a lone copy of libcudnn, or a link to one?): "
+            "point at the libcudnn of a complete cuDNN installation, or copy the whole "
+            "folder", "identity", BEFORE)
+    missing = [n for n in OTHER_SUB_LIBRARIES if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        log.warning("mucudnn: %s has no %s beside it; the calls that need them will fail",
+                    real, ", ".join(missing))
+
+
 def _load_path(path: str) -> Callable[[], ctypes.CDLL]:
     def load() -> ctypes.CDLL:
         _check_file(path)
-        # Note: absolute, so the loader opens the very file checked (a bare name
-        # would be looked up on the library search path instead).
+        # Note: the real path, so the loader opens the very file checked (a bare
+        # name would be looked up on the library search path instead) and cuDNN
+        # finds its sub-libraries beside it (Note [cuDNN's sub-libraries]).
+        real = os.path.realpath(path)
+        if _CHECK_ELF:
+            _check_siblings(real)
         try:
-            return ctypes.CDLL(os.path.abspath(path))
+            return ctypes.CDLL(real)
         except OSError as exc:
             # glibc says "No such file or directory" also for an existing file
             # built for another machine; the file was there a moment ago.
