@@ -6,6 +6,7 @@ GPU test in test_cudnn_graph_gpu.py runs the real thing)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,8 @@ from hypothesis import given, strategies as st
 from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
-from mucudnn.backends import _device, cudnn_graph
+import mucudnn as mu
+from mucudnn.backends import _device, cudnn_graph, fold
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.graph_candidates import (CARRY_LEAD, carried_ids, leaders, over_cap,
                                                top_k_cut)
@@ -106,7 +108,10 @@ class _TableGraph(CudnnGraphBackend):
     ``rounds`` records the candidates each find() timed, by batch."""
 
     def __init__(self, **options):
-        super().__init__(find_workspace_limit=1 << 40, find_retime=0, **options)
+        if "find" not in options:
+            options.setdefault("find_parity", False)  # these tests are of the cuts
+            options.setdefault("find_retime", 0)
+        super().__init__(find_workspace_limit=1 << 40, **options)
         self.rounds: dict[int, list[str]] = {}
 
     def on_home_stream(self):
@@ -232,3 +237,71 @@ def test_a_carried_config_that_does_not_lead_is_timed_once(tables, monkeypatch):
     assert be.find_profile.carried == 1
     memory = be._carry.get((P.with_batch(1).key(), BWD_FILTER.value))
     assert "e17" not in memory and "e48" in memory
+
+
+def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
+    """Note [search parity]: the first find() of a kernel times every candidate,
+    whatever the top-k and runtime-compilation cuts say (as PyTorch's
+    cudnn.benchmark times every config heuristics name); the finds of smaller
+    sizes after it are cut as before, and carry the configs that led,
+    runtime-compiled ones included."""
+    cut = _TableGraph(find_top_k=1)  # find_parity=False: the cuts everywhere
+    missed = _descend(cut, None)
+    par = _TableGraph(find_top_k=1, find_parity=True)
+    found = _descend(par, None)
+    assert cut.rounds[128] == ["e48"]
+    assert sorted(par.rounds[128]) == ["e17", "e34", "e48", "e70"]
+    assert par.find_profile.parity == 1 and cut.find_profile.parity == 0
+    assert "e70" in par.rounds[32] and "e70" not in cut.rounds[32]
+    assert "e34" not in par.rounds[64]  # cut again below the first size
+    assert min(found[128], key=lambda r: r.time_ms).algo == "e17"
+    assert min(missed[128], key=lambda r: r.time_ms).algo == "e48"  # the cut missed it
+
+
+#: A value other than the default for every FindOptions field.
+OTHER = {"heuristic_modes": ("A",), "warmup": 0, "repeat": 5, "prefilter": False, "top_k": None,
+         "probe_ratio": None, "cold_ratio": None, "rtc": "all", "parity": False, "retime": 1,
+         "skip_ratio": None, "long_ms": 5.0, "zero": "once", "carry": False, "fold": False,
+         "search": "knobs", "knob_values": 3, "max_configs": 16}
+
+
+def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(tables):
+    """Note [candidate sets in keys]: each FindOptions field, set to another
+    value, changes the backend's name in the benchmark cache and the plan
+    memo's key for every problem, or (``fold``) for exactly the problems
+    whose find() it can change: one that does not fold reports the same."""
+    from mucudnn.backends.find_options import FindOptions
+    from mucudnn.optimizer.planner import Planner
+
+    assert set(OTHER) == {f.name for f in dataclasses.fields(FindOptions)}
+    folds = ConvProblem((8, 32, 32, 3), (16, 3, 3, 3), stride=2, padding=1, layout="NHWC")
+    base = _TableGraph(find=FindOptions(retime=0))
+    for name, value in OTHER.items():
+        be = _TableGraph(find=FindOptions(**{"retime": 0, name: value}))
+        assert getattr(be.find_options, name) == (tuple(value) if name == "heuristic_modes"
+                                                  else value)
+        for problem in (P, folds):
+            key_changes = be.cache_name(problem) != base.cache_name(problem)
+            plan_key_changes = (Planner(be, cache="off").key(problem, BWD_FILTER)
+                                != Planner(base, cache="off").key(problem, BWD_FILTER))
+            assert key_changes == plan_key_changes
+            if name == "fold" and problem is P:
+                assert not key_changes
+                assert fold.fold_of(P) is None  # find() adds folded configs only where it folds
+                assert ([r.algo for r in be.find(P.with_batch(32), BWD_FILTER, None)]
+                        == [r.algo for r in base.find(P.with_batch(32), BWD_FILTER, None)])
+            else:
+                assert key_changes, (name, problem)
+
+
+def test_find_options_name_the_argument_as_given():
+    from mucudnn.backends.find_options import FindOptions
+
+    with pytest.raises(mu.MucudnnError, match="^find_repeat: expected an int >= 3"):
+        FindOptions.from_kwargs(find_repeat=2)
+    with pytest.raises(ValueError, match="^rtc: expected one of"):
+        FindOptions(rtc="sometimes")
+    with pytest.raises(TypeError, match="find_bogus: not an option"):
+        FindOptions.from_kwargs(find_bogus=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FindOptions().rtc = "all"  # type: ignore[misc]

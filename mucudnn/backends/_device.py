@@ -34,6 +34,7 @@ from ..cuda import (CudaOutOfMemoryError, DeviceArray, as_device_array, as_strea
 from ..dtypes import normalize_dtype
 from ..problem import ConvProblem, Direction
 from .base import BackendBase, Launcher
+from ..errors import InvalidValueError
 
 __all__ = ["DeviceBackend", "DEFAULT_FIND_WORKSPACE_CAP", "FindProfile", "array_pointer"]
 
@@ -50,18 +51,18 @@ def array_pointer(name: str, a: Any, shape: tuple, dtype: str) -> int:
     object), after checking its shape, dtype and contiguity."""
     s = getattr(a, "shape", None)
     if s is None or tuple(s) != tuple(shape):
-        raise ValueError(f"tensors.{name}: expected shape {tuple(shape)}, got "
+        raise InvalidValueError(f"tensors.{name}: expected shape {tuple(shape)}, got "
                          f"{None if s is None else tuple(s)}")
     if isinstance(a, DeviceArray):
         if a.dtype_name != dtype:
-            raise ValueError(f"tensors.{name}: expected dtype {dtype}, got {a.dtype_name}")
+            raise InvalidValueError(f"tensors.{name}: expected dtype {dtype}, got {a.dtype_name}")
         return int(a.ptr)
     try:
         arr = as_device_array(a, sync=False)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"tensors.{name}: {exc}") from None
     if arr.dtype_name != dtype:
-        raise ValueError(f"tensors.{name}: expected dtype {dtype}, got {arr.dtype_name}")
+        raise InvalidValueError(f"tensors.{name}: expected dtype {dtype}, got {arr.dtype_name}")
     return int(arr.ptr)
 
 
@@ -101,7 +102,9 @@ class FindProfile:
     another batch size of the kernel (cudnn-graph's ``find_carry``, Note
     [carried to other sizes]); ``folded``: results of configs run on the
     problem folded by space-to-depth (cudnn-graph's ``fold``; their inner
-    find()'s work is counted with the rest, Note [folded first layers]).
+    find()'s work is counted with the rest, Note [folded first layers]);
+    ``parity``: finds that timed every candidate, as the first find() of a
+    kernel does (cudnn-graph's ``parity``, Note [search parity]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -116,6 +119,7 @@ class FindProfile:
     workspace_mismatch: int = 0
     cut: int = 0
     rtc_cut: int = 0
+    parity: int = 0
     no_accumulate: int = 0
     retimed: int = 0
     far_cut: int = 0
@@ -164,13 +168,13 @@ class DeviceBackend(BackendBase):
     def __init__(self, device: Optional[int] = None, stream: Any = None,
                  find_workspace_limit: Optional[int] = None) -> None:
         if find_workspace_limit is not None and int(find_workspace_limit) < 0:
-            raise ValueError(f"find_workspace_limit: expected bytes >= 0, got {find_workspace_limit}")
+            raise InvalidValueError(f"find_workspace_limit: expected bytes >= 0, got {find_workspace_limit}")
         self.find_workspace_limit = None if find_workspace_limit is None else int(find_workspace_limit)
         require_device()
         n = device_count()
         self.device = current_device() if device is None else int(device)
         if not 0 <= self.device < n:
-            raise ValueError(f"device: expected a CUDA device ordinal in [0, {n}), got {device!r}")
+            raise InvalidValueError(f"device: expected a CUDA device ordinal in [0, {n}), got {device!r}")
         with using_device(self.device):
             self.stream = default_stream(self.device) if stream is None else as_stream(
                 stream, self.device)

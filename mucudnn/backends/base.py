@@ -29,6 +29,7 @@ from typing import Any, ContextManager, NoReturn, Protocol, Union, runtime_check
 
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
+from ..errors import InvalidTypeError, MissingAttributeError, UnsupportedOperationError
 
 __all__ = ["Backend", "BackendBase", "ConvTensors", "Launcher", "OUTPUT_OF", "adapt",
            "REQUIRED"]
@@ -86,7 +87,9 @@ class Launcher(Protocol):
 # before folding existed, or with ``fold=False``, are measured again for those
 # problems only: the first layers, a few seconds, not the whole network. The
 # knob search changes every problem's set and so changes ``name`` itself
-# (``"cudnn-graph+knobs"``, Note [knob search]). A cache read offline
+# (``"cudnn-graph+knobs"``, Note [knob search]); every other search option of
+# the graph backend enters through ``FindOptions.key()`` (Note [search
+# parity] in :mod:`.find_options`). A cache read offline
 # (:class:`~mucudnn.optimizer.offline.CachedBackend`) prefers the folded
 # entries where it holds them. Raw string problem keys (the cache's own tools)
 # use ``name`` as it is.
@@ -260,7 +263,7 @@ class BackendBase:
 
     def workspace_size(self, problem: ConvProblem, direction: Direction, algo: Algo,
                        math_type: Algo = 0) -> int:
-        raise NotImplementedError(f"backend {self.name!r} does not know workspace sizes")
+        raise UnsupportedOperationError(f"backend {self.name!r} does not know workspace sizes")
 
     def blocked_workspace(self, problem: ConvProblem, direction: Direction,
                           workspace_limit: int) -> int | None:
@@ -282,7 +285,7 @@ class BackendBase:
         return None
 
     def _cannot(self, what: str) -> NoReturn:
-        raise NotImplementedError(f"backend {self.name!r} cannot {what}; it only plans")
+        raise UnsupportedOperationError(f"backend {self.name!r} cannot {what}; it only plans")
 
 
 def _run_launcher(backend: Any, direction: Direction, algo: Algo, math_type: Algo,
@@ -341,7 +344,7 @@ class _Adapted(BackendBase):
 
     def __getattr__(self, attr: str) -> Any:  # anything else: the wrapped object's
         if attr == "_inner":
-            raise AttributeError(attr)
+            raise MissingAttributeError(attr)
         return getattr(self._inner, attr)
 
     def __repr__(self) -> str:
@@ -360,7 +363,7 @@ def adapt(obj: Any) -> Any:
         return obj
     missing = [a for a in REQUIRED if not hasattr(obj, a)]
     if missing:
-        raise TypeError(f"backend: {type(obj).__name__} is not a Backend (it lacks "
+        raise InvalidTypeError(f"backend: {type(obj).__name__} is not a Backend (it lacks "
                         f"{', '.join(missing)})")
     cached = getattr(obj, "_mucudnn_adapted", None)
     if isinstance(cached, _Adapted) and cached._inner is obj:

@@ -61,13 +61,14 @@ from .._cudnn.errors import CudnnError
 from .._cudnn.prototypes import lib, raise_status
 from ..caches import LRU
 from ..cuda import time_on_stream, using_device
-from ..errors import UnsupportedConfigError
+from ..errors import InvalidValueError, UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
 from ._device import DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
+from .find_options import FindOptions
 from .fold_cudnn import FoldTransforms
-from .graph_candidates import (LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES, FirstTimed,
+from .graph_candidates import (SEARCH_MODES, FirstTimed,
                                carried_ids, cold_out, far_cut, fitting, knob_variants,
                                long_run, note_ratios, numerics_allowed, over_cap, remember,
                                rtc_cut, top_k_cut)
@@ -215,148 +216,64 @@ class CudnnGraphBackend(DeviceBackend):
 
     ``device``, ``stream``, ``find_workspace_limit``: see
     :class:`~mucudnn.backends._device.DeviceBackend` (device, streams, handle and
-    arrays are shared with the legacy backend). ``heuristic_modes``: which heuristics ``find``
-    asks, in order (mode B is skipped where cuDNN does not support it).
-    ``find_warmup`` / ``find_repeat``: untimed and timed runs per candidate
-    (the median of ``find_repeat`` >= 3 is reported). ``find_threads``: host
-    threads that finalize ``find()``'s candidate plans (default: the CPU count,
-    at most 16; 1 finalizes on the calling thread; Note [parallel
-    finalization]). ``find_prefilter``: skip candidates whose engine config
-    reports more workspace than the cap before finalizing them (default True;
-    False finalizes every candidate, to measure what that costs).
-    ``find_top_k``: finalize and time only the candidates that fit the cap
-    and are among the ``k`` best-ranked of some heuristics mode, plus the
-    best-ranked one that needs no workspace; None times every candidate
-    (Note [find cut-offs]). ``find_probe_ratio``: a
-    candidate whose first timed run is more than this many times the best
-    median so far is not run again (its one time is reported); None always
-    takes the median of ``find_repeat``. ``find_skip_ratio``: a config that
-    ran more than this many times the best of its find() at every batch
-    size of the kernel found before is not timed again (Note [far behind at
-    another size]; default 16; None times it at every size).
-    ``find_cold_ratio``: the warm-up run is timed, and a candidate whose
-    warm-up already took more than this many times the best median so far
-    (and over
-    :data:`~mucudnn.backends.graph_candidates.COLD_PROBE_FLOOR_MS` more),
-    less what its launch call spent loading kernels, is reported with that
-    one time (Note [cold probe]); None: never.
-    ``find_rtc``: which configs of engines that compile kernels at run time
-    find() finalizes and times: ``"none"`` (default: unless nothing else is
-    a candidate), ``"first"`` (those a heuristics mode ranks first among the
-    candidates) or ``"all"`` (Note [runtime-compiled engines]).
-    ``find_retime``: time the k fastest of each find() call again after all
-    candidates ran, and report that (Note [re-timing the winners]; default
-    2, 0 does not). ``find_long_ms``: a candidate whose warm-up run took at
-    least this many milliseconds (less kernel loading) is reported with that
-    one time and not re-timed (Note [long runs]; None: timed as any other).
-    ``find_zero``: ``"each"`` (default) times the best-ranked config that
-    needs no workspace at every find(), also where heuristics rank it far
-    behind; ``"once"`` times it only in a find() under a cap of 0, which
-    :func:`~mucudnn.optimizer.benchmark` makes once per kernel (Note [one
-    zero-workspace find per kernel]).
-    ``find_carry``: also time, at each batch size of a kernel, the configs
-    that led the find() of another size before, or that heuristics preferred
-    there but that needed more workspace than the cap, where they fit (Note
-    [carried to other sizes]; default True).
-    ``fold``: also time, for a strided first layer over few channels in
-    channels-last, every config of the problem folded by space-to-depth, with
-    its transforms (ids ``"fold{s}|<config id>"``; Note [folded first layers]
-    in :mod:`mucudnn.backends.fold`; default True).
-    ``search``: ``"heuristics"`` (the
-    configs heuristics name) or ``"knobs"`` (those plus the knob space of
-    every engine of the operation graph, Note [knob search]), with
-    ``search_knob_values`` values tried per knob and at most
-    ``search_max_configs`` added configs per find() call (the backend is then
-    named ``"cudnn-graph+knobs"``: its cache entries and plans are its own).
-    ``plan_cache_size``,
-    ``graph_cache_size``, ``pack_cache_size``: LRU bounds (plans, operation
-    graphs, variant packs per plan).
+    arrays are shared with the legacy backend). ``find``: how find() searches,
+    a :class:`~mucudnn.backends.find_options.FindOptions` (default: its
+    defaults); keyword options are its fields, by name or by the backend's
+    keyword names (``find_rtc="all"`` is ``FindOptions(rtc="all")``). Its
+    ``key()`` enters :meth:`cache_name`, so two differently configured
+    backends never share benchmark-cache entries or plans (Note [candidate
+    sets in keys]). ``find_threads``: host threads that finalize find()'s
+    candidate plans (default: the CPU count, at most 16; 1 finalizes on the
+    calling thread; Note [parallel finalization]); it changes no result.
+    ``plan_cache_size``, ``graph_cache_size``, ``pack_cache_size``: LRU
+    bounds (plans, operation graphs, variant packs per plan).
 
     Raises :class:`mucudnn.cuda.NoDeviceError` where there is no GPU or driver.
+
+    >>> CudnnGraphBackend.name
+    'cudnn-graph'
     """
 
     name = "cudnn-graph"
 
     def __init__(self, device: Optional[int] = None, stream: Any = None,
                  find_workspace_limit: Optional[int] = None, *,
-                 heuristic_modes: Sequence[str] = ("A", "B", "FALLBACK"),
-                 find_warmup: int = 1, find_repeat: int = 3, find_threads: Optional[int] = None,
-                 find_prefilter: bool = True, find_top_k: Optional[int] = 6,
-                 find_probe_ratio: Optional[float] = 1.5,
-                 find_cold_ratio: Optional[float] = 4.0, find_rtc: str = "none",
-                 find_retime: int = 2, find_skip_ratio: Optional[float] = 16.0,
-                 find_long_ms: Optional[float] = LONG_RUN_MS, find_zero: str = "each",
-                 find_carry: bool = True, fold: bool = True, search: str = "heuristics",
-                 search_knob_values: int = 6,
-                 search_max_configs: int = 256,
+                 find: Optional[FindOptions] = None, find_threads: Optional[int] = None,
                  plan_cache_size: int = 256, graph_cache_size: int = 256,
-                 pack_cache_size: int = 64) -> None:
-        modes = [str(m).upper() for m in heuristic_modes]
-        for m in modes:
-            if m not in gd.HEUR_MODE_NAMES:
-                raise ValueError(f"heuristic_modes: expected some of {list(gd.HEUR_MODE_NAMES)}, "
-                                 f"got {m!r}")
-        if int(find_repeat) < 3 or int(find_warmup) < 0:
-            raise ValueError(f"need find_warmup >= 0 and find_repeat >= 3, got {find_warmup}, "
-                             f"{find_repeat}")
+                 pack_cache_size: int = 64, **find_options: Any) -> None:
+        opts = FindOptions.from_kwargs(find, **find_options)
         if find_threads is None:
             find_threads = min(16, os.cpu_count() or 1)
         for n, v in (("plan_cache_size", plan_cache_size), ("graph_cache_size", graph_cache_size),
                      ("pack_cache_size", pack_cache_size), ("find_threads", find_threads)):
-            if int(v) < 1:
-                raise ValueError(f"{n}: expected >= 1, got {v}")
-        if search not in SEARCH_MODES:
-            raise ValueError(f"search: expected one of {list(SEARCH_MODES)}, got {search!r}")
-        for n, v in (("search_knob_values", search_knob_values),
-                     ("search_max_configs", search_max_configs)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{n}: expected an int >= 1, got {v!r}")
-        if find_top_k is not None and int(find_top_k) < 1:
-            raise ValueError(f"find_top_k: expected None or an int >= 1, got {find_top_k!r}")
-        if find_probe_ratio is not None and not float(find_probe_ratio) > 1.0:
-            raise ValueError(f"find_probe_ratio: expected None or a number > 1, got "
-                             f"{find_probe_ratio!r}")
-        if find_cold_ratio is not None and not float(find_cold_ratio) > 1.0:
-            raise ValueError(f"find_cold_ratio: expected None or a number > 1, got "
-                             f"{find_cold_ratio!r}")
-        if find_rtc not in RTC_CHOICES:
-            raise ValueError(f"find_rtc: expected one of {RTC_CHOICES}, got {find_rtc!r}")
-        if isinstance(find_retime, bool) or not isinstance(find_retime, int) or find_retime < 0:
-            raise ValueError(f"find_retime: expected an int >= 0, got {find_retime!r}")
-        if find_skip_ratio is not None and not float(find_skip_ratio) > 1.0:
-            raise ValueError(f"find_skip_ratio: expected None or a number > 1, got "
-                             f"{find_skip_ratio!r}")
-        if find_zero not in ZERO_CHOICES:
-            raise ValueError(f"find_zero: expected one of {ZERO_CHOICES}, got {find_zero!r}")
-        if not isinstance(find_carry, bool):
-            raise TypeError(f"find_carry: expected True or False, got {find_carry!r}")
-        if not isinstance(fold, bool):
-            raise TypeError(f"fold: expected True or False, got {fold!r}")
-        if find_long_ms is not None and not float(find_long_ms) > 0.0:
-            raise ValueError(f"find_long_ms: expected None or a number of ms > 0, got "
-                             f"{find_long_ms!r}")
+                raise InvalidValueError(f"{n}: expected an int >= 1, got {v!r}")
         super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
-        self.heuristic_modes = tuple(modes)
-        self.find_warmup, self.find_repeat = int(find_warmup), int(find_repeat)
+        #: the search, one frozen value (its key() enters cache_name)
+        self.find_options = opts
+        self.heuristic_modes = opts.heuristic_modes
+        self.find_warmup, self.find_repeat = opts.warmup, opts.repeat
         self.find_threads = int(find_threads)
-        self.find_prefilter = bool(find_prefilter)
-        self.find_top_k = None if find_top_k is None else int(find_top_k)
-        self.find_probe_ratio = None if find_probe_ratio is None else float(find_probe_ratio)
-        self.find_cold_ratio = None if find_cold_ratio is None else float(find_cold_ratio)
-        self.find_rtc = find_rtc
-        self.find_retime = find_retime
-        self.find_skip_ratio = None if find_skip_ratio is None else float(find_skip_ratio)
-        self.find_long_ms = None if find_long_ms is None else float(find_long_ms)
-        self.find_zero = find_zero
-        self.finds_zero_once = find_zero == "once"
-        self.find_carry = find_carry
-        self.fold = fold
-        self.search = search
+        self.find_prefilter = opts.prefilter
+        self.find_top_k = opts.top_k
+        self.find_probe_ratio = opts.probe_ratio
+        self.find_cold_ratio = opts.cold_ratio
+        self.find_rtc = opts.rtc
+        self.find_parity = opts.parity
+        self.find_retime = opts.retime
+        self.find_skip_ratio = opts.skip_ratio
+        self.find_long_ms = opts.long_ms
+        self.find_zero = opts.zero
+        self.finds_zero_once = opts.zero == "once"
+        self.find_carry = opts.carry
+        self.fold = opts.fold
+        self.search = opts.search
         # Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
-        self.name = "cudnn-graph+knobs" if search == "knobs" else "cudnn-graph"
-        self.search_knob_values = search_knob_values
-        self.search_max_configs = search_max_configs
+        self.name = "cudnn-graph+knobs" if opts.search == "knobs" else "cudnn-graph"
+        self._search_key = self.name + opts.key()
+        self.search_knob_values = opts.knob_values
+        self.search_max_configs = opts.max_configs
         self._pool: Optional[ThreadPoolExecutor] = None
         #: plans handed back by launcher finalizers (Note [releases from finalizers])
         self._releases: collections.deque[_Plan] = collections.deque()
@@ -375,6 +292,14 @@ class CudnnGraphBackend(DeviceBackend):
         #: the configs that led, or were preferred over the cap, at sizes found before
         self._carry: LRU[tuple, dict[str, None]] = LRU("cudnn_graph.carry",
                                                        self.graph_cache_size)
+        #: Note [search parity]: the kernels (batch 1, direction) found before
+        self._searched: LRU[tuple, bool] = LRU("cudnn_graph.searched", self.graph_cache_size)
+
+    def cache_name(self, problem: ConvProblem) -> str:
+        """``name`` with the search's key (:meth:`FindOptions.key`), and
+        ``"+fold"`` for problems that fold while ``fold`` is on (Note
+        [candidate sets in keys])."""
+        return _fold.cache_name(self._search_key, problem) if self.fold else self._search_key
 
     # -- caches ------------------------------------------------------------------------
     @staticmethod
@@ -423,6 +348,7 @@ class CudnnGraphBackend(DeviceBackend):
             self._graphs.clear()
             self._behind.clear()
             self._carry.clear()
+            self._searched.clear()
 
     def close(self) -> None:
         """Release plans, graphs, find()'s finalizing threads and scratch, and the
@@ -770,11 +696,18 @@ class CudnnGraphBackend(DeviceBackend):
             # Note [one zero-workspace find per kernel]: "once" leaves the
             # zero-workspace config to a find() under a cap of 0
             keep_zero = not self.finds_zero_once or want == 0
-            kept = top_k_cut(cands, self.find_top_k, rankings, keep_zero)
-            prof.cut += len(cands) - len(kept)
-            cands = rtc_cut(kept, self.find_rtc, rankings)
-            prof.rtc_cut += len(kept) - len(cands)
             kernel = (problem.with_batch(1).key(), direction.value)
+            # Note [search parity]: a kernel's first find() times every candidate
+            with self._lock:
+                first = self.find_parity and self._searched.get(kernel) is None
+                self._searched.put(kernel, True)
+            if first:
+                prof.parity += 1
+            else:
+                kept = top_k_cut(cands, self.find_top_k, rankings, keep_zero)
+                prof.cut += len(cands) - len(kept)
+                cands = rtc_cut(kept, self.find_rtc, rankings)
+                prof.rtc_cut += len(kept) - len(cands)
             with self._lock:
                 behind = dict(self._behind.get(kernel) or {})
             extra: list[gd.EngineConfigInfo] = []  # Note [carried to other sizes]
@@ -850,8 +783,9 @@ class CudnnGraphBackend(DeviceBackend):
                     info = gd.EngineConfigInfo(idx, knobs, notes, behavior, workspace_bytes=ws)
                 if not numerics_allowed(problem.math, info.numerical_notes):
                     continue
-                if self.find_rtc != "all" and rtc in info.behavior_notes:
-                    continue
+                if self.find_rtc != "all" and not self.find_parity \
+                        and rtc in info.behavior_notes:
+                    continue  # Note [search parity]: carried ones compile where they led
                 if info.workspace_bytes is not None and info.workspace_bytes > want:
                     continue
                 out.append(info)

@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any, NoReturn, Union
 
 from ..backends.base import BackendBase
+from ..backends.find_options import default_search_name
 from ..backends.fold import CACHE_SUFFIX
-from ..errors import MucudnnError
+from ..errors import InvalidValueError, MucudnnError, UnsupportedOperationError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .benchmark import resolve_cache
 
@@ -39,20 +40,24 @@ class CachedBackend(BackendBase):
         self.cache = resolve_cache(cache)
         keys = self.cache.keys()  # opens it (read-only where it cannot be written)
         if not self.cache.enabled:
-            raise ValueError("cache: the cached backend needs a benchmark cache "
+            raise InvalidValueError("cache: the cached backend needs a benchmark cache "
                              "(MUCUDNN_CACHE is 'off' or the file could not be opened)")
-        found = sorted({k[:3] for k in keys if k[0] == name})
+        # the default search's entries first (Note [search parity]), else the bare name's
+        for cand in (default_search_name(name), name):
+            found = sorted({k[:3] for k in keys if k[0] == cand})
+            if found:
+                break
         if device_name is not None:
             found = [f for f in found if f[1] == device_name]
         if version is not None:
             found = [f for f in found if f[2] == version]
         if not found:
-            raise ValueError(
+            raise InvalidValueError(
                 f"cache: no measurements of backend {name!r}"
                 f"{f' on {device_name!r}' if device_name else ''}"
                 f"{f' with version {version!r}' if version else ''} in {self.cache!r}")
         if len(found) > 1:
-            raise ValueError(f"device_name/version: the cache holds {name!r} measurements of "
+            raise InvalidValueError(f"device_name/version: the cache holds {name!r} measurements of "
                              f"several devices or versions {found}; choose one")
         self.name, self.device_name, self.version = found[0]
         #: problem keys measured with folding (Note [candidate sets in keys])
@@ -100,5 +105,5 @@ class CachedBackend(BackendBase):
         pass
 
     def _cannot(self, what: str) -> NoReturn:
-        raise NotImplementedError(
+        raise UnsupportedOperationError(
             f"{what}: {self!r} only replays measurements from the cache; it cannot execute")
