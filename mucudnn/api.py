@@ -88,7 +88,7 @@ from .backends import Backend, get_backend
 from .caches import LRU, clear_all
 from .cuda import Event, Stream, synchronize as device_synchronize
 from .cuda.dlpack import release_after
-from .errors import InvalidValueError
+from .errors import InvalidTypeError, InvalidValueError
 from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, framework_of, inspect_array, \
     shape_and_dtype, torch_workspace
 from .exec.handle import HandleEngine
@@ -122,10 +122,10 @@ _PERM: dict[Direction, tuple[int, int, int]] = {
 
 def _scalar(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {v!r}")
+        raise InvalidTypeError(f"{name}: expected a real number, got {v!r}")
     f = float(v)
     if not math.isfinite(f):
-        raise ValueError(f"{name}: expected a finite number, got {v!r}")
+        raise InvalidValueError(f"{name}: expected a finite number, got {v!r}")
     return f
 
 
@@ -183,13 +183,13 @@ class Convolution:
                                    dilation=dilation, groups=groups, dtype=dtype, layout=layout,
                                    math=math)
         if not isinstance(graph, bool):
-            raise TypeError(f"graph: expected True or False, got {graph!r}")
+            raise InvalidTypeError(f"graph: expected True or False, got {graph!r}")
         check_deterministic(deterministic)
         forced: dict[Direction, Plan] = {}
         for k, v in (plans or {}).items():
             d = Direction.parse(k)
             if not isinstance(v, Plan):
-                raise TypeError(f"plans[{d.value}]: expected a Plan, got {type(v).__name__}")
+                raise InvalidTypeError(f"plans[{d.value}]: expected a Plan, got {type(v).__name__}")
             forced[d] = v
         self.backend: Backend = get_backend(backend)
         self.planner = Planner(self.backend, workspace_limit, policy, cache,
@@ -313,17 +313,17 @@ class Convolution:
         infos = [inspect_array(n1, a, stream=home), inspect_array(n2, b, stream=home)]
         oinfo = inspect_array(no, out, stream=home) if out is not None else None
         if out is None and beta != 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{no}: beta={beta} reads the prior {no}, but no {no} was given; pass {no}= "
                 "or use beta=0")
         for info, role in zip(infos + ([oinfo] if oinfo else []), (r1, r2, ro)):
             want = p.shape_of(role)
             if info.shape != want:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{info.name}: expected shape {want} ({p.layout}) for this Convolution, "
                     f"got {info.shape}")
             if info.dtype != p.dtype:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{info.name}: expected dtype {p.dtype}, got "
                     f"{info.dtype or getattr(info.obj, 'dtype', '?')}")
         host = [i for i in infos if i.kind == "numpy"]
@@ -331,48 +331,48 @@ class Convolution:
         if host and dev:
             what = ("a NumPy array" if host[0].source is None
                     else f"host memory ({type(host[0].source).__name__})")
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{host[0].name} is {what} but {dev[0].name} is a device array; "
                 "pass all inputs as NumPy arrays or all as device arrays")
         mode = "host" if host else "device"
         if mode == "device" and self.backend.is_host:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{dev[0].name}: the {self.backend.name} backend takes NumPy arrays, got "
                 f"{type(dev[0].obj).__name__}; copy it to the host or use a GPU backend")
         if oinfo is not None:
             if mode == "host" and oinfo.kind != "numpy":
-                raise TypeError(
+                raise InvalidTypeError(
                     f"{no}: the inputs are NumPy arrays, so {no} must be a NumPy array too, "
                     f"got {type(out).__name__} (pass device inputs for a device output)")
             if mode == "device" and oinfo.kind == "numpy":
-                raise TypeError(
+                raise InvalidTypeError(
                     f"{no}: the inputs are device arrays, so {no} must be one too, got a NumPy array")
             if not oinfo.contiguous:
-                raise ValueError(f"{no}: expected a C-contiguous array (it is written in place)")
+                raise InvalidValueError(f"{no}: expected a C-contiguous array (it is written in place)")
             if oinfo.kind == "numpy" and not oinfo.obj.flags.writeable:
                 if oinfo.source is not None:  # NumPy imports legacy capsules read-only too
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{no}: the output is read-only as NumPy imports it through DLPack "
                         "(flagged read-only, or a legacy capsule that cannot say it is "
                         "writable)")
-                raise ValueError(f"{no}: the output array is read-only")
+                raise InvalidValueError(f"{no}: the output array is read-only")
             _check_writable_dlpack(no, oinfo)
         for info in infos:
             if not info.contiguous and info.kind != "numpy":
-                raise ValueError(
+                raise InvalidValueError(
                     f"{info.name}: expected a C-contiguous device array (no copy is made); "
                     "call .contiguous() / make a packed copy first")
         if mode == "device":
             want_dev = self.backend.device
             for info in infos + ([oinfo] if oinfo else []):
                 if want_dev is not None and info.device is not None and info.device != want_dev:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{info.name}: is on CUDA device {info.device}, but the backend runs "
                         f"on device {want_dev}")
         if oinfo is not None:
             for info in infos:
                 if _overlap(oinfo, info):
-                    raise ValueError(f"{no}: overlaps {info.name} in memory; the output must "
+                    raise InvalidValueError(f"{no}: overlaps {info.name} in memory; the output must "
                                      "not alias an input")
         return infos, oinfo, alpha, beta, mode
 
@@ -581,7 +581,7 @@ def clear_caches() -> None:
 def _array_dtype(name: str, obj: Any) -> str:
     dtype = shape_and_dtype(name, obj)[1]
     if dtype is None:
-        raise ValueError(f"{name}: unsupported dtype {getattr(obj, 'dtype', '?')}")
+        raise InvalidValueError(f"{name}: unsupported dtype {getattr(obj, 'dtype', '?')}")
     return dtype
 
 
@@ -609,11 +609,11 @@ def _get_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any, pa
 
 def _check_layout(layout: str, nd: int, fn: str) -> str:
     if not isinstance(layout, str):
-        raise TypeError(f"layout: expected a string, got {layout!r}")
+        raise InvalidTypeError(f"layout: expected a string, got {layout!r}")
     lay = layout.upper()
     ok = ("NCHW", "NHWC") if nd == 2 else ("NCDHW", "NDHWC")
     if lay not in ok:
-        raise ValueError(f"layout: {fn} takes one of {list(ok)}, got {layout!r}")
+        raise InvalidValueError(f"layout: {fn} takes one of {list(ok)}, got {layout!r}")
     return lay
 
 

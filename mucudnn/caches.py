@@ -19,6 +19,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Generic, Hashable, Iterator, TypeVar
+from .errors import InvalidValueError
 
 __all__ = ["LRU", "clear_all", "live_caches"]
 
@@ -42,7 +43,7 @@ class LRU(Generic[K, V]):
     def __init__(self, name: str, maxsize: int,
                  on_evict: Callable[[K, V], None] | None = None) -> None:
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
-            raise ValueError(f"maxsize: expected an int >= 1, got {maxsize!r}")
+            raise InvalidValueError(f"maxsize: expected an int >= 1, got {maxsize!r}")
         self.name = str(name)
         self.maxsize = maxsize
         self._on_evict = on_evict

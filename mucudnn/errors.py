@@ -14,6 +14,8 @@ the builtin it has always derived from (``ValueError``, ``MemoryError``,
     ├── UnsupportedConfigError (ValueError) ├── PlanningInCaptureError (RuntimeError)
     ├── InvalidValueError (ValueError)      ├── InvalidTypeError (TypeError)
     │   └── PlanFormatError (+ KeyError; problem.py, plans_io.py)
+    ├── InvalidIndexError (IndexError)      ├── MissingAttributeError (AttributeError)
+    ├── UnsupportedOperationError (NotImplementedError: an object that cannot do what was asked)
     ├── MissingDependencyError (ImportError): an optional package, with its pip command
     ├── DLPackError (BufferError: a DLPack exchange that cannot be made; cuda/dlpack.py)
     ├── CacheFileError (OSError: a path that is not a mucudnn cache; optimizer/cache)
@@ -31,7 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MucudnnError", "InvalidValueError", "InvalidTypeError", "MissingDependencyError",
+__all__ = ["MucudnnError", "InvalidValueError", "InvalidTypeError", "InvalidIndexError",
+           "MissingAttributeError", "UnsupportedOperationError", "MissingDependencyError",
            "UnsupportedDtypeError", "UnsupportedConfigError", "WorkspaceUnavailable",
            "PlanningInCaptureError"]
 
@@ -48,6 +51,21 @@ class InvalidValueError(MucudnnError, ValueError):
 class InvalidTypeError(MucudnnError, TypeError):
     """An argument of the wrong type; the message starts with the argument's
     name and says what was expected."""
+
+
+class InvalidIndexError(MucudnnError, IndexError):
+    """An index out of range or of a form an object does not take (the message
+    says which indices it takes)."""
+
+
+class MissingAttributeError(MucudnnError, AttributeError):
+    """An attribute an object does not have (``__getattr__`` of objects that
+    look their attributes up elsewhere: a library's functions, a wrapped backend)."""
+
+
+class UnsupportedOperationError(MucudnnError, NotImplementedError):
+    """An operation the object it was asked of cannot do (a backend that only
+    plans asked to run, an abstract method); the message names both."""
 
 
 class MissingDependencyError(MucudnnError, ImportError):

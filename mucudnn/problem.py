@@ -407,11 +407,11 @@ class ConvProblem:
         names = ("x", "w", "stride", "pad", "dil", "g")
         try:
             if len(parts) != 11 or not parts[0].startswith("conv"):
-                raise ValueError
+                raise InvalidValueError
             fields = dict(part.split("=", 1) for part in parts[1:7])
             if tuple(fields) != names or not parts[8].startswith("acc=") \
                     or not parts[10].startswith("math="):
-                raise ValueError
+                raise InvalidValueError
             dims = {k: tuple(int(v) for v in fields[k].split("x")) for k in names[:5]}
             groups = int(fields["g"])
         except ValueError:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from .prototypes import lib
 from .structs import OpaqueHandle
+from ..errors import InvalidValueError
 
 __all__ = ["CudnnObject", "LiveCount"]
 
@@ -98,7 +99,7 @@ class CudnnObject:
     @property
     def _as_parameter_(self) -> Any:
         if not self._finalizer.alive:
-            raise ValueError(f"{self._label()} is closed")
+            raise InvalidValueError(f"{self._label()} is closed")
         return self._handle
 
     @property

@@ -41,6 +41,7 @@ from .errors import CudnnError
 from .intrange import as_int, int32s, int64s
 from .prototypes import lib, raise_status
 from .structs import cudnnBackendDescriptor_t, cudnnHandle_t
+from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["BackendDescriptor", "live_backend_descriptors", "live_backend_descriptor_counts",
            "ATTRIBUTE_CTYPES"]
@@ -170,7 +171,7 @@ class BackendDescriptor(CudnnObject):
         atype = int(atype)
         ctype = ATTRIBUTE_CTYPES.get(atype)
         if ctype is None:
-            raise ValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
+            raise InvalidValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
         vals = tuple(values)
         if ctype in _INT64_CTYPES:
             vals = int64s(_name_str(name), vals, "cudnnBackendSetAttribute")
@@ -226,7 +227,7 @@ class BackendDescriptor(CudnnObject):
         descs = list(descriptors)
         for d in descs:
             if not isinstance(d, BackendDescriptor):
-                raise TypeError(f"expected BackendDescriptors, got {type(d).__name__}")
+                raise InvalidTypeError(f"expected BackendDescriptors, got {type(d).__name__}")
         self.set(name, _T.BACKEND_DESCRIPTOR, [_raw(d) for d in descs])
         self._refs.extend(descs)
         return self
@@ -284,7 +285,7 @@ class BackendDescriptor(CudnnObject):
         atype = int(atype)
         ctype = ATTRIBUTE_CTYPES.get(atype)
         if ctype is None:
-            raise ValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
+            raise InvalidValueError(f"attribute type {_atype_str(atype)} is not supported by this wrapper")
         if max_count is None:
             max_count = self.count(name, atype)
         if max_count <= 0:
@@ -301,7 +302,7 @@ class BackendDescriptor(CudnnObject):
     def get_int64_scalar(self, name: Name) -> int:
         vals = self.get_int64(name, 1)
         if not vals:
-            raise ValueError(f"attribute {_name_str(name)} holds no value")
+            raise InvalidValueError(f"attribute {_name_str(name)} holds no value")
         return vals[0]
 
     def get_float(self, name: Name) -> float:
@@ -345,7 +346,7 @@ class BackendDescriptor(CudnnObject):
                        dtype: Union[BackendDescriptorType, int]) -> "BackendDescriptor":
         got = self.get_descriptors(name, dtype, 1)
         if not got:
-            raise ValueError(f"attribute {_name_str(name)} holds no descriptor")
+            raise InvalidValueError(f"attribute {_name_str(name)} holds no descriptor")
         return got[0]
 
     def read_descriptors(self, name: Name, dtype: Union[BackendDescriptorType, int],

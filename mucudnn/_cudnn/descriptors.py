@@ -49,6 +49,7 @@ from .structs import (
     cudnnConvolutionDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t,
     cudnnTensorTransformDescriptor_t,
 )
+from ..errors import InvalidValueError, UnsupportedOperationError
 
 __all__ = ["TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor",
            "TensorTransformDescriptor",
@@ -83,7 +84,7 @@ def tensor_format(fmt: Union[str, int, TensorFormat, None]) -> TensorFormat:
             return TensorFormat.NHWC
         if f == "NCHW_VECT_C":
             return TensorFormat.NCHW_VECT_C
-        raise ValueError(f"format: expected 'NCHW' or 'NHWC' (or a 3-D form), got {fmt!r}")
+        raise InvalidValueError(f"format: expected 'NCHW' or 'NHWC' (or a 3-D form), got {fmt!r}")
     return TensorFormat(int(fmt))
 
 
@@ -96,9 +97,9 @@ def _ints(name: str, values: Sequence[int], function: str,
     except TypeError:
         raise IntFieldTypeError(f"{name}: expected a sequence of ints, got {values!r}") from None
     if n is not None and len(seq) != n:
-        raise ValueError(f"{name}: expected {n} values, got {len(seq)} ({seq})")
+        raise InvalidValueError(f"{name}: expected {n} values, got {len(seq)} ({seq})")
     if not 1 <= len(seq) <= DIM_MAX:
-        raise ValueError(f"{name}: expected 1..{DIM_MAX} values, got {len(seq)} ({seq})")
+        raise InvalidValueError(f"{name}: expected 1..{DIM_MAX} values, got {len(seq)} ({seq})")
     return int32s(name, seq, function)
 
 
@@ -110,7 +111,7 @@ def _strides(strides: Sequence[int], dims: tuple[int, ...], function: str) -> tu
     except TypeError:
         raise IntFieldTypeError(f"strides: expected a sequence of ints, got {strides!r}") from None
     if len(seq) != len(dims):
-        raise ValueError(f"strides: expected {len(dims)} values, got {len(seq)} ({seq})")
+        raise InvalidValueError(f"strides: expected {len(dims)} values, got {len(seq)} ({seq})")
     seq = tuple(as_int(f"strides[{i}]", v) for i, v in enumerate(seq))
     check_span(dims, seq, function)
     return int32s("strides", seq, function)
@@ -157,7 +158,7 @@ class _Descriptor(CudnnObject):
 
     def _describe(self) -> str:
         """The fields shown by ``repr`` (CudnnError when the descriptor is unset)."""
-        raise NotImplementedError
+        raise UnsupportedOperationError
 
     def __repr__(self) -> str:
         name = type(self).__name__
@@ -543,7 +544,7 @@ class TensorTransformDescriptor(_Descriptor):
             after = _ints("pad_after", pad_after, fn, 4)
             folds = _ints("fold", fold, fn, 2)
             if any(f < 1 for f in folds):
-                raise ValueError(f"fold: expected factors >= 1 per spatial dimension, got {folds}")
+                raise InvalidValueError(f"fold: expected factors >= 1 per spatial dimension, got {folds}")
             fmt = tensor_format(destination)
             pads = ctypes.c_int32 * 4
             self._call(fn, 4, fmt, pads(*before), pads(*after), (ctypes.c_uint32 * 2)(*folds),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from typing import Union
+from ..errors import InvalidValueError
 
 
 class Status(enum.IntEnum):
@@ -533,7 +534,7 @@ def data_type(dtype: Union[str, int, DataType]) -> DataType:
         try:
             return DTYPE_TO_CUDNN[dtype]
         except KeyError:
-            raise ValueError(
+            raise InvalidValueError(
                 f"dtype: expected one of {list(DTYPE_TO_CUDNN)}, got {dtype!r}") from None
     name = getattr(dtype, "name", None)  # numpy dtype
     if isinstance(name, str) and name in DTYPE_TO_CUDNN:
@@ -555,7 +556,7 @@ def math_type(math: Union[str, int, MathType]) -> MathType:
         try:
             return MATH_TO_CUDNN[math.lower()]
         except KeyError:
-            raise ValueError(
+            raise InvalidValueError(
                 f"math: expected one of {list(MATH_TO_CUDNN)}, got {math!r}") from None
     return MathType(int(math))
 

@@ -41,6 +41,7 @@ from .enums import (
     BackendDescriptorType as D, BackendHeurMode, BackendNumericalNote, ConvolutionMode,
     data_type,
 )
+from ..errors import InvalidValueError
 
 log = logging.getLogger("mucudnn")
 
@@ -78,13 +79,13 @@ def format_engine_config_id(global_index: int, knobs: Iterable[tuple[int, int]] 
     """
     idx = int(global_index)
     if idx < 0:
-        raise ValueError(f"global_index: expected >= 0, got {global_index}")
+        raise InvalidValueError(f"global_index: expected >= 0, got {global_index}")
     ks = sorted((int(t), int(v)) for t, v in knobs)
     types = [t for t, _ in ks]
     if len(set(types)) != len(types):
-        raise ValueError(f"knobs: a knob type appears twice in {ks}")
+        raise InvalidValueError(f"knobs: a knob type appears twice in {ks}")
     if any(t < 0 for t in types):
-        raise ValueError(f"knobs: knob types must be >= 0, got {types}")
+        raise InvalidValueError(f"knobs: knob types must be >= 0, got {types}")
     return f"e{idx}" + "".join(f";k{t}={v}" for t, v in ks)
 
 
@@ -94,18 +95,18 @@ def parse_engine_config_id(algo: Any) -> tuple[int, tuple[tuple[int, int], ...]]
     Raises ValueError for anything else (legacy-API integer algorithms included).
     """
     if not isinstance(algo, str):
-        raise ValueError(
+        raise InvalidValueError(
             f"algo: expected a cudnn-graph engine-config id like 'e12;k2=3', got {algo!r} "
             f"({type(algo).__name__}); legacy-API algorithm numbers do not name graph engines")
     s = algo.strip().replace(" ", "")
     m = _ID_RE.fullmatch(s)
     if m is None:
-        raise ValueError(
+        raise InvalidValueError(
             f"algo: expected a cudnn-graph engine-config id like 'e12;k2=3', got {algo!r}")
     knobs = tuple(sorted((int(t), int(v)) for t, v in _KNOB_RE.findall(m.group(2))))
     types = [t for t, _ in knobs]
     if len(set(types)) != len(types):
-        raise ValueError(f"algo: knob type repeated in {algo!r}")
+        raise InvalidValueError(f"algo: knob type repeated in {algo!r}")
     return int(m.group(1)), knobs
 
 
@@ -142,7 +143,7 @@ def tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: Any,
     N, C, spatial... order, in elements), byte alignment of its pointers, data type."""
     d, s = _ints("dims", dims), _ints("strides", strides)
     if len(d) != len(s):
-        raise ValueError(f"strides: expected {len(d)} values, got {len(s)}")
+        raise InvalidValueError(f"strides: expected {len(d)} values, got {len(s)}")
     with _building(D.TENSOR_DESCRIPTOR, finalize) as t:
         t.set_int64(A.TENSOR_UNIQUE_ID, as_int("uid", uid))
         t.set_data_type(A.TENSOR_DATA_TYPE, data_type(dtype))
@@ -164,7 +165,7 @@ def convolution(padding: Sequence[int], stride: Sequence[int], dilation: Sequenc
     p, s, dl = _ints("padding", padding), _ints("stride", stride), _ints("dilation", dilation)
     post = p if post_padding is None else _ints("post_padding", post_padding)
     if not (len(p) == len(s) == len(dl) == len(post)):
-        raise ValueError(f"padding/stride/dilation: expected equal lengths, got {p}, {s}, {dl}")
+        raise InvalidValueError(f"padding/stride/dilation: expected equal lengths, got {p}, {s}, {dl}")
     with _building(D.CONVOLUTION_DESCRIPTOR, finalize) as c:
         c.set_int64(A.CONVOLUTION_SPATIAL_DIMS, len(p))
         c.set_data_type(A.CONVOLUTION_COMP_TYPE, data_type(compute_type))
@@ -433,7 +434,7 @@ def engine_config_info(cfg: BackendDescriptor) -> EngineConfigInfo:
     index, knob choices (sorted by type) and the engine's notes."""
     eng = cfg.read_descriptors(A.ENGINECFG_ENGINE, D.ENGINE_DESCRIPTOR, 1, engine_info)
     if not eng:
-        raise ValueError("attribute ENGINECFG_ENGINE holds no descriptor")
+        raise InvalidValueError("attribute ENGINECFG_ENGINE holds no descriptor")
     idx, notes, behavior = eng[0]
     knobs = _read_array(
         lambda n: cfg.read_descriptors(A.ENGINECFG_KNOB_CHOICES, D.KNOB_CHOICE_DESCRIPTOR, n,
@@ -482,7 +483,7 @@ def variant_pack(uids: Sequence[int], pointers: Sequence[Optional[int]],
     the workspace pointer (None when the plan needs none)."""
     u = _ints("uids", uids)
     if len(u) != len(pointers):
-        raise ValueError(f"pointers: expected {len(u)} pointers, got {len(pointers)}")
+        raise InvalidValueError(f"pointers: expected {len(u)} pointers, got {len(pointers)}")
     with _building(D.VARIANT_PACK_DESCRIPTOR, finalize) as v:
         v.set_int64(A.VARIANT_PACK_UNIQUE_IDS, u)
         v.set_void_ptrs(A.VARIANT_PACK_DATA_POINTERS, list(pointers))
@@ -550,7 +551,7 @@ def pointer_alignment(ptr: int, itemsize: int = 1) -> int:
     p = int(ptr)
     a = MAX_ALIGNMENT if p == 0 else min(MAX_ALIGNMENT, p & -p)
     if a < int(itemsize):
-        raise ValueError(f"pointer {p:#x} is not aligned to its element size {itemsize}")
+        raise InvalidValueError(f"pointer {p:#x} is not aligned to its element size {itemsize}")
     return a
 
 

@@ -31,6 +31,7 @@ from .structs import (
     cudnnConvolutionFwdAlgoPerf_t, cudnnFilterDescriptor_t, cudnnHandle_t,
     cudnnTensorDescriptor_t, cudnnTensorTransformDescriptor_t,
 )
+from ..errors import MissingAttributeError
 
 __all__ = ["Prototype", "STATUS", "PROTOTYPES", "lib", "register", "last_error_string",
            "error_string", "raise_status", "Library"]
@@ -262,11 +263,11 @@ class Library:
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
-            raise AttributeError(name)
+            raise MissingAttributeError(name)
         try:
             proto = self._table[name]
         except KeyError:
-            raise AttributeError(
+            raise MissingAttributeError(
                 f"{name} is not in mucudnn's cuDNN prototype table "
                 "(add it with mucudnn._cudnn.prototypes.register)") from None
         fn = self._bind(proto)
@@ -277,7 +278,7 @@ class Library:
     def _bind(proto: Prototype):
         version = loader.get_version()
         if version < proto.min_version:
-            raise AttributeError(
+            raise MissingAttributeError(
                 f"{proto.name} needs cuDNN {loader.format_version(proto.min_version)}; "
                 f"the loaded library is {loader.format_version(version)} "
                 f"({loader.library_path()})")
@@ -285,7 +286,7 @@ class Library:
         try:
             fn = cdll[proto.name]  # a fresh function object per row
         except AttributeError:
-            raise AttributeError(
+            raise MissingAttributeError(
                 f"{proto.name} is not exported by {loader.library_path()} "
                 f"(cuDNN {loader.format_version(version)})") from None
         fn.argtypes = list(proto.argtypes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 from ctypes import c_float, c_int, c_size_t
+from ..errors import InvalidTypeError
 
 __all__ = [
     "OpaqueHandle", "cudnnHandle_t", "cudnnTensorDescriptor_t", "cudnnFilterDescriptor_t",
@@ -30,7 +31,7 @@ class OpaqueHandle(ctypes.c_void_p):
         param = getattr(obj, "_as_parameter_", None)
         if param is not None and isinstance(param, cls):
             return param
-        raise TypeError(
+        raise InvalidTypeError(
             f"expected a {cls.__name__} (or an object wrapping one), got {type(obj).__name__}")
 
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ from .base import OUTPUT_OF, Backend, BackendBase, ConvTensors, Launcher, adapt
 from .cudnn import CudnnBackend
 from .cudnn_graph import CudnnGraphBackend, CudnnGraphKnobsBackend
 from .numpy import NumpyBackend
+from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Backend", "BackendBase", "ConvTensors", "CudnnBackend", "CudnnGraphBackend", "Launcher",
            "NumpyBackend", "OUTPUT_OF", "adapt",
@@ -56,7 +57,7 @@ def _default_name() -> str:
     env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
     if env:
         if env not in _REGISTRY:
-            raise ValueError(
+            raise InvalidValueError(
                 f"MUCUDNN_BACKEND: expected one of {list(_REGISTRY)}, got {env!r}")
         return env
     if device_count() > 0:
@@ -85,19 +86,19 @@ def get_backend(name: "str | Backend | None" = None, *, device: int | None = Non
     """
     if name is not None and not isinstance(name, str):
         if options or device is not None:
-            raise TypeError("backend: options and device= apply to backend names only")
+            raise InvalidTypeError("backend: options and device= apply to backend names only")
         return adapt(name)
     if name is None:
         name = _default_name()
     key = name.lower()
     cls = _REGISTRY.get(key)
     if cls is None:
-        raise ValueError(f"backend: expected one of {list(_REGISTRY)}, got {name!r}")
+        raise InvalidValueError(f"backend: expected one of {list(_REGISTRY)}, got {name!r}")
     if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
-        raise TypeError(f"device: expected a CUDA device ordinal (int) or None, got {device!r}")
+        raise InvalidTypeError(f"device: expected a CUDA device ordinal (int) or None, got {device!r}")
     if cls is NumpyBackend:
         if device is not None:
-            raise ValueError(f"device: the numpy backend runs on the host, got device={device}")
+            raise InvalidValueError(f"device: the numpy backend runs on the host, got device={device}")
     elif device is None:
         device = current_device() if device_count() > 0 else None
     if options:

@@ -30,7 +30,7 @@ from .._cudnn.structs import (
     cudnnConvolutionFwdAlgoPerf_t,
 )
 from ..caches import LRU
-from ..errors import UnsupportedConfigError
+from ..errors import InvalidValueError, UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from ._device import DEFAULT_FIND_WORKSPACE_CAP, DeviceBackend, array_pointer
 from .base import ConvTensors, Launcher
@@ -120,7 +120,7 @@ class CudnnBackend(DeviceBackend):
                  find_workspace_limit: Optional[int] = None,
                  descriptor_cache_size: int = 256) -> None:
         if int(descriptor_cache_size) < 1:
-            raise ValueError(f"descriptor_cache_size: expected >= 1, got {descriptor_cache_size}")
+            raise InvalidValueError(f"descriptor_cache_size: expected >= 1, got {descriptor_cache_size}")
         super().__init__(device=device, stream=stream, find_workspace_limit=find_workspace_limit)
         self.descriptor_cache_size = int(descriptor_cache_size)
         self._descs: LRU[str, _Descriptors] = LRU("cudnn.descriptors", self.descriptor_cache_size)
@@ -155,7 +155,7 @@ class CudnnBackend(DeviceBackend):
         direction = Direction.parse(direction)
         limit = None if workspace_limit is None else int(workspace_limit)
         if limit is not None and limit < 0:
-            raise ValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
+            raise InvalidValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
         max_count_fn, find_fn, _, _, perf_t = _API[direction]
         math = int(enums.math_type(problem.math))
         prof = self.find_profile
@@ -259,7 +259,7 @@ class CudnnBackend(DeviceBackend):
         ws_ptr = int(workspace.ptr) if ws_size else 0
         launch = self.bind(direction, algo, math_type, p, 0, p.batch, alpha, beta)
         if ws_size < launch.workspace_bytes:
-            raise ValueError(
+            raise InvalidValueError(
                 f"workspace: algorithm {algo} ({Direction.parse(direction)}) needs "
                 f"{launch.workspace_bytes} bytes for {p!r}, got {ws_size}")
         with self.on_home_stream():
@@ -287,7 +287,7 @@ class CudnnBackend(DeviceBackend):
             # problem's math: never tensor cores (TF32) where FMA was asked for.
             mt = int(MathType.FMA_MATH)
         if offset < 0 or size < 1 or offset + size > problem.batch:
-            raise ValueError(f"micro-batch rows [{offset}, {offset + size}) outside the batch "
+            raise InvalidValueError(f"micro-batch rows [{offset}, {offset + size}) outside the batch "
                              f"of {problem.batch}")
         sub = problem.with_batch(size)
         d = self.descriptors(sub)

@@ -54,6 +54,7 @@ import inspect
 import itertools
 import logging
 import math
+import operator
 import platform
 import time
 from typing import Any, Iterator, Sequence, Union
@@ -65,6 +66,7 @@ from ..problem import AlgoPerf, ConvProblem, Direction, conv_dtype
 from . import fold as _fold
 from ._numpy_guard import Guarded
 from .base import OUTPUT_OF, BackendBase, ConvTensors
+from ..errors import InvalidTypeError, InvalidValueError, UnsupportedOperationError
 
 __all__ = ["NumpyAlgo", "NumpyBackend"]
 
@@ -89,7 +91,7 @@ def _bfloat16() -> np.dtype:
     try:
         mod = importlib.import_module("ml_dtypes")
     except ImportError:
-        raise NotImplementedError(
+        raise UnsupportedOperationError(
             "bfloat16 on the NumPy backend needs ml_dtypes: pip install ml_dtypes") from None
     return np.dtype(mod.bfloat16)
 
@@ -212,7 +214,7 @@ class NumpyBackend(BackendBase):
 
     def __init__(self, repeats: int = 3, seed: int = 0, fold: bool = False) -> None:
         if repeats < 1:
-            raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
+            raise InvalidValueError(f"repeats: expected a positive int, got {repeats!r}")
         self.repeats = int(repeats)
         self.seed = seed
         self.fold = bool(fold)
@@ -267,7 +269,7 @@ class NumpyBackend(BackendBase):
         """
         direction = Direction.parse(direction)
         if workspace_limit is not None and workspace_limit < 0:
-            raise ValueError(f"workspace_limit: expected >= 0 bytes, got {workspace_limit!r}")
+            raise InvalidValueError(f"workspace_limit: expected >= 0 bytes, got {workspace_limit!r}")
         dt = _np_dtype(problem.dtype)
         rng = np.random.default_rng(self.seed)
 
@@ -402,7 +404,7 @@ class NumpyBackend(BackendBase):
     def alloc_workspace(self, nbytes: int) -> np.ndarray:
         """A 1-D uint8 array of ``nbytes``; its slices are views."""
         if nbytes < 0:
-            raise ValueError(f"nbytes: expected >= 0, got {nbytes!r}")
+            raise InvalidValueError(f"nbytes: expected >= 0, got {nbytes!r}")
         return np.empty(int(nbytes), np.uint8)
 
     def synchronize(self) -> None:
@@ -433,23 +435,27 @@ def _check_tensors(p: ConvProblem, tensors: ConvTensors, out_name: str) -> None:
     for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.output_shape)):
         a = getattr(tensors, name)
         if not isinstance(a, np.ndarray):
-            raise TypeError(f"tensors.{name}: expected a numpy array, got {type(a).__name__}")
+            raise InvalidTypeError(f"tensors.{name}: expected a numpy array, got {type(a).__name__}")
         if a.shape != shape:
-            raise ValueError(f"tensors.{name}: expected shape {shape} ({p.layout}), got {a.shape}")
+            raise InvalidValueError(f"tensors.{name}: expected shape {shape} ({p.layout}), got {a.shape}")
         if a.dtype != dt:
-            raise ValueError(f"tensors.{name}: expected dtype {p.dtype}, got {a.dtype}")
+            raise InvalidValueError(f"tensors.{name}: expected dtype {p.dtype}, got {a.dtype}")
     if not getattr(tensors, out_name).flags.writeable:
-        raise ValueError(f"tensors.{out_name}: the output array is read-only")
+        raise InvalidValueError(f"tensors.{out_name}: the output array is read-only")
 
 
 def _algo(algo: Union[int, str]) -> NumpyAlgo:
+    """An algorithm by id, name or digits; an id that is not exactly an integer
+    (2.5, True) names none (int() would truncate it to one)."""
     try:
-        if isinstance(algo, str) and not algo.isdigit():
-            return NumpyAlgo[algo.upper()]
-        return NumpyAlgo(int(algo))
+        if isinstance(algo, str):
+            return NumpyAlgo(int(algo)) if algo.isdigit() else NumpyAlgo[algo.upper()]
+        if not isinstance(algo, bool):
+            return NumpyAlgo(operator.index(algo))
     except (KeyError, ValueError, TypeError):
-        raise ValueError(
-            f"algo: expected one of {[f'{a.name}={int(a)}' for a in NumpyAlgo]}, got {algo!r}") from None
+        pass
+    raise InvalidValueError(
+        f"algo: expected one of {[f'{a.name}={int(a)}' for a in NumpyAlgo]}, got {algo!r}")
 
 
 def _check_workspace(workspace: Any, need: int, algo: str) -> np.ndarray:
@@ -458,19 +464,19 @@ def _check_workspace(workspace: Any, need: int, algo: str) -> np.ndarray:
     if workspace is None:
         have = 0
     elif not isinstance(workspace, np.ndarray):
-        raise TypeError(f"workspace: expected a 1-D uint8 numpy array or None, "
+        raise InvalidTypeError(f"workspace: expected a 1-D uint8 numpy array or None, "
                         f"got {type(workspace).__name__}")
     elif workspace.ndim != 1 or workspace.dtype != np.uint8:
-        raise TypeError(f"workspace: expected a 1-D uint8 numpy array, got shape "
+        raise InvalidTypeError(f"workspace: expected a 1-D uint8 numpy array, got shape "
                         f"{workspace.shape} dtype {workspace.dtype}")
     else:
         have = workspace.nbytes
     if have < need:
-        raise ValueError(f"workspace: {algo} needs {need} bytes, got {have}")
+        raise InvalidValueError(f"workspace: {algo} needs {need} bytes, got {have}")
     if need == 0:
         return np.empty(0, np.uint8)
     if not workspace.flags.c_contiguous or not workspace.flags.writeable:
-        raise ValueError("workspace: expected a contiguous, writeable array")
+        raise InvalidValueError("workspace: expected a contiguous, writeable array")
     return workspace[:need]
 
 

@@ -12,6 +12,7 @@ import threading
 
 from .errors import (NO_DEVICE_ERRORS, NO_DEVICE_MESSAGE, OUT_OF_MEMORY_ERRORS, CudaError,
                      CudaOutOfMemoryError, NoDeviceError)
+from ..errors import InvalidValueError
 
 __all__ = ["get", "available", "check", "make_error"]
 
@@ -103,7 +104,7 @@ def check(result, function: str, context: str | None = None):
     if not isinstance(result, tuple):
         result = (result,)
     if not result:
-        raise ValueError(f"{function}: empty result tuple")
+        raise InvalidValueError(f"{function}: empty result tuple")
     err = result[0]
     if int(err) != 0:
         _clear_last_error()

@@ -9,6 +9,7 @@ import threading
 from . import _runtime
 from ._runtime import check, make_error
 from .errors import NO_DEVICE_MESSAGE, NoDeviceError
+from ..errors import InvalidValueError
 
 __all__ = [
     "device_count", "require_device", "current_device", "set_device", "using_device",
@@ -71,7 +72,7 @@ def set_device(device: int) -> None:
     device = int(device)
     n = device_count()
     if not 0 <= device < n:
-        raise ValueError(f"device {device} does not exist (this machine has {n} CUDA devices)")
+        raise InvalidValueError(f"device {device} does not exist (this machine has {n} CUDA devices)")
     check(_runtime.get().cudaSetDevice(device), "cudaSetDevice")
 
 

@@ -9,6 +9,7 @@ from . import _lifetime, _runtime
 from .device import require_device
 from ._runtime import check
 from .stream import as_stream
+from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["CudaGraph"]
 
@@ -69,7 +70,7 @@ class CudaGraph:
         rt = _runtime.get()
         s = as_stream(stream)
         if s.handle in (0, 1, 2):
-            raise ValueError("cannot capture the legacy or per-thread default stream (handle "
+            raise InvalidValueError("cannot capture the legacy or per-thread default stream (handle "
                              f"{s.handle}); use a created Stream such as default_stream()")
         graph = cls()
         graph.stream = s
@@ -114,7 +115,7 @@ class CudaGraph:
         """Queue one replay of the graph on ``stream`` (default: the stream it was
         captured on; an int is taken as a raw ``cudaStream_t``, the fast path)."""
         if self._finalizer is None or not self._finalizer.alive:
-            raise ValueError("the CudaGraph is closed (or its capture has not finished)")
+            raise InvalidValueError("the CudaGraph is closed (or its capture has not finished)")
         if type(stream) is int:
             h = stream
         elif stream is None:
@@ -137,7 +138,7 @@ class CudaGraph:
         self.close()
 
     def __reduce__(self):
-        raise TypeError("a CudaGraph cannot be pickled")
+        raise InvalidTypeError("a CudaGraph cannot be pickled")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "ready"

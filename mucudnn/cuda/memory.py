@@ -16,6 +16,7 @@ from ..dtypes import dtype_from_typestr, dtype_name, is_bfloat16, normalize_dtyp
 from ._runtime import check
 from .errors import CudaOutOfMemoryError
 from .stream import as_stream, default_stream, stream_handle
+from ..errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 
 __all__ = ["DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
            "allocation_count", "cuda_array_interface", "parse_cuda_array_interface"]
@@ -109,9 +110,9 @@ def _normalize_shape(shape) -> tuple[int, ...]:
     try:
         dims = tuple(operator.index(d) for d in shape)
     except TypeError as exc:
-        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from exc
+        raise InvalidTypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from exc
     if any(d < 0 for d in dims):
-        raise ValueError(f"negative dimension in shape {dims}")
+        raise InvalidValueError(f"negative dimension in shape {dims}")
     return dims
 
 
@@ -147,27 +148,28 @@ def _leading_index(shape: tuple[int, ...], key) -> tuple[int, tuple[int, ...]]:
         elif len(key) == 0:
             return 0, shape
         else:
-            raise IndexError("a DeviceArray can only be indexed on its leading axis "
+            raise InvalidIndexError("a DeviceArray can only be indexed on its leading axis "
                              f"(an int or a slice with step 1), got {key!r}")
     if not shape:
-        raise IndexError("a 0-d DeviceArray cannot be indexed")
+        raise InvalidIndexError("a 0-d DeviceArray cannot be indexed")
     n = shape[0]
     if isinstance(key, slice):
         start, stop, step = key.indices(n)
         if step != 1:
-            raise ValueError(f"only step-1 slices make contiguous views, got step {step}")
+            raise InvalidValueError(f"only step-1 slices make contiguous views, got step {step}")
         stop = max(stop, start)
         return start, (stop - start,) + shape[1:]
     if key is None or key is Ellipsis or isinstance(key, bool):
-        raise TypeError(f"unsupported index {key!r}: use an int or a slice on the leading axis")
+        raise InvalidTypeError(f"unsupported index {key!r}: use an int or a slice on the leading axis")
     try:
         i = operator.index(key)
     except TypeError:
-        raise TypeError(f"unsupported index {key!r}: use an int or a slice on the leading axis") from None
+        raise InvalidTypeError(f"unsupported index {key!r}: use an int or a slice on the leading "
+                               "axis") from None
     if i < 0:
         i += n
     if not 0 <= i < n:
-        raise IndexError(f"index {key} is out of range for leading axis of size {n}")
+        raise InvalidIndexError(f"index {key} is out of range for leading axis of size {n}")
     return i, shape[1:]
 
 
@@ -177,14 +179,14 @@ def _resolve_reshape(size: int, shape) -> tuple[int, ...]:
     dims = [operator.index(d) for d in shape]
     unknown = [i for i, d in enumerate(dims) if d == -1]
     if len(unknown) > 1 or any(d < -1 for d in dims):
-        raise ValueError(f"invalid shape {tuple(dims)}")
+        raise InvalidValueError(f"invalid shape {tuple(dims)}")
     known = math.prod(d for d in dims if d != -1)
     if unknown:
         if known == 0 or size % known:
-            raise ValueError(f"cannot reshape an array of size {size} into shape {tuple(dims)}")
+            raise InvalidValueError(f"cannot reshape an array of size {size} into shape {tuple(dims)}")
         dims[unknown[0]] = size // known
     if math.prod(dims) != size:
-        raise ValueError(f"cannot reshape an array of size {size} into shape {tuple(dims)}")
+        raise InvalidValueError(f"cannot reshape an array of size {size} into shape {tuple(dims)}")
     return tuple(dims)
 
 
@@ -218,39 +220,41 @@ def parse_cuda_array_interface(cai) -> tuple[int, tuple[int, ...], np.dtype, boo
     malformed fields.
     """
     if not isinstance(cai, dict):
-        raise ValueError(f"__cuda_array_interface__ must be a dict, got {type(cai).__name__}")
+        raise InvalidValueError(f"__cuda_array_interface__ must be a dict, got {type(cai).__name__}")
     for key in ("shape", "typestr", "data", "version"):
         if key not in cai:
-            raise ValueError(f"__cuda_array_interface__ lacks the required key {key!r}")
+            raise InvalidValueError(f"__cuda_array_interface__ lacks the required key {key!r}")
     version = cai["version"]
     if not isinstance(version, int) or not 0 <= version <= 3:
-        raise ValueError(f"unsupported __cuda_array_interface__ version {version!r} (1 to 3 are understood)")
+        raise InvalidValueError(f"unsupported __cuda_array_interface__ version {version!r} (1 to 3 are "
+                                "understood)")
     try:
         shape = _normalize_shape(tuple(cai["shape"]))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"bad shape in __cuda_array_interface__: {cai['shape']!r}") from exc
+        raise InvalidValueError(f"bad shape in __cuda_array_interface__: {cai['shape']!r}") from exc
     dtype = dtype_from_typestr(cai["typestr"])
     data = cai["data"]
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
-        raise ValueError(f"__cuda_array_interface__ 'data' must be (pointer, readonly), got {data!r}")
+        raise InvalidValueError(f"__cuda_array_interface__ 'data' must be (pointer, readonly), got {data!r}")
     ptr, readonly = data
     ptr = int(ptr) if ptr is not None else 0
     size = math.prod(shape)
     if ptr == 0 and size:
-        raise ValueError("__cuda_array_interface__ has a null data pointer for a non-empty array")
+        raise InvalidValueError("__cuda_array_interface__ has a null data pointer for a non-empty array")
     if cai.get("mask") is not None:
-        raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
+        raise InvalidValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
     strides = cai.get("strides")
     if strides is not None:
         strides = tuple(int(s) for s in strides)
         if not _is_c_contiguous(shape, strides, dtype.itemsize):
-            raise ValueError(
+            raise InvalidValueError(
                 f"the array is not C-contiguous (shape {shape}, strides {strides} bytes, "
                 f"itemsize {dtype.itemsize}); make it contiguous first, e.g. .contiguous()")
     stream = cai.get("stream") if version >= 3 else None
     if stream is not None:
         if isinstance(stream, bool) or not isinstance(stream, int):
-            raise ValueError(f"__cuda_array_interface__ 'stream' must be an int or None, got {stream!r}")
+            raise InvalidValueError("__cuda_array_interface__ 'stream' must be an int or None, got "
+                                    f"{stream!r}")
     return ptr, shape, dtype, bool(readonly), stream
 
 
@@ -280,7 +284,7 @@ class DeviceArray:
         device = current_device()
         s = None if stream is None else as_stream(stream)
         if s is not None and s.device is not None and s.device != device:
-            raise ValueError(f"stream is on device {s.device}, the current device is {device}")
+            raise InvalidValueError(f"stream is on device {s.device}, the current device is {device}")
         nbytes = math.prod(shape) * dt.itemsize
         alloc = _Allocation(nbytes, device, f"a {dtype_name(dt)} array of shape {shape}")
         self._init(alloc.ptr, shape, dt, device, readonly=False, stream=s,
@@ -344,7 +348,7 @@ class DeviceArray:
     def ptr(self) -> int:
         """The device address of the first element (int)."""
         if self._closed or (self._alloc is not None and self._alloc.closed):
-            raise ValueError("use of a closed DeviceArray (or a view of one)")
+            raise InvalidValueError("use of a closed DeviceArray (or a view of one)")
         return self._ptr
 
     @property
@@ -385,7 +389,7 @@ class DeviceArray:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d DeviceArray")
+            raise InvalidTypeError("len() of a 0-d DeviceArray")
         return self.shape[0]
 
     @property
@@ -430,10 +434,11 @@ class DeviceArray:
     def view_bytes(self, offset: int, nbytes: int) -> "DeviceArray":
         """Bytes ``[offset, offset + nbytes)`` of a 1-D uint8 array, as a view (workspace segments)."""
         if self.ndim != 1 or self.dtype != np.uint8:
-            raise TypeError(f"view_bytes needs a 1-D uint8 array, this is {self.dtype_name} {self.shape}")
+            raise InvalidTypeError(f"view_bytes needs a 1-D uint8 array, this is {self.dtype_name} "
+                                   f"{self.shape}")
         offset, nbytes = operator.index(offset), operator.index(nbytes)
         if offset < 0 or nbytes < 0 or offset + nbytes > self.shape[0]:
-            raise IndexError(f"bytes [{offset}, {offset + nbytes}) are outside an array of "
+            raise InvalidIndexError(f"bytes [{offset}, {offset + nbytes}) are outside an array of "
                              f"{self.shape[0]} bytes")
         return self._view(self.ptr + offset, (nbytes,))
 
@@ -451,7 +456,7 @@ class DeviceArray:
 
     def _check_writable(self) -> None:
         if self.readonly:
-            raise ValueError("this DeviceArray is read-only (imported with readonly=True)")
+            raise InvalidValueError("this DeviceArray is read-only (imported with readonly=True)")
 
     def to_numpy(self, stream=None) -> np.ndarray:
         """A host copy; waits for the copy (and everything before it on the stream)."""
@@ -474,9 +479,9 @@ class DeviceArray:
         if isinstance(src, np.ndarray) or not is_device_array_like(src):
             host = np.asarray(src)
             if host.shape != self.shape:
-                raise ValueError(f"shape mismatch: copying {host.shape} into {self.shape}")
+                raise InvalidValueError(f"shape mismatch: copying {host.shape} into {self.shape}")
             if normalize_dtype(host.dtype) != self.dtype:
-                raise ValueError(f"dtype mismatch: copying {host.dtype} into {self.dtype_name}")
+                raise InvalidValueError(f"dtype mismatch: copying {host.dtype} into {self.dtype_name}")
             host = np.ascontiguousarray(host, dtype=self.dtype)
             if self.nbytes:
                 check(rt.cudaMemcpyAsync(self.ptr, host.ctypes.data, self.nbytes,
@@ -485,9 +490,9 @@ class DeviceArray:
             return self
         other = as_device_array(src)
         if other.shape != self.shape:
-            raise ValueError(f"shape mismatch: copying {other.shape} into {self.shape}")
+            raise InvalidValueError(f"shape mismatch: copying {other.shape} into {self.shape}")
         if other.dtype != self.dtype:
-            raise ValueError(f"dtype mismatch: copying {other.dtype_name} into {self.dtype_name}")
+            raise InvalidValueError(f"dtype mismatch: copying {other.dtype_name} into {self.dtype_name}")
         if self.nbytes:
             check(rt.cudaMemcpyAsync(self.ptr, other.ptr, self.nbytes,
                                      rt.cudaMemcpyKind.cudaMemcpyDefault, handle),
@@ -499,7 +504,7 @@ class DeviceArray:
         self._check_writable()
         value = operator.index(value)
         if not 0 <= value <= 255:
-            raise ValueError(f"byte value must be in 0..255, got {value}")
+            raise InvalidValueError(f"byte value must be in 0..255, got {value}")
         handle = self._stream_handle(stream)
         if self.nbytes:
             check(_runtime.get().cudaMemsetAsync(self.ptr, value, self.nbytes, handle),
@@ -514,7 +519,7 @@ class DeviceArray:
         """Poison a floating-point array with NaN (all bytes 0xFF is a NaN in
         float16, bfloat16, float32 and float64). Returns self."""
         if not (self.dtype.kind in "fc" or is_bfloat16(self.dtype)):
-            raise TypeError(f"fill_nan needs a floating-point array, this is {self.dtype_name}")
+            raise InvalidTypeError(f"fill_nan needs a floating-point array, this is {self.dtype_name}")
         return self.fill_bytes(0xFF, stream)
 
     # -- lifetime -------------------------------------------------------------
@@ -534,10 +539,11 @@ class DeviceArray:
         self.close()
 
     def __reduce__(self):
-        raise TypeError("a DeviceArray cannot be pickled; pickle a.to_numpy() instead")
+        raise InvalidTypeError("a DeviceArray cannot be pickled; pickle a.to_numpy() instead")
 
     def __array__(self, *args, **kwargs):
-        raise TypeError("implicit conversion of a DeviceArray to NumPy is not allowed; use .to_numpy()")
+        raise InvalidTypeError("implicit conversion of a DeviceArray to NumPy is not allowed; use "
+                               ".to_numpy()")
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
@@ -577,14 +583,14 @@ def _pointer_device(ptr: int) -> int | None:
     rt = _runtime.get()
     attrs = check(rt.cudaPointerGetAttributes(ptr), "cudaPointerGetAttributes")
     if int(attrs.type) == int(rt.cudaMemoryType.cudaMemoryTypeUnregistered):
-        raise ValueError(f"pointer 0x{ptr:x} is not device memory (unregistered host memory)")
+        raise InvalidValueError(f"pointer 0x{ptr:x} is not device memory (unregistered host memory)")
     return int(attrs.device)
 
 
 def _check_device(device: int | None) -> int:
     current = current_device()
     if device is not None and device != current:
-        raise ValueError(f"the array is on device {device}, expected {current} (the current device); "
+        raise InvalidValueError(f"the array is on device {device}, expected {current} (the current device); "
                          "call mucudnn.cuda.set_device() first or move the array")
     return current
 
@@ -597,9 +603,10 @@ def _sync_producer(stream: int | None) -> None:
 
 def _from_torch(t, sync: bool) -> DeviceArray:
     if not t.is_cuda:
-        raise TypeError("a CPU torch tensor is not device memory; use DeviceArray.from_numpy(t.numpy())")
+        raise InvalidTypeError("a CPU torch tensor is not device memory; use "
+                               "DeviceArray.from_numpy(t.numpy())")
     if not t.is_contiguous():
-        raise ValueError(f"the torch tensor is not C-contiguous (shape {tuple(t.shape)}, "
+        raise InvalidValueError(f"the torch tensor is not C-contiguous (shape {tuple(t.shape)}, "
                          f"strides {tuple(t.stride())} elements); call .contiguous() first")
     dt = normalize_dtype(t.dtype)
     require_device()
@@ -645,18 +652,18 @@ def as_device_array(obj, *, dtype=None, shape=None, sync: bool = True) -> Device
     elif _is_torch_tensor(obj):
         arr = _from_torch(obj, sync)
     elif isinstance(obj, np.ndarray):
-        raise TypeError("a NumPy array is host memory; use DeviceArray.from_numpy()")
+        raise InvalidTypeError("a NumPy array is host memory; use DeviceArray.from_numpy()")
     else:
         try:
             cai = obj.__cuda_array_interface__
         except AttributeError:
-            raise TypeError(f"{type(obj).__name__} is not a device array: it has no "
+            raise InvalidTypeError(f"{type(obj).__name__} is not a device array: it has no "
                             "__cuda_array_interface__") from None
         arr = _from_cai(obj, cai, sync)
     if dtype is not None:
         want = normalize_dtype(dtype)
         if arr.dtype != want:
-            raise ValueError(f"the array has dtype {arr.dtype_name}, expected {dtype_name(want)}")
+            raise InvalidValueError(f"the array has dtype {arr.dtype_name}, expected {dtype_name(want)}")
     if shape is not None:
         arr = arr.reshape(_normalize_shape(shape))
     return arr

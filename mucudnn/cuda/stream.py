@@ -8,6 +8,7 @@ import weakref
 from . import _lifetime, _runtime
 from .device import current_device, require_device, using_device
 from ._runtime import check
+from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Stream", "default_stream", "stream_handle", "is_capturing", "Event", "time_on_stream"]
 
@@ -65,7 +66,7 @@ class Stream:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ValueError("use of a closed Stream")
+            raise InvalidValueError("use of a closed Stream")
 
     def synchronize(self) -> None:
         """Block the host until all work queued on the stream has finished."""
@@ -122,7 +123,7 @@ class Stream:
         return hash(self.handle)
 
     def __reduce__(self):
-        raise TypeError("a Stream cannot be pickled")
+        raise InvalidTypeError("a Stream cannot be pickled")
 
     def __repr__(self) -> str:
         kind = "owned" if self._owned else "wrapped"
@@ -177,20 +178,20 @@ def stream_handle(stream, device: int | None = None) -> int:
         return default_stream(device).handle
     if isinstance(stream, Stream):
         if stream.closed:
-            raise ValueError("use of a closed Stream")
+            raise InvalidValueError("use of a closed Stream")
         return stream.handle
     if isinstance(stream, bool):
-        raise TypeError("stream: a bool is not a CUDA stream")
+        raise InvalidTypeError("stream: a bool is not a CUDA stream")
     if isinstance(stream, int):
         if stream < 0:
-            raise ValueError(f"stream: expected a non-negative cudaStream_t value, got {stream}")
+            raise InvalidValueError(f"stream: expected a non-negative cudaStream_t value, got {stream}")
         return stream
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
         if isinstance(value, tuple) and len(value) == 2:
             return int(value[1])
-        raise TypeError(f"stream: __cuda_stream__ of {type(stream).__name__} returned {value!r}, "
+        raise InvalidTypeError(f"stream: __cuda_stream__ of {type(stream).__name__} returned {value!r}, "
                         "expected (version, handle)")
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
@@ -198,7 +199,7 @@ def stream_handle(stream, device: int | None = None) -> int:
             return value
     if type(stream).__name__ in ("cudaStream_t", "CUstream"):
         return int(stream)
-    raise TypeError(f"stream: expected a mucudnn.cuda.Stream, a torch/CuPy stream, an int "
+    raise InvalidTypeError(f"stream: expected a mucudnn.cuda.Stream, a torch/CuPy stream, an int "
                     f"cudaStream_t or None, got {type(stream).__name__}")
 
 
@@ -244,7 +245,7 @@ class Event:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ValueError("use of a closed Event")
+            raise InvalidValueError("use of a closed Event")
 
     def record(self, stream=None) -> "Event":
         """Record the event on ``stream`` (default: the current device's default stream)."""
@@ -273,7 +274,7 @@ class Event:
         start._check_open()
         end._check_open()
         if not (start.timing and end.timing):
-            raise ValueError("elapsed_ms needs events created with timing=True")
+            raise InvalidValueError("elapsed_ms needs events created with timing=True")
         return float(check(_runtime.get().cudaEventElapsedTime(start._event, end._event),
                            "cudaEventElapsedTime"))
 
@@ -287,7 +288,7 @@ class Event:
         self.close()
 
     def __reduce__(self):
-        raise TypeError("an Event cannot be pickled")
+        raise InvalidTypeError("an Event cannot be pickled")
 
     def __repr__(self) -> str:
         state = ", closed" if self.closed else ""
@@ -317,9 +318,9 @@ def time_interleaved(fns, stream=None, warmup: int = 3, repeat: int = 10) -> lis
     warmup, repeat = int(warmup), int(repeat)
     fns = list(fns)
     if warmup < 0 or repeat < 1:
-        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+        raise InvalidValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
     if not fns:
-        raise ValueError("fns: expected at least one function to time, got none")
+        raise InvalidValueError("fns: expected at least one function to time, got none")
     s = as_stream(stream)
     for fn in fns:
         for _ in range(warmup):

@@ -126,7 +126,7 @@ def _cai_of(name: str, obj: Any) -> Any:
     except AttributeError:
         return None
     except Exception as exc:  # e.g. torch bfloat16 / tensors requiring grad
-        raise TypeError(f"{name}: its __cuda_array_interface__ is not usable ({exc})") from None
+        raise InvalidTypeError(f"{name}: its __cuda_array_interface__ is not usable ({exc})") from None
 
 
 def _cai_info(name: str, obj: Any, cai: Any, fw: str) -> ArrayInfo:
@@ -214,7 +214,7 @@ def inspect_array(name: str, obj: Any, *, stream: int | None = None) -> ArrayInf
     cai = _cai_of(name, obj)
     if cai is not None:
         return _cai_info(name, obj, cai, fw)
-    raise TypeError(
+    raise InvalidTypeError(
         f"{name}: expected a NumPy array, a mucudnn.cuda.DeviceArray, an object with "
         f"__dlpack__ (JAX, CuPy, torch, NumPy) or with __cuda_array_interface__ (Numba, ...), "
         f"got {type(obj).__name__}")

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..backends.base import Backend
-from ..errors import UnsupportedDtypeError
+from ..errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
 from ..problem import MATH_MODES, ConvProblem, Direction, Plan, conv_dtype, from_canonical, \
     packed_strides
 from .kernel import Kernel
@@ -128,7 +128,7 @@ def _int_tuple(what: str, values: Any) -> tuple[int, ...] | None:
     out = []
     for v in values:
         if isinstance(v, bool) or not hasattr(v, "__index__"):
-            raise TypeError(f"descriptor {what}: expected ints, got {v!r} in {tuple(values)!r}")
+            raise InvalidTypeError(f"descriptor {what}: expected ints, got {v!r} in {tuple(values)!r}")
         out.append(int(v))
     return tuple(out)
 
@@ -147,7 +147,7 @@ def _conv(desc: Any) -> dict:
     if callable(get_nd):  # mucudnn._cudnn.ConvolutionDescriptor
         pad, stride, dil, mode, ct = get_nd()
         if str(getattr(mode, "name", mode)).upper() not in ("CROSS_CORRELATION", "1"):
-            raise ValueError(f"conv_desc: mode {mode!r} is not supported; expected "
+            raise InvalidValueError(f"conv_desc: mode {mode!r} is not supported; expected "
                              "CROSS_CORRELATION (what frameworks call convolution)")
         out.update(padding=pad, stride=stride, dilation=dil, compute_type=ct)
     else:
@@ -178,7 +178,7 @@ def _layout_from(dims: tuple[int, ...], strides: tuple[int, ...] | None, fmt: An
             return cf
         if tuple(strides) == packed_strides(dims, cl):
             return cl
-        raise ValueError(f"descriptor: strides {strides} for dims {dims} are not a packed "
+        raise InvalidValueError(f"descriptor: strides {strides} for dims {dims} are not a packed "
                          f"{cf} or {cl} tensor")
     if fmt is not None and _is_channels_last(fmt):
         return cl
@@ -201,7 +201,7 @@ def _math_of(v: Any) -> str:
             return s
     elif not isinstance(v, bool) and hasattr(v, "__index__") and int(v) in _MATH:
         return _MATH[int(v)]
-    raise ValueError(f"conv_desc: math type {v!r} is not a cudnnMathType_t (expected one of "
+    raise InvalidValueError(f"conv_desc: math type {v!r} is not a cudnnMathType_t (expected one of "
                      f"{sorted(_MATH)} or {list(MATH_MODES)})")
 
 
@@ -226,7 +226,7 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
     f = _tensor(w_desc)
     c = _conv(conv_desc)
     if t["dims"] is None or f["dims"] is None:
-        raise TypeError("descriptors: cannot read dims from the given descriptors "
+        raise InvalidTypeError("descriptors: cannot read dims from the given descriptors "
                         f"({type(x_desc).__name__}, {type(w_desc).__name__})")
     layout = _layout_from(t["dims"], t["strides"], t["format"])
     yt = _tensor(y_desc) if y_desc is not None else None
@@ -234,11 +234,11 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
               (("x_desc", t), ("w_desc", f), ("y_desc", yt)) if d is not None}
     known = {n: d for n, d in dtypes.items() if d is not None}
     if len(set(known.values())) > 1:
-        raise ValueError(f"descriptors: data types differ ({known}); mucudnn convolves one "
+        raise InvalidValueError(f"descriptors: data types differ ({known}); mucudnn convolves one "
                          "data type (a y of another type would be written with the wrong size)")
     dtype = next(iter(known.values()), None)
     if dtype is None:
-        raise ValueError("descriptors: no data type given (x_desc, w_desc and y_desc have none)")
+        raise InvalidValueError("descriptors: no data type given (x_desc, w_desc and y_desc have none)")
     groups = c["groups"]
     groups = 1 if groups is None else groups
     nd = len(t["dims"]) - 2
@@ -260,15 +260,15 @@ def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
     # or NCHW-strided y); a ConvProblem has one layout, so refuse them rather
     # than compute in x's layout and write y in the wrong order.
     if f["format"] is not None and _is_channels_last(f["format"]) != p.channels_last:
-        raise ValueError(f"w_desc: filter format {_format_name(f['format'])} does not match "
+        raise InvalidValueError(f"w_desc: filter format {_format_name(f['format'])} does not match "
                          f"x_desc's {layout} layout; mixed layouts are not supported")
     if yt is not None:
         yd = yt["dims"]
         if yd is not None and tuple(yd) != p.y_dims:
-            raise ValueError(f"y_desc: dims {tuple(yd)} do not match the convolution's output "
+            raise InvalidValueError(f"y_desc: dims {tuple(yd)} do not match the convolution's output "
                              f"dims {p.y_dims} (from x_desc, w_desc and conv_desc)")
         if yt["strides"] is not None and tuple(yt["strides"]) != packed_strides(p.y_dims, layout):
-            raise ValueError(f"y_desc: strides {tuple(yt['strides'])} are not a packed {layout} "
+            raise InvalidValueError(f"y_desc: strides {tuple(yt['strides'])} are not a packed {layout} "
                              f"tensor like x_desc's (expected {packed_strides(p.y_dims, layout)}); "
                              "mixed layouts are not supported")
     return p
@@ -346,7 +346,7 @@ class HandleEngine:
         name -> Plan."""
         if isinstance(total_workspace, bool) or not hasattr(total_workspace, "__index__") \
                 or int(total_workspace) < 0:
-            raise ValueError(f"total_workspace: expected an int >= 0 (bytes), got "
+            raise InvalidValueError(f"total_workspace: expected an int >= 0 (bytes), got "
                              f"{total_workspace!r}")
         total = int(total_workspace)
         with self._lock:
@@ -371,39 +371,39 @@ class HandleEngine:
     def _address(self, name: str, obj: Any, shape: tuple[int, ...]) -> Any:
         """A launcher address: a device pointer (int) or, on a host backend, the array."""
         if isinstance(obj, bool):
-            raise TypeError(f"{name}: expected a device pointer (int), got {obj!r}")
+            raise InvalidTypeError(f"{name}: expected a device pointer (int), got {obj!r}")
         if isinstance(obj, (int, np.integer)):
             if self._host:
-                raise TypeError(f"{name}: the {self.backend.name} backend takes NumPy arrays, "
+                raise InvalidTypeError(f"{name}: the {self.backend.name} backend takes NumPy arrays, "
                                 "not pointers")
             if int(obj) <= 0:
-                raise ValueError(f"{name}: expected a non-null device pointer, got {int(obj)}")
+                raise InvalidValueError(f"{name}: expected a non-null device pointer, got {int(obj)}")
             return int(obj)
         if isinstance(obj, np.ndarray):
             if not self._host:
-                raise TypeError(f"{name}: expected a device pointer (int), got a NumPy array")
+                raise InvalidTypeError(f"{name}: expected a device pointer (int), got a NumPy array")
             if obj.shape != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {obj.shape}")
+                raise InvalidValueError(f"{name}: expected shape {shape}, got {obj.shape}")
             if not obj.flags.c_contiguous:
-                raise ValueError(f"{name}: expected a C-contiguous array")
+                raise InvalidValueError(f"{name}: expected a C-contiguous array")
             return obj
         kinds = "a device pointer (int)" + (" or a NumPy array" if self._host else "")
-        raise TypeError(f"{name}: expected {kinds}, got {type(obj).__name__}")
+        raise InvalidTypeError(f"{name}: expected {kinds}, got {type(obj).__name__}")
 
     def _workspace(self, workspace: Any, workspace_size: Any, kernel: Kernel) -> Any:
         """The caller's (address, size) when usable, else a WD segment, else None (pool)."""
         if isinstance(workspace_size, bool) or (workspace_size is not None and (
                 not hasattr(workspace_size, "__index__") or int(workspace_size) < 0)):
-            raise ValueError(f"workspace_size: expected bytes >= 0, got {workspace_size!r}")
+            raise InvalidValueError(f"workspace_size: expected bytes >= 0, got {workspace_size!r}")
         size = int(workspace_size or 0)
         if workspace is not None and size > 0:
             if self._host:
                 if not isinstance(workspace, np.ndarray) or workspace.nbytes < size:
-                    raise ValueError("workspace: on a host backend pass a uint8 NumPy array of "
+                    raise InvalidValueError("workspace: on a host backend pass a uint8 NumPy array of "
                                      "at least workspace_size bytes")
                 return (workspace, size)
             if isinstance(workspace, bool) or not isinstance(workspace, (int, np.integer)):
-                raise TypeError(f"workspace: expected a device pointer (int), got "
+                raise InvalidTypeError(f"workspace: expected a device pointer (int), got "
                                 f"{type(workspace).__name__}")
             if int(workspace) > 0:
                 return (int(workspace), size)
@@ -419,7 +419,7 @@ class HandleEngine:
         for n, v in (("alpha", alpha), ("beta", beta)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
                     or not math.isfinite(float(v)):
-                raise TypeError(f"{n}: expected a finite real number, got {v!r}")
+                raise InvalidTypeError(f"{n}: expected a finite real number, got {v!r}")
         shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.output_shape}
         addr = {role: self._address(name, obj, shapes[role]) for role, (name, obj) in args.items()}
         # Note: cuDNN writes the output while reading the inputs; overlapping
@@ -434,7 +434,7 @@ class HandleEngine:
             else:
                 overlap = addr[out] < addr[r] + size[r] and addr[r] < addr[out] + size[out]
             if overlap:
-                raise ValueError(f"{args[out][0]}: overlaps {args[r][0]} in memory; the "
+                raise InvalidValueError(f"{args[out][0]}: overlaps {args[r][0]} in memory; the "
                                  "output must not alias an input")
         k = self.register(p, direction, layer_id)
         ws = self._workspace(workspace, workspace_size, k)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from ..backends.base import Backend, ConvTensors, Launcher
 from ..problem import Direction, Plan
 from .views import check_micro_batches
+from ..errors import InvalidValueError
 
 __all__ = ["BoundPlan", "bind_plan", "execute", "prepare", "micro_batch_betas",
            "resolve_workspace", "nbytes_of", "FULL_ALIGNMENT",
@@ -96,7 +97,7 @@ def bind_plan(plan: Plan, backend: Backend, alpha: float = 1.0, beta: float = 0.
     """
     p, d = plan.problem, plan.direction
     if p is None or d is None:
-        raise ValueError("plan: has no problem or direction; attach them with "
+        raise InvalidValueError("plan: has no problem or direction; attach them with "
                          "plan.with_context(problem, direction)")
     check_micro_batches(plan.micro_batches, p.batch)
     betas = micro_batch_betas(d, len(plan.micro_batches), beta)
@@ -109,7 +110,7 @@ def bind_plan(plan: Plan, backend: Backend, alpha: float = 1.0, beta: float = 0.
 def _direction_of(plan: Plan, direction: Direction | None) -> Direction:
     d = direction if direction is not None else plan.direction
     if d is None:
-        raise ValueError("direction: the plan has none; pass direction= or attach one with "
+        raise InvalidValueError("direction: the plan has none; pass direction= or attach one with "
                          "plan.with_context(problem, direction)")
     return d
 
@@ -143,13 +144,13 @@ def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
     ``plan.direction``."""
     d = Direction.parse(_direction_of(plan, direction))
     if plan.direction is not None and direction is not None and plan.direction is not d:
-        raise ValueError(f"plan: built for {plan.direction}, asked to run {d}")
+        raise InvalidValueError(f"plan: built for {plan.direction}, asked to run {d}")
     check_micro_batches(plan.micro_batches, tensors.problem.batch)
     plan = plan.with_context(tensors.problem, d)
     addresses = _addresses(backend, tensors, workspace)
     bound = bind_plan(plan, backend, alpha, beta, _aligns(backend, addresses))
     if addresses[4] < bound.workspace_bytes:
-        raise ValueError(f"workspace: the plan needs {bound.workspace_bytes} bytes, got "
+        raise InvalidValueError(f"workspace: the plan needs {bound.workspace_bytes} bytes, got "
                          f"{addresses[4]}")
 
     activate = backend.activate
@@ -184,7 +185,7 @@ def resolve_workspace(plan: Plan, backend: Backend, direction: Direction | None 
     d = Direction.parse(_direction_of(plan, direction))
     p = plan.problem
     if p is None:
-        raise ValueError("plan: has no problem; attach one with plan.with_context(problem, direction)")
+        raise InvalidValueError("plan: has no problem; attach one with plan.with_context(problem, direction)")
     changed = False
     mbs = []
     for m in plan.micro_batches:

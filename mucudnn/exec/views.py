@@ -19,6 +19,7 @@ from typing import Any
 
 from ..backends.base import ConvTensors
 from ..problem import ConvProblem, Direction, MicroBatch
+from ..errors import InvalidValueError
 
 __all__ = ["batch_view", "micro_batch_tensors", "check_micro_batches", "BATCHED"]
 
@@ -52,7 +53,7 @@ def micro_batch_tensors(tensors: ConvTensors, direction: Direction,
     with the batched tensors sliced to rows ``[offset, offset + size)``."""
     p: ConvProblem = tensors.problem
     if offset < 0 or size < 1 or offset + size > p.batch:
-        raise ValueError(
+        raise InvalidValueError(
             f"micro-batch rows [{offset}, {offset + size}) outside the batch of {p.batch}")
     if offset == 0 and size == p.batch:
         return tensors
@@ -66,11 +67,11 @@ def check_micro_batches(micro_batches: tuple[MicroBatch, ...], batch: int) -> No
     pos = 0
     for i, m in enumerate(micro_batches):
         if m.offset != pos:
-            raise ValueError(
+            raise InvalidValueError(
                 f"plan: micro-batch {i} starts at row {m.offset}, expected {pos} "
                 "(micro-batches must be contiguous from 0)")
         if m.size < 1:
-            raise ValueError(f"plan: micro-batch {i} has size {m.size}, expected >= 1")
+            raise InvalidValueError(f"plan: micro-batch {i} has size {m.size}, expected >= 1")
         pos += m.size
     if pos != batch:
-        raise ValueError(f"plan: micro-batches cover {pos} rows, expected the batch of {batch}")
+        raise InvalidValueError(f"plan: micro-batches cover {pos} rows, expected the batch of {batch}")

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..problem import AlgoPerf, MicroBatch, Plan, make_plan
 from .policies import Policy, allowed_sizes, normalize_policy
+from ..errors import InvalidValueError
 
 __all__ = ["optimize_wr", "pareto_front", "best_algo"]
 
@@ -43,7 +44,7 @@ def _tie(m: float) -> float:
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        raise InvalidValueError(f"{name}: expected a positive int, got {value!r}")
     return int(value)
 
 
@@ -53,9 +54,9 @@ def _check_limit(limit: Any) -> int | None:
     if isinstance(limit, bool) or not hasattr(limit, "__index__"):
         if isinstance(limit, float) and math.isinf(limit) and limit > 0:
             return None
-        raise ValueError(f"workspace_limit: expected an int >= 0 or None, got {limit!r}")
+        raise InvalidValueError(f"workspace_limit: expected an int >= 0 or None, got {limit!r}")
     if int(limit) < 0:
-        raise ValueError(f"workspace_limit: expected an int >= 0 (bytes), got {limit!r}")
+        raise InvalidValueError(f"workspace_limit: expected an int >= 0 (bytes), got {limit!r}")
     return int(limit)
 
 
@@ -327,7 +328,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     limit = _check_limit(workspace_limit)
     q = _positive_int("quantum", quantum)
     if method not in _SOLVERS and method != "auto":
-        raise ValueError(f"method: expected one of {list(_SOLVERS) + ['auto']}, got {method!r}")
+        raise InvalidValueError(f"method: expected one of {list(_SOLVERS) + ['auto']}, got {method!r}")
     table = _as_perf(perf)
     sizes = allowed_sizes(policy, batch, table)
     pol = normalize_policy(policy)
@@ -353,7 +354,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
         q = 1
         split = solver(_tvec(choice, batch), batch, q)
     if split is None:
-        raise ValueError(_no_plan_message(table, sizes, batch, limit, policy))
+        raise InvalidValueError(_no_plan_message(table, sizes, batch, limit, policy))
     return _build_plan(split, choice, undivided, limit, pol, q)
 
 
@@ -376,7 +377,7 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
     batch = _positive_int("batch", batch)
     q = _positive_int("quantum", quantum)
     if method not in _SOLVERS:
-        raise ValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
+        raise InvalidValueError(f"method: expected one of {list(_SOLVERS)}, got {method!r}")
     table = _as_perf(perf)
     sizes = allowed_sizes(policy, batch, table)
     pol = normalize_policy(policy)
@@ -438,5 +439,5 @@ def pareto_front(perf: Perf, batch: int, policy: Policy = "all", *,
                  "samples; the front is that of plans without the constraint", batch, q)
         return pareto_front(table, batch, pol, method=method)
     if not front:
-        raise ValueError(_no_plan_message(table, sizes, batch, None, policy))
+        raise InvalidValueError(_no_plan_message(table, sizes, batch, None, policy))
     return front

@@ -26,6 +26,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array
 
 from ..problem import Plan
+from ..errors import InvalidValueError
 
 __all__ = ["optimize_wd"]
 
@@ -62,11 +63,11 @@ def optimize_wd(fronts: Mapping[K, Sequence[Plan]], total_workspace: int, *,
         if isinstance(total_workspace, float) and float(total_workspace).is_integer():
             total_workspace = int(total_workspace)
         else:
-            raise ValueError(
+            raise InvalidValueError(
                 f"total_workspace: expected an int number of bytes, got {total_workspace!r}")
     W = int(total_workspace)
     if W < 0:
-        raise ValueError(f"total_workspace: expected >= 0 bytes, got {W}")
+        raise InvalidValueError(f"total_workspace: expected >= 0 bytes, got {W}")
     keys = list(fronts)
     if not keys:
         return {}
@@ -75,17 +76,17 @@ def optimize_wd(fronts: Mapping[K, Sequence[Plan]], total_workspace: int, *,
     for k in keys:
         plans = list(fronts[k])
         if not plans:
-            raise ValueError(f"optimize_wd: kernel {k!r} has no candidate plan")
+            raise InvalidValueError(f"optimize_wd: kernel {k!r} has no candidate plan")
         pruned = _prune(plans, W)
         if not pruned:
             smallest = min(p.workspace_bytes for p in plans)
-            raise ValueError(
+            raise InvalidValueError(
                 f"optimize_wd: infeasible: kernel {k!r} needs at least {smallest} bytes of "
                 f"workspace, more than total_workspace={W}")
         need += pruned[0].workspace_bytes
         cands.append(pruned)
     if need > W:
-        raise ValueError(
+        raise InvalidValueError(
             f"optimize_wd: infeasible: the smallest plans of the {len(keys)} kernels need "
             f"{need} bytes together, more than total_workspace={W}")
     # Everyone's fastest fits: nothing to trade.
@@ -155,7 +156,7 @@ def _solve_milp(cands: list[list[Plan]], W: int, time_limit: float | None) -> li
                              LinearConstraint((m_rel / scale)[None, :], -np.inf, budget / scale)],
                 options=options)
         if res.x is None:
-            raise ValueError(f"optimize_wd: the solver found no solution ({res.message})")
+            raise InvalidValueError(f"optimize_wd: the solver found no solution ({res.message})")
         pick = [int(np.argmax(res.x[s:s + k])) for s, k in zip(start, sizes)]
         used = sum(c[i].workspace_bytes for c, i in zip(cands, pick))
         if used <= W:

@@ -16,6 +16,7 @@ import math
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from ..problem import AlgoPerf
+from ..errors import InvalidValueError
 
 #: The named policies (matched case-insensitively; "_" and "-" ignored).
 POLICIES = ("all", "powerOfTwo", "fitted", "undivided")
@@ -39,7 +40,7 @@ def policy_name(policy: Any) -> str | None:
         key = policy.replace("_", "").replace("-", "").lower()
         if key in _ALIASES:
             return _ALIASES[key]
-        raise ValueError(
+        raise InvalidValueError(
             f"policy: expected one of {list(POLICIES)} or an iterable of positive batch "
             f"sizes, got {policy!r}")
     return None
@@ -58,15 +59,15 @@ def _explicit_sizes(policy: Any) -> list[int]:
     try:
         items = list(policy)
     except TypeError:
-        raise ValueError(
+        raise InvalidValueError(
             f"policy: expected one of {list(POLICIES)} or an iterable of positive batch "
             f"sizes, got {policy!r}") from None
     sizes = []
     for v in items:
         if isinstance(v, bool) or not hasattr(v, "__index__"):
-            raise ValueError(f"policy: explicit batch sizes must be ints, got {v!r} in {policy!r}")
+            raise InvalidValueError(f"policy: explicit batch sizes must be ints, got {v!r} in {policy!r}")
         if int(v) < 1:
-            raise ValueError(f"policy: explicit batch sizes must be positive, got {v!r}")
+            raise InvalidValueError(f"policy: explicit batch sizes must be positive, got {v!r}")
         sizes.append(int(v))
     return sizes
 
@@ -86,7 +87,7 @@ def batch_sizes(policy: Policy, n: int) -> list[int]:
     Anything else raises ValueError listing the valid policies.
     """
     if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1:
-        raise ValueError(f"n: expected a positive batch size, got {n!r}")
+        raise InvalidValueError(f"n: expected a positive batch size, got {n!r}")
     n = int(n)
     name = policy_name(policy)
     if name == "all":

@@ -252,7 +252,7 @@ def _check_common(policy: Any, cap: Any, retime: Any, deterministic: Any,
     check_deterministic(deterministic)
     cap = check_byte_count("workspace_cap", cap)
     if isinstance(retime, bool) or not hasattr(retime, "__index__") or int(retime) < 0:
-        raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
+        raise InvalidValueError(f"retime: expected an int >= 0, got {retime!r}")
     for p, _d in tasks:
         if not isinstance(p, ConvProblem):
             raise InvalidTypeError(f"tasks: expected (ConvProblem, Direction) pairs, got {p!r}")

@@ -1,0 +1,256 @@
+"""Every exception mucudnn raises is a MucudnnError that is also the builtin it
+always was (issue 34, L1): a scan of the source for raises of builtin exception
+classes, and a fuzzed sample of bad calls of the public API checked for both
+classes."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import pathlib
+import importlib
+import pkgutil
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mucudnn as mu
+from mucudnn.backends.numpy import NumpyBackend
+from mucudnn.problem import ConvProblem, Direction
+
+ROOT = pathlib.Path(mu.__file__).resolve().parent
+#: Builtin exception classes; warnings are issued, not raised, and are left out.
+BUILTIN_EXCEPTIONS = frozenset(
+    n for n in dir(builtins)
+    if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), BaseException)
+    and not issubclass(getattr(builtins, n), Warning))
+#: Exceptions the interpreter's protocols need bare (never argument errors).
+PROTOCOL = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt",
+                      "SystemExit"})
+#: Files that may still raise builtin classes, owned by other work in progress;
+#: each entry says whose (drop it once that file is clean). The scan fails on
+#: any other file.
+PENDING = {
+    "torch": "mucudnn/torch/ (the torch room's owner converts it)",
+    "backends/cudnn_graph.py": "the cudnn-graph backend's owner",
+    "_cudnn/loader.py": "the loader's owner",
+    "optimizer/cache_files.py": "the benchmark cache's owner",
+    "optimizer/cache_tools.py": "the benchmark cache's owner",
+    "optimizer/cache_entries.py": "the benchmark cache's owner (BadEntry derives from ValueError only)",
+    "dtypes.py": "the dtypes room's owner (bfloat16 on first use in progress)",
+    "cuda/__init__.py": "the dtypes room's owner (bfloat16 on first use in progress)",
+    "__init__.py": "the package's owner (module __getattr__)",
+    "__main__.py": "the command line's owner (converted, waiting on its other edits)",
+    "bench.py": "the command line's owner (converted, waiting on its other edits)",
+    "optimizer/benchmark.py": "the command line's owner (converted, waiting on its other edits)",
+    "exec/kernel.py": "the planner's owner (cache entries the backend cannot run, in progress)",
+    "optimizer/planner.py": "the planner's owner (cache entries the backend cannot run, in progress)",
+}
+
+
+def _pending_key(rel: str) -> str:
+    return "torch" if rel.startswith("torch/") else rel
+
+
+def builtin_raises(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+    """``file:line: ValueError`` for each raise or construction of a builtin
+    exception class in ``path`` (and ``class X(KeyError)`` for each exception
+    class deriving from builtins only); a bare ``raise`` aside."""
+    tree = ast.parse(path.read_text(), str(path))
+    hits: set[tuple[int, str]] = set()
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            fn = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            name = fn.id if isinstance(fn, ast.Name) else None
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name = node.func.id
+        elif isinstance(node, ast.ClassDef):
+            bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+            # a private class is control flow inside its module (caught there);
+            # MucudnnError is the one base that derives from Exception alone
+            if bases and all(b in BUILTIN_EXCEPTIONS for b in bases) \
+                    and not node.name.startswith("_") and node.name != "MucudnnError":
+                hits.add((node.lineno, f"class {node.name}({', '.join(bases)})"))
+            continue
+        if name in BUILTIN_EXCEPTIONS and name not in PROTOCOL:
+            hits.add((node.lineno, name))
+    return [f"{path.relative_to(root)}:{line}: {what}" for line, what in sorted(hits)]
+
+
+def _scan() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        hits = builtin_raises(path)
+        if hits:
+            found.setdefault(_pending_key(str(path.relative_to(ROOT))), []).extend(hits)
+    return found
+
+
+def test_the_scan_finds_builtin_raises(tmp_path):
+    """The scanner itself: raises, constructions and classes of builtins are found,
+    mucudnn's classes and a bare re-raise are not."""
+    src = ("from .errors import InvalidValueError\n"
+           "class Bad(KeyError):\n    pass\n"
+           "class Good(InvalidValueError, KeyError):\n    pass\n"
+           "def f(x):\n"
+           "    if x: raise ValueError('a')\n"
+           "    if x > 1: raise TypeError\n"
+           "    err = RuntimeError('b')\n"
+           "    try:\n        pass\n    except OSError:\n        raise\n"
+           "    raise InvalidValueError('c')\n")
+    probe = tmp_path / "probe.py"
+    probe.write_text(src)
+    hits = [h.split(": ", 1)[1] for h in builtin_raises(probe, tmp_path)]
+    assert hits == ["class Bad(KeyError)", "ValueError", "TypeError", "RuntimeError"]
+
+
+def test_the_library_raises_no_builtin_exception_class():
+    found = _scan()
+    unexpected = {k: v for k, v in found.items() if k not in PENDING}
+    assert not unexpected, ("raise a MucudnnError subclass that is also the builtin "
+                            "(mucudnn.errors.InvalidValueError, InvalidTypeError, ...):\n"
+                            + "\n".join(h for v in unexpected.values() for h in v))
+
+
+def test_every_exception_class_of_the_library_is_a_mucudnn_error():
+    """Classes, imported: every public exception class defined in mucudnn (outside
+    the pending files) derives from MucudnnError."""
+    bad = []
+    for info in pkgutil.walk_packages([str(ROOT)], "mucudnn."):
+        rel = info.name[len("mucudnn."):].replace(".", "/") + ".py"
+        if _pending_key(rel) in PENDING or info.name.endswith("__main__"):
+            continue
+        try:
+            mod = importlib.import_module(info.name)
+        except mu.MissingDependencyError:
+            continue
+        for name, obj in vars(mod).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) \
+                    and not issubclass(obj, (Warning, mu.MucudnnError)) \
+                    and obj.__module__ == info.name and not name.startswith("_"):
+                bad.append(f"{info.name}.{name}")
+    assert not bad, bad
+
+
+# -- behaviour: bad calls of the public API -----------------------------------------------
+
+P = ConvProblem((3, 4, 6, 6), (6, 2, 3, 3), padding=1, groups=2)
+NP = NumpyBackend()
+
+
+def _ok(which: str, dtype=np.float32) -> np.ndarray:
+    return np.zeros(P.shape_of(which), dtype)
+
+
+def _bad_calls(draw):
+    """(description, a callable making one bad call)."""
+    conv = mu.Convolution(P.x_shape, P.w_shape, padding=1, groups=2, backend=NP,
+                          policy="undivided", cache=False)
+    d = draw(st.sampled_from(list(Direction)))
+    roles = {Direction.FORWARD: ("x", "w", "y"), Direction.BACKWARD_DATA: ("y", "w", "x"),
+             Direction.BACKWARD_FILTER: ("x", "y", "w")}[d]
+    run = {Direction.FORWARD: conv.forward, Direction.BACKWARD_DATA: conv.backward_data,
+           Direction.BACKWARD_FILTER: conv.backward_filter}[d]
+    args = [_ok(r) for r in roles]
+    kwargs: dict = {}
+    slot = draw(st.integers(0, 2))
+    kind = draw(st.sampled_from(["shape", "dtype", "type", "readonly", "noncontig", "alias",
+                                 "kind", "alpha", "beta", "ndim"]))
+    r = roles[slot]
+    if kind == "shape":
+        shape = list(P.shape_of(r))
+        i = draw(st.integers(0, len(shape) - 1))
+        shape[i] += draw(st.sampled_from([-1, 1, 7]))
+        args[slot] = np.zeros([max(s, 1) for s in shape], np.float32)
+        if tuple(args[slot].shape) == P.shape_of(r):
+            args[slot] = np.zeros(P.shape_of(r)[:-1], np.float32)
+    elif kind == "dtype":
+        args[slot] = _ok(r, draw(st.sampled_from([np.float64, np.int32, np.uint8, np.complex64,
+                                                  np.bool_])))
+    elif kind == "type":
+        args[slot] = draw(st.sampled_from([None, "x", 3, 2.5, [[1.0]], {"a": 1}, object()]))
+        if args[slot] is None and slot == 2:
+            kwargs["beta"] = 1.0  # beta reads the output: a missing one is an error
+    elif kind == "readonly":
+        args[2].setflags(write=False)
+    elif kind == "noncontig":
+        big = np.zeros(P.shape_of(roles[2])[:-1] + (2 * P.shape_of(roles[2])[-1],), np.float32)
+        args[2] = big[..., ::2]
+    elif kind == "alias":
+        # the output is a view of an input's memory
+        a = args[0] if slot != 1 else args[1]
+        flat = a.reshape(-1)
+        n = int(np.prod(P.shape_of(roles[2])))
+        if flat.size >= n:
+            args[2] = flat[:n].reshape(P.shape_of(roles[2]))
+        else:
+            big = np.zeros(n, np.float32)
+            args[0 if slot != 1 else 1] = big[:a.size].reshape(a.shape)
+            args[2] = big.reshape(P.shape_of(roles[2]))
+    elif kind == "kind":
+        # device memory (by its __cuda_array_interface__) among NumPy arrays, or no array
+        args[slot] = draw(st.sampled_from([_FakeCuda(P.shape_of(r)),
+                                           np.zeros(P.shape_of(r), np.float32).tolist()]))
+    elif kind == "alpha":
+        kwargs["alpha"] = draw(st.sampled_from([float("nan"), float("inf"), "1", None, True,
+                                                1 + 2j]))
+    elif kind == "beta":
+        kwargs["beta"] = draw(st.sampled_from([float("nan"), "0", None, False, 0.5]))
+        if kwargs["beta"] == 0.5:
+            args[2] = None
+    elif kind == "ndim":
+        args[slot] = np.zeros(P.shape_of(r) + (1,), np.float32)
+    return f"{d.value} {kind} slot {slot}", lambda: run(*args, **kwargs)
+
+
+class _FakeCuda:
+    """A device array by its ``__cuda_array_interface__`` (never dereferenced:
+    each call is refused before any device work)."""
+
+    def __init__(self, shape):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<f4",
+                                         "data": (1 << 40, False), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+@given(st.data())
+def test_bad_convolution_calls_raise_mucudnn_errors(data):
+    what, call = _bad_calls(data.draw)
+    with pytest.raises(Exception) as info:
+        call()
+    exc = info.value
+    assert isinstance(exc, mu.MucudnnError), (what, type(exc).__mro__, exc)
+    assert isinstance(exc, (ValueError, TypeError)), (what, type(exc).__mro__, exc)
+
+
+@pytest.mark.parametrize("make, builtin", [
+    (lambda: mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), policy="bogus", backend="numpy"),
+     ValueError),
+    (lambda: mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), policy=[0], backend="numpy"),
+     ValueError),
+    (lambda: mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), policy=[2.5], backend="numpy"),
+     ValueError),
+    (lambda: mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), policy=7, backend="numpy"),
+     ValueError),
+    (lambda: mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), backend="bogus"), ValueError),
+    (lambda: mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), backend="numpy", graph=1), TypeError),
+    (lambda: mu.get_backend("numpy", device=0), ValueError),
+    (lambda: mu.get_backend(NP, device=0), TypeError),
+    (lambda: NP.workspace_size(ConvProblem((2, 3, 5, 5), (4, 3, 3, 3)), "forward", 7), ValueError),
+    (lambda: NP.workspace_size(ConvProblem((2, 3, 5, 5), (4, 3, 3, 3)), "forward", 2.5),
+     ValueError),
+    (lambda: NP.workspace_size(ConvProblem((2, 3, 5, 5), (4, 3, 3, 3)), "forward", "gemm"),
+     ValueError),
+    (lambda: mu.conv2d(np.zeros((2, 3, 5, 5), np.float32), np.zeros((4, 3, 3, 3), np.float32),
+                       layout="NCDHW", backend="numpy"), ValueError),
+    (lambda: mu.conv2d(np.zeros((2, 3, 5, 5), np.int8), np.zeros((4, 3, 3, 3), np.int8),
+                       backend="numpy"), ValueError),
+])
+def test_bad_names_and_options_raise_mucudnn_errors(make, builtin):
+    with pytest.raises(builtin) as info:
+        make()
+    assert isinstance(info.value, mu.MucudnnError), type(info.value).__mro__
