@@ -38,23 +38,41 @@ import json
 import os
 from typing import Any, Mapping, Union
 
+from .backends import get_backend
 from .errors import InvalidTypeError, InvalidValueError, MucudnnError
 from .networks import network
 from .problem import ConvProblem, Direction, Plan, PlanFormatError
 
-__all__ = ["load_plans", "check_plan", "PlanFormatError", "PlanMismatchError"]
+__all__ = ["load_plans", "check_plan", "PlanFormatError", "PlanMismatchError", "PlanFileError",
+           "MAX_BYTES"]
 
 Source = Union[str, bytes, "os.PathLike[str]", list, dict]
 
 
+#: The largest plans file or text read (bytes); larger ones are refused.
+MAX_BYTES = 64 << 20
+#: The longest algo / math_type string of a plan (as the benchmark cache's).
+MAX_ID = 512
+
+
 class PlanMismatchError(MucudnnError, ValueError):
-    """A well-formed plan that does not fit its problem: another problem, or
-    micro-batches that do not tile the batch."""
+    """A well-formed plan that does not fit its problem: another problem,
+    micro-batches that do not tile the batch, or (``backend=``) a configuration
+    the backend does not have."""
+
+
+class PlanFileError(MucudnnError, OSError):
+    """A plans file that cannot be read, or is larger than :data:`MAX_BYTES`."""
+
+
+class PlanFileNotFoundError(PlanFileError, FileNotFoundError):
+    """A plans file that does not exist."""
 
 
 def load_plans(source: Source, problems: "Mapping[str, ConvProblem] | str | None" = None, *,
                batch: int | None = None, dtype: str = "float32", layout: str = "NCHW",
-               math: str = "default") -> dict[tuple[str | None, Direction], Plan]:
+               math: str = "default", backend: Any = None
+               ) -> dict[tuple[str | None, Direction], Plan]:
     """Plans read from ``source``, as ``{(layer, Direction): Plan}`` in file order.
 
     ``source`` is a path (str or PathLike), JSON text (str or bytes) or the
@@ -70,13 +88,22 @@ def load_plans(source: Source, problems: "Mapping[str, ConvProblem] | str | None
     must tile its problem's batch (offsets 0, b1, b1 + b2, ... up to the
     batch), and its workspace must cover its micro-batches'.
 
-    Raises :class:`PlanFormatError` (a ValueError) for a malformed file and
+    Every micro-batch's ``algo`` and ``math_type`` must look like a backend's
+    id (an int in [0, 2**31) or a string of 1..512 characters); given
+    ``backend`` (a Backend or its name), each must be one that backend has
+    for its problem at that size, so a plan made for another backend fails
+    here and not at the first forward.
+
+    Raises :class:`PlanFormatError` (a ValueError) for a malformed file (not
+    UTF-8/16/32 JSON, nested too deeply, a bad field) and
     :class:`PlanMismatchError` (a ValueError) for a plan that does not fit,
-    each naming the entry, its layer and the field; OSError where the file
-    cannot be read.
+    each naming the entry, its layer and the field; :class:`PlanFileError`
+    (an OSError) naming the file where it cannot be read or holds more than
+    :data:`MAX_BYTES` (64 MiB).
     """
     data, where = _read(source)
     expected = _expected_problems(problems, batch, dtype, layout, math)
+    be = None if backend is None else get_backend(backend)
     if isinstance(data, Mapping):
         entries: list = [data]
     elif isinstance(data, list):
@@ -88,7 +115,7 @@ def load_plans(source: Source, problems: "Mapping[str, ConvProblem] | str | None
         raise PlanFormatError(f"{where}: holds no plans")
     out: dict[tuple[str | None, Direction], Plan] = {}
     for i, entry in enumerate(entries):
-        key, plan = _entry(entry, f"{where}: entry {i}", expected)
+        key, plan = _entry(entry, f"{where}: entry {i}", expected, be)
         if key in out:
             raise PlanFormatError(f"{where}: entry {i}: a second plan for layer {key[0]!r}, "
                                   f"{key[1].value}")
@@ -128,26 +155,87 @@ def _read(source: Any) -> tuple[Any, str]:
     """The parsed JSON and a name for messages (the path, or "plans")."""
     if isinstance(source, (list, dict)):
         return source, "plans"
-    if isinstance(source, bytes):
-        source = source.decode("utf-8", errors="replace")
-        is_text = True
-    elif isinstance(source, str):
-        is_text = source.lstrip()[:1] in ("[", "{")
-    elif isinstance(source, os.PathLike):
-        is_text = False
+    where = "plans"
+    if isinstance(source, (bytes, bytearray)):
+        if len(source) > MAX_BYTES:
+            raise PlanFormatError(f"plans: {len(source)} bytes of JSON, more than {MAX_BYTES}")
+        text = _decode(bytes(source), where)
+    elif isinstance(source, str) and source.lstrip()[:1] in ("[", "{"):
+        text = source
+    elif isinstance(source, (str, os.PathLike)):
+        where = os.fsdecode(os.fspath(source))
+        text = _decode(_read_file(where), where)
     else:
         raise InvalidTypeError(f"source: expected a path, JSON text or parsed JSON, "
                                f"got {type(source).__name__}")
-    if is_text:
-        text, where = source, "plans"
-    else:
-        where = os.fspath(source)
-        with open(where, encoding="utf-8") as f:
-            text = f.read()
     try:
         return json.loads(text), where
+    except RecursionError:
+        raise PlanFormatError(f"{where}: JSON nested too deeply to be a plan file") from None
     except ValueError as exc:
         raise PlanFormatError(f"{where}: not valid JSON ({exc})") from None
+
+
+def _read_file(path: str) -> bytes:
+    """At most :data:`MAX_BYTES` of the file ``path``; PlanFileError naming it when
+    it cannot be read or is larger (a device such as /dev/zero never ends)."""
+    if not path.strip() or "\0" in path:
+        raise InvalidValueError(f"source: expected a path, JSON text or parsed JSON, got "
+                                f"{_short(path)}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        cls = PlanFileNotFoundError if isinstance(exc, FileNotFoundError) else PlanFileError
+        raise cls(f"{path}: cannot read the plans file ({exc.strerror or exc})") from None
+    if len(data) > MAX_BYTES:
+        raise PlanFileError(f"{path}: larger than {MAX_BYTES} bytes; a plans file is a few "
+                            "kilobytes (is this the right file?)")
+    return data
+
+
+def _decode(data: bytes, where: str) -> str:
+    """JSON bytes as text: UTF-8, or UTF-16/32 where the bytes say so (RFC 8259, as
+    json.loads does); PlanFormatError naming ``where`` otherwise."""
+    encoding = json.detect_encoding(data)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise PlanFormatError(f"{where}: expected JSON text in UTF-8 (or UTF-16/32), got "
+                              f"bytes that are not {encoding} at offset {exc.start}") from None
+
+
+def _check_ids(plan: Plan, where: str, backend: Any) -> None:
+    """Every micro-batch's algo and math_type: an id of the shape backends use
+    (an int in [0, 2**31) or a str of 1..MAX_ID characters) and, with ``backend``,
+    one it can run at that size (its ``workspace_size`` answers)."""
+    for i, m in enumerate(plan.micro_batches):
+        for field in ("algo", "math_type"):
+            v = getattr(m, field)
+            ok = (0 < len(v) <= MAX_ID and "\0" not in v) if isinstance(v, str) \
+                else 0 <= v < 1 << 31
+            if not ok:
+                raise PlanFormatError(
+                    f"{where}: micro_batches[{i}].{field}: expected a backend's id (an int in "
+                    f"[0, 2**31) or a string of 1..{MAX_ID} characters without NUL), "
+                    f"got {_short(v)}")
+        if backend is None or plan.problem is None or plan.direction is None:
+            continue
+        try:
+            backend.workspace_size(plan.problem.with_batch(m.size), plan.direction, m.algo,
+                                   m.math_type)
+        except NotImplementedError:
+            continue
+        except (MucudnnError, ValueError, TypeError, LookupError, OverflowError) as exc:
+            raise PlanMismatchError(
+                f"{where}: micro_batches[{i}].algo: backend {backend.name} has no "
+                f"configuration {_short(m.algo)} (math_type {_short(m.math_type)}) for this "
+                f"problem ({exc})") from None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _expected_problems(problems: Any, batch: Any, dtype: str, layout: str,
@@ -168,7 +256,7 @@ def _expected_problems(problems: Any, batch: Any, dtype: str, layout: str,
     return dict(problems)
 
 
-def _entry(entry: Any, where: str, expected: dict[str, ConvProblem] | None,
+def _entry(entry: Any, where: str, expected: dict[str, ConvProblem] | None, backend: Any,
            ) -> tuple[tuple[str | None, Direction], Plan]:
     if not isinstance(entry, Mapping):
         raise PlanFormatError(f"{where}: expected a plan (a JSON object), "
@@ -196,6 +284,7 @@ def _entry(entry: Any, where: str, expected: dict[str, ConvProblem] | None,
         check_plan(plan, expected[layer], where)
     else:
         check_plan(plan, None, where)
+    _check_ids(plan, where, backend)
     assert plan.direction is not None  # checked by check_plan
     return (layer, plan.direction), plan
 

@@ -10,13 +10,15 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import event, given, strategies as st
 
 import mucudnn as mu
+import reference
 from mucudnn.__main__ import main
 from mucudnn.errors import MucudnnError
 from mucudnn.networks import network
-from mucudnn.plans_io import PlanMismatchError, check_plan
-from mucudnn.problem import Direction, MicroBatch, Plan, PlanFormatError, make_plan
+from mucudnn.plans_io import MAX_BYTES, PlanFileError, PlanMismatchError, check_plan
+from mucudnn.problem import ConvProblem, Direction, MicroBatch, Plan, PlanFormatError, make_plan
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -208,3 +210,147 @@ def test_a_plan_without_problem_takes_the_given_one():
     got = mu.load_plans([{"layer": "conv5", **plan.to_dict()}], {"conv5": p})
     assert got["conv5", Direction.FORWARD].problem == p
     check_plan(got["conv5", Direction.FORWARD])
+
+
+# -- hostile files ------------------------------------------------------------------------------
+SMALL = ConvProblem((4, 3, 6, 6), (5, 3, 3, 3), padding=1)
+
+
+def _one_plan(algo=1, layer="c", **mb):
+    plan = make_plan([MicroBatch(0, 4, algo, **mb)], undivided_time_ms=1.0, workspace_limit=0,
+                     problem=SMALL, direction="forward")
+    return {"layer": layer, **plan.to_dict()}
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000, 1_000_000])
+@pytest.mark.parametrize("opener", ["[", "{\"a\":"])
+def test_deeply_nested_file_is_a_format_error_naming_it(tmp_path, depth, opener):
+    f = tmp_path / "deep.json"
+    f.write_text(opener * depth)
+    with pytest.raises(PlanFormatError, match=rf"^{f}: ") as info:
+        mu.load_plans(f)
+    assert isinstance(info.value, MucudnnError)
+    with pytest.raises(PlanFormatError, match=r"^plans: "):
+        mu.load_plans(opener * depth)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-8-sig"])
+def test_utf16_and_utf32_files_are_read(tmp_path, encoding):
+    """JSON may come in UTF-16/32 (RFC 8259; what json.loads accepts as bytes)."""
+    f = tmp_path / "p.json"
+    f.write_bytes(json.dumps([_one_plan(layer="é")]).encode(encoding))
+    plans = mu.load_plans(f)
+    assert list(plans) == [("é", Direction.FORWARD)]
+
+
+def test_latin1_file_is_a_format_error_naming_it(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_bytes(json.dumps([_one_plan(layer="é")], ensure_ascii=False).encode("latin-1"))
+    with pytest.raises(PlanFormatError, match=rf"^{f}: expected JSON text in UTF-8"):
+        mu.load_plans(f)
+
+
+def test_huge_files_and_devices_are_refused_without_reading_them_whole(tmp_path):
+    for path in ("/dev/zero", "/dev/urandom"):
+        with pytest.raises(PlanFileError, match=rf"^{path}: larger than {MAX_BYTES} bytes"):
+            mu.load_plans(path)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # sparse: MAX_BYTES + 1 bytes without writing them
+        f.truncate(MAX_BYTES + 1)
+    with pytest.raises(PlanFileError, match=rf"^{big}: larger than"):
+        mu.load_plans(big)
+    with pytest.raises(PlanFileError, match=rf"^{tmp_path}: cannot read") as info:
+        mu.load_plans(tmp_path)
+    assert isinstance(info.value, OSError)
+
+
+@pytest.mark.parametrize("algo", [-1, 1 << 31, "", "x" * 513, "a\0b"])
+def test_algo_that_no_backend_uses_is_refused_at_load(algo):
+    with pytest.raises(PlanFormatError, match=r"entry 0 .*micro_batches\[0\]\.algo: expected"):
+        mu.load_plans([_one_plan(algo)])
+
+
+@pytest.mark.parametrize("algo", [42, "e5;k2=0", "bogus"])
+def test_algo_the_backend_lacks_is_refused_at_load_with_backend(algo):
+    assert mu.load_plans([_one_plan(algo)])  # the shape of an id: no backend to ask
+    with pytest.raises(PlanMismatchError,
+                       match=r"entry 0 \(layer 'c', forward\): micro_batches\[0\]\.algo: "
+                             r"backend numpy has no configuration"):
+        mu.load_plans([_one_plan(algo)], {"c": SMALL}, backend="numpy")
+    plans = mu.load_plans([_one_plan(2)], {"c": SMALL}, backend="numpy")
+    assert plans["c", Direction.FORWARD].micro_batches[0].algo == 2
+
+
+# Hostile JSON: mutations of a valid plan entry and arbitrary JSON values.
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
+                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
+_json = st.recursive(_scalars, lambda c: st.one_of(st.lists(c, max_size=4),
+                                                   st.dictionaries(st.text(max_size=8), c,
+                                                                   max_size=4)),
+                     max_leaves=20)
+_FIELDS = ["offset", "size", "algo", "math_type", "workspace_bytes", "time_ms"]
+_TOP = ["direction", "workspace_bytes", "time_ms", "undivided_time_ms", "workspace_limit",
+        "problem", "micro_batches", "layer", "policy"]
+
+
+@st.composite
+def _hostile_sources(draw):
+    kind = draw(st.sampled_from(["valid", "mutated", "json", "bytes", "nested"]))
+    if kind == "valid":  # a random tiling with the NumPy backend's ids, as names or ints
+        sizes, left = [], SMALL.batch
+        while left:
+            sizes.append(draw(st.integers(1, left)))
+            left -= sizes[-1]
+        algos = st.sampled_from([0, 1, 2, "DIRECT", "im2col_gemm", "FFT"])
+        mbs = [MicroBatch(sum(sizes[:i]), n, draw(algos),
+                          workspace_bytes=draw(st.integers(0, 1 << 20)))
+               for i, n in enumerate(sizes)]
+        plan = make_plan(mbs, undivided_time_ms=1.0, workspace_limit=None, problem=SMALL,
+                         direction="forward")
+        return [{"layer": "c", **plan.to_dict()}]
+    if kind == "json":
+        return draw(_json)
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "nested":
+        return draw(st.sampled_from(["[", "{\"a\":", "[{\"micro_batches\":"])) * \
+            draw(st.integers(1, 50_000))
+    entry = _one_plan(draw(st.sampled_from([0, 1, 2])))
+    for _ in range(draw(st.integers(1, 3))):
+        where = draw(st.sampled_from(["top", "mb", "drop"]))
+        if where == "top":
+            entry[draw(st.sampled_from(_TOP))] = draw(_json)
+        elif where == "mb" and isinstance(entry.get("micro_batches"), list) \
+                and entry["micro_batches"] and isinstance(entry["micro_batches"][0], dict):
+            entry["micro_batches"][0][draw(st.sampled_from(_FIELDS))] = draw(_json)
+        elif entry:
+            entry.pop(draw(st.sampled_from(sorted(entry))), None)
+    return [entry] if draw(st.booleans()) else json.dumps(entry, allow_nan=True)
+
+
+@given(source=_hostile_sources())
+def test_hostile_plan_json_loads_valid_or_raises_a_mucudnn_error(source):
+    """Every hostile input either loads as plans that fit SMALL and run on the
+    NumPy backend exactly as the float64 reference, or raises a MucudnnError
+    whose message starts with where it came from."""
+    try:
+        plans = mu.load_plans(source, {"c": SMALL}, backend="numpy")
+    except MucudnnError as exc:
+        event(f"refused: {type(exc).__name__}")
+        named = ("plans", "source:") + ((source,) if isinstance(source, str) else ())
+        assert str(exc).startswith(named), str(exc)
+        assert isinstance(exc, (ValueError, TypeError, OSError))
+        return
+    event("loaded")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(SMALL.x_shape).astype(np.float32)
+    w = rng.standard_normal(SMALL.w_shape).astype(np.float32)
+    for (layer, d), plan in plans.items():
+        assert layer == "c" and d is Direction.FORWARD and plan.problem == SMALL
+        conv = mu.Convolution(SMALL.x_shape, SMALL.w_shape, padding=1, backend="numpy",
+                              cache=False, workspace_limit=None, plans={d: plan})
+        np.testing.assert_allclose(conv.forward(x, w), reference.forward(SMALL, x, w),
+                                   rtol=1e-4, atol=1e-4)
+        ran = conv.plans[d].micro_batches  # the plan given ran (workspace raised to its need)
+        assert [(m.offset, m.size, m.algo) for m in ran] == \
+            [(m.offset, m.size, m.algo) for m in plan.micro_batches]
