@@ -38,11 +38,11 @@ from typing import Any, Mapping
 from ..backends.base import Backend
 from ..caches import LRU
 from ..cuda import CudaOutOfMemoryError
-from ..errors import WorkspaceUnavailable
+from ..errors import InvalidValueError, MucudnnError, WorkspaceUnavailable
 from ..units import parse_bytes
 
-__all__ = ["ALIGN", "MAX_STREAM_POOLS", "WorkspaceUnavailable", "WorkspacePool", "get_pool",
-           "pool_for", "carve_segments", "SegmentedWorkspace", "env_workspace_limit",
+__all__ = ["ALIGN", "MAX_STREAM_POOLS", "WorkspaceUnavailable", "WorkspacePool", "PoolOrphanedError",
+           "get_pool", "pool_for", "carve_segments", "SegmentedWorkspace", "env_workspace_limit",
            "OUT_OF_MEMORY"]
 
 log = logging.getLogger("mucudnn")
@@ -54,6 +54,11 @@ ENV_LIMIT = "MUCUDNN_WORKSPACE_LIMIT"
 MAX_STREAM_POOLS = 8
 #: Exceptions that mean "no memory": MemoryError and CUDA's out-of-memory error.
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (MemoryError, CudaOutOfMemoryError)
+
+
+class PoolOrphanedError(MucudnnError, ReferenceError):
+    """A registered pool used after its backend was collected (Note [pools hold
+    their backend weakly]); hold the backend while using its pools."""
 
 
 def env_workspace_limit() -> int | None:
@@ -86,7 +91,10 @@ class WorkspacePool:
 
     def __init__(self, backend: Backend, limit_bytes: int | None = None,
                  stream: int | None = None) -> None:
-        self.backend = backend
+        # A pool made by hand holds its backend; pool_for's hold it weakly
+        # (Note [pools hold their backend weakly]).
+        self._backend: Backend | None = backend
+        self._backend_ref: "weakref.ref[Any] | None" = None
         self.stream = stream
         self._limit = limit_bytes
         self._buffer: Any = None
@@ -98,6 +106,24 @@ class WorkspacePool:
         self.alive = True
         #: Number of (re)allocations, for tests and logging.
         self.allocations = 0
+
+    @classmethod
+    def _registered(cls, backend: Backend, stream: int | None) -> "WorkspacePool":
+        """A pool for :func:`pool_for`'s registry, holding ``backend`` weakly."""
+        pool = cls(backend, stream=stream)
+        pool._backend, pool._backend_ref = None, weakref.ref(backend)
+        return pool
+
+    @property
+    def backend(self) -> Backend:
+        """The backend whose memory the pool holds."""
+        if self._backend is not None:
+            return self._backend
+        be = self._backend_ref() if self._backend_ref is not None else None
+        if be is None:
+            raise PoolOrphanedError("pool: its backend no longer exists; a registered pool "
+                                    "lives only as long as its backend (pool_for)")
+        return be
 
     # -- limits -----------------------------------------------------------------
     @property
@@ -195,6 +221,16 @@ class WorkspacePool:
             self._size = 0
 
 
+# Note [pools hold their backend weakly]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The registry maps each backend weakly to its pools, and a WeakKeyDictionary
+# holds its values strongly: a pool that held its backend strongly would keep
+# its own key alive, so every backend that ever had a pool (one-off NumPy
+# backends, a backend per call) would live, with its pools and buffers, until
+# the process ends. So registered pools refer to their backend through a weak
+# reference; whoever runs on a pool (a Kernel, a Convolution) holds the backend
+# itself, so it is there while the pool is used, and when the last holder goes
+# the backend, its registry entry and its pools (buffers included) go with it.
 #: backend -> its pools by stream; a pool goes when its backend does.
 _POOLS: "weakref.WeakKeyDictionary[Any, LRU[Any, WorkspacePool]]" = weakref.WeakKeyDictionary()
 _POOLS_LOCK = threading.Lock()
@@ -215,7 +251,7 @@ def pool_for(backend: Backend, stream: int | None = None) -> WorkspacePool:
             if pools is None:
                 pools = LRU("exec.workspace_pools", MAX_STREAM_POOLS, on_evict=_evict_pool)
                 _POOLS[backend] = pools
-    return pools.get_or_create(stream, lambda: WorkspacePool(backend, stream=stream))
+    return pools.get_or_create(stream, lambda: WorkspacePool._registered(backend, stream))
 
 
 def get_pool(backend: Backend) -> WorkspacePool:
@@ -233,13 +269,13 @@ def carve_segments(sizes: Mapping[str, int], align: int = ALIGN) -> tuple[int, d
     (768, {'a': (0, 100), 'b': (256, 0), 'c': (256, 300)})
     """
     if align < 1 or align & (align - 1):
-        raise ValueError(f"align: expected a power of two, got {align}")
+        raise InvalidValueError(f"align: expected a power of two, got {align}")
     out: dict[str, tuple[int, int]] = {}
     pos = 0
     for key, n in sizes.items():
         n = int(n)
         if n < 0:
-            raise ValueError(f"sizes[{key!r}]: expected a non-negative size, got {n}")
+            raise InvalidValueError(f"sizes[{key!r}]: expected a non-negative size, got {n}")
         out[key] = (pos, n)
         pos = _align(pos + n, align)
     return pos, out
