@@ -32,6 +32,15 @@ What runs where
   ``mucudnn::conv_backward`` (fake implementations give shapes), so a
   compiled model keeps each convolution as one node; eager mode uses an
   ``autograd.Function`` (less host time per call).
+* Beyond first-order eager autograd, as native convolutions: forward-mode
+  AD (``torch.autograd.forward_ad`` dual tensors, ``torch.func.jvp``,
+  ``jacfwd``), double backward (``create_graph=True``: gradient penalties,
+  ``gradgradcheck``, ``torch.func.hessian``) and ``torch.func`` transforms
+  (``vmap``, ``grad``, ``jacrev``) run on mucudnn's three directions, each
+  the adjoint of the others (Note [three bilinear directions] in
+  :mod:`.autodiff`; ``vmap`` folds the vmapped dimension into the batch or
+  the groups, Note [vmap by folding]). The first-order eager path is
+  unchanged by them.
 * CUDA graphs: after a warm-up step (which plans and allocates), a whole
   training step can be captured with ``torch.cuda.graph`` and replayed.
 * ``torch.backends.cudnn.deterministic = True`` or
@@ -81,7 +90,7 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (this package is the only room of mucudnn that imports torch)
 
-from .convert import MODES, WDPlanner, convert
+from .convert import MODES, ConvertWarning, WDPlanner, convert
 from .distributed import SharedPlans, share_plans
 from .engine import (MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear,
                      release_workspace, workspace_bytes)
@@ -89,7 +98,8 @@ from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError
 from .modules import Conv2d, Conv3d
 from .ops import ConvFunction
 
-__all__ = ["Conv2d", "Conv3d", "ConvFunction", "DEFAULT_WORKSPACE_LIMIT", "MAX_CONVOLUTIONS",
+__all__ = ["Conv2d", "Conv3d", "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
+           "MAX_CONVOLUTIONS",
            "MODES", "SharedPlans", "TorchBridgeError", "TorchTypeError", "TorchValueError",
            "WDPlanner", "cached_convolutions", "clear", "conv2d", "conv3d", "convert",
            "release_workspace", "share_plans", "workspace_bytes"]

@@ -5,8 +5,21 @@ Conversion is in place: each module of type exactly ``nn.Conv2d`` or
 :class:`~mucudnn.torch.Conv3d` (its class is swapped, as torch's lazy modules
 do), so it keeps its identity, its ``Parameter`` objects (an optimizer made
 before ``convert`` keeps working), its hooks and its ``state_dict`` keys.
-Subclasses of ``nn.Conv2d`` (which may override ``forward``) and modules
-converted before are left alone.
+Also converted:
+
+* ``nn.LazyConv2d``/``LazyConv3d`` not yet materialised: they become
+  mucudnn's modules when their first forward materialises them (their
+  ``cls_to_become``), that forward included;
+* parametrized convolutions (``torch.nn.utils.parametrizations.weight_norm``,
+  ``spectral_norm``, ``torch.nn.utils.parametrize``): their class becomes a
+  parametrized mucudnn class (``remove_parametrizations`` then leaves a
+  mucudnn module);
+* modules an earlier ``convert`` converted: they take the new options and
+  mode (Note [converting again]).
+
+Other subclasses of ``nn.Conv2d``/``nn.Conv3d`` (which may override
+``forward``) are left native with a :class:`ConvertWarning` naming them;
+mucudnn modules built directly keep the options they were built with.
 
 Two modes:
 
@@ -37,6 +50,7 @@ run as far as the convolutions go.
 
 >>> import torch
 >>> from torch import nn
+from torch.nn.utils import parametrize
 >>> model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
 >>> w = model[0].weight
 >>> model = convert(model, workspace_limit=32 << 20)
@@ -51,10 +65,12 @@ from __future__ import annotations
 import logging
 import numbers
 import threading
-from typing import Any, Mapping
+import warnings
+from typing import Any, Mapping, cast
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..backends import Backend
 from ..caches import LRU
@@ -64,12 +80,17 @@ from . import engine
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
 from .modules import Conv2d, Conv3d, MucudnnConvMixin
 
-__all__ = ["convert", "WDPlanner", "MODES"]
+__all__ = ["convert", "WDPlanner", "MODES", "ConvertWarning"]
 
 log = logging.getLogger("mucudnn")
 
 MODES = ("wr", "wd")
-_CLASSES = {nn.Conv2d: Conv2d, nn.Conv3d: Conv3d}
+_CLASSES: dict[type, type] = {nn.Conv2d: Conv2d, nn.Conv3d: Conv3d}
+_LAZY: dict[type, type] = {nn.LazyConv2d: Conv2d, nn.LazyConv3d: Conv3d}
+
+
+class ConvertWarning(UserWarning):
+    """:func:`convert` left a convolution native (the message names it)."""
 
 
 class WDPlanner:
@@ -181,6 +202,56 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
         planner.plan_pending(dirs)
 
 
+# Note [converting again]: ``convert`` run again over a model (a re-run
+# notebook cell, or new options) re-configures every module an earlier
+# ``convert`` converted with the new options and mode, so none keeps naming a
+# planner that is gone. The WD planners and their forward hooks found in the
+# converted tree are removed first; a WD convert with the same budget, policy
+# and backend as the planner already on ``module`` keeps that planner (and
+# the plans it has made).
+def _reuse_planner(module: nn.Module, planner: WDPlanner) -> WDPlanner:
+    old = module.__dict__.get("mucudnn_planner")
+    if isinstance(old, WDPlanner) and (old.total_workspace, old.backend, _policy_key(old.policy)) \
+            == (planner.total_workspace, planner.backend, _policy_key(planner.policy)):
+        return old
+    return planner
+
+
+def _policy_key(policy: Any) -> str:
+    return options(None, policy, None).policy
+
+
+def _drop_planners(module: nn.Module) -> None:
+    for m in module.modules():
+        if "mucudnn_planner" in m.__dict__:
+            del m.mucudnn_planner
+        hooks = m._forward_hooks
+        for key in [k for k, h in hooks.items() if h is _after_forward]:
+            del hooks[key]
+
+
+def _convert_one(m: nn.Module) -> bool:
+    """Make ``m`` a mucudnn convolution where :func:`convert` converts it; False
+    where it is not one to convert."""
+    cls = type(m)
+    target = _CLASSES.get(cls)
+    if target is not None:
+        m.__class__ = target
+        return True
+    target = _LAZY.get(cls)
+    if target is not None:  # materialised by its first forward, as target
+        m.cls_to_become = target  # type: ignore[assignment]
+        return True
+    if isinstance(m, MucudnnConvMixin):
+        return bool(getattr(m, "_mu_converted", False))
+    if parametrize.is_parametrized(m) and cls.__bases__[0] in _CLASSES:
+        # the class parametrize made (properties, __getstate__, __deepcopy__), over ours
+        body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+        m.__class__ = type(cls.__name__, (_CLASSES[cls.__bases__[0]],), body)
+        return True
+    return False
+
+
 def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
             policy: Any = DEFAULT_POLICY, mode: str = "wr",
             total_workspace: "int | None" = None,
@@ -195,6 +266,7 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
     :func:`mucudnn.torch.conv2d`.
 
     >>> from torch import nn
+from torch.nn.utils import parametrize
     >>> m = convert(nn.Sequential(nn.Conv2d(1, 2, 3)), mode="wd", total_workspace=1 << 20)
     >>> m.mucudnn_planner.total_workspace, m[0].extra_repr().endswith("mode='wd'")
     (1048576, True)
@@ -219,19 +291,27 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
             raise TorchValueError("total_workspace: only mode='wd' takes a total budget; "
                                   "mode='wr' limits each kernel with workspace_limit")
         options(workspace_limit, policy, backend)  # check before touching the model
-    converted = 0
+    if planner is not None:
+        planner = _reuse_planner(module, planner)
+    _drop_planners(module)
+    converted, native = 0, []
     for name, m in module.named_modules():
-        cls = _CLASSES.get(type(m))
-        if cls is None:
+        if not _convert_one(m):
+            if isinstance(m, (nn.Conv2d, nn.Conv3d)) and not isinstance(m, MucudnnConvMixin):
+                native.append(name or type(m).__name__)
             continue
-        m.__class__ = cls
-        mu: MucudnnConvMixin = m  # type: ignore[assignment]
+        # a lazy module becomes a mixin only once materialised: its attributes first
+        mu = cast(MucudnnConvMixin, m)
         if planner is not None:
-            mu._mu_setup(int(total_workspace), policy, backend,  # type: ignore[arg-type]
-                         plans=f"{planner.token}:{name}")
+            MucudnnConvMixin._mu_setup(mu, int(total_workspace),  # type: ignore[arg-type]
+                                       policy, backend, plans=f"{planner.token}:{name}")
         else:
-            mu._mu_setup(workspace_limit, policy, backend)
+            MucudnnConvMixin._mu_setup(mu, workspace_limit, policy, backend)
+        mu._mu_converted = True
         converted += 1
+    if native:
+        warnings.warn(f"mucudnn.torch.convert: left native (subclasses of nn.Conv2d/Conv3d "
+                      f"it does not know): {', '.join(native)}", ConvertWarning, stacklevel=2)
     if planner is not None:
         module.mucudnn_planner = planner  # type: ignore[assignment]
         module.register_forward_hook(_after_forward)

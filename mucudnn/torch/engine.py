@@ -53,7 +53,7 @@ from ..api import Convolution
 from ..backends import Backend, available_backends, get_backend
 from ..caches import LRU
 from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
-from ..errors import MucudnnError, UnsupportedDtypeError
+from ..errors import InvalidTypeError, MucudnnError, UnsupportedDtypeError
 from ..exec.arrays import release_torch_workspaces, torch_workspace, torch_workspace_bytes
 from ..problem import ConvProblem, Direction, Plan
 
@@ -114,9 +114,10 @@ _CONVS: "LRU[tuple, Convolution]" = LRU("torch.convolutions", MAX_CONVOLUTIONS)
 #: (backend token, device index) -> Backend for CUDA devices: one backend (so
 #: one workspace pool) per device and name, whatever get_backend does with options.
 _BACKENDS: "LRU[tuple, Backend]" = LRU("torch.backends", 64)
-#: Backend instances given by the caller, by token (a registry, not a cache:
-#: a token must stay valid while modules hold it).
-_BACKEND_OBJECTS: dict[str, Backend] = {}
+#: Backend instances given by the caller, by token, held weakly (Note [backend tokens]).
+_BACKEND_OBJECTS: "weakref.WeakValueDictionary[str, Backend]" = weakref.WeakValueDictionary()
+#: id(backend) -> (a weak reference to it, its token), for finding a live one's token.
+_BACKEND_TOKENS: dict[int, tuple["weakref.ReferenceType[Backend]", str]] = {}
 _PLAN_SOURCES: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _counter = [0]
@@ -127,11 +128,18 @@ class TorchBridgeError(MucudnnError, ValueError):
 
 
 # -- options ----------------------------------------------------------------------------------
+# Note [backend tokens]: a Backend instance passed as ``backend=`` is named by
+# a token ``"@<n>"`` (ConvConfig and the cache keys hold strings), registered
+# weakly: the token lives exactly as long as the object. A module that was
+# given the instance holds it (so its token stays valid), a dropped one is
+# collected with its pools, and a token is never reused (a new object, even at
+# a recycled address, gets a new token). What holds a backend strongly is
+# bounded: the Convolutions of the LRUs here (emptied by :func:`clear`).
 def backend_token(backend: "str | Backend | None") -> str:
     """The string form of a ``backend=`` argument ("" for the default).
 
     Names are checked against :func:`mucudnn.available_backends`; a Backend
-    instance is registered and named ``"@<n>"``.
+    instance is registered (weakly) and named ``"@<n>"`` (Note [backend tokens]).
 
     >>> backend_token(None), backend_token("NumPy")
     ('', 'numpy')
@@ -141,20 +149,30 @@ def backend_token(backend: "str | Backend | None") -> str:
     if isinstance(backend, str):
         name = backend.strip().lower()
         if name not in available_backends():
-            raise ValueError(f"backend: expected one of {available_backends()} or None, "
-                             f"got {backend!r}")
+            raise TorchBridgeError(f"backend: expected one of {available_backends()} or None, "
+                                   f"got {backend!r}")
         return name
     if isinstance(backend, Backend):
+        key = id(backend)
+        hit = _BACKEND_TOKENS.get(key)
+        if hit is not None and hit[0]() is backend:
+            return hit[1]
         with _LOCK:
-            for tok, obj in _BACKEND_OBJECTS.items():
-                if obj is backend:
-                    return tok
             _counter[0] += 1
             tok = f"@{_counter[0]}"
             _BACKEND_OBJECTS[tok] = backend
+            _BACKEND_TOKENS[key] = (weakref.ref(backend, _forget_token(key, tok)), tok)
             return tok
-    raise TypeError(f"backend: expected a backend name, a mucudnn Backend or None, "
-                    f"got {type(backend).__name__}")
+    raise InvalidTypeError(f"backend: expected a backend name, a mucudnn Backend or None, "
+                           f"got {type(backend).__name__}")
+
+
+def _forget_token(key: int, tok: str) -> Any:
+    def forget(_ref: Any) -> None:  # the backend was collected
+        hit = _BACKEND_TOKENS.get(key)
+        if hit is not None and hit[1] == tok:
+            _BACKEND_TOKENS.pop(key, None)
+    return forget
 
 
 def register_plan_source(source: PlanSource, token: "str | None" = None) -> str:
@@ -174,6 +192,10 @@ def plan_source(token: str) -> "PlanSource | None":
 
 
 def _backend_for(token: str, device: torch.device) -> Backend:
+    if token[:1] == "@" and token not in _BACKEND_OBJECTS:
+        raise TorchBridgeError(f"backend: the Backend instance named {token!r} was garbage "
+                               "collected (keep a reference to it while it is used; Note "
+                               "[backend tokens])")
     if device.type == "cpu":
         if token in ("", "numpy"):
             return get_backend("numpy")

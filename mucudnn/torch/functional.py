@@ -53,20 +53,41 @@ class Options(NamedTuple):
 
 
 _OPTIONS: "LRU[tuple, Options]" = LRU("torch.options", 64)
+_COMPILING = torch.compiler.is_compiling
 
 
 def options(workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
             policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> Options:
     """Check and normalise the mucudnn options of a convolution.
 
+    Checked results are cached (``torch.options``) by value *and type* of
+    ``workspace_limit`` (``True`` and ``1.0`` are refused however often
+    ``1`` was accepted), by normalised policy and by backend name or the
+    token of a Backend instance (Note [backend tokens] in engine.py).
+
     >>> options(1 << 20, [32, 64], None)
     Options(workspace_limit=1048576, policy='64,32', backend='')
     """
+    if _COMPILING():  # Note [options under torch.compile]
+        return _check(workspace_limit, policy, backend)
     pol = policy if isinstance(policy, str) else _sizes(policy)
-    key = (workspace_limit, pol, backend if isinstance(backend, (str, type(None))) else id(backend))
+    bkey: Any = backend if backend is None or isinstance(backend, str) \
+        else ("instance", _token(backend))
+    key = (type(workspace_limit), workspace_limit, pol, bkey)
     hit = _OPTIONS.get(key)
     if hit is not None:
         return hit
+    out = _check(workspace_limit, policy, backend)
+    _OPTIONS.put(key, out)
+    return out
+
+
+# Note [options under torch.compile]: Dynamo cannot enter the options cache's
+# lock (nor the backend registry's), and needs no cache: it runs ``options``
+# once, while tracing, and guards on its constant arguments. So while
+# compiling, the arguments are checked without the cache.
+def _check(workspace_limit: Any, policy: Any, backend: Any) -> Options:
+    pol = policy if isinstance(policy, str) else _sizes(policy)
     if workspace_limit is None:
         wl = -1
     elif isinstance(workspace_limit, bool) or not isinstance(workspace_limit, numbers.Integral):
@@ -80,15 +101,16 @@ def options(workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
         batch_sizes(policy if isinstance(pol, str) else [int(v) for v in pol.split(",")], 1)
     except ValueError as exc:
         raise TorchValueError(str(exc)) from None
+    return Options(wl, pol, _token(backend))
+
+
+def _token(backend: Any) -> str:
     try:
-        be = engine.backend_token(backend)
+        return engine.backend_token(backend)
     except TypeError as exc:
         raise TorchTypeError(str(exc)) from None
     except ValueError as exc:
         raise TorchValueError(str(exc)) from None
-    out = Options(wl, pol, be)
-    _OPTIONS.put(key, out)
-    return out
 
 
 def _sizes(policy: Any) -> str:

@@ -43,6 +43,8 @@ class MucudnnConvMixin:
     backend: "str | Backend | None"
     _mu_options: Options
     _mu_plans: str
+    #: set by :func:`mucudnn.torch.convert` (a later convert re-configures the module)
+    _mu_converted: bool = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,

@@ -28,9 +28,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from torch.autograd import forward_ad as _forward_ad
 
-from . import engine
+from . import autodiff, engine
 from .engine import ConvConfig
 
 __all__ = ["ConvFunction", "apply", "conv", "conv_backward"]
@@ -43,12 +43,11 @@ _TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_fixed_stride_order",)
 # at small batches on the H200 host) every microsecond of a conv's Python is
 # paid 53 times a step (docs/BENCHMARKS.md, "Fifth session"). So the eager
 # Function's forward looks up the warm record once (Note [the warm torch path]
-# in engine.py) and keeps it on ``ctx``; and ``once_differentiable`` (whose
-# ``torch.no_grad()`` and output checks cost about 19 us a call under cProfile
-# there) wraps the backward only when grad mode is on in it, i.e. under
-# ``create_graph=True``, the one case where its guard against a second
-# differentiation does anything. In an ordinary backward grad mode is off,
-# which is all its ``no_grad`` would ensure.
+# in engine.py) and keeps it on ``ctx``, and its backward runs the engine's
+# two backward directions directly. Only with grad mode on in the backward
+# (``create_graph=True``: gradient penalties, double backward) does it build
+# its gradients from differentiable ops instead (:func:`autodiff.backward`,
+# Note [three bilinear directions]).
 class ConvFunction(torch.autograd.Function):
     """Eager autograd path: ``ConvFunction.apply(x, w, bias, cfg)``."""
 
@@ -65,7 +64,8 @@ class ConvFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple:
         if _GRAD_ENABLED():  # create_graph=True (Note [eager backward cost])
-            return _backward_once(ctx, dy)
+            x, w = ctx.saved_tensors
+            return autodiff.backward(x, w, dy, ctx.cfg, *ctx.needs_input_grad[:3])
         return _conv_function_backward(ctx, dy)
 
 
@@ -83,17 +83,15 @@ def _conv_function_backward(ctx: Any, dy: Tensor) -> tuple:
     return dx, dw, db, None
 
 
-_backward_once = once_differentiable(_conv_function_backward)
-
 # Note [Function.apply's Python wrapper]: in the torch releases our users run
 # (2.11 on the H200 machine) ``Function.apply`` is a Python classmethod: it
 # checks for a ``setup_context`` (ConvFunction has none), unwraps dead functorch
 # wrappers (tensors that outlived a torch.func transform) and calls
 # ``torch._C._FunctionBase.apply``; newer releases made ``apply`` that C
 # method itself. Outside functorch transforms :func:`apply` calls the C method
-# directly (about 15 us a call less under cProfile on the H200 host); under a
+# directly (about 15 us a call less under cProfile on the H200 host). Under a
 # transform (``torch._C._are_functorch_transforms_active()``) it takes
-# ``ConvFunction.apply``, which raises torch's own error (no setup_context).
+# :func:`autodiff.conv` instead (Note [the eager first-order path stays lean]).
 _BASE_APPLY: Any = torch._C._FunctionBase.__dict__.get("apply")
 _C_APPLY: Any = ConvFunction.apply if _BASE_APPLY is None \
     else _BASE_APPLY.__get__(None, ConvFunction)
@@ -179,17 +177,18 @@ conv.register_autograd(_backward, setup_context=_setup_context)
 
 
 def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig) -> Tensor:
-    """The convolution through the custom op while compiling, else through
-    :class:`ConvFunction` (or, with no gradient needed, the engine directly);
-    within :func:`engine.recording`, only records it."""
+    """The convolution through the custom op while compiling; under a
+    ``torch.func`` transform or forward-mode AD through :func:`autodiff.conv`;
+    else through :class:`ConvFunction` (or, with no gradient needed, the engine
+    directly); within :func:`engine.recording`, only records it."""
     if engine.RECORDER is not None:
         return engine.record(x, w, cfg)
     if torch.compiler.is_compiling():
         return conv(x, w, bias, list(cfg.stride), list(cfg.padding), list(cfg.dilation),
                     cfg.groups, cfg.workspace_limit, cfg.policy, cfg.backend, cfg.plans)
+    if _FUNCTORCH_ACTIVE() or _forward_ad._current_level >= 0:
+        return autodiff.conv(x, w, bias, cfg)  # Note [the eager first-order path stays lean]
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        if _FUNCTORCH_ACTIVE():  # Note [Function.apply's Python wrapper]
-            return ConvFunction.apply(x, w, bias, cfg)
         return _C_APPLY(x, w, bias, cfg)
     return engine.forward(x, w, bias, cfg)

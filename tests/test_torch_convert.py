@@ -1,0 +1,163 @@
+"""mucudnn.torch.convert over models met in practice, on the CPU (NumPy
+backend): converting twice (a re-run notebook cell, new options, WR then WD),
+lazy convolutions, parametrized convolutions (weight_norm, spectral_norm),
+and the warning for what stays native (issue 34)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch (pip install torch)")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.utils import parametrizations, parametrize  # noqa: E402
+
+import mucudnn.torch as mt  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_cache():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MUCUDNN_CACHE", "off")
+        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+        yield
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1)).double()
+
+
+def _x():
+    return torch.randn(2, 3, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def _step(model):
+    x = _x().requires_grad_()
+    y = model(x)
+    y.square().sum().backward()
+    return y.detach(), x.grad
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def _hooks(m):
+    return len(m._forward_hooks)
+
+
+def test_convert_wd_twice_keeps_working_and_keeps_its_planner():
+    native = _model()
+    ref = _step(copy.deepcopy(native))
+    model = mt.convert(copy.deepcopy(native), mode="wd", total_workspace=1 << 20)
+    _close(_step(model)[0], ref[0])
+    planner = model.mucudnn_planner
+    mt.convert(model, mode="wd", total_workspace=1 << 20)  # the same cell run again
+    assert model.mucudnn_planner is planner and _hooks(model) == 1
+    for got, want in zip(_step(model), ref):
+        _close(got, want)
+    mt.convert(model, mode="wd", total_workspace=2 << 20)  # a new budget: a new planner
+    assert model.mucudnn_planner is not planner and _hooks(model) == 1
+    assert model.mucudnn_planner.total_workspace == 2 << 20
+    assert model[0]._mu_plans.startswith(model.mucudnn_planner.token + ":")
+    for got, want in zip(_step(model), ref):
+        _close(got, want)
+    assert model.mucudnn_planner.plans  # planned at that forward
+
+
+def test_a_second_convert_applies_its_options_wr_then_wd_then_wr():
+    model = mt.convert(_model(), workspace_limit=1 << 20)
+    ref = _step(_model())
+    mt.convert(model, workspace_limit=4096, policy="undivided")
+    assert model[0].workspace_limit == 4096 and model[2].policy == "undivided"
+    mt.convert(model, mode="wd", total_workspace=8192)
+    assert model[0]._mu_plans and model[0]._mu_options.workspace_limit == 8192
+    for got, want in zip(_step(model), ref):
+        _close(got, want)
+    assert len(model.mucudnn_planner.plans) == 2  # the WD budget is used
+    mt.convert(model)  # back to WR: no planner, no hook
+    assert not model[0]._mu_plans and "mucudnn_planner" not in model.__dict__
+    assert _hooks(model) == 0
+    for got, want in zip(_step(model), ref):
+        _close(got, want)
+
+
+def test_modules_built_directly_keep_their_options():
+    m = nn.Sequential(mt.Conv2d(3, 4, 3, workspace_limit=4096), nn.Conv2d(4, 4, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left native
+        mt.convert(m, workspace_limit=1 << 20)
+    assert m[0].workspace_limit == 4096 and m[1].workspace_limit == 1 << 20
+
+
+@pytest.mark.parametrize("mode", ["wr", "wd"])
+def test_lazy_convolutions_convert_at_materialisation(mode):
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.LazyConv2d(4, 3, padding=1), nn.ReLU(), nn.LazyConv2d(2, 1))
+    kw = dict(mode="wd", total_workspace=1 << 20) if mode == "wd" else {}
+    mt.convert(model, **kw)
+    mt.clear()
+    x = _x().float()
+    y = model(x)
+    assert type(model[0]) is mt.Conv2d and type(model[2]) is mt.Conv2d
+    if mode == "wd":  # the first forward ran on mucudnn, recorded for the joint plan
+        assert len(model.mucudnn_planner.plans) == 2
+    else:  # the first forward ran on mucudnn
+        assert len(mt.cached_convolutions()) == 2
+    ref = F.conv2d(F.conv2d(x, model[0].weight, model[0].bias, padding=1).relu(),
+                   model[2].weight, model[2].bias)
+    torch.testing.assert_close(y, ref)
+
+
+def test_lazy_conv3d_converts():
+    m = mt.convert(nn.LazyConv3d(2, 2))
+    x = torch.randn(1, 3, 3, 3, 3)
+    y = m(x)
+    assert type(m) is mt.Conv3d
+    torch.testing.assert_close(y, F.conv3d(x, m.weight, m.bias))
+
+
+@pytest.mark.parametrize("norm", ["weight_norm", "spectral_norm"])
+def test_parametrized_convolutions_convert(norm):
+    torch.manual_seed(3)
+    make = getattr(parametrizations, norm)
+    native = nn.Sequential(make(nn.Conv2d(3, 4, 3)), nn.ReLU(), make(nn.Conv3d(1, 1, 1))).double()
+    model = copy.deepcopy(native)
+    mt.convert(model)
+    assert isinstance(model[0], mt.Conv2d) and isinstance(model[2], mt.Conv3d)
+    assert parametrize.is_parametrized(model[0], "weight")
+    assert model.state_dict().keys() == native.state_dict().keys()
+    mt.clear()
+    native.eval()
+    model.eval()  # spectral_norm's power iteration runs in training mode only
+    x = _x().requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    y, yr = model[0](x), native[0](xr)
+    assert mt.cached_convolutions()
+    _close(y, yr)
+    y.square().sum().backward()
+    yr.square().sum().backward()
+    _close(x.grad, xr.grad)
+    for p, q in zip(model[0].parameters(), native[0].parameters()):
+        _close(p.grad, q.grad)
+    copy.deepcopy(model)
+    parametrize.remove_parametrizations(model[0], "weight")
+    assert type(model[0]) is mt.Conv2d
+
+
+def test_conv_subclasses_left_native_are_named_in_a_warning():
+    class MyConv(nn.Conv2d):
+        pass
+
+    m = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Sequential(MyConv(1, 1, 1)))
+    with pytest.warns(mt.ConvertWarning, match=r"1\.0"):
+        mt.convert(m)
+    assert type(m[1][0]) is MyConv and type(m[0]) is mt.Conv2d
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mt.convert(nn.Sequential(nn.Conv2d(1, 1, 1), nn.ConvTranspose2d(1, 1, 1)))
