@@ -41,6 +41,13 @@ What runs where
   :mod:`.autodiff`; ``vmap`` folds the vmapped dimension into the batch or
   the groups, Note [vmap by folding]). The first-order eager path is
   unchanged by them.
+* Never slower than native: the first eager call of each convolution on a
+  GPU times each direction's plan against PyTorch's own cuDNN call
+  (``cudnn.benchmark``) and measures PyTorch's workspace; a direction runs
+  PyTorch's call where that fits the same limit and is no slower (Note
+  [never slower than native] in :mod:`.native`; ``MUCUDNN_TORCH_NATIVE=0``
+  turns it off). ``print(mt.report(model))`` after the first step lists what
+  each layer runs, both times and PyTorch's workspace.
 * CUDA graphs: after a warm-up step (which plans and allocates), a whole
   training step can be captured with ``torch.cuda.graph`` and replayed.
 * ``torch.backends.cudnn.deterministic = True`` or
@@ -74,6 +81,9 @@ Caches (each a :class:`mucudnn.caches.LRU`; :func:`mucudnn.caches.clear_all` emp
   device, options and determinism; :func:`clear` empties it too.
 * ``torch.backends`` (:mod:`.engine`, 64): the backend of each (name, CUDA device).
 * ``torch.options`` (:mod:`.functional`, 64): checked ``workspace_limit``/``policy``/``backend``.
+* ``torch.native_choices`` (:mod:`.native`, 512): per convolution signature, whether
+  each direction runs the plan or PyTorch's own call, with both times (Note [never
+  slower than native]); :func:`report` prints them.
 * ``torch.wd_plans`` (one per :class:`WDPlanner`, 4096): WD plans by (layer, problem);
   once emptied, the next forward plans again.
 
@@ -97,9 +107,11 @@ from .engine import (MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, cl
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv2d, conv3d
 from .modules import Conv2d, Conv3d
 from .ops import ConvFunction
+from .report import LayerReport, Report, report
 
 __all__ = ["Conv2d", "Conv3d", "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
            "MAX_CONVOLUTIONS",
            "MODES", "SharedPlans", "TorchBridgeError", "TorchTypeError", "TorchValueError",
            "WDPlanner", "cached_convolutions", "clear", "conv2d", "conv3d", "convert",
-           "release_workspace", "share_plans", "workspace_bytes"]
+           "release_workspace", "share_plans", "workspace_bytes", "report", "Report",
+           "LayerReport"]

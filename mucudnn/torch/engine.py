@@ -56,6 +56,7 @@ from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
 from ..errors import InvalidTypeError, MucudnnError, UnsupportedDtypeError
 from ..exec.arrays import release_torch_workspaces, torch_workspace, torch_workspace_bytes
 from ..problem import ConvProblem, Direction, Plan
+from . import native as _native
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
            "channels_last", "convolution", "deterministic", "forward", "backward", "warm_call",
@@ -483,6 +484,7 @@ def clear(backends: bool = True) -> None:
     """
     _CONVS.clear()
     _WARM.clear()
+    _native.clear()
     if backends:
         _BACKENDS.clear()
 
@@ -683,18 +685,21 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | Non
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
-        warm = _Warm(x, w, _is_cl(x) or _is_cl(w), cfg)
+        warm = _Warm(x, w, _is_cl(x) or _is_cl(w), cfg, key)
         _WARM.put(key, warm)
     return warm
 
 
 class _Warm:
-    """One signature's resolved state (Note [the warm torch path])."""
+    """One signature's resolved state (Note [the warm torch path]); each
+    direction runs its plan's launcher or PyTorch's own call (Note [never
+    slower than native] in :mod:`.native`)."""
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
-                 "ws", "bias_view", "sum_dims")
+                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native")
 
-    def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig) -> None:
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
+                 key: tuple) -> None:
         nd = x.dim()
         dev = x.device
         with _on_device(dev):
@@ -710,17 +715,38 @@ class _Warm:
         self.ws = torch_workspace(dev)
         self.bias_view = _BIAS_VIEW[nd]
         self.sum_dims = [0] + list(range(2, nd))
+        self.cfg = cfg
+        self.det = bool(key[-1])
+        self.tf32 = bool(key[-2])
+        #: per direction (forward, backward-data, backward-filter): PyTorch's call runs
+        self.native = (False, False, False)
+        if _native.enabled() and not torch.cuda.is_current_stream_capturing():
+            with _device_ctx(self.index):
+                rec = _native.calibrate(
+                    key, conv, x.contiguous(memory_format=self.fmt),
+                    w.contiguous(memory_format=self.fmt), self.y_shape, cfg, self.fmt,
+                    {Direction.FORWARD: self.fwd, Direction.BACKWARD_DATA: self.bwd_data,
+                     Direction.BACKWARD_FILTER: self.bwd_filter},
+                    self.ws, lambda: _STREAM(self.index),
+                    None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
+                    self.tf32)
+            fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
+            self.native = (fwd, bd, bf)
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:
         fmt = self.fmt
         x = x.contiguous(memory_format=fmt)
         w = w.contiguous(memory_format=fmt)
-        y = torch.empty(self.y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
         index = self.index
-        with _device_ctx(index):
-            self.fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0, _STREAM(index),
-                     self.ws)
+        if self.native[0]:
+            with _device_ctx(index):
+                y = _native.native_forward(x, w, self.cfg, self.det, self.tf32)
+        else:
+            y = torch.empty(self.y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+            with _device_ctx(index):
+                self.fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0, _STREAM(index),
+                         self.ws)
         if bias is not None:
             y.add_(bias.view(self.bias_view))
         return y
@@ -740,7 +766,17 @@ class _Warm:
         fmt = self.fmt
         dy = dy.contiguous(memory_format=fmt)
         index = self.index
+        _, native_x, native_w = self.native
         with _device_ctx(index):
+            if (need_x and native_x) or (need_w and native_w):
+                nx, nw = need_x and native_x, need_w and native_w
+                ndx, ndw = _native.native_backward(
+                    dy, x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt),
+                    self.cfg, nx, nw, self.det, self.tf32)
+                if nx:
+                    dx, need_x = ndx, False
+                if nw:
+                    dw, need_w = ndw, False
             stream = _STREAM(index)
             # empty_like(t, memory_format=fmt): t's shape, dtype and device in
             # ``fmt``, as torch.empty(...) would make it, with less argument parsing

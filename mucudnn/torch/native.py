@@ -1,0 +1,258 @@
+"""PyTorch's own convolution where it beats every plan under the limit.
+
+Note [never slower than native]: converting a model must never make a layer
+slower than leaving it alone. So the first eager call of each convolution
+signature on a GPU (:class:`~mucudnn.torch.engine._Warm`) times, per
+direction, the micro-batched plan and PyTorch's own cuDNN call
+(``cudnn.benchmark``: PyTorch's fastest, as a native model runs it) in one
+harness: the same tensors, CUDA events on torch's current stream, alternated,
+medians. PyTorch's workspace is measured too: its call runs once inside a
+private ``torch.cuda.MemPool``, and what the pool reserved beyond the output
+is the workspace (rounded up to the allocator's blocks, so never
+understated). The direction then runs PyTorch's call where that workspace
+fits the same limit (the WR limit, or a WD plan's own share) and its time is
+no more than the plan's; otherwise the plan. :func:`decide` is the rule.
+Each choice is kept (:data:`MAX_CHOICES`, ``torch.native_choices``) and
+:func:`mucudnn.torch.report` prints them. Calls first made under CUDA-graph
+capture, on the CPU or with an empty batch are not calibrated (they run the
+plan), and ``MUCUDNN_TORCH_NATIVE=0`` turns the comparison off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import statistics
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..caches import LRU
+from ..problem import Direction, Plan
+
+__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "enabled", "records", "calibrate",
+           "native_forward", "native_backward"]
+
+log = logging.getLogger("mucudnn")
+
+#: Bound of the kept choices (one record per convolution signature).
+MAX_CHOICES = 512
+#: Timed runs of each side per direction (medians; alternated).
+REPEAT = 5
+
+MUCUDNN = "mucudnn"
+TORCH = "torch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What runs one direction of one signature, and why.
+
+    ``runs``: ``"mucudnn"`` (the plan) or ``"torch"`` (PyTorch's own call).
+    ``plan_ms`` / ``torch_ms``: their times in one harness (None where not
+    measured); ``torch_workspace``: PyTorch's measured workspace bytes (None:
+    unknown); ``limit``: the bytes it was held to (None: no limit).
+    """
+
+    direction: Direction
+    runs: str
+    plan_ms: Optional[float]
+    torch_ms: Optional[float]
+    torch_workspace: Optional[int]
+    limit: Optional[int]
+    reason: str
+
+
+@dataclasses.dataclass
+class Record:
+    """One signature's convolution, its plans and its choices."""
+
+    cfg: Any
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    dtype: str
+    channels_last: bool
+    plans: dict[Direction, Plan]
+    choices: dict[Direction, Choice]
+
+
+_RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
+
+
+def enabled() -> bool:
+    """False while ``MUCUDNN_TORCH_NATIVE`` is ``0``/``off``/``false``/``no``."""
+    return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in (
+        "0", "off", "false", "no")
+
+
+def records() -> list[Record]:
+    """The kept records, least recently made first."""
+    return _RECORDS.values()
+
+
+def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[float],
+           torch_workspace: Optional[int], limit: Optional[int]) -> Choice:
+    """Note [never slower than native]: PyTorch's call where its workspace is
+    known and within ``limit`` and it is no slower than the plan.
+
+    >>> decide(Direction.FORWARD, 1.0, 0.5, 1 << 20, 64 << 20).runs
+    'torch'
+    >>> decide(Direction.FORWARD, 1.0, 0.5, 128 << 20, 64 << 20).reason
+    "PyTorch's workspace 128.0 MiB is over the limit 64.0 MiB"
+    >>> decide(Direction.FORWARD, 0.4, 0.5, 0, None).runs
+    'mucudnn'
+    """
+    def mib(n: int) -> str:
+        return f"{n / 2**20:.1f} MiB"
+
+    if torch_ms is None or plan_ms is None:
+        return Choice(direction, MUCUDNN, plan_ms, torch_ms, torch_workspace, limit,
+                      "not compared")
+    if torch_workspace is None:
+        return Choice(direction, MUCUDNN, plan_ms, torch_ms, None, limit,
+                      "PyTorch's workspace could not be measured")
+    if limit is not None and torch_workspace > limit:
+        return Choice(direction, MUCUDNN, plan_ms, torch_ms, torch_workspace, limit,
+                      f"PyTorch's workspace {mib(torch_workspace)} is over the limit {mib(limit)}")
+    if torch_ms <= plan_ms:
+        return Choice(direction, TORCH, plan_ms, torch_ms, torch_workspace, limit,
+                      "PyTorch's call is no slower and fits the limit")
+    return Choice(direction, MUCUDNN, plan_ms, torch_ms, torch_workspace, limit,
+                  "the plan is faster")
+
+
+# -- PyTorch's own calls ---------------------------------------------------------------------------
+def _flags(deterministic: bool, tf32: bool) -> Any:
+    """cuDNN flags as a native model with ``cudnn.benchmark`` runs them."""
+    return torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=deterministic,
+                                      allow_tf32=tf32)
+
+
+def native_forward(x: torch.Tensor, w: torch.Tensor, cfg: Any, deterministic: bool,
+                   tf32: bool) -> torch.Tensor:
+    """PyTorch's own cuDNN forward (no bias)."""
+    with _flags(deterministic, tf32):
+        return torch.ops.aten.convolution(x, w, None, list(cfg.stride), list(cfg.padding),
+                                          list(cfg.dilation), False, [0] * len(cfg.stride),
+                                          cfg.groups)
+
+
+def native_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: Any,
+                    need_x: bool, need_w: bool, deterministic: bool, tf32: bool
+                    ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """PyTorch's own cuDNN backward-data and/or backward-filter."""
+    with _flags(deterministic, tf32):
+        dx, dw, _ = torch.ops.aten.convolution_backward(
+            dy, x, w, None, list(cfg.stride), list(cfg.padding), list(cfg.dilation), False,
+            [0] * len(cfg.stride), cfg.groups, [need_x, need_w, False])
+    return dx, dw
+
+
+# -- the harness -----------------------------------------------------------------------------------
+def _time(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
+    """Median ms of each of ``fns``, alternated on torch's current stream (one
+    warm-up each first)."""
+    for fn in fns:
+        fn()
+    events: list[list[tuple[Any, Any]]] = [[] for _ in fns]
+    for r in range(repeat):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[i]()
+            end.record()
+            events[i].append((start, end))
+    torch.cuda.current_stream().synchronize()
+    return [statistics.median(a.elapsed_time(b) for a, b in pairs) for pairs in events]
+
+
+def _workspace(fn: Callable[[], Any]) -> Optional[int]:
+    """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
+    outputs, measured in a private pool (None where torch cannot say)."""
+    pool_type = getattr(torch.cuda, "MemPool", None)
+    use = getattr(torch.cuda, "use_mem_pool", None)
+    if pool_type is None or use is None:
+        return None
+    try:
+        pool = pool_type()
+        with use(pool):
+            out = fn()
+        torch.cuda.current_stream().synchronize()
+        reserved = sum(int(s["total_size"]) for s in pool.snapshot())
+        kept = sum(int(t.untyped_storage().nbytes()) for t in _tensors(out))
+        del out
+        return max(0, reserved - kept)
+    except (RuntimeError, AttributeError, KeyError, TypeError) as exc:
+        log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
+        return None
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
+              cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
+              stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool) -> Record:
+    """Time each direction's plan (``launch``: the kernels' launchers) and
+    PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
+    workspace, decide (Note [never slower than native]) and keep the record
+    under ``key``."""
+    old = _RECORDS.peek(key)
+    if old is not None and old.plans == conv.plans:
+        return old
+    # x and w are the call's own operands (read only); outputs are scratch
+    y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    dy = torch.randn_like(y)
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    fwd, bd, bf = (launch[d] for d in Direction)
+    ours = {
+        Direction.FORWARD: lambda: fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0,
+                                       stream(), ws),
+        Direction.BACKWARD_DATA: lambda: bd(dx.data_ptr(), w.data_ptr(), dy.data_ptr(), 1.0, 0.0,
+                                            stream(), ws),
+        Direction.BACKWARD_FILTER: lambda: bf(x.data_ptr(), dw.data_ptr(), dy.data_ptr(), 1.0,
+                                              0.0, stream(), ws),
+    }
+    theirs = {
+        Direction.FORWARD: lambda: native_forward(x, w, cfg, deterministic, tf32),
+        Direction.BACKWARD_DATA: lambda: native_backward(dy, x, w, cfg, True, False,
+                                                         deterministic, tf32)[0],
+        Direction.BACKWARD_FILTER: lambda: native_backward(dy, x, w, cfg, False, True,
+                                                           deterministic, tf32)[1],
+    }
+    timed: dict[Direction, tuple[Optional[float], Optional[float], Optional[int]]] = {}
+    for d in Direction:
+        try:
+            plan_ms, torch_ms = _time([ours[d], theirs[d]])
+            timed[d] = (plan_ms, torch_ms, _workspace(theirs[d]))
+        except RuntimeError as exc:  # PyTorch cannot run it (or runs out of memory)
+            log.info("mucudnn.torch: PyTorch's own %s not compared: %s", d.value, exc)
+            timed[d] = (None, None, None)
+    plans = dict(conv.plans)  # made by the first launches above
+    choices = {}
+    for d in Direction:
+        plan = plans.get(d)
+        cap = plan.workspace_bytes if (cfg.plans and plan is not None) else limit
+        choices[d] = decide(d, timed[d][0], timed[d][1], timed[d][2], cap)
+    rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
+                 fmt is not torch.contiguous_format, plans, choices)
+    _RECORDS.put(key, rec)
+    for c in choices.values():
+        log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",
+                 conv.problem.key(), c.direction.value, c.runs, _ms(c.plan_ms), _ms(c.torch_ms),
+                 c.torch_workspace, c.reason)
+    return rec
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def clear() -> None:
+    """Forget every choice (the next first call of a signature compares again)."""
+    _RECORDS.clear()

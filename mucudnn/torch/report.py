@@ -1,0 +1,165 @@
+"""``mucudnn.torch.report(model)``: what each converted layer runs, and how fast.
+
+After a model's first training step (the step that plans and compares, Note
+[never slower than native] in :mod:`.native`), the report lists per converted
+layer and direction whether mucudnn's plan or PyTorch's own convolution runs,
+the plan (micro-batches and workspace), the time of each in one harness and
+PyTorch's workspace, with totals of what runs and of what native PyTorch
+would run. ``print(report(model))`` gives a table; ``as_dict()`` the data.
+
+>>> import torch
+>>> from torch import nn
+>>> import mucudnn.torch as mt
+>>> str(report(mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3))))).splitlines()[0]
+'mucudnn.torch report: 1 converted layer(s), 0 with measurements (first call on a GPU compares)'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from torch import nn
+
+from ..problem import Direction
+from . import native
+from .functional import options
+from .modules import MucudnnConvMixin
+
+__all__ = ["Report", "LayerReport", "report"]
+
+_SHORT = {Direction.FORWARD: "fwd", Direction.BACKWARD_DATA: "bwd-data",
+          Direction.BACKWARD_FILTER: "bwd-filter"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReport:
+    """One converted layer at one input signature: per direction what runs."""
+
+    name: str
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    dtype: str
+    channels_last: bool
+    directions: dict[str, dict[str, Any]]
+
+    @property
+    def ms(self) -> float:
+        """Milliseconds of what runs, summed over the measured directions."""
+        return sum(d["ms"] for d in self.directions.values() if d["ms"] is not None)
+
+    @property
+    def torch_ms(self) -> float:
+        """Milliseconds native PyTorch takes for the same directions."""
+        return sum(d["torch_ms"] for d in self.directions.values()
+                   if d["torch_ms"] is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Every converted layer's :class:`LayerReport`s (one per input signature
+    met), and the modules converted but not yet measured."""
+
+    layers: list[LayerReport]
+    unmeasured: list[str]
+
+    @property
+    def total_ms(self) -> float:
+        return sum(layer.ms for layer in self.layers)
+
+    @property
+    def total_torch_ms(self) -> float:
+        return sum(layer.torch_ms for layer in self.layers)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        runs = [d["runs"] for layer in self.layers for d in layer.directions.values()]
+        return {
+            "layers": [dataclasses.asdict(layer) | {"ms": layer.ms, "torch_ms": layer.torch_ms}
+                       for layer in self.layers],
+            "unmeasured": list(self.unmeasured),
+            "totals": {"ms": self.total_ms, "torch_ms": self.total_torch_ms,
+                       "kernels": len(runs), "torch_kernels": runs.count(native.TORCH)},
+        }
+
+    def __str__(self) -> str:
+        head = (f"mucudnn.torch report: {len({layer.name for layer in self.layers} | set(self.unmeasured))}"
+                f" converted layer(s), {len({layer.name for layer in self.layers})} with "
+                "measurements (first call on a GPU compares)")
+        if not self.layers:
+            return head
+        rows = [head, "",
+                "| layer | x | direction | runs | plan | ms | PyTorch ms | PyTorch workspace |",
+                "|---|---|---|---|---|---|---|---|"]
+        for layer in self.layers:
+            x = "x".join(str(v) for v in layer.x_shape) + (" cl" if layer.channels_last else "")
+            for dname, d in layer.directions.items():
+                rows.append(f"| {layer.name} | {x} | {dname} | {d['runs']} | {d['plan']} | "
+                            f"{_ms(d['ms'])} | {_ms(d['torch_ms'])} | {_mib(d['torch_workspace'])} |")
+        t = self.as_dict()["totals"]
+        rows.append(f"| total | | | {t['torch_kernels']} of {t['kernels']} PyTorch's | | "
+                    f"{_ms(t['ms'])} | {_ms(t['torch_ms'])} | |")
+        return "\n".join(rows)
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _mib(v: Optional[int]) -> str:
+    return "-" if v is None else f"{v / 2**20:.1f} MiB"
+
+
+def _matches(module: MucudnnConvMixin, rec: native.Record) -> bool:
+    cfg = rec.cfg
+    m: Any = module
+    opts = options(m.workspace_limit, m.policy, m.backend)
+    return (tuple(rec.w_shape) == tuple(m.weight.shape) and tuple(cfg.stride) == tuple(m.stride)
+            and tuple(cfg.dilation) == tuple(m.dilation) and cfg.groups == m.groups
+            and cfg.workspace_limit == opts.workspace_limit and cfg.policy == opts.policy
+            and cfg.plans.startswith(m._mu_plans)
+            and (isinstance(m.padding, str) or tuple(cfg.padding) == tuple(m.padding)))
+
+
+def _directions(rec: native.Record) -> dict[str, dict[str, Any]]:
+    out = {}
+    for d, c in rec.choices.items():
+        plan = rec.plans.get(d)
+        out[_SHORT[d]] = {
+            "runs": c.runs,
+            "plan": "PyTorch's own" if c.runs == native.TORCH else
+            (f"{plan.describe()}, {plan.workspace_bytes / 2**20:.1f} MiB" if plan else "-"),
+            "ms": c.torch_ms if c.runs == native.TORCH else c.plan_ms,
+            "plan_ms": c.plan_ms,
+            "torch_ms": c.torch_ms,
+            "torch_workspace": c.torch_workspace,
+            "plan_workspace": None if plan is None else plan.workspace_bytes,
+            "limit": c.limit,
+            "reason": c.reason,
+        }
+    return out
+
+
+def report(model: nn.Module) -> Report:
+    """Per converted layer of ``model``: what runs (mucudnn's plan or PyTorch's
+    own convolution), its time, PyTorch's time and workspace, with totals.
+    Layers of one shape and options share a convolution and appear with the
+    same figures. Call it after the first training step on a GPU.
+
+    >>> import torch.nn as nn
+    >>> report(nn.Linear(2, 2)).as_dict()["totals"]["kernels"]
+    0
+    """
+    recs = native.records()
+    layers: list[LayerReport] = []
+    unmeasured: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, MucudnnConvMixin):
+            continue
+        found = [r for r in recs if _matches(module, r)]
+        if not found:
+            unmeasured.append(name)
+        for r in found:
+            layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
+                                      _directions(r)))
+    return Report(layers, unmeasured)

@@ -1,0 +1,147 @@
+"""Note [never slower than native]: the rule that picks PyTorch's own call, the
+records and ``mucudnn.torch.report`` (CPU), and on a GPU (marker ``gpu``) the
+comparison itself: choices follow the rule on measured times and workspaces,
+and a layer that runs PyTorch's call, or the plan, computes the convolution
+(against float64) in every direction.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import mucudnn.torch as mt  # noqa: E402
+from mucudnn.problem import Direction  # noqa: E402
+from mucudnn.torch import native  # noqa: E402
+from mucudnn.torch.engine import ConvConfig  # noqa: E402
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
+times = st.one_of(st.none(), st.floats(0.0, 100.0))
+sizes = st.one_of(st.none(), st.integers(0, 1 << 32))
+
+
+@given(d=st.sampled_from(list(Direction)), plan_ms=times, torch_ms=times, ws=sizes, limit=sizes)
+def test_pytorch_runs_exactly_where_its_measured_workspace_fits_and_it_is_no_slower(
+        d, plan_ms, torch_ms, ws, limit):
+    c = native.decide(d, plan_ms, torch_ms, ws, limit)
+    fits = ws is not None and (limit is None or ws <= limit)
+    faster = plan_ms is not None and torch_ms is not None and torch_ms <= plan_ms
+    assert (c.runs == native.TORCH) == (fits and faster)
+    assert (c.direction, c.plan_ms, c.torch_ms, c.torch_workspace, c.limit) == (
+        d, plan_ms, torch_ms, ws, limit)
+    assert c.reason
+
+
+def test_report_lists_the_records_of_each_converted_layer_and_totals():
+    model = mt.convert(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                     nn.Conv2d(8, 8, 3, padding=1, groups=8)),
+                       workspace_limit=1 << 20)
+    mt.clear()
+    cfg = ConvConfig((1, 1), (1, 1), (1, 1), 8, 1 << 20, model[2]._mu_options.policy, "", "")
+    choices = {d: native.decide(d, 1.0, t, ws, 1 << 20)
+               for d, t, ws in zip(Direction, (0.5, 2.0, 0.5), (0, 0, 2 << 20))}
+    native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                              {}, choices))
+    rep = mt.report(model)
+    assert rep.unmeasured == ["0"]
+    (layer,) = rep.layers
+    assert layer.name == "2" and layer.channels_last
+    runs = {k: v["runs"] for k, v in layer.directions.items()}
+    assert runs == {"fwd": "torch", "bwd-data": "mucudnn", "bwd-filter": "mucudnn"}
+    # what runs: PyTorch's 0.5 ms forward, the plans' 1.0 ms backward passes
+    assert layer.ms == pytest.approx(2.5) and layer.torch_ms == pytest.approx(3.0)
+    d = rep.as_dict()
+    assert d["totals"] == {"ms": pytest.approx(2.5), "torch_ms": pytest.approx(3.0),
+                           "kernels": 3, "torch_kernels": 1}
+    assert "over the limit" in d["layers"][0]["directions"]["bwd-filter"]["reason"]
+    text = str(rep)
+    assert "| 2 | 4x8x6x6 cl | fwd | torch | PyTorch's own |" in text
+    mt.clear()
+    assert mt.report(model).layers == []
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("force", [None, native.TORCH, native.MUCUDNN])
+@pytest.mark.parametrize("groups", [1, 32])
+def test_a_converted_layer_computes_the_convolution_whichever_side_runs(monkeypatch, tmp_path,
+                                                                          force, groups):
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    mt.clear()
+    if force is not None:
+        real = native.decide
+
+        def forced(d, plan_ms, torch_ms, ws, limit):
+            c = real(d, plan_ms, torch_ms, ws, limit)
+            return native.Choice(d, force, c.plan_ms, c.torch_ms, c.torch_workspace, c.limit,
+                                 "forced by the test")
+        monkeypatch.setattr(native, "decide", forced)
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 64, 3, padding=1, groups=groups).cuda().to(
+        memory_format=torch.channels_last)
+    ref = nn.Conv2d(32, 64, 3, padding=1, groups=groups).cuda().double()
+    ref.load_state_dict(conv.state_dict())
+    model = mt.convert(nn.Sequential(conv), workspace_limit=16 << 20)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        for _ in range(2):  # the first call compares, the second runs the choice
+            x = torch.randn(8, 32, 20, 20, device="cuda").to(memory_format=torch.channels_last)
+            x.requires_grad_(True)
+            y = model(x)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            x64 = x.detach().double().requires_grad_(True)
+            y64 = ref(x64)
+            y64.backward(dy.double())
+            assert _rel(y, y64) < 1e-5
+            assert _rel(x.grad, x64.grad) < 1e-5
+            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
+            conv.weight.grad = None
+            ref.weight.grad = None
+    rep = mt.report(model)
+    (layer,) = rep.layers
+    assert set(layer.directions) == {"fwd", "bwd-data", "bwd-filter"}
+    for d in layer.directions.values():
+        assert d["plan_ms"] > 0 and d["torch_ms"] > 0
+        if force is not None:
+            assert d["runs"] == force
+        else:
+            assert d["runs"] == native.decide(Direction.FORWARD, d["plan_ms"], d["torch_ms"],
+                                              d["torch_workspace"], 16 << 20).runs
+            if d["runs"] == native.TORCH:
+                assert d["torch_workspace"] <= 16 << 20
+    mt.clear()
+
+
+@pytest.mark.gpu
+@gpu
+def test_pytorch_workspace_is_measured_not_understated():
+    """A call whose workspace is known: a float32 NCHW forward with a large
+    filter under cudnn.benchmark takes some workspace; the measurement is at
+    least the bytes the allocator's peak grew by beyond the output."""
+    x = torch.randn(64, 64, 56, 56, device="cuda")
+    w = torch.randn(64, 64, 5, 5, device="cuda")
+    cfg = ConvConfig((1, 1), (2, 2), (1, 1), 1, -1, "fitted", "", "")
+
+    def call():
+        return native.native_forward(x, w, cfg, False, True)
+
+    call()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = call()
+    torch.cuda.synchronize()
+    peak_ws = torch.cuda.max_memory_allocated() - base - y.untyped_storage().nbytes()
+    del y
+    ws = native._workspace(call)
+    assert ws is not None and ws >= peak_ws
+    assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)

@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""Search parity: does mucudnn's search hold the engine PyTorch runs, layer by layer?
+
+For each torchvision model named, every distinct convolution (found by one
+forward pass with hooks on its ``nn.Conv2d``/``Conv3d`` modules) is run in
+each direction through PyTorch's own cuDNN path with ``cudnn.benchmark``
+(PyTorch's fastest), and the CUDA kernels of that call are read from
+``torch.profiler``. Then mucudnn's graph backend, with the options given,
+runs find() for the same problem and direction (no workspace limit: the
+question is what the search holds, not what fits), also under the profiler:
+find() runs every candidate it times, so the kernels it launched are those
+of its candidates. A layer's direction is *held* when every kernel of
+PyTorch's call was among them (Note [search parity] in
+mucudnn/backends/find_options.py). The table lists per convolution and
+direction PyTorch's kernels, whether they were held, and the kernels
+missing; ``--json`` writes it all.
+
+    python tools/search_parity.py --models mobilenet_v2 resnext50_32x4d --batch 64
+    python tools/search_parity.py --models convnext_tiny --precision amp --json parity.json
+    python tools/search_parity.py --models mobilenet_v2 --find rtc=none parity=False  # the old search
+
+Needs a CUDA GPU, torch and torchvision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from mucudnn.backends.cudnn_graph import CudnnGraphBackend
+from mucudnn.backends.find_options import FindOptions
+from mucudnn.problem import ConvProblem, Direction
+
+
+def model_convs(name: str, batch: int, size: int, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """The distinct convolutions of torchvision model ``name`` on a
+    ``batch x 3 x size x size`` channels-last input (one forward pass)."""
+    import torchvision
+
+    kwargs: dict[str, Any] = {"weights": None}
+    if name in ("inception_v3", "googlenet"):
+        kwargs.update(aux_logits=False, init_weights=True)
+    model = torchvision.models.get_model(name, **kwargs).cuda().to(memory_format=torch.channels_last)
+    seen: dict[tuple, dict[str, Any]] = {}
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        x = args[0]
+        m: Any = module
+        if isinstance(m.padding, str):
+            return  # 'same'/'valid' layers: not in torchvision's classification models
+        key = (tuple(x.shape), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
+               tuple(m.dilation), m.groups)
+        seen.setdefault(key, {"layer": module_names[module], "x": key[0], "w": key[1],
+                              "stride": key[2], "padding": key[3], "dilation": key[4],
+                              "groups": key[5]})
+
+    module_names = {m: n for n, m in model.named_modules()}
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Conv2d, nn.Conv3d))]
+    x = torch.randn(batch, 3, size, size, device="cuda").to(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16,
+                                         enabled=dtype == torch.bfloat16):
+        model(x)
+    for h in handles:
+        h.remove()
+    return list(seen.values())
+
+
+def cuda_kernels(fn: Callable[[], Any]) -> list[str]:
+    """The names of the CUDA kernels ``fn()`` launches, in order (profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    # aten's own kernels (zero fills, casts) are PyTorch's bookkeeping, not cuDNN's engine
+    return [e.name for e in prof.events()
+            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+            and "at::native" not in e.name]
+
+
+def torch_call(conv: dict[str, Any], direction: Direction, dtype: torch.dtype
+               ) -> Callable[[], Any]:
+    """PyTorch's own cuDNN call of ``conv`` in ``direction`` (channels-last)."""
+    cl = torch.channels_last
+    x = torch.randn(conv["x"], device="cuda", dtype=dtype).to(memory_format=cl)
+    w = torch.randn(conv["w"], device="cuda", dtype=dtype).to(memory_format=cl)
+    args = (list(conv["stride"]), list(conv["padding"]), list(conv["dilation"]))
+    y = torch.ops.aten.convolution(x, w, None, *args, False, [0, 0], conv["groups"])
+    dy = torch.randn_like(y)
+    mask = {Direction.FORWARD: None, Direction.BACKWARD_DATA: [True, False, False],
+            Direction.BACKWARD_FILTER: [False, True, False]}[direction]
+
+    def call() -> Any:
+        if mask is None:
+            return torch.ops.aten.convolution(x, w, None, *args, False, [0, 0], conv["groups"])
+        return torch.ops.aten.convolution_backward(dy, x, w, None, *args, False, [0, 0],
+                                                   conv["groups"], mask)
+    return call
+
+
+def problem_of(conv: dict[str, Any], dtype: str) -> ConvProblem:
+    """The NHWC ConvProblem of a channels-last convolution in torch's shapes."""
+    n, c, h, w_ = conv["x"]
+    k, cg, r, s = conv["w"]
+    return ConvProblem((n, h, w_, c), (k, r, s, cg), stride=conv["stride"],
+                       padding=conv["padding"], dilation=conv["dilation"],
+                       groups=conv["groups"], dtype=dtype, layout="NHWC")
+
+
+def check(conv: dict[str, Any], direction: Direction, precision: str,
+          backend: CudnnGraphBackend) -> dict[str, Any]:
+    """PyTorch's kernels for ``conv`` in ``direction`` and whether mucudnn's find() ran them."""
+    dtype = torch.bfloat16 if precision == "amp" else torch.float32
+    call = torch_call(conv, direction, dtype)
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=True):
+        call()  # PyTorch's own search
+        torch.cuda.synchronize()
+        theirs = cuda_kernels(call)
+    problem = problem_of(conv, "bfloat16" if precision == "amp" else "float32")
+    found: list[Any] = []
+    t = time.perf_counter()
+    ours = cuda_kernels(lambda: found.extend(backend.find(problem, direction, None)))
+    find_s = time.perf_counter() - t
+    missing = sorted(set(theirs) - set(ours))
+    best = min(found, key=lambda a: a.time_ms) if found else None
+    return {"layer": conv["layer"], "problem": problem.key(), "direction": direction.value,
+            "torch_kernels": theirs, "held": not missing and bool(theirs),
+            "missing": missing, "candidates": len(found), "find_s": round(find_s, 3),
+            "best": None if best is None else {"algo": str(best.algo), "ms": best.time_ms,
+                                               "workspace_bytes": best.workspace_bytes}}
+
+
+def parse_find(items: Sequence[str]) -> FindOptions:
+    """``field=value`` pairs (Python literals) as FindOptions."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--find: expected field=value, got {item!r}")
+        try:
+            kwargs[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            kwargs[k] = v
+    return FindOptions.from_kwargs(**kwargs)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", required=True)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--precision", choices=["fp32cl", "amp"], default="fp32cl")
+    ap.add_argument("--find", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="FindOptions fields of the search under test (default: the defaults)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop starting new models after this many seconds")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    opts = parse_find(args.find)
+    start = time.perf_counter()
+    out: dict[str, Any] = {"options": vars(args) | {"find": str(opts)}, "models": {}}
+    rows = ["| model | conv | direction | held | PyTorch's kernels | missing |",
+            "|---|---|---|---|---|---|"]
+    for name in args.models:
+        if args.max_seconds is not None and time.perf_counter() - start > args.max_seconds:
+            print(f"[parity] out of time before {name}", file=sys.stderr)
+            break
+        backend = CudnnGraphBackend(find=opts)  # fresh: every kernel's first find
+        size = 299 if name == "inception_v3" else args.size
+        dtype = torch.bfloat16 if args.precision == "amp" else torch.float32
+        convs = model_convs(name, args.batch, size, dtype)
+        results = []
+        for conv in convs:
+            for d in Direction:
+                try:
+                    r = check(conv, d, args.precision, backend)
+                except Exception as exc:  # keep going: one layer's failure is a row
+                    r = {"layer": conv["layer"], "direction": d.value, "held": False,
+                         "error": f"{type(exc).__name__}: {exc}", "torch_kernels": [],
+                         "missing": []}
+                results.append(r)
+                rows.append(f"| {name} | {r['layer']} | {d.value} | {'yes' if r['held'] else 'NO'}"
+                            f" | {'; '.join(sorted(set(r['torch_kernels'])))[:160]} | "
+                            f"{'; '.join(r['missing'])[:160] or r.get('error', '')} |")
+        held = sum(r["held"] for r in results)
+        out["models"][name] = {"convs": len(convs), "kernels": len(results), "held": held,
+                               "find": backend.find_profile.as_dict(), "results": results}
+        print(f"[parity] {name}: {held} of {len(results)} kernels held "
+              f"({len(convs)} distinct convolutions)", file=sys.stderr)
+        backend.close()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+    print("\n".join(rows))
+    for name, m in out["models"].items():
+        print(f"{name}: {m['held']} of {m['kernels']} held")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
