@@ -60,8 +60,8 @@ says what it does and why.
 #   come back as a finite 0); its value is taken wherever either result is not
 #   finite or that large, where rounding decides whether it overflows on store. DIRECT is the
 #   definition: an output is NaN or +-inf as the IEEE sum of its products makes
-#   it, and padding contributes no products (an inf weight over the padding
-#   makes no NaN; im2col's zero-filled columns would).
+#   it, the padding's zeros included (an inf weight over the padding makes NaN;
+#   Note [padding products] in numpy.py).
 #   So the three algorithms put NaN, +inf and -inf at exactly the same places,
 #   with the same values there, and agree up to rounding everywhere else.
 #

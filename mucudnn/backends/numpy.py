@@ -30,8 +30,8 @@ All three compute the same function on every input, NaN, +-inf and values
 near the type's maximum included: nothing overflows before the result itself
 does (operands whose products could reach float32's limit are computed in
 float64), and an output whose receptive field holds a NaN or inf gets DIRECT's
-value (padding contributes no products). See Note [FFT and non-finite inputs]
-in :mod:`mucudnn.backends._numpy_guard`.
+value, padding included (Note [padding products]). See Note [FFT and
+non-finite inputs] in :mod:`mucudnn.backends._numpy_guard`.
 
 >>> from mucudnn import ConvProblem, Direction
 >>> from mucudnn.backends.base import ConvTensors
@@ -148,6 +148,32 @@ def _taps(p: ConvProblem) -> Iterator[tuple[int, tuple[int, ...], tuple[slice, .
             isl.append(slice(lo * s + off, hi * s + off + 1, s))
         else:
             yield flat, tap, tuple(osl), tuple(isl)
+
+
+# Note [padding products]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# A convolution multiplies every weight by every input of its window, and the
+# padding is inputs equal to 0: an output whose window puts a NaN or inf weight
+# over the padding is NaN (0 * inf and 0 * NaN are NaN), as in PyTorch's and
+# cuDNN's convolutions, and likewise a weight gradient whose tap meets a NaN or
+# inf of dy at an output where the tap reads the padding. DIRECT skips the
+# padding (_taps), so it adds those products' NaN afterwards, from where each
+# tap reads the padding (_padding_reads); the other algorithms take DIRECT's
+# value wherever it is not finite (Guarded). The data gradient has no padding
+# products: it is the adjoint, whose terms land in the padding and are dropped.
+def _padding_reads(p: ConvProblem) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+    """Note [padding products]: each filter tap that reads the padding at some
+    output, with a mask over the output's spatial dims, True where it does."""
+    xs, out = p.x_dims[2:], p.y_dims[2:]
+    nd = len(out)
+    for tap in itertools.product(*(range(r) for r in p.w_dims[2:])):
+        inside = np.ones((1,) * nd, bool)
+        for i, (t, s, d, pad, h, o) in enumerate(zip(tap, p.stride, p.dilation, p.padding,
+                                                     xs, out)):
+            pos = np.arange(o) * s + t * d - pad
+            inside = inside & ((pos >= 0) & (pos < h)).reshape((1,) * i + (o,) + (1,) * (nd - i - 1))
+        if not inside.all():
+            yield tap, ~np.broadcast_to(inside, out)
 
 
 def _taps_cover_all(p: ConvProblem) -> bool:
@@ -515,6 +541,13 @@ class _Direct:
             xs = xs.astype(cdt).reshape(n, g, xs.shape[2], -1)
             wt = wg[(Ellipsis,) + tap]                          # (G, Kg, Cg)
             yg[(Ellipsis,) + osl] += np.matmul(wt, xs).reshape(yg.shape[:3] + sub)
+        if any(p.padding) and not np.isfinite(wg).all():       # Note [padding products]
+            bad = ~np.isfinite(wg).all(axis=2)                  # (G, Kg, R...)
+            for tap, reads in _padding_reads(p):
+                hit = bad[(Ellipsis,) + tap]                    # (G, Kg)
+                if hit.any():
+                    np.copyto(yg, cdt.type(np.nan),
+                              where=hit.reshape(hit.shape + (1,) * (yg.ndim - 3)) & reads)
         return yg.reshape(p.y_dims)
 
     @staticmethod
@@ -548,6 +581,12 @@ class _Direct:
             xs = np.ascontiguousarray(np.moveaxis(xg[(Ellipsis,) + isl], 0, 2), cdt)
             dw[(Ellipsis,) + tap] = np.matmul(ds.reshape(g, kg, -1),
                                               xs.reshape(g, cg, -1).swapaxes(1, 2))
+        if any(p.padding) and not np.isfinite(dyg).all():      # Note [padding products]
+            bad = (~np.isfinite(dyg)).any(axis=0)               # (G, Kg, O...)
+            axes = tuple(range(2, bad.ndim))
+            for tap, reads in _padding_reads(p):
+                hit = (bad & reads).any(axis=axes)              # (G, Kg)
+                np.copyto(dw[(Ellipsis,) + tap], cdt.type(np.nan), where=hit[:, :, None])
         return dw.reshape(p.w_dims)
 
 
