@@ -89,8 +89,8 @@ from .caches import LRU, clear_all
 from .cuda import Event, Stream, synchronize as device_synchronize
 from .cuda.dlpack import release_after
 from .errors import InvalidTypeError, InvalidValueError
-from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, framework_for, framework_of, inspect_array, \
-    shape_and_dtype, torch_workspace
+from .exec.arrays import UNKNOWN_STREAM, ArrayInfo, check_writable_dlpack, framework_for, \
+    inspect_array, overlaps, torch_workspace
 from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, pool_for
@@ -295,12 +295,15 @@ class Convolution:
 
     # -- validation and dispatch (the full path) ---------------------------------------
     def _validate(self, direction: Direction, a: Any, b: Any, out: Any, alpha: Any,
-                  beta: Any) -> tuple[list[ArrayInfo], ArrayInfo | None, float, float, str]:
+                  beta: Any, given: "_Given" = (None, None, None)
+                  ) -> tuple[list[ArrayInfo], ArrayInfo | None, float, float, str]:
         """Check every argument; return (input infos, output info, alpha, beta, mode).
 
         mode is "host" (NumPy arrays) or "device". No device work happens here,
         but for what a CUDA DLPack producer's ``__dlpack__`` queues (its pending
-        work ordered before the backend's home stream).
+        work ordered before the backend's home stream). ``given`` holds the
+        arguments the functional helpers inspected already (Note [each input
+        imported once]).
         """
         alpha = _scalar("alpha", alpha)
         beta = _scalar("beta", beta)
@@ -310,8 +313,9 @@ class Convolution:
         # to __dlpack__: the backend's home stream (the call runs there, or waits for it).
         be = self.backend
         home = None if be.is_host else int(be.stream.handle)
-        infos = [inspect_array(n1, a, stream=home), inspect_array(n2, b, stream=home)]
-        oinfo = inspect_array(no, out, stream=home) if out is not None else None
+        g1, g2, go = given
+        infos = [g1 or inspect_array(n1, a, stream=home), g2 or inspect_array(n2, b, stream=home)]
+        oinfo = (go or inspect_array(no, out, stream=home)) if out is not None else None
         if out is None and beta != 0:
             raise InvalidValueError(
                 f"{no}: beta={beta} reads the prior {no}, but no {no} was given; pass {no}= "
@@ -356,7 +360,7 @@ class Convolution:
                         "(flagged read-only, or a legacy capsule that cannot say it is "
                         "writable)")
                 raise InvalidValueError(f"{no}: the output array is read-only")
-            _check_writable_dlpack(no, oinfo)
+            check_writable_dlpack(no, oinfo)
         for info in infos:
             if not info.contiguous and info.kind != "numpy":
                 raise InvalidValueError(
@@ -371,14 +375,15 @@ class Convolution:
                         f"on device {want_dev}")
         if oinfo is not None:
             for info in infos:
-                if _overlap(oinfo, info):
+                if overlaps(oinfo, info):
                     raise InvalidValueError(f"{no}: overlaps {info.name} in memory; the output must "
                                      "not alias an input")
         return infos, oinfo, alpha, beta, mode
 
     def _call(self, direction: Direction, a: Any, b: Any, out: Any, alpha: Any,
-              beta: Any) -> Any:
-        infos, oinfo, alpha, beta, mode = self._validate(direction, a, b, out, alpha, beta)
+              beta: Any, given: "_Given" = (None, None, None)) -> Any:
+        infos, oinfo, alpha, beta, mode = self._validate(direction, a, b, out, alpha, beta,
+                                                         given)
         p = self.problem
         ro = _ARGS[direction][2][1]
         i0, i1, i2 = _PERM[direction]
@@ -446,35 +451,6 @@ class Convolution:
             with Event(timing=False) as ev:
                 ev.record(s)
                 Stream.wrap(target).wait_event(ev)
-
-
-def _check_writable_dlpack(name: str, info: ArrayInfo) -> None:
-    """Refuse a DLPack output that must not or cannot be written in place."""
-    if info.source is None:
-        return
-    if framework_of(info.source) in ("jax", "jaxlib"):
-        raise InvalidValueError(f"{name}: JAX arrays are immutable; pass no {name} (the result "
-                                "comes back as a new JAX array)")
-    owner = info.owner
-    if owner is not None and owner.readonly:
-        raise InvalidValueError(f"{name}: the DLPack output is read-only (its producer set the "
-                                "READ_ONLY flag)")
-    if owner is not None and owner.copied:
-        raise InvalidValueError(f"{name}: its producer exported a copy (the DLPack IS_COPIED "
-                                "flag); it could not be written in place")
-
-
-def _overlap(a: ArrayInfo, b: ArrayInfo) -> bool:
-    if a.kind == "numpy" and b.kind == "numpy":
-        if a.contiguous and b.contiguous:
-            return bool(np.may_share_memory(a.obj, b.obj))
-        if a.nbytes + b.nbytes >= (1 << 26):
-            return False  # too costly to decide exactly for big strided arrays
-        work: Any = 10_000
-        return bool(np.shares_memory(a.obj, b.obj, max_work=work))
-    if a.kind != "numpy" and b.kind != "numpy" and a.ptr and b.ptr:
-        return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
-    return False
 
 
 class _TorchFast:
@@ -578,21 +554,36 @@ def clear_caches() -> None:
     clear_all()
 
 
-def _array_dtype(name: str, obj: Any) -> str:
-    dtype = shape_and_dtype(name, obj)[1]
-    if dtype is None:
-        raise InvalidValueError(f"{name}: unsupported dtype {getattr(obj, 'dtype', '?')}")
-    return dtype
+# Note [each input imported once]: a DLPack producer may export its data once
+# only (a stream, a consumed buffer), and each export of a CUDA one orders its
+# work before a stream again. So the functional helpers inspect each argument
+# once, with the stream the call runs on (the backend's home stream, as
+# Convolution does), size their Convolution from what was read, and hand the
+# inspected arguments to the call, which validates them without importing again.
+_Given = tuple["ArrayInfo | None", "ArrayInfo | None", "ArrayInfo | None"]
 
 
-def _shape_of(name: str, obj: Any) -> tuple[int, ...]:
-    return shape_and_dtype(name, obj)[0]
+def _inspect_once(be: Backend, names: tuple[str, str, str], objs: tuple[Any, Any, Any]
+                  ) -> _Given:
+    """Each argument inspected once (Note [each input imported once]); None for no output."""
+    home = None if be.is_host else int(be.stream.handle)
+    i1, i2, io = (None if o is None else inspect_array(n, o, stream=home)
+                  for n, o in zip(names, objs))
+    return i1, i2, io
+
+
+def _array_dtype(info: ArrayInfo | None) -> str:
+    assert info is not None
+    if info.dtype is None:
+        raise InvalidValueError(
+            f"{info.name}: unsupported dtype {getattr(info.obj, 'dtype', '?')}")
+    return info.dtype
 
 
 def _get_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any, padding: Any,
               dilation: Any, groups: int, dtype: str, layout: str, math: str,
-              workspace_limit: Any, policy: Any, backend: Any, graph: bool) -> Convolution:
-    be = get_backend(backend)
+              workspace_limit: Any, policy: Any, backend: Backend, graph: bool) -> Convolution:
+    be = backend
     p = ConvProblem(x_shape, w_shape, stride=stride, padding=padding, dilation=dilation,
                     groups=groups, dtype=dtype, layout=layout, math=math)
     key = (p, workspace_limit_bytes(workspace_limit), normalize_policy(policy), id(be),
@@ -622,12 +613,14 @@ def _convnd(nd: int, fn: str, x: Any, w: Any, *, stride: IntOrTuple, padding: In
             workspace_limit: int | None, policy: Any, backend: Any, alpha: float, beta: float,
             out: Any, graph: bool) -> Any:
     lay = _check_layout(layout, nd, fn)
-    xs, ws = _shape_of("x", x), _shape_of("w", w)
-    dt = _array_dtype("x", x)
-    conv = _get_conv(xs, ws, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                     dtype=dt, layout=lay, math=math, workspace_limit=workspace_limit,
-                     policy=policy, backend=backend, graph=graph)
-    return conv.forward(x, w, out, alpha=alpha, beta=beta)
+    be = get_backend(backend)
+    given = _inspect_once(be, ("x", "w", "y"), (x, w, out))
+    assert given[0] is not None and given[1] is not None
+    conv = _get_conv(given[0].shape, given[1].shape, stride=stride, padding=padding,
+                     dilation=dilation, groups=groups, dtype=_array_dtype(given[0]), layout=lay,
+                     math=math, workspace_limit=workspace_limit, policy=policy, backend=be,
+                     graph=graph)
+    return conv._call(Direction.FORWARD, x, w, out, alpha, beta, given)
 
 
 def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
@@ -691,13 +684,15 @@ def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOr
     >>> float(dx[0, 0, 2, 2]), float(dx[0, 0, 0, 0])
     (9.0, 1.0)
     """
-    ws = _shape_of("w", w)
-    lay = _layout_for(layout, len(ws))
-    dt = _array_dtype("dy", dy)
+    be = get_backend(backend)
+    given = _inspect_once(be, ("dy", "w", "dx"), (dy, w, out))
+    assert given[1] is not None
+    ws = given[1].shape
     conv = _get_conv(tuple(x_shape), ws, stride=stride, padding=padding, dilation=dilation,
-                     groups=groups, dtype=dt, layout=lay, math=math,
-                     workspace_limit=workspace_limit, policy=policy, backend=backend, graph=graph)
-    return conv.backward_data(dy, w, out, alpha=alpha, beta=beta)
+                     groups=groups, dtype=_array_dtype(given[0]),
+                     layout=_layout_for(layout, len(ws)), math=math,
+                     workspace_limit=workspace_limit, policy=policy, backend=be, graph=graph)
+    return conv._call(Direction.BACKWARD_DATA, dy, w, out, alpha, beta, given)
 
 
 def conv_backward_filter(x: Any, dy: Any, w_shape: Sequence[int], *, stride: IntOrTuple = 1,
@@ -714,10 +709,12 @@ def conv_backward_filter(x: Any, dy: Any, w_shape: Sequence[int], *, stride: Int
     >>> dw.ravel().tolist()[:3]
     [2.0, 2.0, 2.0]
     """
-    xs = _shape_of("x", x)
-    lay = _layout_for(layout, len(xs))
-    dt = _array_dtype("x", x)
+    be = get_backend(backend)
+    given = _inspect_once(be, ("x", "dy", "dw"), (x, dy, out))
+    assert given[0] is not None
+    xs = given[0].shape
     conv = _get_conv(xs, tuple(w_shape), stride=stride, padding=padding, dilation=dilation,
-                     groups=groups, dtype=dt, layout=lay, math=math,
-                     workspace_limit=workspace_limit, policy=policy, backend=backend, graph=graph)
-    return conv.backward_filter(x, dy, out, alpha=alpha, beta=beta)
+                     groups=groups, dtype=_array_dtype(given[0]),
+                     layout=_layout_for(layout, len(xs)), math=math,
+                     workspace_limit=workspace_limit, policy=policy, backend=be, graph=graph)
+    return conv._call(Direction.BACKWARD_FILTER, x, dy, out, alpha, beta, given)

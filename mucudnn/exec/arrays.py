@@ -36,12 +36,13 @@ import numpy as np
 from ..cuda import DeviceArray
 from ..cuda.dlpack import (DEVICE_NAMES, import_capsule, kDLCPU, kDLCUDA, kDLCUDAHost,
                            kDLCUDAManaged)
-from ..errors import InvalidTypeError, UnsupportedDtypeError, WorkspaceUnavailable
+from ..errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError, WorkspaceUnavailable
 from ..problem import conv_dtype
 
 __all__ = ["ArrayInfo", "inspect_array", "shape_and_dtype", "framework_of", "Framework",
            "framework_for", "UNKNOWN_STREAM", "TorchWorkspace", "torch_workspace",
-           "release_torch_workspaces", "torch_workspace_bytes"]
+           "release_torch_workspaces", "torch_workspace_bytes", "check_writable_dlpack",
+           "overlaps"]
 
 #: A producer stream that cannot be known (``__cuda_array_interface__`` v2).
 UNKNOWN_STREAM = -1
@@ -234,6 +235,36 @@ def shape_and_dtype(name: str, obj: Any) -> tuple[tuple[int, ...], str | None]:
                 pass
     info = inspect_array(name, obj)
     return info.shape, info.dtype
+
+
+def check_writable_dlpack(name: str, info: ArrayInfo) -> None:
+    """Refuse a DLPack output that must not or cannot be written in place."""
+    if info.source is None:
+        return
+    if framework_of(info.source) in ("jax", "jaxlib"):
+        raise InvalidValueError(f"{name}: JAX arrays are immutable; pass no {name} (the result "
+                                "comes back as a new JAX array)")
+    owner = info.owner
+    if owner is not None and owner.readonly:
+        raise InvalidValueError(f"{name}: the DLPack output is read-only (its producer set the "
+                                "READ_ONLY flag)")
+    if owner is not None and owner.copied:
+        raise InvalidValueError(f"{name}: its producer exported a copy (the DLPack IS_COPIED "
+                                "flag); it could not be written in place")
+
+
+def overlaps(a: ArrayInfo, b: ArrayInfo) -> bool:
+    """Whether two arguments may share memory (an output must not alias an input)."""
+    if a.kind == "numpy" and b.kind == "numpy":
+        if a.contiguous and b.contiguous:
+            return bool(np.may_share_memory(a.obj, b.obj))
+        if a.nbytes + b.nbytes >= (1 << 26):
+            return False  # too costly to decide exactly for big strided arrays
+        work: Any = 10_000
+        return bool(np.shares_memory(a.obj, b.obj, max_work=work))
+    if a.kind != "numpy" and b.kind != "numpy" and a.ptr and b.ptr:
+        return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+    return False
 
 
 class Framework:
