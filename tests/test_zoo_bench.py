@@ -1,0 +1,180 @@
+"""tools/zoo_bench.py on the CPU: argument parsing, the ratio and geometric-mean
+helpers, model specs, a failed stage recorded, and the tiny model end to end
+through main() (steps, gradient check, and in a slow test the cold processes)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import math
+import statistics
+
+import pytest
+from tool_support import TOOLS, load_tool
+
+pytest.importorskip("torch", reason="tools/zoo_bench.py needs PyTorch")
+
+TINY = ["--device", "cpu", "--models", "tiny", "--batch", "2", "--size", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def zb():
+    # a script imports its siblings from its own directory (first on sys.path when run)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(TOOLS))
+        return load_tool("zoo_bench")
+
+
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch):
+    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+
+
+def test_doctests(zb):
+    result = doctest.testmod(zb)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_parse_args_defaults_and_errors(zb):
+    a = zb.parse_args(["--device", "cpu", "--models", "tiny"])
+    assert a.precisions == ["fp32cl"] and a.execution == ["eager"]  # the CPU's only ones
+    assert (a.batch, a.size, a.workspace, a.warmup, a.rounds, a.steps) == (64, None, 64 << 20,
+                                                                          3, 4, 3)
+    assert not a.cold and not a.grad_check and a.grad_batch == 8 and a.cold_child is None
+    a = zb.parse_args(TINY + ["--workspace", "8MiB", "--rounds", "2", "--grad-check"])
+    assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
+    for bad in (["--models", "lenet"], ["--precisions", "amp"], ["--execution", "graph"],
+                ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
+                ["--rounds", "0"], ["--cold-child", "both"]):
+        with pytest.raises(SystemExit):
+            zb.parse_args(TINY + bad)
+
+
+def test_geomean_by_hand(zb):
+    assert math.isclose(zb.geomean([1.1, 0.9, 1.0]), (1.1 * 0.9) ** (1 / 3))
+    assert math.isclose(zb.geomean([2.0, 8.0]), 4.0)
+    assert zb.geomean([]) is None and zb.geomean([None, 0.0, -1.0, math.inf]) is None
+
+
+def test_step_stats_by_hand(zb):
+    step_ms = {"native": [[10.0, 10.0, 12.0], [20.0, 22.0, 21.0], [30.0, 30.0, 30.0]],
+               "converted": [[11.0, 12.0, 13.0], [21.0, 20.0, 19.0], [36.0, 33.0, 33.0]]}
+    s = zb.step_stats(step_ms)
+    assert s["native_ms"] == statistics.median([10, 10, 12, 20, 22, 21, 30, 30, 30]) == 21
+    assert s["converted_ms"] == 20
+    # round medians: native 10, 21, 30; converted 12, 20, 33
+    assert s["round_ratios"] == [12 / 10, 20 / 21, 33 / 30]
+    assert math.isclose(s["ratio"], 1.1)  # the middle of 1.2, 0.952, 1.1
+    assert s["step_ms"] is step_ms
+
+
+def test_model_specs(zb):
+    assert zb.model_spec("tiny", None) == ("tiny", "classification", 1000, 32)
+    assert zb.model_spec("resnet50", None).size == 224
+    assert zb.model_spec("resnet50", 160).size == 160
+    assert zb.model_spec("inception_v3", 224).size == 299
+
+
+def test_segmentation_model(zb):
+    pytest.importorskip("torchvision")
+    import torch
+
+    spec = zb.model_spec("lraspp_mobilenet_v3_large", 32)
+    assert spec.task == "segmentation" and spec.num_classes == 21
+    model = zb.build_model(spec).eval()
+    assert isinstance(model, zb.SegmentationLogits)
+    with torch.no_grad():
+        assert tuple(model(torch.randn(1, 3, 32, 32)).shape) == (1, 21, 32, 32)
+    assert zb.parse_args(["--device", "cpu", "--models", "fcn_resnet50", "googlenet"]).models
+
+
+def test_summary_lines(zb):
+    e = {"model": "m", "precision": "amp", "errors": {},
+         "steps": {"eager": {"native_ms": 10.0, "converted_ms": 11.0, "ratio": 1.1,
+                             "memory": {"native": {"peak_bytes": 3 << 20},
+                                        "converted": {"peak_bytes": 4 << 20}}},
+                   "graph": {"native_ms": 8.0, "converted_ms": 8.0, "ratio": 1.0,
+                             "memory": {}}},
+         "cold": {"native": {"first_step_s": 1.25}},
+         "grad": {"native": {"all": 1e-3}, "converted": {"all": 2e-3}}}
+    e2 = {**e, "model": "n", "steps": {"eager": {"native_ms": 10.0, "converted_ms": 10.0,
+                                                 "ratio": 0.9, "memory": {}}},
+          "cold": {}, "grad": None}
+    lines = zb.summary_lines([e, e2])
+    assert lines[0].startswith("| model | precision | execution | native ms")
+    assert "| m | amp | eager | 10.00 | 11.00 | 1.100 | 3/4 | 1.2/- | 1.0e-03/2.0e-03 |" in lines
+    assert "| m | amp | graph | 8.00 | 8.00 | 1.000 | -/- | 1.2/- | 1.0e-03/2.0e-03 |" in lines
+    assert "| n | amp | eager | 10.00 | 10.00 | 0.900 | -/- | -/- | -/- |" in lines
+    gm = [ln for ln in lines if ln.startswith("geometric mean")]
+    assert gm == [f"geometric mean converted/native, amp eager: {math.sqrt(1.1 * 0.9):.3f} "
+                  "over 2 models", "geometric mean converted/native, amp graph: 1.000 over 1 models"]
+
+
+def test_tiny_end_to_end(zb, tmp_path, capsys):
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--grad-check", "--rounds", "2", "--steps", "2",
+                           "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    env = report["environment"]
+    for key in ("torch", "mucudnn", "cuda", "date", "git_commit", "device"):
+        assert key in env
+    assert report["options"]["models"] == ["tiny"] and report["skipped"] == []
+    (r,) = report["results"]
+    assert (r["model"], r["precision"], r["task"], r["batch"], r["size"]) == (
+        "tiny", "fp32cl", "classification", 2, 32)
+    assert r["errors"] == {} and r["seconds"] > 0 and "cold" not in r
+    st = r["steps"]["eager"]
+    assert st["native_ms"] > 0 and st["converted_ms"] > 0 and st["ratio"] > 0
+    assert [len(st["step_ms"][s]) for s in ("native", "converted")] == [2, 2]
+    assert all(len(rnd) == 2 and min(rnd) > 0 for s in st["step_ms"].values() for rnd in s)
+    assert st["memory"]["native"] == {"peak_bytes": None, "device_used_bytes": None}  # CPU
+    g = r["grad"]
+    assert g["batch"] == 8 and g["conv_layers"] == ["features.0.weight", "features.4.weight",
+                                                   "features.6.weight"]
+    for side in ("native", "converted"):
+        e = g[side]
+        assert len(e["conv_layers"]) == 3
+        for v in (e["conv_median"], e["conv_max"], e["all"], *e["conv_layers"]):
+            assert math.isfinite(v) and 0 <= v < 1e-3  # float32 against float64
+        assert e["conv_median"] <= e["conv_max"]
+    assert math.isfinite(g["ratio"]) and g["ratio"] > 0
+    text = capsys.readouterr().out
+    assert "| tiny | fp32cl | eager |" in text and "geometric mean converted/native" in text
+
+
+def test_failed_stage_recorded(zb, tmp_path, monkeypatch, capsys):
+    import torch
+
+    def boom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(zb, "grad_check", boom)
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--grad-check", "--rounds", "1", "--steps", "1",
+                           "--json", str(out)]) == 0  # the steps were measured
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["errors"]["grad-check"].startswith("OutOfMemoryError") and r["oom"] == ["grad-check"]
+    assert "grad" not in r and r["steps"]["eager"]["ratio"] > 0
+    assert "FAILED tiny fp32cl grad-check" in capsys.readouterr().out
+
+
+def test_max_seconds_skips(zb, tmp_path):
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--max-seconds", "0", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["results"] == []
+    assert report["skipped"] == [{"model": "tiny", "precision": "fp32cl",
+                                  "reason": "--max-seconds reached"}]
+
+
+@pytest.mark.slow
+def test_cold_processes(zb, tmp_path):
+    """Each side's first step in a fresh process (this script, --cold-child)."""
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--cold", "--rounds", "1", "--steps", "1", "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["errors"] == {}
+    for side in ("native", "converted"):
+        c = r["cold"][side]
+        assert 0 < c["second_step_s"] and 0 < c["first_step_s"] < c["process_s"]
+        assert 0 < c["build_s"] < c["process_s"]

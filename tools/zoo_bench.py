@@ -1,0 +1,594 @@
+#!/usr/bin/env python
+"""Training across torchvision's model zoo: native PyTorch vs models converted by mucudnn.torch.
+
+For each model named by ``--models`` (any classification or segmentation name
+``torchvision.models.get_model`` knows, or ``tiny``, a small built-in CNN for
+smoke tests), each precision (``fp32cl``: float32 with TF32, channels-last;
+``amp``: autocast bfloat16, channels-last) and each execution (``eager``;
+``graph``: the whole training step captured with ``torch.cuda.graph`` after the
+warm-up), on synthetic data with SGD, it compares two sides:
+
+* ``native``: PyTorch's own convolutions, ``torch.backends.cudnn.benchmark=True``;
+* ``converted``: ``mucudnn.torch.convert(model, workspace_limit=--workspace)``.
+
+Measured per model and precision:
+
+* step time: both sides' training states built at once, warmed up, then
+  ``--rounds`` rounds of ``--steps`` timed steps of each side in turn (Note
+  [interleaved steps] in train_bench.py): each side's median step and the median
+  over rounds of converted/native;
+* peak memory of each side's steady-state steps (``max_memory_allocated``, Note
+  [memory per side]) and the drop of ``mem_get_info``'s free bytes;
+* with ``--cold``: the wall seconds of each side's first training step in a
+  fresh process, the converted side with an empty mucudnn benchmark cache;
+* with ``--grad-check``: one step's gradients of each side against float64
+  (Note [gradient check]);
+* the converted model's ``mucudnn.torch.report`` (which layers run mucudnn's
+  plans), where the installed mucudnn has one.
+
+segmentation models (fcn_*, deeplabv3_*, lraspp_*) train on their ``out``
+logits with per-pixel cross-entropy on random labels; inception_v3 runs at
+299x299. A failed stage (out of memory, a capture that does not work for a
+model) is recorded and the rest goes on. Results go to ``--json`` after every
+model and precision; a markdown table with the geometric mean of the ratios
+per precision is printed last. Examples::
+
+    python tools/zoo_bench.py --models resnet50 mobilenet_v2 --json docs/results/zoo.json
+    python tools/zoo_bench.py --models efficientnet_b0 --precisions amp --execution eager graph
+    python tools/zoo_bench.py --models fcn_resnet50 convnext_tiny --cold --grad-check
+    python tools/zoo_bench.py --device cpu --models tiny --batch 2 --size 32   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import train_bench as tb  # tools/, beside this script: training state, timing, rounds
+import grad_error  # tools/: the relative error against float64
+import mucudnn.torch as mt
+
+torchvision = tb.torchvision
+tqdm = tb.tqdm
+
+SIDES = ("native", "converted")
+PRECISIONS = ("fp32cl", "amp")
+EXECUTIONS = ("eager", "graph")
+#: the memory of each side is read over this many steps after its warm-up
+MEMORY_STEPS = 2
+COLD_PREFIX = "ZOO_COLD "
+
+
+# -- models ---------------------------------------------------------------------------------------
+class ModelSpec(NamedTuple):
+    name: str
+    task: str  # "classification" or "segmentation"
+    num_classes: int
+    size: int
+
+
+def zoo_names() -> tuple[list[str], list[str]]:
+    """torchvision's classification and segmentation model names (none without it)."""
+    if torchvision is None:
+        return [], []
+    tm = torchvision.models
+    return tm.list_models(module=tm), tm.list_models(module=tm.segmentation)
+
+
+def model_spec(name: str, size: int | None) -> ModelSpec:
+    """``name``'s task, classes and input size: ``size`` (default 224; 32 for
+    tiny), but 299 for inception_v3 (its design size)."""
+    if name == "inception_v3":
+        size = 299
+    if name == "tiny":
+        return ModelSpec(name, "classification", tb.NUM_CLASSES, size or 32)
+    task = "segmentation" if name in zoo_names()[1] else "classification"
+    return ModelSpec(name, task, 21 if task == "segmentation" else 1000, size or 224)
+
+
+class SegmentationLogits(nn.Module):
+    """A torchvision segmentation model's ``out`` logits (its forward returns a dict)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)["out"]
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """The untrained model (random weights from torch's global generator)."""
+    if spec.name == "tiny":
+        return tb.TinyCNN(spec.num_classes)
+    if torchvision is None:
+        raise RuntimeError(f"model {spec.name!r} needs torchvision")
+    kwargs: dict[str, Any] = {"weights": None}
+    if spec.name in ("inception_v3", "googlenet"):
+        kwargs.update(aux_logits=False, init_weights=True)
+    if spec.task == "segmentation":
+        return SegmentationLogits(torchvision.models.get_model(spec.name, weights_backbone=None,
+                                                               **kwargs))
+    return torchvision.models.get_model(spec.name, **kwargs)
+
+
+class ZooJob(tb.TrainJob):
+    """train_bench's training state (warm-up, capture, timed steps, release) for
+    any zoo model: a side's model and optimizer, static inputs and labels
+    (per-pixel for segmentation), channels-last in both precisions."""
+
+    def __init__(self, args: argparse.Namespace, spec: ModelSpec, side: str, precision: str,
+                 execution: str, init_state: dict, device: torch.device) -> None:
+        # TrainJob's attributes, made for a zoo model (its own __init__ builds train_bench's)
+        self.mode = "native" if side == "native" else "wr"
+        self.precision, self.execution, self.device = precision, execution, device
+        self.graphed, self.amp, self.deterministic = execution == "graph", precision == "amp", False
+        self.num_classes = spec.num_classes
+        self.set_flags()
+        model = build_model(spec)
+        model.load_state_dict(init_state)
+        self.model = model.to(device).to(memory_format=torch.channels_last)
+        if side == "converted":
+            mt.convert(self.model, workspace_limit=args.workspace)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
+        b, s = args.batch, spec.size
+        self.x = torch.empty(b, 3, s, s, device=device, memory_format=torch.channels_last)
+        shape = (b, s, s) if spec.task == "segmentation" else (b,)
+        self.t = torch.empty(shape, dtype=torch.long, device=device)
+        self.gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+        self.graph = None
+        self.static_loss = None
+
+    def next_batch(self) -> None:
+        self.x.normal_(generator=self.gen)
+        self.t.random_(0, self.num_classes, generator=self.gen)
+
+
+# -- arguments ------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--models", nargs="+", default=["resnet50"], metavar="NAME",
+                    help="torchvision classification or segmentation models, or tiny")
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
+                    help="default: fp32cl amp (fp32cl on the CPU)")
+    ap.add_argument("--execution", nargs="+", choices=EXECUTIONS, default=["eager"])
+    ap.add_argument("--batch", type=tb._positive, default=64, help="mini-batch (default 64)")
+    ap.add_argument("--size", type=tb._positive, default=None,
+                    help="image side (default 224; 32 for tiny; inception_v3 always 299)")
+    ap.add_argument("--workspace", type=tb.parse_size, default=64 << 20,
+                    help="the converted side's workspace limit per kernel (default 64MiB)")
+    ap.add_argument("--warmup", type=tb._positive, default=3,
+                    help="untimed steps per side first (>= 3 before a capture; default 3)")
+    ap.add_argument("--rounds", type=tb._positive, default=4, help="timed rounds (default 4)")
+    ap.add_argument("--steps", type=tb._positive, default=3,
+                    help="timed steps per side and round (default 3)")
+    ap.add_argument("--cold", action="store_true",
+                    help="first-step seconds of each side in a fresh process (Note [cold steps])")
+    ap.add_argument("--cold-timeout", type=float, default=300.0,
+                    help="seconds allowed for each --cold process (default 300)")
+    ap.add_argument("--grad-check", action="store_true",
+                    help="one step's gradient errors against float64 (Note [gradient check])")
+    ap.add_argument("--grad-batch", type=tb._positive, default=8,
+                    help="mini-batch of --grad-check (default 8)")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="start no new model or precision after this many seconds")
+    ap.add_argument("--json", default=None, help="write all numbers here (after every model)")
+    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap.add_argument("--cold-child", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    classification, segmentation = zoo_names()
+    known = {"tiny", *classification, *segmentation}
+    unknown = [m for m in args.models if m not in known]
+    if unknown:
+        hint = ("torchvision is not installed: only tiny" if torchvision is None else
+                "see torchvision.models.list_models() (classification, segmentation)")
+        ap.error(f"--models: unknown {', '.join(unknown)} ({hint})")
+    if args.precisions is None:
+        args.precisions = list(PRECISIONS) if args.device == "cuda" else ["fp32cl"]
+    if args.device == "cpu" and ("amp" in args.precisions or "graph" in args.execution):
+        ap.error("--device cpu: runs fp32cl eager only (no autocast or CUDA graphs there)")
+    if "graph" in args.execution and args.warmup < 3:
+        ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA GPU (use --device cpu for a smoke test)")
+    return args
+
+
+# -- step time and memory -------------------------------------------------------------------------
+def geomean(values: Sequence[float | None]) -> float | None:
+    """The geometric mean of the positive finite values (None when there are none).
+
+    >>> round(geomean([1.0, 4.0, None, math.nan]), 6)
+    2.0
+    """
+    vs = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(map(math.log, vs)) / len(vs)) if vs else None
+
+
+def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
+    """Per side the median of all its step times (ms, per round), and the
+    median over rounds of (converted's round median / native's).
+
+    >>> s = step_stats({"native": [[10, 12], [20, 22]], "converted": [[11, 13], [21, 24]]})
+    >>> s["native_ms"], s["converted_ms"], s["round_ratios"], round(s["ratio"], 4)
+    (16.0, 17.0, [1.0909090909090908, 1.0714285714285714], 1.0812)
+    """
+    st = tb.interleaved_stats(step_ms, "native")
+    rounds = st["round_median_ms"]
+    ratios = [c / n for c, n in zip(rounds["converted"], rounds["native"])]
+    return {"native_ms": st["median_ms"]["native"], "converted_ms": st["median_ms"]["converted"],
+            "ratio": statistics.median(ratios), "round_ratios": ratios, "step_ms": step_ms}
+
+
+# Note [memory per side]: both sides' training states live together for the
+# interleaved rounds, so a peak read while one side steps would include the
+# other's weights, gradients and momenta. Each side is therefore built, warmed
+# up and measured (MEMORY_STEPS steady-state steps, peak statistics reset
+# before them) before the next side is built, and torch.cuda.memory_allocated
+# just before building it (what earlier sides hold, idle) is subtracted from
+# its peak. The free-bytes drop is read over the same span after empty_cache,
+# so blocks cached by an earlier side are not reused unseen; it includes
+# what torch's allocator reserves beyond the peak, the CUDA graph pools and
+# any memory allocated outside torch.
+def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, execution: str,
+                  init_state: dict, device: torch.device, log: Callable[[str], None],
+                  entry: dict) -> dict:
+    """Both sides' memory (Note [memory per side]) and interleaved step times."""
+    cuda = device.type == "cuda"
+    out: dict[str, Any] = {"memory": {}}
+    jobs: list[ZooJob] = []
+    try:
+        for side in SIDES:
+            if not jobs:
+                tb.cleanup(device)
+            elif cuda:
+                torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated(device) if cuda else 0
+            free0 = tb._free_bytes(device)
+            t0 = time.perf_counter()
+            job = ZooJob(args, spec, side, precision, execution, init_state, device)
+            jobs.append(job)
+            job.warm_up(args.warmup)
+            tb._sync(device)
+            log(f"  {execution} {side}: built and warmed up in {time.perf_counter() - t0:.1f} s")
+            if side == "converted" and "report" not in entry:
+                add_report(job.model, entry, log)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            job.timed_steps(MEMORY_STEPS, tb.Timer(device))
+            tb._sync(device)
+            free1 = tb._free_bytes(device)
+            out["memory"][side] = {
+                "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
+                "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
+        times = tb.time_rounds(jobs, args.rounds, args.steps, device)
+        out.update(step_stats(dict(zip(SIDES, times))))
+    finally:
+        for job in jobs:
+            job.release()
+        jobs.clear()
+        tb.cleanup(device)
+    return out
+
+
+def add_report(model: nn.Module, entry: dict, log: Callable[[str], None]) -> None:
+    """mucudnn.torch.report's account of the converted model (where it exists)."""
+    if not hasattr(mt, "report"):
+        return
+    try:
+        rep = mt.report(model)
+        entry["report"] = rep.as_dict()
+        log(str(rep))
+    except Exception as exc:  # noqa: BLE001 - a report is optional; the timing goes on
+        entry.setdefault("errors", {})["report"] = f"{type(exc).__name__}: {exc}"
+
+
+# -- cold first steps -----------------------------------------------------------------------------
+# Note [cold steps]: the first training step of a process is where PyTorch's
+# cudnn.benchmark times its algorithms and mucudnn.torch benchmarks its
+# configurations and plans, so it is measured in a fresh process per side
+# (this script with --cold-child), the converted side with MUCUDNN_CACHE set to
+# a new file: nothing carried over from earlier runs or the parent. The clock
+# starts after the model is built, moved to the device (CUDA initialised) and
+# converted, and stops when the step's optimizer update has finished; the
+# second step's time shows what is left when nothing needs planning.
+def cold_child(args: argparse.Namespace) -> int:
+    """One side's first and second step (Note [cold steps]), printed as JSON."""
+    device = torch.device(args.device)
+    spec = model_spec(args.models[0], args.size)
+    t0 = time.perf_counter()
+    torch.manual_seed(args.seed)
+    init_state = build_model(spec).state_dict()
+    job = ZooJob(args, spec, args.cold_child, args.precisions[0], "eager", init_state, device)
+    tb._sync(device)
+    build_s = time.perf_counter() - t0
+    seconds = []
+    for _ in range(2):
+        job.next_batch()
+        tb._sync(device)
+        t1 = time.perf_counter()
+        job.step()
+        tb._sync(device)
+        seconds.append(time.perf_counter() - t1)
+    print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
+                                    "build_s": build_s}), flush=True)
+    return 0
+
+
+def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: str) -> dict:
+    """:func:`cold_child` in a fresh process; its numbers and the process's wall seconds."""
+    with tempfile.TemporaryDirectory(prefix="zoo-cold-") as tmp:
+        env = dict(os.environ, MUCUDNN_CACHE=os.path.join(tmp, "cache.sqlite"))
+        cmd = [sys.executable, os.path.abspath(__file__), "--cold-child", side,
+               "--models", spec.name, "--precisions", precision, "--device", args.device,
+               "--batch", str(args.batch), "--size", str(spec.size),
+               "--workspace", str(args.workspace), "--seed", str(args.seed), "--lr", str(args.lr)]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cold_timeout)
+        wall = time.perf_counter() - t0
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(COLD_PREFIX)]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"cold {side} process exited {r.returncode}: "
+                           f"{(r.stderr or r.stdout)[-1500:]}")
+    return {**json.loads(lines[-1][len(COLD_PREFIX):]), "process_s": wall}
+
+
+# -- gradient check -------------------------------------------------------------------------------
+# Note [gradient check]: from one set of initial weights and one batch, one
+# step's gradients of native and converted (in the precision under test) are
+# each compared with those of the native model in float64 on the same device
+# (no autocast; TF32 does not apply to float64), never with each other: both
+# round differently from the exact gradient, and the question is whether
+# converted rounds more. Batch norm stays in training mode (every run sees the
+# same batch), but dropout and stochastic depth are switched off: their random
+# masks would differ between the runs, an error no convolution makes. Each
+# gradient is the second of two passes (the first plans and benchmarks).
+# Kinks make the errors noisy: a pre-activation within rounding of 0 (ReLU)
+# or a near-tie in max pooling can fall on the other side than in float64,
+# moving a whole gradient element. On the CPU, tiny at 64x64 (batch 8) had one
+# such ReLU flip in the converted float32 forward and none in native's, so
+# features.0's error was 3.6e-3 against native's 7e-6, while the converted
+# model in float64 matched native float64 to 2e-14: read one layer's or one
+# model's ratio with that in mind, the median over layers and models less so.
+def _deterministic_train(model: nn.Module) -> nn.Module:
+    model.train()
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
+            m.eval()
+    return model
+
+
+def _grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool) -> dict:
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(model(x), t)
+        loss.backward()
+    return {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def grad_errors(grads: dict, ref: dict, conv_keys: Sequence[str]) -> dict:
+    """Relative errors of ``grads`` against ``ref``: per conv weight (median,
+    max) and of all parameters together.
+
+    >>> ref = {"c.weight": torch.tensor([3.0, 4.0]), "b": torch.tensor([0.0])}
+    >>> e = grad_errors({"c.weight": torch.tensor([3.0, 4.5]), "b": torch.tensor([0.0])},
+    ...                 ref, ["c.weight"])
+    >>> e["conv_median"], e["all"]
+    (0.1, 0.1)
+    """
+    conv = [grad_error.rel_error(grads[k], ref[k]) for k in conv_keys]
+    num = sum(float((grads[k].cpu() - ref[k].cpu()).norm()) ** 2 for k in ref)
+    den = sum(float(ref[k].cpu().norm()) ** 2 for k in ref)
+    return {"conv_median": statistics.median(conv) if conv else None,
+            "conv_max": max(conv) if conv else None, "conv_layers": conv,
+            "all": math.sqrt(num / den) if den else math.sqrt(num)}
+
+
+def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
+               device: torch.device) -> dict:
+    """Native's and converted's gradient errors against float64 (Note [gradient check])."""
+    torch.manual_seed(args.seed)
+    base = _deterministic_train(build_model(spec))
+    gen = torch.Generator().manual_seed(args.seed + 2)
+    b, s = args.grad_batch, spec.size
+    x = torch.randn(b, 3, s, s, generator=gen)
+    t = torch.randint(0, spec.num_classes, (b, s, s) if spec.task == "segmentation" else (b,),
+                      generator=gen).to(device)
+    conv_keys = [f"{n}.weight" for n, m in base.named_modules()
+                 if isinstance(m, (nn.Conv2d, nn.Conv3d))]
+    tb.cleanup(device)
+    g64 = _grads(copy.deepcopy(base).double().to(device), x.double().to(device), t, False)
+    tb.cleanup(device)
+    xs = x.to(device).contiguous(memory_format=torch.channels_last)
+    out: dict[str, Any] = {"batch": b, "conv_layers": conv_keys}
+    for side in SIDES:
+        # the flags a ZooJob sets: cudnn.benchmark, TF32 per precision
+        tb.TrainJob.set_flags(types.SimpleNamespace(  # type: ignore[arg-type]
+            mode="native", precision=precision, deterministic=False))
+        model = copy.deepcopy(base).to(device).to(memory_format=torch.channels_last)
+        if side == "converted":
+            mt.convert(model, workspace_limit=args.workspace)
+        out[side] = grad_errors(_grads(model, xs, t, precision == "amp"), g64, conv_keys)
+        del model
+        tb.cleanup(device)
+    n, c = out["native"]["all"], out["converted"]["all"]
+    out["ratio"] = c / n if n else (math.inf if c else 1.0)
+    return out
+
+
+# -- the whole benchmark --------------------------------------------------------------------------
+def environment(device: torch.device) -> dict:
+    env = tb.environment(device)
+    env.update(cuda=torch.version.cuda,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    try:
+        env["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+            capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        env["git_commit"] = None
+    return env
+
+
+def _mib(v: float | None) -> str:
+    return "-" if v is None else f"{v / 2**20:.0f}"
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def summary_lines(entries: Sequence[dict]) -> list[str]:
+    """The markdown table (a row per model, precision and execution) and the
+    geometric mean of the converted/native ratios per precision and execution."""
+    lines = ["| model | precision | execution | native ms | converted ms | ratio | "
+             "peak MiB native/converted | cold s native/converted | "
+             "grad err native/converted |", "|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for e in entries:
+        cold, grad = e.get("cold", {}), e.get("grad") or {}
+        cold_s = "/".join(_num(cold.get(s, {}).get("first_step_s"), ".1f") for s in SIDES)
+        grad_s = "/".join(_num(grad.get(s, {}).get("all"), ".1e") for s in SIDES)
+        for ex, st in e.get("steps", {}).items():
+            mem = st.get("memory", {})
+            peak = "/".join(_mib(mem.get(s, {}).get("peak_bytes")) for s in SIDES)
+            if "ratio" in st:
+                ratios.setdefault((e["precision"], ex), []).append(st["ratio"])
+            lines.append(
+                f"| {e['model']} | {e['precision']} | {ex} | {_num(st.get('native_ms'), '.2f')} | "
+                f"{_num(st.get('converted_ms'), '.2f')} | {_num(st.get('ratio'), '.3f')} | "
+                f"{peak} | {cold_s} | {grad_s} |")
+    for (p, ex), rs in ratios.items():
+        lines.append(f"geometric mean converted/native, {p} {ex}: {geomean(rs):.3f} "
+                     f"over {len(rs)} models")
+    return lines
+
+
+def run_model(args: argparse.Namespace, name: str, precision: str, device: torch.device,
+              log: Callable[[str], None]) -> dict:
+    """Every stage for one model and precision; a failed stage is recorded in
+    ``errors`` (``oom`` lists the stages out of memory) and the rest goes on."""
+    spec = model_spec(name, args.size)
+    entry: dict[str, Any] = {"model": name, "precision": precision, "task": spec.task,
+                             "batch": args.batch, "size": spec.size, "steps": {}}
+    errors: dict[str, str] = entry.setdefault("errors", {})
+
+    def stage(tag: str, work: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        log(f"{name} {precision}: {tag} ...")
+        try:
+            return work()
+        except Exception as exc:  # noqa: BLE001 - recorded; the next stage runs
+            errors[tag] = f"{type(exc).__name__}: {exc}"
+            entry.setdefault("tracebacks", {})[tag] = traceback.format_exc()
+            if tb.is_oom(exc):
+                entry.setdefault("oom", []).append(tag)
+            log(f"  {tag} FAILED: {errors[tag][:300]}")
+            tb.cleanup(device)
+            return None
+        finally:
+            log(f"  {tag}: {time.perf_counter() - t0:.1f} s")
+
+    torch.manual_seed(args.seed)
+    init_state = stage("build", lambda: build_model(spec).state_dict())
+    if init_state is None:
+        return entry
+    for ex in args.execution:
+        st = stage(ex, lambda ex=ex: measure_steps(args, spec, precision, ex, init_state, device,
+                                                   log, entry))
+        if st is not None:
+            entry["steps"][ex] = st
+            log(f"  {ex}: native {st['native_ms']:.2f} ms, converted {st['converted_ms']:.2f} ms, "
+                f"ratio {st['ratio']:.3f}")
+    if args.cold:
+        entry["cold"] = {}
+        for side in SIDES:
+            c = stage(f"cold {side}", lambda side=side: run_cold(args, spec, precision, side))
+            if c is not None:
+                entry["cold"][side] = c
+                log(f"  cold {side}: first step {c['first_step_s']:.2f} s")
+    if args.grad_check:
+        g = stage("grad-check", lambda: grad_check(args, spec, precision, device))
+        if g is not None:
+            entry["grad"] = g
+            log(f"  grad error vs float64: native {g['native']['all']:.2e}, converted "
+                f"{g['converted']['all']:.2e}")
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.cold_child:
+        return cold_child(args)
+    device = torch.device(args.device)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"environment": environment(device), "options": vars(args),
+                              "results": [], "skipped": []}
+    pairs = [(m, p) for m in args.models for p in args.precisions]
+    bar = (tqdm(total=len(pairs), unit="model", file=sys.stderr)
+           if tqdm is not None and not args.no_progress else None)
+
+    def log(msg: str) -> None:
+        if bar is not None:
+            bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def save() -> None:
+        report["elapsed_s"] = time.perf_counter() - started
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=1, default=str)
+
+    for name, precision in pairs:
+        if args.max_seconds is not None and time.perf_counter() - started > args.max_seconds:
+            report["skipped"].append({"model": name, "precision": precision,
+                                      "reason": "--max-seconds reached"})
+            continue
+        if bar is not None:
+            bar.set_description(f"{name} {precision}")
+        t0 = time.perf_counter()
+        entry = run_model(args, name, precision, device, log)
+        entry["seconds"] = time.perf_counter() - t0
+        log(f"{name} {precision}: took {entry['seconds']:.1f} s")
+        report["results"].append(entry)
+        save()
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    save()
+    print("\n".join(summary_lines(report["results"])), flush=True)
+    for e in report["results"]:
+        for tag, err in e["errors"].items():
+            print(f"FAILED {e['model']} {e['precision']} {tag}: {err[:300]}", flush=True)
+    for s in report["skipped"]:
+        print(f"skipped {s['model']} {s['precision']}: {s['reason']}", flush=True)
+    return 0 if all(e["steps"] for e in report["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
