@@ -9,6 +9,8 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import time
 import warnings
 
 import pytest
@@ -231,3 +233,113 @@ def test_cache_subcommand_as_a_program(tmp_path, h200):
     assert r.returncode == 0 and r.stdout.count("2 x 128") >= 3
     assert r.stderr.count("is read-only") == 1  # one notice, even with every warning shown
     assert sorted(tmp_path.iterdir()) == [h200] and _sha(h200) == _sha(H200)
+
+
+# -- hostile outputs, locks, keys and sizes ------------------------------------------------------
+
+def test_export_refuses_a_dangling_symlink_without_force(capsys, tmp_path, monkeypatch):
+    live = tmp_path / "live.sqlite"
+    _fill(live, A, [1])
+    monkeypatch.setenv("MUCUDNN_CACHE", str(live))
+    target = tmp_path / "somewhere" / "precious.sqlite.gz"  # does not exist (yet)
+    link = tmp_path / "out.sqlite.gz"
+    link.symlink_to(target)
+    rc, _, err = _run(capsys, "export", str(link))
+    assert rc == 2 and "symbolic link" in err and "--force" in err and str(link) in err
+    assert link.is_symlink() and os.readlink(link) == str(target) and not target.exists()
+    assert _run(capsys, "export", str(link), "--force")[0] == 0
+    assert not link.is_symlink()  # --force replaces the link itself, never writes through it
+    assert not target.exists()
+    assert BenchmarkCache(link, read_only=True).keys() == [(*A, "problem-0", "forward")]
+
+
+_HOLD = r"""
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("PRAGMA locking_mode=EXCLUSIVE")
+c.execute("BEGIN EXCLUSIVE")
+c.execute("INSERT OR REPLACE INTO mucudnn_meta VALUES ('held', 'yes')")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_info_on_a_locked_cache_says_what_it_waits_for_and_gives_up_soon(tmp_path):
+    live = tmp_path / "live.sqlite"
+    _fill(live, A, [1])
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(live)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "mucudnn", "cache", "info", str(live)],
+                             capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        holder.communicate("")
+    assert out.returncode == 2
+    waits = [ln for ln in out.stderr.splitlines() if "locked" in ln and "waiting up to" in ln]
+    assert len(waits) == 1 and str(live) in waits[0], out.stderr
+    assert took < cache_tools.READ_TIMEOUT + 15, took
+    # once released, the same file reads
+    assert "entries: 1" in cache_tools.info(live)
+
+
+def test_rows_with_null_key_columns_are_rejected_and_counted(capsys, tmp_path, monkeypatch):
+    """A file with our schema but NULLs (or BLOBs) in key columns: those rows
+    are skipped with a count, never imported under the key "None"."""
+    bad = tmp_path / "bad.sqlite"
+    _fill(bad, A, [1, 2])
+    con = sqlite3.connect(bad)
+    con.execute("PRAGMA writable_schema = ON")
+    con.execute("UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') "
+                "WHERE name = 'benchmarks'")
+    con.commit()
+    con.close()
+    con = sqlite3.connect(bad)
+    good = con.execute("SELECT * FROM benchmarks LIMIT 1").fetchone()
+    for i, col in enumerate(["backend", "device", "version", "problem", "direction"]):
+        row = list(good)
+        row[i] = None
+        row[3] = f"null-{col}" if i != 3 else None
+        con.execute("INSERT INTO benchmarks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+    row = list(good)
+    row[1], row[3] = b"GPU A", "blob-device"  # a BLOB stays a BLOB in a TEXT column
+    con.execute("INSERT INTO benchmarks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+    con.commit()
+    con.close()
+    live = tmp_path / "live.sqlite"
+    monkeypatch.setenv("MUCUDNN_CACHE", str(live))
+    with pytest.warns(CacheWarning, match=r"skipped 6 entries whose key"):
+        read, stored = cache_tools.import_cache(bad)
+    assert (read, stored) == (2, 2)
+    keys = BenchmarkCache(live, read_only=True).keys()
+    assert keys == [(*A, "problem-0", "forward"), (*A, "problem-1", "forward")]
+    assert not any(k[3].startswith(("null", "blob")) or "None" in k for k in keys)
+
+
+def test_gzipped_cache_larger_than_the_bound_is_refused(tmp_path, monkeypatch):
+    from mucudnn.optimizer import cache_files
+    live = tmp_path / "live.sqlite"
+    with BenchmarkCache(live) as c:  # a few MB: more than one read of the decompressor
+        c.put_many([cache_tools.Entry(*A, f"p{i}", "forward", 1 << 30,
+                                      [AlgoPerf(j, 1.0 + j, j) for j in range(200)])
+                    for i in range(150)])
+    gz = tmp_path / "c.sqlite.gz"
+    assert cache_tools.export(gz, source=live) == 150
+    size = live.stat().st_size
+    assert size > 2 << 20
+    monkeypatch.setattr(cache_files, "MAX_GUNZIP", size // 2)
+    monkeypatch.setattr(cache_files.gunzip_to, "__defaults__", (size // 2,))
+    before = set(pathlib.Path(tempfile.gettempdir()).glob("mucudnn-cache-*/cache.sqlite"))
+    with pytest.raises(CacheFileError, match=r"gzipped cache too large to read .*gunzip"):
+        cache_tools.info(gz)
+    after = set(pathlib.Path(tempfile.gettempdir()).glob("mucudnn-cache-*/cache.sqlite"))
+    assert after <= before  # nothing left behind
+    # the trailer may lie: the stream is still counted
+    lying = tmp_path / "lying.sqlite.gz"
+    data = bytearray(gz.read_bytes())
+    data[-4:] = (1).to_bytes(4, "little")
+    lying.write_bytes(bytes(data))
+    with pytest.raises(CacheFileError, match=r"too large"):
+        cache_tools.info(lying)

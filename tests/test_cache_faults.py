@@ -684,3 +684,42 @@ def test_forced_plan_with_an_unknown_algo_falls_back_before_running(tmp_path):
         conv, y, ref = _run_forward(False, plans={"forward": plan})
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
     assert all(mb.algo in set(NumpyAlgo) for mb in conv.plans[Direction.FORWARD].micro_batches)
+
+
+# -- path texts no file can have, and folders (MUCUDNN_CACHE and cache=) -------------------------
+@pytest.mark.parametrize("value, shown", [("~nosuchuser-mucudnn/c.sqlite", "cannot expand '~'"),
+                                          ("c\0.sqlite", "NUL"),
+                                          ("/tmp/a\0b/c.sqlite", "NUL")])
+def test_cache_path_no_file_can_have_names_the_variable(monkeypatch, value, shown):
+    if "\0" not in value:  # an environment variable cannot hold a NUL
+        monkeypatch.setenv("MUCUDNN_CACHE", value)
+        with pytest.raises(CacheFileError) as info:
+            mu.optimizer.cache.default_cache_path()
+        text = str(info.value)
+        assert text.startswith(f"MUCUDNN_CACHE={value!r}: ") and shown in text
+        assert info.value.variable == "MUCUDNN_CACHE"
+        with pytest.raises(CacheFileError, match="MUCUDNN_CACHE"):
+            mu.Convolution((2, 3, 5, 5), (4, 3, 3, 3), backend="numpy")
+    with pytest.raises(CacheFileError) as info:
+        BenchmarkCache(value, _name="cache")
+    assert str(info.value).startswith(f"cache: {value!r}: ") and shown in str(info.value)
+    assert isinstance(info.value, MucudnnError) and isinstance(info.value, OSError)
+    with pytest.raises(CacheFileError, match=r"^cache: "):
+        resolve_cache(value)
+
+
+def test_cache_path_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch):
+    """``MUCUDNN_CACHE=newdir/`` means newdir/benchmarks.sqlite (README's table),
+    never a file named newdir."""
+    folder = tmp_path / "newdir"
+    monkeypatch.setenv("MUCUDNN_CACHE", f"{folder}/")
+    path = mu.optimizer.cache.default_cache_path()
+    assert path == folder / "benchmarks.sqlite"
+    with BenchmarkCache() as c:
+        c.put(BE, P, Direction.FORWARD, GOOD, 1 << 30)
+        assert c.get(BE, P, Direction.FORWARD) == GOOD
+    assert folder.is_dir() and (folder / "benchmarks.sqlite").is_file()
+    assert BenchmarkCache(f"{folder}/").path == folder / "benchmarks.sqlite"
+    # without the slash, an existing folder is still refused, naming it
+    with pytest.raises(CacheFileError, match="is a directory"):
+        BenchmarkCache(folder).get(BE, P, Direction.FORWARD)

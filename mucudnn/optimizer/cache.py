@@ -163,6 +163,8 @@ class BenchmarkCache(CacheFile):
         # entries invalidated (Note [entries the backend cannot run]) that a
         # read-only file still holds: misses for this object until stored again
         self._ignored: set[tuple[str, ...]] = set()
+        #: Rows :meth:`entries` skipped for a key column that is NULL, empty or not text.
+        self.skipped_rows = 0
 
     # -- the public operations -----------------------------------------------
     def get(self, backend: Any, problem: "ConvProblem | str", direction: "Direction | str",
@@ -270,13 +272,22 @@ class BenchmarkCache(CacheFile):
             "AND (? IS NULL OR device = ?) AND (? IS NULL OR version = ?) "
             "ORDER BY backend, device, version, problem, direction",
             (backend, backend, variant, device, device, version, version)).fetchall()) or []
+        skipped = 0
         for r in rows:
+            if not all(isinstance(c, str) and c for c in r[:5]):
+                skipped += 1  # NULL, empty or not text: no key to use or to delete by
+                continue
             try:
-                b, d, v, pk, di = (str(c) for c in r[:5])
+                b, d, v, pk, di = r[:5]
                 yield Entry(b, d, v, pk, di, check_cap(r[5]), decode_results(r[6]),
                             _created(r[7]))
             except BadEntry as exc:
                 self._drop(tuple(r[:5]), (r[6], r[5]), exc)
+        if skipped:
+            self.skipped_rows += skipped
+            warn(f"mucudnn cache {self.path}: skipped {skipped} entr"
+                 f"{'y' if skipped == 1 else 'ies'} whose key (backend, device, version, "
+                 "problem, direction) has a NULL, empty or non-text column")
 
     def summary(self) -> dict[tuple[str, str, str], int]:
         """Entry count per (backend, device, version)."""

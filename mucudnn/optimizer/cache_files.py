@@ -31,7 +31,8 @@ from typing import Iterator
 
 __all__ = ["SQLITE_MAGIC", "GZIP_MAGIC", "SCHEMA_VERSION", "META", "TABLE", "COLUMNS",
            "Schema", "read_schema", "create_tables", "connect_ro", "inspect_file",
-           "file_kind", "gunzip_to", "create_fresh", "make_tempdir", "remove_tempdir"]
+           "file_kind", "gunzip_to", "create_fresh", "make_tempdir", "remove_tempdir",
+           "GunzipTooLarge", "MAX_GUNZIP"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -43,8 +44,14 @@ TABLE = "benchmarks"
 COLUMNS = ("backend", "device", "version", "problem", "direction", "workspace_cap",
            "results", "created")
 PRIMARY_KEY = ("backend", "device", "version", "problem", "direction")
-#: Most bytes a gzipped cache may decompress to (a guard against gzip bombs).
-MAX_GUNZIP = 1 << 33
+#: Most bytes a gzipped cache may decompress to: each process reading it makes a
+#: temporary copy of that size (a full H200 cache of every network is ~5 MB), so
+#: this bounds the disk a stray or hostile .gz can take.
+MAX_GUNZIP = 1 << 30
+
+
+class GunzipTooLarge(ValueError):
+    """A gzipped cache larger than the bound, or than the free temporary space."""
 
 CREATE = (
     f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -203,18 +210,47 @@ def remove_tempdir(pid: int, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _stated_size(src: "str | os.PathLike[str]") -> int:
+    """The size a gzip file's trailer states (ISIZE: modulo 2**32, and only of its
+    last member, so a lower bound to check early, never the only check)."""
+    with open(src, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() < 18:
+            return 0
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
+
+
 def gunzip_to(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]",
               limit: int = MAX_GUNZIP) -> None:
     """Decompress ``src`` into the new file ``dst``; ValueError when ``src`` is
-    not a readable gzip file or holds more than ``limit`` bytes."""
+    not a readable gzip file, GunzipTooLarge (a ValueError) when it holds more
+    than ``limit`` bytes or more than the free space beside ``dst`` (checked
+    from its trailer before writing, and while writing)."""
     total = 0
     try:
         with gzip.open(src, "rb") as fin, open(dst, "xb") as fout:
-            while chunk := fin.read(1 << 20):
+            chunk = fin.read(1 << 20)  # a readable gzip stream first: then its trailer counts
+            stated = _stated_size(src)
+            folder = os.path.dirname(os.path.abspath(dst))
+            free = shutil.disk_usage(folder).free
+            if stated > limit:
+                raise GunzipTooLarge(f"it decompresses to {stated} bytes, more than the "
+                                     f"{limit} a gzipped cache may hold")
+            if stated > free:
+                raise GunzipTooLarge(f"it decompresses to {stated} bytes and the temporary "
+                                     f"folder {folder} has {free} free")
+            while chunk:
                 total += len(chunk)
                 if total > limit:
-                    raise ValueError(f"it decompresses to more than {limit} bytes")
+                    raise GunzipTooLarge(f"it decompresses to more than the {limit} bytes a "
+                                         "gzipped cache may hold")
                 fout.write(chunk)
+                chunk = fin.read(1 << 20)
+    except GunzipTooLarge:
+        with contextlib.suppress(OSError):
+            os.unlink(dst)
+        raise
     except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
         raise ValueError(f"not a readable gzip file ({type(exc).__name__}: {exc})") from None
 

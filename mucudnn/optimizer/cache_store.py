@@ -57,6 +57,8 @@ log = logging.getLogger("mucudnn")
 SCHEMA_VERSION = files.SCHEMA_VERSION
 _META, _TABLE = files.META, files.TABLE
 _OFF = {"off", "0", "false", "no", "none", "disable", "disabled"}
+#: Seconds opening waits for a lock before it says so (Note [locked caches]).
+_FIRST_WAIT = 1.0
 
 #: from_version -> function(conn) bringing the tables to from_version + 1.
 #: Versions without an entry are rebuilt (the cache is only a cache).
@@ -117,15 +119,40 @@ def default_cache_path() -> pathlib.Path | None:
     return _default_target()[0]
 
 
+#: The file a cache path naming a folder (a trailing slash) means inside it.
+DEFAULT_NAME = "benchmarks.sqlite"
+
+
+def _as_path(text: str, origin: str) -> pathlib.Path:
+    """The cache file a path text names (``origin``: MUCUDNN_CACHE or the
+    argument's name): ``~`` and ``~user`` expanded, and a text ending in a slash
+    (a folder, made when needed) meaning :data:`DEFAULT_NAME` inside it.
+    CacheFileError naming ``origin`` and the text where no file can have that name."""
+    what = f"{origin}={text!r}" if origin == "MUCUDNN_CACHE" else f"{origin}: {text!r}"
+    if "\0" in text:
+        raise CacheFileError(f"{what}: a path cannot hold a NUL character; expected a file "
+                             "path (or 'off')", path=text, variable=origin)
+    try:
+        path = pathlib.Path(text).expanduser()
+    except RuntimeError as exc:  # ~nosuchuser: no home to expand
+        raise CacheFileError(f"{what}: cannot expand '~' ({exc}); expected a file path "
+                             "(or 'off')", path=text, variable=origin) from None
+    if text.endswith(("/", os.sep)):
+        path = path / DEFAULT_NAME
+    return path
+
+
 def _default_target() -> tuple[pathlib.Path | None, str]:
     env = os.environ.get("MUCUDNN_CACHE")
     if env is not None and env.strip():
         if env.strip().lower() in _OFF:
             return None, "MUCUDNN_CACHE"
-        return pathlib.Path(env).expanduser(), "MUCUDNN_CACHE"
+        return _as_path(env, "MUCUDNN_CACHE"), "MUCUDNN_CACHE"
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = pathlib.Path(xdg) if xdg and os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
-    return base / "mucudnn" / "benchmarks.sqlite", "default"
+    if xdg and ("\0" in xdg or not os.path.isabs(xdg)):
+        xdg = None
+    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return base / "mucudnn" / DEFAULT_NAME, "default"
 
 
 def _target(value: Any, name: str) -> tuple[pathlib.Path | None, str]:
@@ -139,7 +166,7 @@ def _target(value: Any, name: str) -> tuple[pathlib.Path | None, str]:
         text = os.fsdecode(text) if isinstance(text, bytes) else text
         if not isinstance(text, str) or not text.strip():
             raise CacheArgumentError(f"{name}: expected a file path, got an empty string")
-        return pathlib.Path(text).expanduser(), name
+        return _as_path(text, name), name
     raise CacheArgumentError(
         f"{name}: expected None (the default cache), False or 'off' (no cache), a file path "
         f"(str or os.PathLike) or a BenchmarkCache, got {value!r} ({type(value).__name__})")
@@ -184,6 +211,7 @@ class CacheFile:
         self._readonly = False
         self._broken = False
         self._tmp: Any = None  # finalizer of a gzipped cache's temporary copy
+        self._wait = self.timeout  # what opening may still wait for a lock (Note [locked caches])
 
     # -- state ----------------------------------------------------------------
     @property
@@ -309,6 +337,13 @@ class CacheFile:
                     self._disable(f"{self.path}: {type(exc).__name__}: {exc}")
                     return None
 
+    # Note [locked caches]: another program may hold the file locked (an
+    # exclusive transaction, EXCLUSIVE locking mode). Opening first waits at most
+    # _FIRST_WAIT (what another mucudnn process's short write takes); if the file
+    # is still locked it logs one line saying what it waits for and how long, and
+    # the later attempts wait at most what is left of ``timeout`` between them
+    # (not ``timeout`` each). Read-only commands (the cache CLI's inputs) open
+    # with a short timeout (cache_tools.READ_TIMEOUT).
     def _connection(self) -> sqlite3.Connection | None:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
@@ -317,6 +352,10 @@ class CacheFile:
         self._conn = None
         if not self.enabled:
             return None
+        # Note [locked caches]: the first attempt waits briefly; a locked file is
+        # said once, and the attempts after it share what is left of the timeout
+        deadline = time.monotonic() + self.timeout
+        first = self._wait = min(_FIRST_WAIT, self.timeout)
         for _attempt in range(4):
             try:
                 conn = self._open()
@@ -334,6 +373,13 @@ class CacheFile:
                 continue
             except sqlite3.DatabaseError as exc:
                 if _is_locked(exc):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    if self._wait == first:
+                        log.warning("mucudnn cache %s: another program holds it locked; "
+                                    "waiting up to %.0f s for it", self.path, left)
+                    self._wait = max(left, 0.001)
                     time.sleep(0.05)
                     continue
                 if _is_corrupt(exc) and self._verified is not None:
@@ -348,7 +394,11 @@ class CacheFile:
                 return None
             self._conn, self._pid = conn, os.getpid()
             return conn
-        self._disable(f"cannot open {self.path} after repeated recovery")
+        if time.monotonic() >= deadline:
+            self._disable(f"{self.path} stayed locked by another program for "
+                          f"{self.timeout:.0f} s")
+        else:
+            self._disable(f"cannot open {self.path} after repeated recovery")
         return None
 
     def _open(self) -> sqlite3.Connection:
@@ -371,7 +421,7 @@ class CacheFile:
         if kind == "other":
             raise self._not_ours("neither an SQLite nor a gzip file")
         if kind == "sqlite":
-            schema = files.inspect_file(self.path, self.timeout)
+            schema = files.inspect_file(self.path, self._wait)
             if not schema.ours:
                 raise self._not_ours(schema.detail)
             if schema.kind == "newer":
@@ -384,7 +434,7 @@ class CacheFile:
         fresh = kind == "empty"
         if kind == "missing":
             try:
-                made = files.create_fresh(self.path, self.timeout)
+                made = files.create_fresh(self.path, self._wait)
             except OSError as exc:
                 raise _Unusable(f"cannot create {self.path}: {exc}") from None
             if made == "exists":
@@ -399,13 +449,14 @@ class CacheFile:
 
     def _open_rw(self, fresh: bool) -> sqlite3.Connection:
         assert self.path is not None
-        conn = sqlite3.connect(str(self.path), timeout=self.timeout, isolation_level=None,
+        conn = sqlite3.connect(str(self.path), timeout=self._wait, isolation_level=None,
                                check_same_thread=False)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(self._wait * 1000)}")
             inode = os.stat(self.path).st_ino
             self._init_schema(conn, fresh, inode)
             self._pragma_wal(conn)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
         except sqlite3.OperationalError as exc:
             conn.close()
             if _is_readonly(exc):
@@ -421,7 +472,7 @@ class CacheFile:
         conn = None
         try:
             try:
-                conn = files.connect_ro(db, self.timeout)
+                conn = files.connect_ro(db, self._wait)
                 schema = files.read_schema(conn)
             except sqlite3.OperationalError as exc:
                 if _is_locked(exc) or os.path.exists(f"{db}-wal"):
@@ -430,7 +481,7 @@ class CacheFile:
                     conn.close()
                 # A WAL file in a folder we cannot write: with no -wal beside it no
                 # writer is active, so it can be read as immutable.
-                conn = files.connect_ro(db, self.timeout, immutable=True)
+                conn = files.connect_ro(db, self._wait, immutable=True)
                 schema = files.read_schema(conn)
             if not schema.ours:
                 raise self._not_ours(schema.detail)
@@ -456,6 +507,11 @@ class CacheFile:
             db = pathlib.Path(tmp) / "cache.sqlite"
             try:
                 files.gunzip_to(self.path, db)
+            except files.GunzipTooLarge as exc:
+                raise self._error(
+                    f"{self._where()} is a gzipped cache too large to read ({exc}); it is "
+                    "decompressed to a temporary file by every process that reads it: "
+                    "decompress it yourself (gunzip) and use the .sqlite file") from None
             except ValueError as exc:
                 raise self._not_ours(str(exc)) from None
             if files.file_kind(db)[0] != "sqlite":

@@ -42,12 +42,19 @@ from .cache import BenchmarkCache, CacheFileError, Entry, resolve
 __all__ = ["info", "export", "import_cache", "merge", "write_cache", "open_input"]
 
 
+#: Seconds a read-only command waits for a cache another program holds locked
+#: (Note [locked caches] in :mod:`.cache_store`).
+READ_TIMEOUT = 5.0
+
+
 def open_input(path: "str | os.PathLike[str]", name: str = "FILE") -> BenchmarkCache:
-    """An existing cache (SQLite or gzipped), opened read-only; CacheFileError if missing."""
-    p = pathlib.Path(path).expanduser()
+    """An existing cache (SQLite or gzipped), opened read-only; CacheFileError if missing.
+    A cache locked by another program is waited for :data:`READ_TIMEOUT` seconds."""
+    cache = BenchmarkCache(path, read_only=True, timeout=READ_TIMEOUT, _name=name)
+    p = cache.path
+    assert p is not None  # a path argument (CacheFileError / CacheArgumentError otherwise)
     if not p.exists():
         raise CacheFileError(f"{name}: {p} does not exist", path=str(p), variable=name)
-    cache = BenchmarkCache(p, read_only=True, _name=name)
     _ = cache.read_only  # opens it: CacheFileError now for a file that is not a cache
     if not cache.enabled:
         raise CacheFileError(f"{name}: {p} cannot be used as a cache (see the warning above)",
@@ -89,14 +96,18 @@ def write_cache(entries: Iterable[Entry], out: "str | os.PathLike[str]", *,
     """Write ``entries`` as a new cache file ``out`` (gzipped when it ends in
     ``.gz``); returns the number of entries written. Where two entries share a
     key, the one found under the larger workspace cap wins (the later on a tie)."""
-    out = pathlib.Path(out).expanduser()
+    out = _out_path(out)
     busy = [s for s in ("-wal", "-shm", "-journal") if os.path.exists(f"{out}{s}")]
     if busy:
         raise CacheFileError(f"OUT: {out} is in use ({out.name}{busy[0]} exists); close "
                              "what uses it or choose another name", path=str(out), variable="OUT")
-    if out.exists() and not force:
-        raise CacheFileError(f"OUT: {out} exists; choose another name or pass --force "
+    if os.path.lexists(out) and not force:  # a dangling symlink too: never written through
+        what = "is a symbolic link" if out.is_symlink() else "exists"
+        raise CacheFileError(f"OUT: {out} {what}; choose another name or pass --force "
                              "(force=True) to replace it", path=str(out), variable="OUT")
+    if out.is_dir():
+        raise CacheFileError(f"OUT: {out} is a directory; expected a file name",
+                             path=str(out), variable="OUT")
     out.parent.mkdir(parents=True, exist_ok=True)
     work = tempfile.mkdtemp(prefix="mucudnn-export-")
     try:
@@ -122,6 +133,20 @@ def write_cache(entries: Iterable[Entry], out: "str | os.PathLike[str]", *,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return n
+
+
+def _out_path(out: Any) -> pathlib.Path:
+    """An output file argument as a path; CacheFileError naming OUT where no file
+    can have that name (a NUL character, ``~user`` of no user)."""
+    text = os.fsdecode(os.fspath(out))
+    if "\0" in text or not text.strip():
+        raise CacheFileError(f"OUT: expected a file name, got {text!r}", path=text,
+                             variable="OUT")
+    try:
+        return pathlib.Path(text).expanduser()
+    except RuntimeError as exc:
+        raise CacheFileError(f"OUT: cannot expand '~' in {text!r} ({exc})", path=text,
+                             variable="OUT") from None
 
 
 def export(out: "str | os.PathLike[str]", *, source: Any = None, backend: str | None = None,
