@@ -215,3 +215,19 @@ def test_one_off_backend_instances_are_not_kept():
     gc.collect()
     _close(conv(x), F.conv2d(x, conv.weight, conv.bias))
     assert isinstance(conv.backend, mucudnn.backends.Backend)
+
+
+def test_legacy_batched_gradients_and_gradcheck_batched_grad():
+    """Note [legacy batched gradients]."""
+    x = _randn(2, 2, 5, 4).requires_grad_()
+    w = _randn(4, 1, 3, 2, seed=1).requires_grad_()
+    b = _randn(4, seed=2).requires_grad_()
+    kw = dict(stride=(2, 1), padding=1, groups=2)
+    y, yr = mt.conv2d(x, w, b, **kw), F.conv2d(x, w, b, **kw)
+    dys = _randn(3, *y.shape, seed=3)
+    got = torch.autograd.grad(y, (x, w, b), dys, is_grads_batched=True)
+    want = torch.autograd.grad(yr, (x, w, b), dys, is_grads_batched=True)
+    for g, r in zip(got, want):
+        _close(g, r)
+    assert torch.autograd.gradcheck(lambda a, c, d: mt.conv2d(a, c, d, **kw), (x, w, b),
+                                    check_batched_grad=True)

@@ -186,6 +186,11 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
     if not batched and input.dim() != nd + 1:
         raise TorchValueError(f"input: expected a {nd + 1}-D (unbatched) or {nd + 2}-D (batched) "
                               f"tensor, got shape {tuple(input.shape)}")
+    if 0 in weight.shape:
+        raise TorchValueError(f"weight: expected non-zero sizes, got shape {tuple(weight.shape)}")
+    if 0 in input.shape[-nd - 1:] and (not batched or input.shape[0] != 0):
+        raise TorchValueError(f"input: expected non-zero channel and spatial sizes, got shape "
+                              f"{tuple(input.shape)}")
     st = _tuple("stride", stride, nd, 1)
     dil = _tuple("dilation", dilation, nd, 1)
     if type(groups) is not int and (isinstance(groups, bool)
@@ -242,6 +247,8 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
                 f"{tuple(dil[j] * (ws[j + 2] - 1) + 1 for j in range(nd))} "
                 f"with padding {pad}")
     cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
+    if xs[0] == 0:  # no device work follows: check that the backend takes this device
+        engine._backend_for(cfg.backend, device)
     y = ops.apply(x, weight, bias, cfg)
     return y if batched else y.squeeze(0)
 

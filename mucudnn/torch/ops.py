@@ -66,10 +66,34 @@ class ConvFunction(torch.autograd.Function):
         if _GRAD_ENABLED():  # create_graph=True (Note [eager backward cost])
             x, w = ctx.saved_tensors
             return autodiff.backward(x, w, dy, ctx.cfg, *ctx.needs_input_grad[:3])
-        return _conv_function_backward(ctx, dy)
+        try:
+            return _conv_function_backward(ctx, dy)
+        except RuntimeError:
+            if not _IS_BATCHED(dy):
+                raise
+            return _batched_backward(ctx, dy)  # Note [legacy batched gradients]
 
 
 _GRAD_ENABLED = torch.is_grad_enabled
+_IS_BATCHED: Any = getattr(torch._C._functorch, "is_legacy_batchedtensor",
+                           torch._C._functorch.is_batchedtensor)
+
+
+# Note [legacy batched gradients]: ``torch.autograd.grad(...,
+# is_grads_batched=True)`` (and gradcheck's batched-gradient check) run the
+# backward under torch's legacy vmap, which no ``autograd.Function`` rule
+# covers: ``dy`` comes as a batched tensor without storage, which the engine
+# cannot take. Such a backward runs aten's ``convolution_backward`` (torch's
+# own kernels, which have batching rules). It is detected from the engine's
+# failure, so an ordinary backward pays nothing for it.
+def _batched_backward(ctx: Any, dy: Tensor) -> tuple:
+    x, w = ctx.saved_tensors
+    nx, nw, nb = ctx.needs_input_grad[:3]
+    cfg = ctx.cfg
+    dx, dw, db = torch.ops.aten.convolution_backward(
+        dy, x, w, [w.shape[0]] if nb else None, list(cfg.stride), list(cfg.padding),
+        list(cfg.dilation), False, [0] * len(cfg.stride), cfg.groups, [nx, nw, nb])
+    return dx, dw, db, None
 
 
 def _conv_function_backward(ctx: Any, dy: Tensor) -> tuple:
