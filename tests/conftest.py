@@ -22,9 +22,6 @@ settings.register_profile(
     "thorough", max_examples=400, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
-    "fuzz10k", max_examples=10000, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile(
     "fuzz10k", max_examples=10_000, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
