@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 from .dtypes import dtype_name
 from .errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
+from .units import format_bytes, int_tuple, is_integer, shape_tuple
 
 IntOrTuple = Union[int, Sequence[int]]
 
@@ -69,6 +70,11 @@ MICRO_BATCH_ALIGNMENT = 16
 MATH_MODES = ("default", "fma", "tensor_op", "tensor_op_allow_conversion")
 #: The workspace limit that stands for "unlimited" where an API takes None (1 PiB).
 UNLIMITED_WORKSPACE = 1 << 50
+#: Exclusive bound of every dimension, padding, stride, dilation and group count
+#: (Note [sizes that cannot exist]).
+MAX_DIM = 1 << 63
+#: Exclusive bound of the bytes of x, w and y (Note [sizes that cannot exist]).
+MAX_TENSOR_BYTES = 1 << 42
 
 
 class Direction(str, enum.Enum):
@@ -96,62 +102,6 @@ class Direction(str, enum.Enum):
                     return d
         raise InvalidValueError(
             f"direction: expected one of {[d.value for d in cls]}, got {value!r}")
-
-
-def _is_int(v: Any) -> bool:
-    """An integer value (int, NumPy integer, 0-d integer array), not a bool,
-    float, string or array of several values."""
-    if isinstance(v, bool):
-        return False
-    if isinstance(v, int):
-        return True
-    try:
-        operator.index(v)
-    except TypeError:
-        return False
-    return True
-
-
-def _tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ...]:
-    """Expand an int or per-dimension sequence into an nd-tuple of ints >= minimum."""
-    if isinstance(value, bool):
-        raise InvalidTypeError(f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
-    if isinstance(value, int) or (hasattr(value, "__index__") and not hasattr(value, "__len__")):
-        t = (int(value),) * nd
-    else:
-        # Note: each element must be an integer itself (not 2.9, "2" or True):
-        # int() would silently truncate or parse it.
-        items = list(value) if not isinstance(value, (str, bytes)) and \
-            hasattr(value, "__iter__") else None
-        if items is None or not all(_is_int(v) for v in items):
-            raise InvalidTypeError(
-                f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
-        t = tuple(int(v) for v in items)
-        if len(t) != nd:
-            raise InvalidValueError(
-                f"{name}: expected {nd} values (one per spatial dimension), got {value!r}")
-    for v in t:
-        if v < minimum:
-            raise InvalidValueError(f"{name}: expected every value >= {minimum}, got {value!r}")
-    return t
-
-
-def _shape(name: str, value: Sequence[int]) -> tuple[int, ...]:
-    ndim = getattr(value, "ndim", 1)
-    # Note: an array is described by its shape; its repr spans lines.
-    got = (f"a {ndim}-D array of shape {tuple(getattr(value, 'shape', ()))}" if ndim != 1
-           else repr(value))
-    try:
-        t = tuple(value)
-    except TypeError:
-        raise InvalidTypeError(f"{name}: expected a sequence of ints, got {got}") from None
-    for v in t:
-        if not _is_int(v):
-            raise InvalidTypeError(f"{name}: expected a sequence of ints, got {got}")
-    t = tuple(operator.index(v) for v in t)
-    if any(v <= 0 for v in t):
-        raise InvalidValueError(f"{name}: expected positive sizes, got {t}")
-    return t
 
 
 def channels_last(layout: str) -> bool:
@@ -217,8 +167,8 @@ class ConvProblem:
                  stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
                  groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
                  math: str = "default", compute_type: str | None = None) -> None:
-        x = _shape("x_shape", x_shape)
-        w = _shape("w_shape", w_shape)
+        x = shape_tuple("x_shape", x_shape)
+        w = shape_tuple("w_shape", w_shape)
         if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
             raise InvalidValueError(f"layout: expected one of {list(LAYOUTS)}, got {layout!r}")
         layout = layout.upper()
@@ -237,14 +187,14 @@ class ConvProblem:
                 f"compute_type: expected 'float16', 'float32' or 'float64', got {compute_type!r}")
         if not isinstance(math, str) or math.lower() not in MATH_MODES:
             raise InvalidValueError(f"math: expected one of {list(MATH_MODES)}, got {math!r}")
-        if not _is_int(groups):
+        if not is_integer(groups):
             raise InvalidTypeError(f"groups: expected a positive int, got {groups!r}")
         groups = int(groups)
         if groups < 1:
             raise InvalidValueError(f"groups: expected a positive int, got {groups}")
-        stride_t = _tuple("stride", stride, nd, 1)
-        padding_t = _tuple("padding", padding, nd, 0)
-        dilation_t = _tuple("dilation", dilation, nd, 1)
+        stride_t = int_tuple("stride", stride, nd, 1)
+        padding_t = int_tuple("padding", padding, nd, 0)
+        dilation_t = int_tuple("dilation", dilation, nd, 1)
         xc = to_canonical(x, layout)
         wc = to_canonical(w, layout)
         if xc[1] != groups * wc[1]:
@@ -267,12 +217,50 @@ class ConvProblem:
         set_(self, "layout", layout)
         set_(self, "math", math.lower())
         set_(self, "compute_type", compute_type)
+        self._check_fields()
         out = self._spatial_out()
         if any(o < 1 for o in out):
             raise InvalidValueError(
                 f"x_shape: output size would be {out} (< 1) for input spatial {xc[2:]}, filter "
                 f"{wc[2:]}, padding {padding_t}, stride {stride_t}, dilation {dilation_t}; "
                 "expected an input at least as large as the dilated filter")
+        self._check_bytes()
+
+    # Note [sizes that cannot exist]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A problem is refused when it is made if no backend could describe it or
+    # no memory could hold it, so that it fails at once with its argument's
+    # name instead of late, in an allocation (a MemoryError for 14.6 TiB from
+    # padding=10**6), a C conversion (an OverflowError for stride=2**63) or
+    # after minutes of benchmarking. Every dimension (of x, w and y), padding,
+    # stride, dilation and the group count must fit the widest of cuDNN's fields,
+    # the graph API's int64 (the legacy API's int32 descriptors check their own
+    # fields: Int32RangeError, naming the graph backend), and each of x, w and
+    # y must take fewer than 2**42 bytes (4 TiB: over twenty times the memory
+    # of the largest GPU, more than any buffer a host here allocates), which
+    # also keeps every element offset, product and byte count inside int64.
+    # Planning bounds the batch itself (Note [bounded size lists]).
+    def _check_fields(self) -> None:
+        for name, values in (("x_shape", self.x_shape), ("w_shape", self.w_shape),
+                             ("stride", self.stride), ("padding", self.padding),
+                             ("dilation", self.dilation), ("groups", (self.groups,))):
+            if max(values) >= MAX_DIM:
+                raise InvalidValueError(f"{name}: expected values below 2**63 (cuDNN's int64 "
+                                        f"fields), got {values if len(values) > 1 else values[0]}")
+
+    def _check_bytes(self) -> None:
+        # y too large from the padding alone names the padding, else the input
+        bare = [max(1, (i - d * (r - 1) - 1) // s + 1) for i, r, s, d in
+                zip(self.x_dims[2:], self.w_dims[2:], self.stride, self.dilation)]
+        bare_y = self.itemsize * self.batch * self.w_dims[0] * math.prod(bare)
+        y_name = "padding" if bare_y < MAX_TENSOR_BYTES else "x_shape"
+        for t, name in (("x", "x_shape"), ("w", "w_shape"), ("y", y_name)):
+            nbytes = self.itemsize * math.prod(self.shape_of(t))
+            if nbytes >= MAX_TENSOR_BYTES:
+                raise InvalidValueError(
+                    f"{name}: {t} of shape {self.shape_of(t)} would take {format_bytes(nbytes)} "
+                    f"({self.dtype}); a tensor must take less than "
+                    f"{format_bytes(MAX_TENSOR_BYTES)} (Note [sizes that cannot exist])")
 
     # -- geometry ---------------------------------------------------------------
     @property
@@ -357,7 +345,7 @@ class ConvProblem:
         >>> ConvProblem((8, 64, 56, 56), (64, 64, 3, 3), padding=1).batch_quantum()
         1
         """
-        if not _is_int(alignment) or int(alignment) < 1:
+        if not is_integer(alignment) or int(alignment) < 1:
             raise InvalidValueError(f"alignment: expected a positive int (bytes), got {alignment!r}")
         a = int(alignment)
         q = 1
@@ -370,7 +358,7 @@ class ConvProblem:
     # -- derived problems and keys ---------------------------------------------
     def with_batch(self, n: int) -> "ConvProblem":
         """The same problem with batch size ``n``."""
-        if not _is_int(n) or int(n) < 1:
+        if not is_integer(n) or int(n) < 1:
             raise InvalidValueError(f"n: expected a positive batch size, got {n!r}")
         if int(n) == self.batch:
             return self
@@ -483,7 +471,7 @@ class PlanFormatError(InvalidValueError, KeyError):
 
 
 def _int_field(name: str, v: Any, minimum: int) -> int:
-    if not _is_int(v):
+    if not is_integer(v):
         raise InvalidTypeError(f"{name}: expected an int >= {minimum}, got {v!r}")
     n = operator.index(v)
     if n < minimum:
@@ -495,7 +483,7 @@ def _id_field(name: str, v: Any) -> Union[int, str]:
     """An algorithm or math-type id: an int (legacy API, NumPy) or a string (graph API)."""
     if isinstance(v, str):
         return v
-    if _is_int(v):
+    if is_integer(v):
         return operator.index(v)
     raise InvalidTypeError(f"{name}: expected an int or a string (the backend's id), got {v!r}")
 

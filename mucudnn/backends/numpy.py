@@ -57,7 +57,7 @@ import math
 import operator
 import platform
 import time
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, TypeVar, Union
 
 import numpy as np
 from scipy.fft import next_fast_len
@@ -66,13 +66,31 @@ from ..problem import AlgoPerf, ConvProblem, Direction, conv_dtype
 from . import fold as _fold
 from ._numpy_guard import Guarded
 from .base import OUTPUT_OF, BackendBase, ConvTensors
-from ..errors import InvalidTypeError, InvalidValueError, UnsupportedOperationError
+from ..errors import InvalidTypeError, InvalidValueError, MucudnnError, UnsupportedOperationError
+from ..units import format_bytes, parse_count
 
-__all__ = ["NumpyAlgo", "NumpyBackend"]
+__all__ = ["NumpyAlgo", "NumpyBackend", "HostOutOfMemoryError"]
 
 log = logging.getLogger("mucudnn")
 
 _ALIGN = 64
+
+
+T = TypeVar("T")
+
+
+class HostOutOfMemoryError(MucudnnError, MemoryError):
+    """The host cannot allocate the arrays a NumPy-backend call or find() needs."""
+
+
+def _host_array(what: str, make: Callable[[], T], nbytes: int) -> T:
+    """``make()``, a host allocation of ``nbytes``; HostOutOfMemoryError naming
+    ``what`` when the host has no room for it."""
+    try:
+        return make()
+    except MemoryError:
+        raise HostOutOfMemoryError(f"{what}: the host cannot allocate {format_bytes(nbytes)} "
+                                   "for the NumPy backend") from None
 
 
 class NumpyAlgo(enum.IntEnum):
@@ -239,9 +257,7 @@ class NumpyBackend(BackendBase):
     is_host = True
 
     def __init__(self, repeats: int = 3, seed: int = 0, fold: bool = False) -> None:
-        if repeats < 1:
-            raise InvalidValueError(f"repeats: expected a positive int, got {repeats!r}")
-        self.repeats = int(repeats)
+        self.repeats = parse_count(repeats, "repeats", 1)
         self.seed = seed
         self.fold = bool(fold)
         self.version = np.__version__
@@ -305,8 +321,10 @@ class NumpyBackend(BackendBase):
             a = rng.uniform(0.5, 1.5, shape) * rng.choice((-1.0, 1.0), shape)
             return a.astype(dt)
 
-        tensors = ConvTensors(problem, rand(problem.x_shape), rand(problem.w_shape),
-                              rand(problem.output_shape))
+        nbytes = problem.itemsize * sum(math.prod(problem.shape_of(t)) for t in "xwy")
+        tensors = _host_array(f"problem {problem.key()}", lambda: ConvTensors(
+            problem, rand(problem.x_shape), rand(problem.w_shape), rand(problem.output_shape)),
+            nbytes)
         perfs = []
         algos: list[Union[int, str]] = list(NumpyAlgo)
         f = _fold.fold_of(problem) if self.fold else None
@@ -417,7 +435,9 @@ class NumpyBackend(BackendBase):
     # -- arrays ------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array; ``dtype`` a name like "float16"."""
-        return np.empty(tuple(shape), _np_dtype(dtype))
+        dt = _np_dtype(dtype)
+        return _host_array(f"array of shape {tuple(shape)}", lambda: np.empty(tuple(shape), dt),
+                           dt.itemsize * math.prod(shape))
 
     def from_host(self, array: Any) -> np.ndarray:
         """A C-contiguous copy."""

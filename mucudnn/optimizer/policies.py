@@ -27,6 +27,21 @@ DEFAULT_POLICY = "fitted"
 
 Policy = Union[str, Iterable[int]]
 
+#: The most micro-batch sizes one kernel may benchmark (Note [bounded size lists]).
+MAX_SIZES = 4096
+#: The largest batch a plan is made for (Note [bounded size lists]).
+MAX_BATCH = 1 << 20
+
+# Note [bounded size lists]: every size a policy lists is benchmarked (a find
+# of every algorithm), and a plan is solved over every batch size up to the
+# batch (tables of batch + 1 entries, a loop over them: optimizer/dp.py), so
+# both are bounded before any work: "all" at a batch of 10**8 built 10**8
+# sizes and failed with a MemoryError after most of a minute, and a batch of
+# 2**31 allocated 16 GiB of tables under any policy. A policy listing more than
+# MAX_SIZES sizes, or a batch above MAX_BATCH (a million samples: tables of 8
+# MiB each), is refused at once with what to do instead; "powerOfTwo" and
+# "fitted" list about log2(n) sizes.
+
 _ALIASES = {"all": "all", "poweroftwo": "powerOfTwo", "pow2": "powerOfTwo",
             "fitted": "fitted", "undivided": "undivided"}
 
@@ -75,7 +90,7 @@ def _explicit_sizes(policy: Any) -> list[int]:
 def batch_sizes(policy: Policy, n: int) -> list[int]:
     """The micro-batch sizes ``policy`` allows for a mini-batch of ``n``, largest first.
 
-    - ``"all"``: every size 1..n;
+    - ``"all"``: every size 1..n (n at most :data:`MAX_SIZES`);
     - ``"powerOfTwo"``: 1, 2, 4, ... up to n, plus n itself;
     - ``"fitted"``: powerOfTwo's sizes; :func:`~mucudnn.optimizer.benchmark`
       adds each kernel's fitted sizes (Note [fitted sizes]);
@@ -84,13 +99,13 @@ def batch_sizes(policy: Policy, n: int) -> list[int]:
       (always, so that the undivided call is a candidate and a plan can
       always be formed from sizes that tile n; sizes above n are dropped).
 
-    Anything else raises ValueError listing the valid policies.
+    Anything else raises ValueError listing the valid policies, and so does a
+    policy that lists more than :data:`MAX_SIZES` sizes (Note [bounded size lists]).
     """
-    if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1:
-        raise InvalidValueError(f"n: expected a positive batch size, got {n!r}")
-    n = int(n)
+    n = check_batch(n)
     name = policy_name(policy)
     if name == "all":
+        _check_count(n, policy, n)
         sizes = set(range(1, n + 1))
     elif name in ("powerOfTwo", "fitted"):
         sizes = {n}
@@ -102,7 +117,30 @@ def batch_sizes(policy: Policy, n: int) -> list[int]:
         sizes = {n}
     else:
         sizes = {s for s in _explicit_sizes(policy) if s <= n} | {n}
+        _check_count(len(sizes), policy, n)
     return sorted(sizes, reverse=True)
+
+
+def check_batch(n: Any) -> int:
+    """A batch a plan can be made for: an int in [1, MAX_BATCH] (Note [bounded
+    size lists]); InvalidValueError naming ``n`` otherwise."""
+    if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1:
+        raise InvalidValueError(f"n: expected a positive batch size, got {n!r}")
+    if int(n) > MAX_BATCH:
+        raise InvalidValueError(
+            f"batch: {int(n)} samples are over the {MAX_BATCH} a plan is made for "
+            "(Note [bounded size lists]); plan a part of it (with_batch) and run the parts")
+    return int(n)
+
+
+def _check_count(count: int, policy: Any, n: int) -> None:
+    """Note [bounded size lists]: refuse a policy that lists too many sizes."""
+    if count > MAX_SIZES:
+        what = "'all'" if isinstance(policy, str) else "the explicit list"
+        raise InvalidValueError(
+            f"policy: {what} lists {count} sizes for a batch of {n}, over the {MAX_SIZES} "
+            "one kernel may benchmark (Note [bounded size lists]); use 'fitted' (the "
+            "default), 'powerOfTwo' or a shorter list")
 
 
 def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
@@ -117,6 +155,7 @@ def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
     [100, 64, 36, 32]
     """
     have = set(measured)
+    n = check_batch(n)
     if policy_name(policy) == "fitted":
         return sorted((s for s in have if 1 <= s <= int(n)), reverse=True)
     return [s for s in batch_sizes(policy, n) if s in have]
