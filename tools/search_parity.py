@@ -83,7 +83,7 @@ def cuda_kernels(fn: Callable[[], Any]) -> list[str]:
     # aten's own kernels (zero fills, casts) are PyTorch's bookkeeping, not cuDNN's engine
     return [e.name for e in prof.events()
             if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
-            and "at::native" not in e.name]
+            and "at::native" not in e.name and not e.name.startswith("Memset")]
 
 
 def torch_call(conv: dict[str, Any], direction: Direction, dtype: torch.dtype

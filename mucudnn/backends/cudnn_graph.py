@@ -696,6 +696,7 @@ class CudnnGraphBackend(DeviceBackend):
             # Note [one zero-workspace find per kernel]: "once" leaves the
             # zero-workspace config to a find() under a cap of 0
             keep_zero = not self.finds_zero_once or want == 0
+            rtc = int(Behavior.RUNTIME_COMPILATION)
             kernel = (problem.with_batch(1).key(), direction.value)
             # Note [search parity]: a kernel's first find() times every candidate
             with self._lock:
@@ -703,6 +704,10 @@ class CudnnGraphBackend(DeviceBackend):
                 self._searched.put(kernel, True)
             if first:
                 prof.parity += 1
+                top = {c.id for c in top_k_cut(cands, self.find_top_k, rankings, keep_zero)}
+                kept = [c for c in cands if c.id in top or rtc not in c.behavior_notes]
+                prof.cut += len(cands) - len(kept)
+                cands = kept
             else:
                 kept = top_k_cut(cands, self.find_top_k, rankings, keep_zero)
                 prof.cut += len(cands) - len(kept)

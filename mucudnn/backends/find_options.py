@@ -30,22 +30,22 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "default_search_name"]
 
 # Note [search parity]: PyTorch's cuDNN path (aten/src/ATen/native/cudnn/Conv_v8.cpp,
 # with ``cudnn.benchmark``) times every engine configuration that heuristics
-# mode INSTANT (our "A") and the FALLBACK list name for the problem, keeping
-# those whose numerics the flags allow, runtime-compiled engines included, and
-# runs the fastest. Specialised kernels (depthwise ``c1_k1`` kernels,
-# implicit-GEMM weight gradients) come from such engines. A search that cuts
-# the candidates before timing them (the top-k cut, Note [find cut-offs]; the
-# runtime-compilation cut, Note [runtime-compiled engines]) can miss the
-# configuration PyTorch runs, and a converted layer then loses to native. So
-# with ``parity`` (the default) the first find() of each kernel (a layer and
-# direction, at the largest micro-batch size asked first) times every
-# candidate, as PyTorch does at the full batch; the cuts apply only to the
-# finds of the smaller sizes that follow, where the configurations that led
-# before are carried (Note [carried to other sizes]), runtime-compiled ones
-# included. Runtime compilation is thus paid where PyTorch pays it (once per
-# problem at the full batch) and again only for a configuration that won.
-# ``tools/search_parity.py`` checks the rule per layer against the engines
-# PyTorch runs.
+# mode INSTANT (our "A") and the FALLBACK list name, runtime-compiled engines
+# included, and runs the fastest. Specialised kernels (depthwise ``c1_k1``
+# kernels) come from runtime-compiled engines, and some fast configurations
+# rank below the top-k cut (Note [find cut-offs]), so a search with both cuts
+# misses what PyTorch runs and the converted layer loses to native. With
+# ``parity`` (the default) the first find() of each kernel (a layer and
+# direction, at the largest micro-batch size, asked first) times every
+# candidate that needs no compilation, whatever its rank (finalizing and
+# timing one costs milliseconds), and the runtime-compiled ones within the
+# top-k of some heuristics mode (each compilation costs a fraction of a
+# second, and heuristics rank the specialised engines high where they apply).
+# The finds of the smaller sizes after it are cut as before and carry the
+# configurations that led, runtime-compiled ones included: compilation is
+# paid once per kernel, and again only for a configuration that won.
+# ``tools/search_parity.py`` checks it per layer against the kernels PyTorch
+# runs.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +66,9 @@ class FindOptions:
     that one time (Note [cold probe]); None: never. ``rtc``: which configs of
     engines that compile kernels at run time find() times, ``"all"``,
     ``"first"`` or ``"none"`` (Note [runtime-compiled engines]). ``parity``:
-    the first find() of a kernel times every candidate, runtime-compiled ones
-    included, whatever ``top_k`` and ``rtc`` say (Note [search parity]).
+    the first find() of a kernel times every candidate whatever its rank, and
+    the runtime-compiled ones within ``top_k``, whatever ``rtc`` says (Note
+    [search parity]).
     ``retime``: time the k fastest of each find() again (Note [re-timing the
     winners]). ``skip_ratio``: a config more than this many times behind the
     best at every size found before is not timed again (Note [far behind at
