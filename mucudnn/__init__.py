@@ -54,25 +54,85 @@ environment variables, extras and the ``mucudnn`` logger), docs/BENCHMARKS.md
 (what it gains on an H200), ``help(mu.Convolution)``, ``python -m mucudnn --help``.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__ as __version__
-from ._cudnn.errors import (AllocationFailedError, BadParamError, CudnnError, CudnnLibraryError,
-                            CudnnLibraryNotFoundError, CudnnVersionError, ExecutionFailedError,
-                            InternalError, NotInitializedError, NotSupportedError)
-from .api import (Convolution, MicroBatchHandle, clear_caches, conv2d, conv3d, conv_backward_data,
-                  conv_backward_filter)
-from .backends import Backend, BackendBase, ConvTensors, available_backends, get_backend
-from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
 from .errors import (InvalidTypeError, InvalidValueError, MissingDependencyError, MucudnnError,
                      PlanningInCaptureError, UnsupportedConfigError, UnsupportedDtypeError,
                      WorkspaceUnavailable)
-from .exec import FallbackWarning, WorkspaceFallbackWarning
-from .optimizer import (BenchmarkCache, CacheArgumentError, CachedBackend, CacheFileError,
-                        CacheMissError, CacheWarning, Planner,
-                        batch_sizes, benchmark, optimize, optimize_network, optimize_wd,
-                        optimize_wr, pareto_front)
-from .plans_io import PlanMismatchError, load_plans
-from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan, PlanFormatError
-from .units import parse_bytes
+from .errors import MissingAttributeError as _MissingAttributeError
+
+if TYPE_CHECKING:
+    from ._cudnn.errors import (AllocationFailedError, BadParamError, CudnnError,
+                                CudnnLibraryError, CudnnLibraryNotFoundError, CudnnVersionError,
+                                ExecutionFailedError, InternalError, NotInitializedError,
+                                NotSupportedError)
+    from .api import (Convolution, MicroBatchHandle, clear_caches, conv2d, conv3d,
+                      conv_backward_data, conv_backward_filter)
+    from .backends import Backend, BackendBase, ConvTensors, available_backends, get_backend
+    from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
+    from .exec import FallbackWarning, WorkspaceFallbackWarning
+    from .optimizer import (BenchmarkCache, CacheArgumentError, CachedBackend, CacheFileError,
+                            CacheMissError, CacheWarning, Planner,
+                            batch_sizes, optimize, optimize_network, optimize_wd,
+                            optimize_wr, pareto_front)
+    from .optimizer.benchmark import benchmark  # the function, which mypy tells apart from the module here
+    from .plans_io import PlanMismatchError, load_plans
+    from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan, PlanFormatError
+    from .units import parse_bytes
+
+# Note [public names on first use]: `import mucudnn` loads only the version and
+# the errors of errors.py; every other public name is imported from its room
+# the first time it is read (PEP 562 module __getattr__), because the rooms
+# behind them pull in ml_dtypes, SciPy, networkx, tqdm and the cuDNN binding:
+# seconds that `import mucudnn` and `python -m mucudnn --version` need not
+# pay. The imports under TYPE_CHECKING above name the same objects for type
+# checkers and readers; tests/test_import_budget.py holds both to it.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(["AllocationFailedError", "BadParamError", "CudnnError", "CudnnLibraryError",
+                     "CudnnLibraryNotFoundError", "CudnnVersionError", "ExecutionFailedError",
+                     "InternalError", "NotInitializedError", "NotSupportedError"],
+                    "._cudnn.errors"),
+    **dict.fromkeys(["Convolution", "MicroBatchHandle", "clear_caches", "conv2d", "conv3d",
+                     "conv_backward_data", "conv_backward_filter"], ".api"),
+    **dict.fromkeys(["Backend", "BackendBase", "ConvTensors", "available_backends",
+                     "get_backend"], ".backends"),
+    **dict.fromkeys(["CudaError", "CudaOutOfMemoryError", "NoDeviceError"], ".cuda"),
+    **dict.fromkeys(["FallbackWarning", "WorkspaceFallbackWarning"], ".exec"),
+    **dict.fromkeys(["BenchmarkCache", "CacheArgumentError", "CachedBackend", "CacheFileError",
+                     "CacheMissError", "CacheWarning", "Planner", "batch_sizes", "benchmark",
+                     "optimize", "optimize_network", "optimize_wd", "optimize_wr",
+                     "pareto_front"], ".optimizer"),
+    **dict.fromkeys(["PlanMismatchError", "load_plans"], ".plans_io"),
+    **dict.fromkeys(["AlgoPerf", "ConvProblem", "Direction", "MicroBatch", "Plan",
+                     "PlanFormatError"], ".problem"),
+    "parse_bytes": ".units",
+}
+#: The rooms that `mucudnn.<name>` reaches without importing them first: those
+#: the public names live in and what they import (`mucudnn.torch`, `bench` and
+#: `plot` are imported by name, as always).
+_ROOMS = frozenset({"_cudnn", "api", "backends", "caches", "cuda", "dtypes", "exec", "networks",
+                    "optimizer", "plans_io", "problem", "units"})
+
+
+def __getattr__(name: str) -> Any:
+    # Note [public names on first use].
+    room = _LAZY.get(name)
+    if room is not None:
+        value = getattr(importlib.import_module(room, __name__), name)
+    elif name in _ROOMS:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise _MissingAttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _ROOMS)
 
 
 __all__ = [

@@ -34,21 +34,23 @@ import sys
 from typing import Any, NoReturn, Sequence
 
 from ._version import __version__
-from ._optional import require
-from .backends import available_backends, get_backend
-from .bench import format_table, run_network, save_json
+from ._optional import install_hint, require
 from .cuda import device_count
+from .cuda._runtime import missing as cuda_bindings_missing
 from .errors import InvalidValueError, MucudnnError
-from .exec.workspace import env_workspace_limit
 from .networks import DEFAULT_BATCH, NETWORKS, select
-from .optimizer import (CachedBackend, cache_tools, check_devices, check_ordinals, optimize,
-                        optimize_kernels, optimize_network)
-from .optimizer.policies import DEFAULT_POLICY, normalize_policy
-from .plot import plot_network
 from .problem import Direction
 from .units import parse_bytes
 
 PROG = "python -m mucudnn"
+
+# Note [commands load what they run]: `--version` and `--help` import no
+# backend, optimizer, SciPy, networkx, tqdm or ml_dtypes (seconds on a cold
+# disk, most of one on a warm disk; tests/test_import_budget.py). Each command imports
+# the rooms it runs inside its own function, and the parser names the backends
+# from BACKENDS, which tests/test_cli.py holds equal to available_backends().
+#: The names --backend accepts (get_backend's registry).
+BACKENDS = ("numpy", "cudnn", "cudnn-graph", "cudnn-graph+knobs")
 
 #: The largest batch the NumPy backend runs when it stands in for a missing GPU.
 #: Measured with ``bench`` (all layers, three directions, a cold cache) on a
@@ -94,12 +96,14 @@ def positive_int(text: str) -> int:
 
 def parse_policy(text: str) -> Any:
     """A named policy, or sizes such as ``64,32`` (returned as a list of ints)."""
+    from .optimizer.policies import normalize_policy  # Note [commands load what they run]
+
     value: Any = text
     if re.fullmatch(r"[0-9,\s]+", text):
         value = [int(v) for v in text.split(",") if v.strip()]
     try:
         if value == []:
-            raise ValueError("no sizes")
+            raise InvalidValueError("no sizes")
         normalize_policy(value)
     except ValueError:
         raise argparse.ArgumentTypeError(
@@ -124,6 +128,8 @@ def parse_devices(text: str) -> list[int]:
     >>> parse_devices("0,1"), parse_devices(" 2 ")
     ([0, 1], [2])
     """
+    from .optimizer import check_devices  # Note [commands load what they run]
+
     try:
         ids = [int(v.strip(), 10) for v in str(text).split(",")]
         return list(check_devices(ids))
@@ -186,14 +192,14 @@ def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) ->
                    choices=["default", "fma", "tensor_op", "tensor_op_allow_conversion"])
     p.add_argument("--workspace", type=parse_size, default=64 << 20,
                    help="workspace limit per kernel, e.g. 64MiB (default 64MiB)")
-    p.add_argument("--policy", type=parse_policy, default=DEFAULT_POLICY,
+    p.add_argument("--policy", type=parse_policy, default=None,
                    help="batch-size policy: fitted (the default), powerOfTwo, all, undivided or a "
                         "list like 64,32")
     p.add_argument("--mode", default="wr", choices=["wr", "wd"],
                    help="wr: a limit per kernel; wd: one total budget for all kernels")
     p.add_argument("--total-workspace", type=parse_size, default=None,
                    help="WD budget, --mode wd only (default: --workspace x number of kernels)")
-    p.add_argument("--backend", default=None, choices=available_backends(),
+    p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="default: $MUCUDNN_BACKEND, else cudnn-graph where a GPU is present, "
                         "else numpy (at a small batch)")
     if offline:
@@ -216,6 +222,8 @@ def _common(p: argparse.ArgumentParser, offline: bool, devices: bool = False) ->
 
 def cmd_cache(args: argparse.Namespace) -> int:
     """``cache info|export|import|merge`` (see :mod:`mucudnn.optimizer.cache_tools`)."""
+    from .optimizer import cache_tools  # Note [commands load what they run]
+
     if args.cache_command == "info":
         print(cache_tools.info(args.path))
     elif args.cache_command == "export":
@@ -293,13 +301,21 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
     """Backend (a name, None for the default, or the offline CachedBackend) and
     batch, after checking the environment and the arguments that depend on
     each other; prints first a line saying so when offline or falling back to
-    the CPU."""
+    the CPU, and which benchmark cache the command uses (Note [say which cache]).
+    A missing ``--policy`` becomes the default policy."""
+    from .exec.workspace import env_workspace_limit
+    from .optimizer import CachedBackend, check_ordinals
+    from .optimizer.cache import default_cache
+    from .optimizer.policies import DEFAULT_POLICY
+
+    if args.policy is None:
+        args.policy = DEFAULT_POLICY
     if args.total_workspace is not None and args.mode != "wd":
         raise CommandLineError("argument --total-workspace: is the budget of --mode wd; "
                                "use --workspace for a limit per kernel")
     env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
-    if env and env not in available_backends():
-        raise CommandLineError(f"MUCUDNN_BACKEND: expected one of {available_backends()}, "
+    if env and env not in BACKENDS:
+        raise CommandLineError(f"MUCUDNN_BACKEND: expected one of {list(BACKENDS)}, "
                                f"got {env!r}")
     env_workspace_limit()  # a bad MUCUDNN_WORKSPACE_LIMIT fails now, naming itself
     select(args.net, _layers(args))  # unknown layer names fail now
@@ -312,20 +328,26 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
                                    "benchmarks nothing; leave out one of them")
     if getattr(args, "offline", False):
         be = CachedBackend(args.backend or "cudnn-graph")
+        _cache_notice(be.cache)
         print(f"offline: plans from cached measurements of {be.name} on {be.device_name} "
               f"({be.version})", flush=True)
+        args.no_progress = True  # nothing is measured: no bar to show
         return be, batch
     backend = args.backend or env or None
     have_gpu = device_count() > 0
+    # without cuda-bindings no GPU can be seen, whether or not one is there: say so
+    why = (f" (cuda-bindings is not installed: {install_hint('cudnn')})"
+           if not have_gpu and cuda_bindings_missing() else "")
     if backend in ("cudnn", "cudnn-graph") and not have_gpu:
         how = f"--backend {backend}" if args.backend else f"MUCUDNN_BACKEND={env}"
         raise CommandLineError(
-            f"{how} needs a CUDA GPU and none was found; use --backend numpy (CPU), or "
+            f"{how} needs a CUDA GPU and none was found{why}; use --backend numpy (CPU), or "
             "optimize/plot --offline with measurements made on a GPU")
     if backend is None and not have_gpu:
         backend = "numpy"
         small = min(batch, CPU_BATCH[args.net])
-        note = f"note: no CUDA GPU found; running on the NumPy (CPU) backend at batch {small}"
+        note = (f"note: no CUDA GPU found{why}; running on the NumPy (CPU) backend at batch "
+                f"{small}")
         if small != batch:
             note += f" instead of {batch}"
         if args.net in CPU_SLOW:
@@ -340,11 +362,67 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
             raise CommandLineError(f"argument --{exc}") from None
     if args.dtype == "bfloat16" and (backend == "numpy" or args.command == "bench"):
         require("ml_dtypes", "bfloat16", "bfloat16 arrays on the host")
+    _cache_notice(default_cache())
     return backend, batch
 
 
-# -- the commands ------------------------------------------------------------------------------
+# Note [say which cache]: the default benchmark cache is one file per user, so
+# a command's "first" run is warm whenever an earlier run (a test, a tool,
+# another checkout) measured the same kernels. Each command that reads it says
+# once, before any work, which file it is and how many entries it holds.
+def _cache_notice(store: Any) -> None:
+    """Print the cache ``store``'s file and its entry count (Note [say which cache])."""
+    if not store.enabled:
+        print("cache: off (MUCUDNN_CACHE=off): every size is measured, nothing is kept",
+              flush=True)
+        return
+    n = len(store)
+    mode = ", read-only" if store.read_only else ""
+    print(f"cache: {store.path} ({n} entr{'y' if n == 1 else 'ies'}{mode}; MUCUDNN_CACHE "
+          "names another file)", flush=True)
+
+
+# -- what the commands run, imported on the first call (Note [commands load what they run]) --
+def run_network(*args: Any, **kwargs: Any) -> Any:
+    """:func:`mucudnn.bench.run_network`."""
+    from .bench import run_network as run
+
+    return run(*args, **kwargs)
+
+
+def optimize(*args: Any, **kwargs: Any) -> Any:
+    """:func:`mucudnn.optimizer.optimize`."""
+    from .optimizer import optimize as run
+
+    return run(*args, **kwargs)
+
+
+def optimize_kernels(*args: Any, **kwargs: Any) -> Any:
+    """:func:`mucudnn.optimizer.optimize_kernels`."""
+    from .optimizer import optimize_kernels as run
+
+    return run(*args, **kwargs)
+
+
+def optimize_network(*args: Any, **kwargs: Any) -> Any:
+    """:func:`mucudnn.optimizer.optimize_network`."""
+    from .optimizer import optimize_network as run
+
+    return run(*args, **kwargs)
+
+
+def plot_network(*args: Any, **kwargs: Any) -> Any:
+    """:func:`mucudnn.plot.plot_network`."""
+    from .plot import plot_network as run
+
+    return run(*args, **kwargs)
+
+
+# -- the commands (each imports what it runs: Note [commands load what they run]) --------------
 def cmd_bench(args: argparse.Namespace) -> int:
+    from .backends import get_backend
+    from .bench import format_table, save_json
+
     backend, batch = _resolve(args)
     backend = get_backend(backend).name
     repeat = args.repeat if args.repeat is not None else (3 if backend == "numpy" else 10)

@@ -1,3 +1,3 @@
 """The version of mucudnn (one place: the package, the command line and the build read it)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -37,7 +37,7 @@ from .networks import unique_problems
 from .errors import InvalidValueError
 from .optimizer import (DEFAULT_POLICY, benchmark, check_devices, optimize_wd, optimize_wr,
                         pareto_front)
-from .optimizer.benchmark import resolve_cache
+from .optimizer.benchmark import PROGRESS_DELAY_S, resolve_cache
 from .optimizer.spread import run as spread_run
 from .problem import ConvProblem, Direction, Plan
 
@@ -104,6 +104,11 @@ class NetworkResult:
     graph: bool = False
     #: The CUDA devices the cold benchmark was spread over (None: this process's backend).
     devices: list[int] | None = None
+    #: Sizes the first (cold) optimisation measured; 0: the cache held them all
+    #: (None: not counted, as when spread over devices).
+    cold_measured: int | None = None
+    #: Timed on the host (NumPy): times of a few milliseconds, whose differences are noise.
+    host: bool = False
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     def total(self, attr: str) -> float:
@@ -250,7 +255,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     Returns a :class:`NetworkResult`; :func:`format_table` prints it.
     """
     if mode not in ("wr", "wd"):
-        raise ValueError(f"mode: expected 'wr' or 'wd', got {mode!r}")
+        raise InvalidValueError(f"mode: expected 'wr' or 'wd', got {mode!r}")
     devs = check_devices(devices) if devices is not None else None
     be = get_backend(backend)
     store = resolve_cache(cache)
@@ -265,8 +270,14 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                            device=be.device_name, version=be.version,
                            workspace_limit=workspace_limit, policy=policy, mode=mode,
                            total_workspace=total_workspace if mode == "wd" else None,
-                           devices=list(devs) if devs is not None else None)
+                           devices=list(devs) if devs is not None else None,
+                           host=bool(getattr(be, "is_host", False)))
     bar = _progress(len(kernels), progress and devs is None, f"{net}: benchmarking")
+    misses = 0
+
+    def count(_size: int, _found: list, from_cache: bool) -> None:
+        nonlocal misses
+        misses += not from_cache
 
     def optimise(spread: bool = False) -> tuple[dict, dict]:
         perfs, plans = {}, {}
@@ -289,7 +300,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
             for layer, _names, p, d in kernels:
                 perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
                                             cache=store, progress=False,
-                                            fit_limit=workspace_limit)
+                                            fit_limit=workspace_limit, on_size=count)
                 if bar is not None:
                     bar.update(1)
         if mode == "wr":
@@ -311,9 +322,13 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                 plans[layer, d] = max((chosen[n, d] for n in names), key=lambda q: q.time_ms)
         return perfs, plans
 
+    stored = len(store)
     t0 = time.perf_counter()
     perfs, plans = optimise(spread=devs is not None)
     result.optimize_cold_s = time.perf_counter() - t0
+    if devs is None:
+        # a find that on_size does not see (a zero-workspace find) still stores an entry
+        result.cold_measured = misses if misses or len(store) == stored else None
     if bar is not None:
         bar.close()
     bar = None
@@ -394,7 +409,7 @@ def _rows(t: ConvTensors, size: int) -> tuple[Any, Any, Any]:
 def _progress(total: int, enabled: bool, desc: str) -> Any:
     if not enabled:
         return None
-    return tqdm(total=total, desc=desc, leave=False)
+    return tqdm(total=total, desc=desc, leave=False, delay=PROGRESS_DELAY_S)
 
 
 # -- output -----------------------------------------------------------------------
@@ -429,11 +444,30 @@ def format_table(r: NetworkResult) -> str:
                                 for i, (v, w) in enumerate(zip(row, widths)))
     lines = [head, fmt(cols), fmt(["-" * w for w in widths])]
     lines += [fmt(row) for row in rows[:-1]] + [fmt(["-" * w for w in widths]), fmt(rows[-1])]
-    on = f" on devices {','.join(map(str, r.devices))}" if r.devices else ""
-    lines.append(f"optimisation: cold {r.optimize_cold_s:.2f} s{on}, warm (cached) "
-                 f"{r.optimize_warm_s:.3f} s; dispatch overhead "
-                 f"{100 * r.dispatch_overhead:+.1f}% over the micro-batch kernels timed alone")
+    lines.append(_optimisation_line(r))
     return "\n".join(lines)
+
+
+def _optimisation_line(r: NetworkResult) -> str:
+    """How long optimising took, cold (or answered from the cache) and warm, and on a
+    GPU the dispatch overhead (Note [overhead on the host])."""
+    on = f" on devices {','.join(map(str, r.devices))}" if r.devices else ""
+    if r.cold_measured == 0:
+        line = (f"optimisation: cached {r.optimize_cold_s:.2f} s (every size was in the cache), "
+                f"warm {r.optimize_warm_s:.3f} s")
+    else:
+        measured = (f" ({r.cold_measured} size{'s' if r.cold_measured != 1 else ''} measured)"
+                    if r.cold_measured else "")
+        line = (f"optimisation: cold {r.optimize_cold_s:.2f} s{on}{measured}, warm (cached) "
+                f"{r.optimize_warm_s:.3f} s")
+    # Note [overhead on the host]: on the NumPy backend a micro-batch takes
+    # milliseconds of host time, and the executed plan and its kernels timed
+    # alone differ by as much as their run-to-run spread (-60% to +17% on a
+    # 2-core machine): the figure is noise there, so it is printed for GPUs only.
+    if not r.host and math.isfinite(r.dispatch_overhead):
+        line += (f"; dispatch overhead {100 * r.dispatch_overhead:+.1f}% over the micro-batch "
+                 "kernels timed alone")
+    return line
 
 
 def save_json(results: Sequence[NetworkResult], path: str) -> None:

@@ -27,14 +27,14 @@ imported through ``data_ptr()`` instead (see :mod:`mucudnn.cuda.memory`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .caches import LRU
-from .errors import UnsupportedDtypeError
+from .errors import InvalidValueError, MissingAttributeError, UnsupportedDtypeError
 
-__all__ = ["BFLOAT16", "SUPPORTED_DTYPES", "normalize_dtype", "dtype_name", "typestr",
+__all__ = ["BFLOAT16", "bfloat16", "SUPPORTED_DTYPES", "normalize_dtype", "dtype_name", "typestr",
            "dtype_from_typestr", "is_bfloat16", "itemsize"]
 
 BFLOAT16_PLACEHOLDER = np.dtype([("bfloat16", "<u2")])
@@ -52,8 +52,33 @@ def _resolve_bfloat16(use_ml_dtypes: bool = True) -> np.dtype:
     return BFLOAT16_PLACEHOLDER
 
 
-BFLOAT16: np.dtype = _resolve_bfloat16()
-HAVE_ML_DTYPES: bool = BFLOAT16 is not BFLOAT16_PLACEHOLDER
+# Note [bfloat16 on first use]: importing ml_dtypes takes most of a second, so
+# it is imported when bfloat16 is first needed (BFLOAT16 or HAVE_ML_DTYPES read,
+# a bfloat16 array made), not when mucudnn is imported. Recognising a bfloat16
+# dtype needs no import: ml_dtypes' bfloat16 is named "bfloat16" (is_bfloat16).
+_bfloat16: np.dtype | None = None
+
+if TYPE_CHECKING:
+    BFLOAT16: np.dtype
+    HAVE_ML_DTYPES: bool
+
+
+def bfloat16() -> np.dtype:
+    """The NumPy dtype of bfloat16: ``ml_dtypes.bfloat16`` when installed, else
+    the placeholder (resolved once, on first use; Note [bfloat16 on first use])."""
+    global _bfloat16
+    if _bfloat16 is None:
+        _bfloat16 = _resolve_bfloat16()
+    return _bfloat16
+
+
+def __getattr__(name: str) -> Any:
+    # BFLOAT16 and HAVE_ML_DTYPES are read lazily (Note [bfloat16 on first use]).
+    if name == "BFLOAT16":
+        return bfloat16()
+    if name == "HAVE_ML_DTYPES":
+        return bfloat16() is not BFLOAT16_PLACEHOLDER
+    raise MissingAttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _STANDARD = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
              "float16", "float32", "float64", "complex64", "complex128")
@@ -70,7 +95,7 @@ _memo: LRU[Any, str] = LRU("dtypes.names", 256)
 
 def is_bfloat16(dt: Any) -> bool:
     dt = np.dtype(dt) if not isinstance(dt, np.dtype) else dt
-    return dt == BFLOAT16 or dt == BFLOAT16_PLACEHOLDER or getattr(dt, "name", "") == "bfloat16"
+    return getattr(dt, "name", "") == "bfloat16" or dt == BFLOAT16_PLACEHOLDER
 
 
 def _unsupported(dtype: Any, name: str) -> UnsupportedDtypeError:
@@ -132,7 +157,7 @@ def dtype_name(dtype: Any, name: str = "dtype") -> str:
 def normalize_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
     """The NumPy dtype of a supported element type (bfloat16: :data:`BFLOAT16`)."""
     n = dtype_name(dtype, name)
-    return BFLOAT16 if n == "bfloat16" else np.dtype(n)
+    return bfloat16() if n == "bfloat16" else np.dtype(n)
 
 
 def itemsize(dtype: Any) -> int:
@@ -151,16 +176,16 @@ def typestr(dtype: Any) -> str:
 def dtype_from_typestr(ts: str) -> np.dtype:
     """The dtype for an imported typestr; ``"<V2"``/``"|V2"`` mean bfloat16. ValueError if unsupported."""
     if not isinstance(ts, str):
-        raise ValueError(f"typestr must be a str, got {type(ts).__name__}")
+        raise InvalidValueError(f"typestr must be a str, got {type(ts).__name__}")
     if ts in ("<V2", "|V2"):
-        return BFLOAT16
+        return bfloat16()
     try:
         dt = np.dtype(ts)
     except TypeError as exc:
-        raise ValueError(f"unrecognised typestr {ts!r}") from exc
+        raise InvalidValueError(f"unrecognised typestr {ts!r}") from exc
     if not dt.isnative and dt.itemsize > 1:
-        raise ValueError(f"typestr {ts!r} is not in the machine's byte order")
+        raise InvalidValueError(f"typestr {ts!r} is not in the machine's byte order")
     try:
         return normalize_dtype(dt.newbyteorder("=") if dt.itemsize > 1 else dt)
     except UnsupportedDtypeError as exc:
-        raise ValueError(f"unsupported typestr {ts!r}: {exc}") from exc
+        raise InvalidValueError(f"unsupported typestr {ts!r}: {exc}") from exc

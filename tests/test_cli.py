@@ -92,3 +92,61 @@ def test_default_backend_choice(monkeypatch):
     monkeypatch.setenv("MUCUDNN_BACKEND", "tpu")
     with pytest.raises(ValueError, match="MUCUDNN_BACKEND"):
         b._default_name()
+
+
+def test_parser_names_every_backend():
+    # Note [commands load what they run]: the parser's list, kept without importing backends
+    import mucudnn
+    from mucudnn.__main__ import BACKENDS
+
+    assert list(BACKENDS) == mucudnn.available_backends()
+
+
+def test_bench_says_which_cache_and_when_it_answered_everything(tmp_cache, capsys):
+    argv = ["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "2", "--layers",
+            "conv5", "--directions", "forward", "--repeat", "1", "--no-progress"]
+    assert main(argv) == 0
+    cold = capsys.readouterr().out
+    assert f"cache: {tmp_cache} (0 entries; MUCUDNN_CACHE names another file)" in cold
+    assert "optimisation: cold " in cold and " sizes measured)" in cold
+    # Note [overhead on the host]: no dispatch-overhead figure from NumPy timings
+    assert "dispatch overhead" not in cold
+    assert main(argv) == 0
+    warm = capsys.readouterr().out
+    assert warm.count("cache: ") == 1
+    n = int(warm.split(f"cache: {tmp_cache} (")[1].split(" ")[0])
+    assert n >= 2
+    assert "optimisation: cached " in warm and "(every size was in the cache)" in warm
+    assert "cold" not in warm
+
+
+def test_gpu_results_keep_the_dispatch_overhead():
+    from mucudnn.bench import NetworkResult, _optimisation_line
+
+    r = NetworkResult(net="alexnet", batch=2, dtype="float32", backend="cudnn", device="GPU",
+                      version="9", workspace_limit=1, policy="fitted", mode="wr",
+                      total_workspace=None, optimize_cold_s=2.0, optimize_warm_s=0.01,
+                      cold_measured=5)
+    r.total = lambda attr: {"micro_ms": 1.1, "kernels_alone_ms": 1.0}.get(attr, 1.0)  # type: ignore
+    assert _optimisation_line(r) == ("optimisation: cold 2.00 s (5 sizes measured), warm (cached) "
+                                     "0.010 s; dispatch overhead +10.0% over the micro-batch "
+                                     "kernels timed alone")
+    r.host = True
+    assert "dispatch overhead" not in _optimisation_line(r)
+
+
+def test_optimize_offline_draws_no_progress_bar(tmp_path, monkeypatch, capsys):
+    import gzip
+    import shutil
+
+    from conftest import DATA
+
+    path = tmp_path / "h200.sqlite"
+    with gzip.open(DATA / "h200-benchmark-cache.sqlite.gz") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    monkeypatch.setenv("MUCUDNN_CACHE", str(path))
+    assert main(["optimize", "--net", "alexnet", "--offline", "--layers", "conv1,conv2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith(f"cache: {path} (")
+    assert "entries" in out.splitlines()[0]
+    assert err == ""

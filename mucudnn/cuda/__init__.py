@@ -9,7 +9,11 @@ cuda-bindings; the first real device use raises :class:`NoDeviceError`
 
 from .device import (current_device, device_count, device_name, device_properties,
                      mem_get_info, require_device, set_device, synchronize, using_device)
-from ..dtypes import BFLOAT16, SUPPORTED_DTYPES, dtype_name, normalize_dtype, typestr
+from typing import TYPE_CHECKING, Any
+
+from .. import dtypes as _dtypes
+from ..dtypes import SUPPORTED_DTYPES, dtype_name, normalize_dtype, typestr
+from ..errors import MissingAttributeError
 from ._runtime import check
 from .errors import CudaError, CudaOutOfMemoryError, NoDeviceError
 from .graph import CudaGraph
@@ -29,3 +33,13 @@ __all__ = [
     "BFLOAT16", "SUPPORTED_DTYPES", "dtype_name", "normalize_dtype", "typestr",
     "CudaGraph",
 ]
+
+if TYPE_CHECKING:
+    from ..dtypes import BFLOAT16
+
+
+def __getattr__(name: str) -> Any:
+    # BFLOAT16 is resolved on first use (Note [bfloat16 on first use], dtypes.py).
+    if name == "BFLOAT16":
+        return _dtypes.bfloat16()
+    raise MissingAttributeError(f"module {__name__!r} has no attribute {name!r}")

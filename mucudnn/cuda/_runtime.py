@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 
-from .errors import (NO_DEVICE_ERRORS, NO_DEVICE_MESSAGE, OUT_OF_MEMORY_ERRORS, CudaError,
-                     CudaOutOfMemoryError, NoDeviceError)
+from .errors import (NO_DEVICE_ERRORS, NO_DEVICE_MESSAGE, OUT_OF_MEMORY_ERRORS,
+                     CudaBindingsMissingError, CudaError, CudaOutOfMemoryError, NoDeviceError)
+from .._optional import install_hint
 from ..errors import InvalidValueError
 
 __all__ = ["get", "available", "check", "make_error"]
@@ -22,7 +23,8 @@ _import_error: BaseException | None = None
 
 
 def get():
-    """Return the ``cuda.bindings.runtime`` module, or raise NoDeviceError."""
+    """Return the ``cuda.bindings.runtime`` module, or raise NoDeviceError
+    (CudaBindingsMissingError, with the pip command, when cuda-bindings is not installed)."""
     global _rt, _import_error
     if _rt is not None:
         return _rt
@@ -35,10 +37,30 @@ def get():
             else:
                 _rt = rt
     if _rt is None:
+        if _not_installed(_import_error):
+            raise CudaBindingsMissingError(
+                "import cuda.bindings.runtime", type(_import_error).__name__,
+                f"{NO_DEVICE_MESSAGE} (cuda-bindings, which the CUDA runtime needs, is not "
+                f"installed): {install_hint('cudnn')}")
         raise NoDeviceError(
             "import cuda.bindings.runtime", type(_import_error).__name__,
             f"{NO_DEVICE_MESSAGE} (cuda-bindings could not be imported: {_import_error})")
     return _rt
+
+
+def _not_installed(exc: BaseException | None) -> bool:
+    """Whether the import error ``exc`` says cuda-bindings is not installed at all."""
+    return (isinstance(exc, ModuleNotFoundError)
+            and exc.name in ("cuda", "cuda.bindings", "cuda.bindings.runtime"))
+
+
+def missing() -> bool:
+    """True when cuda-bindings is not installed (its import found no module)."""
+    try:
+        get()
+    except NoDeviceError:
+        pass
+    return _not_installed(_import_error)
 
 
 def available() -> bool:

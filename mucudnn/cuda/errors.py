@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..errors import MucudnnError
+from ..errors import MissingDependencyError, MucudnnError
 
-__all__ = ["CudaError", "CudaOutOfMemoryError", "NoDeviceError", "NO_DEVICE_MESSAGE",
+__all__ = ["CudaError", "CudaOutOfMemoryError", "NoDeviceError", "CudaBindingsMissingError",
+           "NO_DEVICE_MESSAGE",
            "NO_DEVICE_ERRORS", "OUT_OF_MEMORY_ERRORS"]
 
 NO_DEVICE_MESSAGE = "no CUDA device or driver was found"
@@ -48,3 +49,9 @@ class CudaOutOfMemoryError(CudaError, MemoryError):
 
 class NoDeviceError(CudaError):
     """No CUDA device, or no (recent enough) driver, on this machine."""
+
+
+class CudaBindingsMissingError(NoDeviceError, MissingDependencyError):
+    """cuda-bindings, which every use of the CUDA runtime needs, is not installed: no
+    device can be used until it is (the message ends with the pip command). A
+    NoDeviceError, as a missing driver is, and a MissingDependencyError."""

@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterable, Mapping
 from tqdm.auto import tqdm
 
 from ..backends import Backend, get_backend
-from ..errors import InvalidTypeError
+from ..errors import InvalidTypeError, InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
+from ..units import parse_count
 from .cache import BenchmarkCache, resolve
 from .policies import DEFAULT_POLICY, Policy, batch_sizes, fitted_sizes, normalize_policy
 
@@ -31,6 +32,9 @@ log = logging.getLogger("mucudnn")
 
 #: More sizes than this get a progress bar (unless progress=False).
 PROGRESS_MIN_SIZES = 8
+#: Seconds a progress bar waits before it shows: a benchmark the cache answers
+#: (warm, or offline) is done sooner and draws no bar.
+PROGRESS_DELAY_S = 0.5
 
 #: prune_sizes: stop halving once the best time per sample under the cap is this
 #: much worse than at a larger size (Note [size pruning]).
@@ -165,7 +169,7 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
 def check_byte_count(name: str, value: Any) -> int:
     """An int >= 0 of bytes; ValueError naming ``name`` otherwise."""
     if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 0:
-        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
+        raise InvalidValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
     return int(value)
 
 
@@ -323,13 +327,13 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     cap = check_byte_count("workspace_cap", workspace_cap)
     fit = cap if fit_limit is None else min(cap, check_byte_count("fit_limit", fit_limit))
     check_deterministic(deterministic)
-    if isinstance(retime, bool) or int(retime) < 0:
-        raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
+    retime = parse_count(retime, "retime")  # exactly: 2.5 is refused, not run as 2
     sizes = batch_sizes(policy, problem.batch)
     bar = None
     if progress is not False and (progress or len(sizes) > PROGRESS_MIN_SIZES):
         bar = tqdm(total=len(sizes), desc=f"mucudnn benchmark {direction.value}", unit="size",
-                   leave=False, disable=None if progress is None else False)
+                   leave=False, disable=None if progress is None else False,
+                   delay=PROGRESS_DELAY_S)
     out: dict[int, list[AlgoPerf]] = {}
     hits = 0
     # Note [one zero-workspace find per kernel]: whether some size's results

@@ -1,0 +1,112 @@
+"""What `import mucudnn` and `python -m mucudnn --version` load: none of the heavy
+packages (Note [public names on first use] in mucudnn/__init__.py, Note
+[commands load what they run] in mucudnn/__main__.py), and every public name
+still there on first use."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import mucudnn
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+#: Packages that take most of a second or more to import, or need a GPU stack.
+HEAVY = ("scipy", "networkx", "tqdm", "ml_dtypes", "torch", "cuda.bindings", "matplotlib")
+
+_REPORT = ("import json, sys; print(json.dumps(sorted(m for m, v in sys.modules.items() "
+           f"if v is not None and (m in {HEAVY!r} or m.startswith(tuple(h + '.' for h in "
+           f"{HEAVY!r}))))))")
+
+
+def _loaded_after(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\n{_REPORT}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_import_mucudnn_loads_no_heavy_package():
+    assert _loaded_after("import mucudnn") == []
+
+
+def test_version_command_loads_no_heavy_package():
+    code = ("import runpy, sys\nsys.argv = ['mucudnn', '--version']\n"
+            "try:\n    runpy.run_module('mucudnn', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert exc.code == 0, exc.code")
+    assert _loaded_after(code) == []
+
+
+def test_help_loads_no_heavy_package():
+    code = ("import runpy, sys\nsys.argv = ['mucudnn', 'bench', '--help']\n"
+            "try:\n    runpy.run_module('mucudnn', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert exc.code == 0, exc.code")
+    assert _loaded_after(code) == []
+
+
+def test_version_command_prints_the_version():
+    out = subprocess.run([sys.executable, "-m", "mucudnn", "--version"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == f"mucudnn {mucudnn.__version__}"
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """name -> module of the imports under ``if TYPE_CHECKING:`` in mucudnn/__init__.py."""
+    tree = ast.parse((ROOT / "mucudnn" / "__init__.py").read_text())
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.level == 1
+                for alias in imp.names:
+                    names[alias.asname or alias.name] = f"mucudnn.{imp.module}"
+    return names
+
+
+def test_every_public_name_resolves_to_what_type_checkers_see():
+    declared = _type_checking_imports()
+    eager = {n for n in mucudnn.__all__ if n in vars(mucudnn) and n not in declared}
+    assert set(mucudnn.__all__) == eager | set(declared)
+    for name, module in declared.items():
+        assert getattr(mucudnn, name) is getattr(importlib.import_module(module), name), name
+    assert set(mucudnn.__all__) <= set(dir(mucudnn))
+
+
+def test_unknown_names_are_attribute_errors():
+    with pytest.raises(AttributeError, match="no_such_name"):
+        mucudnn.no_such_name  # type: ignore[attr-defined]
+    assert not hasattr(mucudnn, "no_such_name")
+
+
+def test_rooms_reachable_as_attributes():
+    assert mucudnn.optimizer.DEFAULT_POLICY == "fitted"
+    assert mucudnn.cuda.BFLOAT16.itemsize == 2
+
+
+def test_without_cuda_bindings_the_cpu_works_and_gpu_use_names_the_install():
+    # cuda-bindings is the cudnn extra's: its absence hides every GPU, and the first
+    # GPU use says what to install (a NoDeviceError and a MissingDependencyError)
+    code = """
+import sys
+sys.modules["cuda.bindings"] = None  # as if not installed
+import numpy as np
+import mucudnn as mu
+from mucudnn.cuda import _runtime, device_count
+conv = mu.Convolution((2, 3, 8, 8), (4, 3, 3, 3), padding=1, backend="numpy", cache="off")
+y = conv.forward(np.ones((2, 3, 8, 8), np.float32), np.ones((4, 3, 3, 3), np.float32))
+assert y.shape == (2, 4, 8, 8) and device_count() == 0 and _runtime.missing()
+try:
+    _runtime.get()
+except mu.NoDeviceError as exc:
+    assert isinstance(exc, mu.MissingDependencyError), type(exc)
+    assert str(exc).endswith('pip install "mucudnn[cudnn]"'), str(exc)
+else:
+    raise AssertionError("no error")
+"""
+    assert "cuda.bindings" not in _loaded_after(code)
