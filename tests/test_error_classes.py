@@ -46,8 +46,6 @@ PENDING = {
     "__main__.py": "the command line's owner (converted, waiting on its other edits)",
     "bench.py": "the command line's owner (converted, waiting on its other edits)",
     "optimizer/benchmark.py": "the command line's owner (converted, waiting on its other edits)",
-    "exec/kernel.py": "the planner's owner (cache entries the backend cannot run, in progress)",
-    "optimizer/planner.py": "the planner's owner (cache entries the backend cannot run, in progress)",
 }
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..backends.base import Backend, ConvTensors
 from ..caches import LRU
 from ..cuda import is_capturing
-from ..errors import (MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
+from ..errors import (InvalidValueError, MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
                       WorkspaceUnavailable)
 from ..problem import ConvProblem, Direction, Plan
 from .graph import GraphCache
@@ -96,10 +96,10 @@ class Kernel:
             plan = plan.with_context(self.problem if plan.problem is None else plan.problem,
                                      self.direction if plan.direction is None else plan.direction)
         if plan.direction is not self.direction:
-            raise ValueError(f"plans: a plan for {plan.direction} given for {self.direction}")
+            raise InvalidValueError(f"plans: a plan for {plan.direction} given for {self.direction}")
         assert plan.problem is not None
         if plan.problem.with_batch(self.problem.batch) != self.problem:
-            raise ValueError(
+            raise InvalidValueError(
                 f"plans: the plan's problem {plan.problem} is not this kernel's {self.problem}")
         if plan.problem != self.problem:
             plan = plan.with_context(self.problem, self.direction)
@@ -138,7 +138,7 @@ class Kernel:
                                                     f"plans[{self.direction.value}]")
                         limit = self.planner.workspace_limit
                         if limit is not None and p.workspace_bytes > limit:
-                            raise ValueError(
+                            raise InvalidValueError(
                                 f"plans[{self.direction.value}]: the plan needs "
                                 f"{p.workspace_bytes} bytes of workspace, over workspace_limit="
                                 f"{limit}; raise the limit or give a smaller plan")
@@ -355,7 +355,7 @@ class Kernel:
         naming), on the backend's home stream; ``workspace`` an array of the
         backend's kind (used when large enough) or None. Returns the plan that ran."""
         if tensors.problem != self.problem:
-            raise ValueError(f"tensors: problem {tensors.problem} is not this kernel's "
+            raise InvalidValueError(f"tensors: problem {tensors.problem} is not this kernel's "
                              f"{self.problem}")
         be = self.backend
         ws = None

@@ -26,7 +26,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from ..backends import Backend
 from ..caches import LRU
-from ..errors import MucudnnError, UnsupportedConfigError
+from ..errors import InvalidValueError, MucudnnError, UnsupportedConfigError
 from ..problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, MicroBatch, Plan, make_plan
 from ..units import parse_bytes
 from .api import DEFAULT_WORKSPACE_LIMIT, optimize, plan_jointly
@@ -177,7 +177,7 @@ class Planner:
         self.backend = resolve_backend(backend)
         self.cache = resolve_cache(cache)
         if isinstance(retime, bool) or not isinstance(retime, int) or retime < 0:
-            raise ValueError(f"retime: expected an int >= 0, got {retime!r}")
+            raise InvalidValueError(f"retime: expected an int >= 0, got {retime!r}")
         self.retime = retime
         self._cache_name = str(self.cache.path) if self.cache.enabled else "off"
 
