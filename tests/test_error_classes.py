@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import mucudnn as mu
 from mucudnn.backends.numpy import NumpyBackend
-from mucudnn.problem import ConvProblem, Direction
+from mucudnn.problem import ConvProblem, Direction, from_canonical
 
 ROOT = pathlib.Path(mu.__file__).resolve().parent
 #: Builtin exception classes; warnings are issued, not raised, and are left out.
@@ -136,24 +136,40 @@ def test_every_exception_class_of_the_library_is_a_mucudnn_error():
 
 # -- behaviour: bad calls of the public API -----------------------------------------------
 
-P = ConvProblem((3, 4, 6, 6), (6, 2, 3, 3), padding=1, groups=2)
 NP = NumpyBackend()
+DTYPES = [np.float16, np.float32, np.float64]
+OTHER_DTYPES = [np.int8, np.int32, np.int64, np.uint8, np.uint16, np.complex64, np.complex128,
+                np.bool_, np.float16, np.float32, np.float64]
 
 
-def _ok(which: str, dtype=np.float32) -> np.ndarray:
-    return np.zeros(P.shape_of(which), dtype)
+@st.composite
+def problems(draw):
+    layout = draw(st.sampled_from(["NCHW", "NHWC", "NCDHW", "NDHWC"]))
+    nd = 2 if len(layout) == 4 else 3
+    g = draw(st.integers(1, 2))
+    c, k = g * draw(st.integers(1, 2)), g * draw(st.integers(1, 2))
+    r = draw(st.integers(1, 2))
+    pad = draw(st.integers(0, 1))
+    h = draw(st.integers(max(1, r - 2 * pad), 4))
+    return ConvProblem(from_canonical((draw(st.integers(1, 3)), c) + (h,) * nd, layout),
+                       from_canonical((k, c // g) + (r,) * nd, layout), padding=pad, groups=g,
+                       layout=layout, dtype=draw(st.sampled_from(["float16", "float32",
+                                                                  "float64"])))
 
 
 def _bad_calls(draw):
-    """(description, a callable making one bad call)."""
-    conv = mu.Convolution(P.x_shape, P.w_shape, padding=1, groups=2, backend=NP,
-                          policy="undivided", cache=False)
+    """(description, a callable making one bad call) on a drawn problem."""
+    P = draw(problems())
+    dt = np.dtype(P.dtype)
+    conv = mu.Convolution(P.x_shape, P.w_shape, padding=P.padding, groups=P.groups,
+                          layout=P.layout, dtype=P.dtype, backend=NP, policy="undivided",
+                          cache=False)
     d = draw(st.sampled_from(list(Direction)))
     roles = {Direction.FORWARD: ("x", "w", "y"), Direction.BACKWARD_DATA: ("y", "w", "x"),
              Direction.BACKWARD_FILTER: ("x", "y", "w")}[d]
     run = {Direction.FORWARD: conv.forward, Direction.BACKWARD_DATA: conv.backward_data,
            Direction.BACKWARD_FILTER: conv.backward_filter}[d]
-    args = [_ok(r) for r in roles]
+    args = [np.zeros(P.shape_of(r), dt) for r in roles]
     kwargs: dict = {}
     slot = draw(st.integers(0, 2))
     kind = draw(st.sampled_from(["shape", "dtype", "type", "readonly", "noncontig", "alias",
@@ -162,55 +178,61 @@ def _bad_calls(draw):
     if kind == "shape":
         shape = list(P.shape_of(r))
         i = draw(st.integers(0, len(shape) - 1))
-        shape[i] += draw(st.sampled_from([-1, 1, 7]))
-        args[slot] = np.zeros([max(s, 1) for s in shape], np.float32)
-        if tuple(args[slot].shape) == P.shape_of(r):
-            args[slot] = np.zeros(P.shape_of(r)[:-1], np.float32)
+        shape[i] = draw(st.integers(1, 40).filter(lambda v: v != shape[i]))
+        args[slot] = np.zeros(shape, dt)
     elif kind == "dtype":
-        args[slot] = _ok(r, draw(st.sampled_from([np.float64, np.int32, np.uint8, np.complex64,
-                                                  np.bool_])))
+        args[slot] = np.zeros(P.shape_of(r), draw(st.sampled_from(
+            [t for t in OTHER_DTYPES if np.dtype(t) != dt])))
     elif kind == "type":
-        args[slot] = draw(st.sampled_from([None, "x", 3, 2.5, [[1.0]], {"a": 1}, object()]))
+        args[slot] = draw(st.one_of(st.none(), st.text(max_size=3), st.integers(),
+                                    st.floats(), st.lists(st.floats(), max_size=3),
+                                    st.just(object()), st.just({"a": 1})))
         if args[slot] is None and slot == 2:
             kwargs["beta"] = 1.0  # beta reads the output: a missing one is an error
     elif kind == "readonly":
         args[2].setflags(write=False)
     elif kind == "noncontig":
-        big = np.zeros(P.shape_of(roles[2])[:-1] + (2 * P.shape_of(roles[2])[-1],), np.float32)
-        args[2] = big[..., ::2]
+        out = P.shape_of(roles[2])
+        big = np.zeros(out[:-1] + (2 * out[-1],), dt)
+        args[2] = big[..., ::2] if out[-1] > 1 or len(out) < 2 else \
+            np.zeros((2 * out[0],) + out[1:], dt)[::2]
+        if args[2].flags.c_contiguous:  # a stride on an axis of extent 1 only
+            return "noncontig (none here)", lambda: run(args[0], args[1], "not an array")
     elif kind == "alias":
-        # the output is a view of an input's memory
-        a = args[0] if slot != 1 else args[1]
-        flat = a.reshape(-1)
-        n = int(np.prod(P.shape_of(roles[2])))
-        if flat.size >= n:
-            args[2] = flat[:n].reshape(P.shape_of(roles[2]))
-        else:
-            big = np.zeros(n, np.float32)
-            args[0 if slot != 1 else 1] = big[:a.size].reshape(a.shape)
-            args[2] = big.reshape(P.shape_of(roles[2]))
+        # the output shares memory with an input (from a drawn offset)
+        i = 0 if slot != 1 else 1
+        n_out = int(np.prod(P.shape_of(roles[2])))
+        off = draw(st.integers(0, args[i].size - 1))
+        big = np.zeros(off + max(n_out, args[i].size), dt)
+        args[i] = big[:args[i].size].reshape(args[i].shape)
+        args[2] = big[off:off + n_out].reshape(P.shape_of(roles[2]))
     elif kind == "kind":
         # device memory (by its __cuda_array_interface__) among NumPy arrays, or no array
-        args[slot] = draw(st.sampled_from([_FakeCuda(P.shape_of(r)),
-                                           np.zeros(P.shape_of(r), np.float32).tolist()]))
+        args[slot] = draw(st.sampled_from([_FakeCuda(P.shape_of(r), dt),
+                                           np.zeros(P.shape_of(r), dt).tolist()]))
     elif kind == "alpha":
-        kwargs["alpha"] = draw(st.sampled_from([float("nan"), float("inf"), "1", None, True,
-                                                1 + 2j]))
+        kwargs["alpha"] = draw(st.one_of(st.sampled_from([float("nan"), float("inf"),
+                                                          -float("inf")]),
+                                         st.text(max_size=2), st.none(), st.booleans(),
+                                         st.complex_numbers(min_magnitude=1e-3)))
     elif kind == "beta":
-        kwargs["beta"] = draw(st.sampled_from([float("nan"), "0", None, False, 0.5]))
-        if kwargs["beta"] == 0.5:
-            args[2] = None
+        kwargs["beta"] = draw(st.one_of(st.sampled_from([float("nan"), float("inf")]),
+                                        st.text(max_size=2), st.none(), st.booleans(),
+                                        st.floats(allow_nan=False, allow_infinity=False)
+                                        .filter(lambda v: v != 0)))
+        if isinstance(kwargs["beta"], float) and np.isfinite(kwargs["beta"]):
+            args[2] = None  # a beta that reads a missing output
     elif kind == "ndim":
-        args[slot] = np.zeros(P.shape_of(r) + (1,), np.float32)
-    return f"{d.value} {kind} slot {slot}", lambda: run(*args, **kwargs)
+        args[slot] = np.zeros(P.shape_of(r) + (1,) * draw(st.integers(1, 2)), dt)
+    return f"{d.value} {kind} slot {slot} {P}", lambda: run(*args, **kwargs)
 
 
 class _FakeCuda:
     """A device array by its ``__cuda_array_interface__`` (never dereferenced:
     each call is refused before any device work)."""
 
-    def __init__(self, shape):
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<f4",
+    def __init__(self, shape, dtype):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": np.dtype(dtype).str,
                                          "data": (1 << 40, False), "version": 3,
                                          "strides": None, "stream": None}
 
