@@ -20,6 +20,7 @@ plan), and ``MUCUDNN_TORCH_NATIVE=0`` turns the comparison off.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -123,8 +124,18 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
 
 
 # -- PyTorch's own calls ---------------------------------------------------------------------------
+_BENCHMARK: Any = getattr(torch._C, "_get_cudnn_benchmark", None) \
+    or (lambda: torch.backends.cudnn.benchmark)
+_NULL = contextlib.nullcontext()
+
+
 def _flags(deterministic: bool, tf32: bool) -> Any:
-    """cuDNN flags as a native model with ``cudnn.benchmark`` runs them."""
+    """cuDNN flags as a native model with ``cudnn.benchmark`` runs them. The
+    determinism and TF32 flags are the call's own already (they key the warm
+    record), so only ``benchmark`` may need setting; a check of one flag per
+    call where it is on."""
+    if _BENCHMARK():
+        return _NULL
     return torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=deterministic,
                                       allow_tf32=tf32)
 
