@@ -321,7 +321,7 @@ def test_channels_last_runs_nhwc_without_copies_and_returns_channels_last():
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_in_place_op_on_the_output_is_allowed_as_after_a_native_conv(channels_last, bias):
-    """Note [outputs are not views]: VGG's and AlexNet's ReLU(inplace=True) right
+    """See Note [outputs are not views]: VGG's and AlexNet's ReLU(inplace=True) right
     after a conv. The output is a base tensor (not a view made inside the
     autograd Function), so the in-place op is allowed and the gradients equal
     native ones; channels-last outputs stay channels-last."""
@@ -450,8 +450,9 @@ def test_convert_tracks_native_training_with_the_same_parameters():
         _close(p.grad, q.grad, rtol=1e-4, atol=1e-5)  # the last step's gradients
     for (_n, b), (_, c) in zip(model.named_buffers(), ref.named_buffers()):
         _close(b, c)
-    # converting again converts nothing more
-    assert mt.convert(model) is model and model.stem[0].workspace_limit == SMALL_LIMIT
+    # converting again applies the new options (Note [converting again])
+    assert mt.convert(model) is model and model.stem[0].workspace_limit == mt.DEFAULT_WORKSPACE_LIMIT
+    assert all(a is b for a, b in zip(model.parameters(), params))
 
 
 def test_convert_conv3d_and_a_bare_conv_and_skips_subclasses():
@@ -808,7 +809,7 @@ def test_docstring_examples(name):
 
 
 def test_create_graph_gradients_are_differentiable_and_plain_backward_stays_first_order():
-    """Note [eager backward cost]: under create_graph=True the gradients are
+    """See Note [eager backward cost]: under create_graph=True the gradients are
     differentiable (Note [three bilinear directions]); an ordinary backward
     (grad mode off inside it) gives native's first-order gradients."""
     torch.manual_seed(0)

@@ -50,7 +50,6 @@ run as far as the convolutions go.
 
 >>> import torch
 >>> from torch import nn
-from torch.nn.utils import parametrize
 >>> model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
 >>> w = model[0].weight
 >>> model = convert(model, workspace_limit=32 << 20)
@@ -202,7 +201,9 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
         planner.plan_pending(dirs)
 
 
-# Note [converting again]: ``convert`` run again over a model (a re-run
+# Note [converting again]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# ``convert`` run again over a model (a re-run
 # notebook cell, or new options) re-configures every module an earlier
 # ``convert`` converted with the new options and mode, so none keeps naming a
 # planner that is gone. The WD planners and their forward hooks found in the
@@ -266,7 +267,6 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
     :func:`mucudnn.torch.conv2d`.
 
     >>> from torch import nn
-from torch.nn.utils import parametrize
     >>> m = convert(nn.Sequential(nn.Conv2d(1, 2, 3)), mode="wd", total_workspace=1 << 20)
     >>> m.mucudnn_planner.total_workspace, m[0].extra_repr().endswith("mode='wd'")
     (1048576, True)
