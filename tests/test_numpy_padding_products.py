@@ -2,7 +2,8 @@
 NaN or inf weight, outputs whose window lies (wholly or partly) in the padding
 are NaN, as 0 * NaN and 0 * inf are, where they used to be finite (Note
 [padding products] in mucudnn/backends/numpy.py). Checked against the float64
-reference, which pads explicitly, and against PyTorch's CPU convolution."""
+reference, which pads explicitly. (PyTorch is no reference here: on the CPU
+some of its kernels multiply the padding and others skip it.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import mucudnn as mu
 from mucudnn import ConvProblem, Direction
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
@@ -99,17 +99,3 @@ def test_non_finite_values_meet_the_padding_as_in_the_reference(case):
             ok = np.isfinite(want)
             tol = 1e-4 if p.dtype == "float32" else 1e-9
             assert np.allclose(out[ok], want[ok], rtol=tol, atol=tol), label
-
-
-@given(cases())
-def test_conv2d_puts_nan_where_torch_does(case):
-    torch = pytest.importorskip("torch")
-    p, x, w, _ = case
-    if p.layout != "NCHW":
-        return
-    got = mu.conv2d(x, w, stride=p.stride, padding=p.padding, dilation=p.dilation,
-                    groups=p.groups, backend=BE, policy="undivided")
-    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w),
-                                      stride=p.stride, padding=p.padding, dilation=p.dilation,
-                                      groups=p.groups).numpy()
-    assert (np.isnan(got) == np.isnan(want)).all(), p

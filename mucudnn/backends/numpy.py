@@ -172,15 +172,16 @@ def _taps(p: ConvProblem) -> Iterator[tuple[int, tuple[int, ...], tuple[slice, .
 # ~~~~~~~~~~~~~~~~~~~~~~~
 # A convolution multiplies every weight by every input of its window, and the
 # padding is inputs equal to 0: an output whose window puts a NaN or inf weight
-# over the padding is NaN (0 * inf and 0 * NaN are NaN), as in PyTorch's and
-# cuDNN's convolutions, and likewise a weight gradient whose tap meets a NaN or
-# inf of dy at an output where the tap reads the padding. DIRECT skips the
+# over the padding is NaN (0 * inf and 0 * NaN are NaN), as the definition over
+# the padded input makes it (so PyTorch's convolutions that pad explicitly;
+# some of its CPU kernels skip the padding instead), and likewise a weight
+# gradient whose tap meets a NaN or inf of dy where the tap reads the padding. DIRECT skips the
 # padding (_taps), so it adds those products' NaN afterwards, from where each
 # tap reads the padding (_padding_reads); the other algorithms take DIRECT's
 # value wherever it is not finite (Guarded). The data gradient has no padding
 # products: it is the adjoint, whose terms land in the padding and are dropped.
 def _padding_reads(p: ConvProblem) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
-    """Note [padding products]: each filter tap that reads the padding at some
+    """See Note [padding products]: each filter tap that reads the padding at some
     output, with a mask over the output's spatial dims, True where it does."""
     xs, out = p.x_dims[2:], p.y_dims[2:]
     nd = len(out)
@@ -402,7 +403,7 @@ class NumpyBackend(BackendBase):
     def _run_folded(self, direction: Direction, folded: tuple[int, Union[int, str]],
                     math_type: Union[int, str], tensors: ConvTensors, alpha: float,
                     beta: float, workspace: Any) -> None:
-        """Note [folded first layers]: fold into the workspace's regions, run the
+        """See Note [folded first layers]: fold into the workspace's regions, run the
         inner algorithm there, unfold (alpha and beta applied on the way back)."""
         p = tensors.problem
         s, inner_algo = folded
