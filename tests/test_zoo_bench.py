@@ -10,7 +10,7 @@ import math
 import statistics
 
 import pytest
-from tool_support import TOOLS, load_tool
+from tool_support import load_tool
 
 pytest.importorskip("torch", reason="tools/zoo_bench.py needs PyTorch")
 
@@ -19,10 +19,7 @@ TINY = ["--device", "cpu", "--models", "tiny", "--batch", "2", "--size", "32", "
 
 @pytest.fixture(scope="module")
 def zb():
-    # a script imports its siblings from its own directory (first on sys.path when run)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(TOOLS))
-        return load_tool("zoo_bench")
+    return load_tool("zoo_bench")
 
 
 @pytest.fixture(autouse=True)
