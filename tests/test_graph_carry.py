@@ -16,7 +16,7 @@ from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
 import mucudnn as mu
-from mucudnn.backends import _device, cudnn_graph, fold
+from mucudnn.backends import _device, fold, graph_engines, graph_find, graph_plans
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.graph_candidates import (CARRY_LEAD, carried_ids, leaders, over_cap,
                                                top_k_cut)
@@ -159,7 +159,8 @@ def tables(monkeypatch):
         yield SimpleNamespace(batch=graph, idx=idx)
 
     monkeypatch.setattr(_device.DeviceBackend, "__init__", init)
-    monkeypatch.setattr(cudnn_graph, "using_device", lambda d: contextlib.nullcontext())
+    for module in (graph_plans, graph_engines, graph_find):
+        monkeypatch.setattr(module, "using_device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(gd, "engine", engine)
     monkeypatch.setattr(gd, "engine_info", lambda e: (e.idx,) + NOTES.get(e.idx, ((), ())))
     monkeypatch.setattr(CudnnGraphBackend, "_config_workspace",

@@ -1,0 +1,229 @@
+"""Binding and running cudnn-graph's plans. ``bind()`` returns a launcher that
+only calls ``cudnnBackendExecute(handle, plan, variant_pack)`` with the
+cached plan for the micro-batch (its alignments and scalars) and a variant
+pack cached per pointers; a folded config (``"fold<s>|<engine config id>"``)
+folds its operands around the inner config's launcher (Note [folded first
+layers] in :mod:`.fold`).
+
+The workspace contract is :meth:`GraphBind.workspace_size` (the plan with
+16-byte aligned tensors, alpha 1, beta 0; Note [beta and workspace]), which
+planning uses. A launcher's own ``workspace_bytes`` is that of the plan for
+its alignments and scalars. Where an engine config cannot run at the call's
+alignments or scalars, ``bind`` raises
+:class:`~mucudnn.errors.UnsupportedConfigError`; it never substitutes another
+config (the engine asks the planner, so ``Convolution.plans`` always names
+what runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import weakref
+from typing import Any, Union
+
+from .._cudnn import graph_descriptors as gd
+from .._cudnn.errors import CudnnError
+from .._cudnn.prototypes import lib, raise_status
+from ..errors import InvalidValueError, UnsupportedConfigError
+from ..problem import ConvProblem, Direction
+from . import fold as _fold
+from ._device import array_pointer
+from .base import ConvTensors, Launcher
+from .fold_cudnn import FoldTransforms
+from .graph_engines import GraphEngines
+from .graph_plans import FULL_ALIGNMENT as _FULL
+from .graph_plans import canonical_id
+
+__all__ = ["GraphBind"]
+
+_MAX = gd.MAX_ALIGNMENT
+
+
+def lowbit(n: int) -> int:
+    """The largest power of two dividing ``n`` (capped at the graph API's 16 bytes)."""
+    return gd.MAX_ALIGNMENT if n == 0 else min(gd.MAX_ALIGNMENT, n & -n)
+
+
+def row_offsets(problem: ConvProblem, offset: int) -> tuple[int, int]:
+    """Byte offsets of row ``offset`` in ``problem``'s x (dx) and y (dy)."""
+    item = problem.itemsize
+    return (offset * math.prod(problem.x_shape[1:]) * item,
+            offset * math.prod(problem.output_shape[1:]) * item)
+
+
+# Note [beta and workspace]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# Beta is baked into a graph plan, and a plan that accumulates (beta != 0) can
+# need more workspace than the beta = 0 one. Every micro-batch of a
+# backward-filter plan but the first runs with beta = 1, so for that direction
+# the need is the larger of the two, the beta = 1 one read from its engine
+# config (CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, equal to the plan's:
+# test_accumulate_need_is_the_beta_one_plans) so that find() finalizes one
+# plan per candidate, not two. An engine config that cuDNN refuses with
+# beta = 1 cannot run a micro-batch after the first: find() leaves it out of
+# backward-filter results unless no other config is left; here it keeps its
+# beta = 0 need, and binding it with beta = 1 is refused and re-planned.
+# Forward and backward-data run with the caller's beta; a launcher reports
+# its own need, which the engine checks before running.
+
+
+class GraphBind(GraphEngines):
+    """workspace_size, run and bind of the cudnn-graph backend."""
+
+    def workspace_size(self, problem: ConvProblem, direction: Direction,
+                       algo: Union[int, str], math_type: Union[int, str] = 0) -> int:
+        """CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of engine config ``algo`` for
+        ``problem`` (16-byte aligned tensors, alpha 1); see Note [beta and workspace]."""
+        direction = Direction.parse(direction)
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:  # Note [folded first layers]
+            f = _fold.folding(problem, folded[0])
+            return (_fold.regions(f, problem.batch).inner
+                    + self._workspace_need(f.inner, direction, canonical_id(folded[1])))
+        return self._workspace_need(problem, direction, canonical_id(algo))
+
+    def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
+        """The workspace planning uses for ``algo_id`` (see Note [beta and workspace])."""
+        need = int(self._plan(problem, direction, algo_id, 1.0, 0.0, _FULL).workspace_bytes)
+        if direction is Direction.BACKWARD_FILTER:
+            need = max(need, self._accumulate_need(problem, direction, algo_id) or 0)
+        return need
+
+    def run(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
+            tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
+            workspace: Any = None) -> None:
+        """One convolution on the home stream (asynchronous); see :meth:`bind`."""
+        p = tensors.problem
+        ptrs = (array_pointer("x", tensors.x, p.x_shape, p.dtype),
+                array_pointer("w", tensors.w, p.w_shape, p.dtype),
+                array_pointer("y", tensors.y, p.output_shape, p.dtype))
+        ax, aw, ay = (gd.pointer_alignment(q, p.itemsize) for q in ptrs)
+        aligns = (ax, aw, ay)
+        ws_size = 0 if workspace is None else int(workspace.nbytes)
+        ws_ptr = int(workspace.ptr) if ws_size else 0
+        launch = self.bind(direction, algo, math_type, p, 0, p.batch, alpha, beta, aligns)
+        if ws_size < launch.workspace_bytes:
+            raise InvalidValueError(
+                f"workspace: engine config {launch.algo} ({Direction.parse(direction)}) needs "
+                f"{launch.workspace_bytes} bytes for {p!r}, got {ws_size}")
+        with self.on_home_stream():
+            launch(*ptrs, ws_ptr, ws_size)
+
+    def bind(self, direction: Direction, algo: Union[int, str], math_type: Union[int, str],
+             problem: ConvProblem, offset: int, size: int, alpha: float = 1.0,
+             beta: float = 0.0, aligns: tuple[int, int, int] = _FULL) -> Launcher:
+        """A launcher for rows ``[offset, offset + size)`` of ``problem``:
+        ``launch(x, w, y, workspace, workspace_bytes)`` with whole-batch device
+        pointers calls ``cudnnBackendExecute(handle, plan, variant_pack)``.
+
+        The plan is the cached one for (the micro-batch's problem, direction,
+        ``algo``, alpha, beta, the micro-batch pointers' alignments: ``aligns``
+        of the whole-batch tensors lowered by the rows' byte offset); the
+        launcher holds it (Note [plan lifetimes]). Variant packs (pointers baked
+        in) are cached per plan. Raises
+        :class:`~mucudnn.errors.UnsupportedConfigError` when the engine config
+        does not finalize for these alignments and scalars.
+        """
+        direction = Direction.parse(direction)
+        alpha, beta = float(alpha), float(beta)
+        if offset < 0 or size < 1 or offset + size > problem.batch:
+            raise InvalidValueError(f"micro-batch rows [{offset}, {offset + size}) outside the batch "
+                             f"of {problem.batch}")
+        folded = _fold.split_fold_id(algo)
+        if folded is not None:
+            return self._bind_folded(direction, folded, math_type, problem, offset, size,
+                                     alpha, beta, aligns)
+        algo_id = canonical_id(algo)
+        sub = problem.with_batch(size)
+        ox, oy = row_offsets(problem, offset)
+        mb_aligns = (min(int(aligns[0]), lowbit(ox)), int(aligns[1]),
+                     min(int(aligns[2]), lowbit(oy)))
+        with self._lock:
+            try:
+                plan = self._plan(sub, direction, algo_id, alpha, beta, mb_aligns)
+            except CudnnError as exc:
+                raise UnsupportedConfigError(
+                    f"algo: engine config {algo_id} cannot run {sub!r} {direction} with "
+                    f"pointers aligned to {mb_aligns} bytes (alpha {alpha}, beta {beta}): {exc}",
+                    algo=algo_id, reason=str(exc)) from exc
+            plan.acquire()
+        execute = lib.raw("cudnnBackendExecute")
+        h = self.handle.handle
+        pd = plan.plan.handle
+        packs = plan.packs
+        uids = gd.uid_array((gd.UID_X, gd.UID_W, gd.UID_Y))
+        make_pack = gd.fast_variant_pack
+        # the previous call's pointers, its pack's handle and the pack (held, so
+        # that the handle stays valid while the packs cache may evict it)
+        last: list[Any] = [None, None, None]
+
+        def fail(status: int, ws_size: int) -> None:
+            raise_status(status, "cudnnBackendExecute", problem=sub, direction=str(direction),
+                         algo=algo_id, workspace_bytes=ws_size)
+
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            key = (x + ox, w, y + oy, ws)  # the micro-batch's own pointers: the plan's
+            if key == last[0]:             # packs serve every micro-batch that uses it
+                ph = last[1]
+            else:
+                pack = packs.peek(key)  # lock-free: a miss only builds the pack again
+                if pack is None:  # Note [variant packs on the hot path]
+                    pack = make_pack(uids, key[0], key[1], key[2], ws)
+                    packs.put(key, pack)
+                ph = pack.handle
+                last[0], last[1], last[2] = key, ph, pack
+            st = execute(h, pd, ph)
+            if st:
+                fail(st, ws_size)
+
+        launch = self._launcher(call, (plan, self.handle), plan.workspace_bytes, plan.id)
+        weakref.finalize(launch, self._release_plan, plan)
+        return launch
+
+    def _bind_folded(self, direction: Direction, folded: tuple[int, Union[int, str]],
+                     math_type: Union[int, str], problem: ConvProblem, offset: int, size: int,
+                     alpha: float, beta: float, aligns: tuple[int, int, int]) -> Launcher:
+        """See Note [folded first layers]: a launcher that folds this micro-batch's
+        operands into the workspace's regions, runs the inner config's launcher
+        there, and unfolds its result (alpha and beta applied there)."""
+        s, inner_algo = folded
+        f = _fold.folding(problem, s)
+        reg = _fold.regions(f, size)
+        ox, oy = row_offsets(problem, offset)
+        y_align = min(int(aligns[2]), lowbit(oy))
+        fwd = direction is Direction.FORWARD
+        inner = self.bind(direction, inner_algo, math_type, f.inner.with_batch(size), 0, size,
+                          alpha if fwd else 1.0, beta if fwd else 0.0, (_MAX, _MAX, y_align))
+        try:
+            tf = FoldTransforms(f, size)
+        except CudnnError as exc:
+            raise UnsupportedConfigError(
+                f"algo: cannot fold {problem!r} for {direction}: {exc}",
+                algo=_fold.fold_id(s, inner_algo), reason=str(exc)) from exc
+        need = reg.inner + int(inner.workspace_bytes)
+        handle = self.handle
+        ca, cb = ctypes.c_float(alpha), ctypes.c_float(beta)
+        a_off, b_off, i_off = reg.a, reg.b, reg.inner
+        fold_x, fold_w, unfold_x, unfold_w = tf.fold_x, tf.fold_w, tf.unfold_x, tf.unfold_w
+        name = _fold.fold_id(s, inner_algo)
+
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            if ws_size < need:
+                raise InvalidValueError(f"workspace: folded config {name} ({direction}) needs {need} "
+                                 f"bytes for {size} rows of {problem!r}, got {ws_size}")
+            a, b = ws + a_off, ws + b_off
+            if direction is Direction.FORWARD:
+                fold_x(handle, x + ox, a)
+                fold_w(handle, w, b)
+                inner(a, b, y + oy, ws + i_off, ws_size - i_off)
+            elif direction is Direction.BACKWARD_DATA:
+                fold_w(handle, w, b)
+                inner(a, b, y + oy, ws + i_off, ws_size - i_off)
+                unfold_x(handle, a, x + ox, ca, cb)
+            else:
+                fold_x(handle, x + ox, a)
+                inner(a, b, y + oy, ws + i_off, ws_size - i_off)
+                unfold_w(handle, b, w, ca, cb)
+
+        return self._launcher(call, (inner, tf, handle), need, name)

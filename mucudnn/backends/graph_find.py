@@ -1,0 +1,466 @@
+"""cudnn-graph's find(): the search and its timing. The candidates (heuristics'
+configs allowed by the problem's numerics, cut by rank, by runtime
+compilation and by their times at other sizes, plus carried and knob-space
+configs: Notes [find cut-offs], [search parity], [carried to other sizes],
+[knob search]) are finalized on a thread pool (Note [parallel finalization]),
+those that fit the cap are timed one at a time on real random buffers (CUDA
+events on the backend's stream, 1 warm-up, median of ``repeat`` >= 3 runs,
+probes: Notes [cold probe], [long runs]), the fastest are timed again (Note
+[re-timing the winners]), and with ``fold`` the problem folded by
+space-to-depth is found too (Note [folded first layers] in :mod:`.fold`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional, Sequence
+
+from .._cudnn import graph_descriptors as gd
+from .._cudnn.backend_api import BackendDescriptor
+from .._cudnn.enums import BackendBehaviorNote as Behavior
+from .._cudnn.errors import CudnnError
+from .._cudnn.prototypes import lib
+from ..caches import LRU
+from ..cuda import CudaError, time_on_stream, using_device
+from ..errors import InvalidValueError
+from ..problem import AlgoPerf, ConvProblem, Direction
+from . import fold as _fold
+from .fold_cudnn import FoldTransforms
+from .graph_candidates import (FirstTimed, carried_ids, cold_out, far_cut, fitting, long_run,
+                               note_ratios, numerics_allowed, over_cap, remember, rtc_cut,
+                               top_k_cut)
+from .graph_engines import GraphEngines
+from .graph_plans import FULL_ALIGNMENT as _FULL
+from .graph_plans import CachedGraph, CachedPlan
+
+__all__ = ["GraphFind"]
+
+log = logging.getLogger("mucudnn")
+
+
+# Note [parallel finalization]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Finalizing an execution plan is where a cold find() spends its time (cuDNN
+# compiles or loads the engine's kernels), and it is one ctypes call that
+# releases the GIL. So find() finalizes its candidates on a thread pool, as
+# cudnn-frontend's build_plan_at_index is meant to be used when autotuning,
+# and times them one at a time on the GPU. Candidates whose engine config
+# already says it needs more workspace than the cap
+# (CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, cuDNN >= 9.2) are never finalized.
+# Workers only build plans (descriptors of their own on a graph the calling
+# thread holds); the caches are filled by the calling thread under the lock.
+
+
+# Note [re-timing the winners]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# find() times its best candidates first, right after the host work of
+# heuristics and finalization, with the GPU idle before them; timing
+# everything warms the GPU before most winners run. That bias differs between
+# micro-batch sizes, so it steers the size choices, and find() over-predicts
+# its own plans' execution. ``retime=k`` times the k best of each find() call
+# again once every candidate has run (warm-up and ``repeat`` runs) and reports
+# that median; runs past ``long_ms`` are not run again (their biases are
+# microseconds). On by default (k = 2): it brings the executed plans closer to
+# those of timing every config, at no measurable optimisation time
+# (docs/BENCHMARKS.md, "re-timing").
+
+
+class GraphFind(GraphEngines):
+    """find() of the cudnn-graph backend and the memory it keeps between calls
+    (per kernel: configs far behind, configs carried, kernels searched)."""
+
+    def _init_find_memory(self) -> None:
+        """The empty per-kernel memories of find() (the graph cache's bound)."""
+        #: See Note [far behind at another size]: per kernel (batch 1) and direction,
+        #: each config's least time over its find()'s best
+        self._behind: LRU[tuple, dict[str, float]] = LRU("cudnn_graph.behind",
+                                                         self.graph_cache_size)
+        #: See Note [carried to other sizes]: per kernel (batch 1) and direction,
+        #: the configs that led, or were preferred over the cap, at sizes found before
+        self._carry: LRU[tuple, dict[str, None]] = LRU("cudnn_graph.carry",
+                                                       self.graph_cache_size)
+        #: See Note [search parity]: the kernels (batch 1, direction) found before
+        self._searched: LRU[tuple, bool] = LRU("cudnn_graph.searched", self.graph_cache_size)
+
+    def _build_plans(self, problem: ConvProblem, direction: Direction,
+                     wanted: Sequence[tuple[str, float]]) -> dict[tuple[str, float], CachedPlan]:
+        """Finalized plans (alpha 1, 16-byte alignment) for ``(engine config id,
+        beta)`` pairs, from the cache or built on the pool; pairs that do not
+        finalize are left out."""
+        out: dict[tuple[str, float], CachedPlan] = {}
+        todo: list[tuple[str, float, tuple, CachedGraph]] = []
+        with self._lock:
+            for algo_id, beta in wanted:
+                key = self._graph_key(problem, direction, 1.0, beta, _FULL) + (algo_id,)
+                p = self._plans.get(key)
+                if p is not None and not p.closed:
+                    out[algo_id, beta] = p
+                    continue
+                g = self._graph(problem, direction, 1.0, beta, _FULL)
+                g.acquire()  # held while the workers build on it
+                todo.append((algo_id, beta, key, g))
+        device, handle, packs = self.device, self.handle, self.pack_cache_size
+
+        def build(item: tuple[str, float, tuple, CachedGraph]) -> tuple[Optional[CachedPlan], float]:
+            algo_id, beta, _key, g = item
+            t = time.perf_counter()
+            with using_device(device):
+                try:
+                    return CachedPlan(g, algo_id, handle, packs), time.perf_counter() - t
+                except CudnnError as exc:
+                    log.debug("mucudnn: engine config %s does not finalize for %s %s "
+                              "(beta %s): %s", algo_id, problem, direction, beta, exc)
+                    return None, time.perf_counter() - t
+
+        try:
+            if self.find_threads > 1 and len(todo) > 1:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.find_threads,
+                                                    thread_name_prefix="mucudnn-finalize")
+                built = list(self._pool.map(build, todo))
+            else:
+                built = [build(item) for item in todo]
+        finally:
+            for *_rest, g in todo:
+                g.release()
+        prof = self.find_profile
+        with self._lock:
+            for (algo_id, beta, key, _g), (p, secs) in zip(todo, built):
+                prof.finalize_thread_s += secs
+                if p is None:
+                    continue
+                self._plans.put(key, p)
+                out[algo_id, beta] = p
+                prof.finalized += 1
+                if int(Behavior.RUNTIME_COMPILATION) in p.info.behavior_notes:
+                    prof.finalized_rtc += 1
+                    prof.finalize_rtc_s += secs
+        return out
+
+    def find(self, problem: ConvProblem, direction: Direction,
+             workspace_limit: Optional[int]) -> list[AlgoPerf]:
+        """Every engine config that finalized and ran for ``problem`` (at its own
+        batch) with workspace <= ``workspace_limit`` (and the find cap), fastest
+        first; with ``fold``, also those of the problem folded (Note [folded
+        first layers])."""
+        direction = Direction.parse(direction)
+        limit = None if workspace_limit is None else int(workspace_limit)
+        if limit is not None and limit < 0:
+            raise InvalidValueError(f"workspace_limit: expected bytes >= 0, got {workspace_limit}")
+        out = self._find_configs(problem, direction, limit)
+        if self.fold:
+            folded = self._find_folded(problem, direction, limit)
+            if folded:
+                self.find_profile.folded += len(folded)
+                out = sorted(out + folded, key=lambda a: a.time_ms)
+        self.find_profile.calls += 1
+        return out
+
+    def _find_folded(self, problem: ConvProblem, direction: Direction,
+                     limit: Optional[int]) -> list[AlgoPerf]:
+        """See Note [folded first layers]: the configs of ``problem`` folded, each
+        with the time of its transforms and the workspace of its regions (none
+        where the problem does not fold or the regions alone exceed the cap)."""
+        f = _fold.fold_of(problem)
+        if f is None:
+            return []
+        extra = _fold.regions(f, problem.batch).inner
+        with self.on_home_stream():
+            cap = self.find_workspace_cap()
+        want = cap if limit is None else min(limit, cap)
+        if want < extra:
+            return []
+        inner = self._find_configs(f.inner, direction, want - extra)
+        if not inner:
+            return []
+        try:
+            transform_ms = self._time_fold(f, direction, problem.batch)
+        except CudnnError as exc:
+            log.info("mucudnn: cannot fold %s %s: %s", problem, direction, exc)
+            return []
+        return _fold.folded_perfs(inner, f, problem.batch, transform_ms)
+
+    def _time_fold(self, fold: _fold.Fold, direction: Direction, size: int) -> float:
+        """The median ms of the transforms one folded call of ``direction`` runs
+        at ``size`` rows, on scratch buffers (Note [folded first layers])."""
+        tf = FoldTransforms(fold, size)
+        src = dst = None
+        try:
+            with self.on_home_stream():
+                src_bytes, dst_bytes = tf.scratch_bytes
+                src = self.alloc_workspace(src_bytes)
+                dst = self.alloc_workspace(dst_bytes)
+                h = self.handle
+
+                def run(a: int = src.ptr, b: int = dst.ptr) -> None:
+                    tf.run_all(h, direction, a, b)
+
+                times = time_on_stream(run, self.stream, warmup=1, repeat=self.find_options.repeat)
+                self.stream.synchronize()
+        finally:
+            for buf in (src, dst):
+                if buf is not None:
+                    buf.close()
+            tf.close()
+        return float(statistics.median(times))
+
+    def _find_configs(self, problem: ConvProblem, direction: Direction,
+                      limit: Optional[int]) -> list[AlgoPerf]:
+        """find() of ``problem`` as it is (the engine configs heuristics, carried
+        configs and the knob search name)."""
+        prof = self.find_profile
+        t_start = time.perf_counter()
+        out: list[AlgoPerf] = []
+        with self.on_home_stream():
+            cap = self.find_workspace_cap()
+            want = cap if limit is None else min(limit, cap)
+            t = time.perf_counter()
+            infos = [i for i in self.engine_configs(problem, direction)
+                     if numerics_allowed(problem.math, i.numerical_notes)]
+            prof.heuristics_s += time.perf_counter() - t
+            cands = [i for i in infos if not self.find_options.prefilter or i.workspace_bytes is None
+                     or i.workspace_bytes <= want]
+            prof.configs += len(infos)
+            prof.skipped += len(infos) - len(cands)
+            with self._lock:
+                rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
+            # See Note [one zero-workspace find per kernel]: "once" leaves the
+            # zero-workspace config to a find() under a cap of 0
+            keep_zero = not self.finds_zero_once or want == 0
+            rtc = int(Behavior.RUNTIME_COMPILATION)
+            kernel = (problem.with_batch(1).key(), direction.value)
+            # See Note [search parity]: a kernel's first find() times every candidate
+            with self._lock:
+                first = self.find_options.parity and self._searched.get(kernel) is None
+                self._searched.put(kernel, True)
+            if first:
+                prof.parity += 1
+                top = {c.id for c in top_k_cut(cands, self.find_options.top_k, rankings, keep_zero)}
+                kept = [c for c in cands if c.id in top or rtc not in c.behavior_notes]
+                prof.cut += len(cands) - len(kept)
+                cands = kept
+            else:
+                kept = top_k_cut(cands, self.find_options.top_k, rankings, keep_zero)
+                prof.cut += len(cands) - len(kept)
+                cands = rtc_cut(kept, self.find_options.rtc, rankings)
+                prof.rtc_cut += len(kept) - len(cands)
+            with self._lock:
+                behind = dict(self._behind.get(kernel) or {})
+            extra: list[gd.EngineConfigInfo] = []  # Note [carried to other sizes]
+            if self.find_options.skip_ratio is not None:
+                near = far_cut(cands, behind, self.find_options.skip_ratio, keep_zero)
+                prof.far_cut += len(cands) - len(near)
+                cands = near
+            if self.find_options.carry:
+                # Note [carried to other sizes]
+                with self._lock:
+                    memory = self._carry.get_or_create(kernel, dict)
+                    carry = carried_ids(list(memory), {c.id for c in cands}, behind,
+                                        self.find_options.skip_ratio)
+                    for i in over_cap(infos, want, rankings, self.find_options.top_k):
+                        memory.setdefault(i, None)
+                extra = self._carried_configs(problem, direction, carry, infos, want)
+                prof.carried += len(extra)
+                cands = cands + extra
+            if self.find_options.search == "knobs":
+                # See Note [knob search]: the knob space after heuristics' own configs.
+                have = {c.id for c in cands}
+                extra = [i for i in self._knob_space(problem, direction, infos)
+                         if i.id not in have and (i.workspace_bytes is None
+                                                  or i.workspace_bytes <= want)]
+                extra = extra[:self.find_options.max_configs]
+                prof.knob_configs += len(extra)
+                cands = cands + extra
+            timed: dict[str, CachedPlan] = {}
+            out = self._find_round(problem, direction, cands, want, timed)
+            if self.find_options.retime and out:
+                t = time.perf_counter()
+                out = self._retime_best(problem, direction, out, timed)
+                prof.timing_s += time.perf_counter() - t
+            if self.find_options.skip_ratio is not None and out:
+                with self._lock:
+                    note_ratios(self._behind.get_or_create(kernel, dict), out)
+            if self.find_options.carry and out:
+                with self._lock:  # Note [carried to other sizes]
+                    remember(self._carry.get_or_create(kernel, dict), out,
+                             {c.id for c in extra})
+        prof.timed += len(out)
+        prof.total_s += time.perf_counter() - t_start
+        out.sort(key=lambda a: a.time_ms)
+        return out
+
+    def _carried_configs(self, problem: ConvProblem, direction: Direction,
+                         ids: Sequence[str], infos: Sequence[gd.EngineConfigInfo],
+                         want: int) -> list[gd.EngineConfigInfo]:
+        """See Note [carried to other sizes]: the configs of ``ids`` on this
+        problem's operation graph (heuristics' own where they name one) that
+        cuDNN accepts, whose numerics the problem allows, that compile no
+        kernels at run time (unless ``find_rtc="all"``) and whose engine
+        config needs at most ``want`` bytes (or does not say)."""
+        if not ids:
+            return []
+        named = {i.id: i for i in infos}
+        rtc = int(Behavior.RUNTIME_COMPILATION)
+        out: list[gd.EngineConfigInfo] = []
+        with self._lock, using_device(self.device):
+            g = self._graph(problem, direction, 1.0, 0.0, _FULL)
+            for algo_id in ids:
+                info = named.get(algo_id)
+                if info is None:
+                    idx, knobs = gd.parse_engine_config_id(algo_id)
+                    try:
+                        with gd.engine(g.conv.graph, idx) as eng:
+                            _, notes, behavior = gd.engine_info(eng)
+                            ws = self._config_workspace(eng, knobs)
+                    except (CudnnError, ValueError) as exc:
+                        log.debug("mucudnn: carried config %s refused for %s %s: %s",
+                                  algo_id, problem, direction, exc)
+                        continue
+                    info = gd.EngineConfigInfo(idx, knobs, notes, behavior, workspace_bytes=ws)
+                if not numerics_allowed(problem.math, info.numerical_notes):
+                    continue
+                if self.find_options.rtc != "all" and not self.find_options.parity \
+                        and rtc in info.behavior_notes:
+                    continue  # See Note [search parity]: carried ones compile where they led
+                if info.workspace_bytes is not None and info.workspace_bytes > want:
+                    continue
+                out.append(info)
+        return out
+
+    def _find_round(self, problem: ConvProblem, direction: Direction,
+                    cands: list[gd.EngineConfigInfo], want: int,
+                    timed: dict[str, CachedPlan]) -> list[AlgoPerf]:
+        """Finalize ``cands`` (on the pool), keep those that fit ``want`` (Note
+        [beta and workspace]) and time them; the plans that ran go into
+        ``timed`` by id."""
+        prof = self.find_profile
+        t = time.perf_counter()
+        built = self._build_plans(problem, direction, [(i.id, 0.0) for i in cands])
+        prof.finalize_s += time.perf_counter() - t
+        found = []
+        for info in cands:
+            p = built.get((info.id, 0.0))
+            if p is None:
+                continue
+            if info.workspace_bytes is not None and info.workspace_bytes != p.workspace_bytes:
+                prof.workspace_mismatch += 1
+            # See Note [beta and workspace]: backward-filter's beta = 1 need too
+            acc = (self._accumulate_need(problem, direction, info.id)
+                   if direction is Direction.BACKWARD_FILTER else 0)
+            found.append((p, info, p.workspace_bytes, acc))
+        plans, refused = fitting(found, want)
+        prof.no_accumulate += refused
+        t = time.perf_counter()
+        out = self._time_plans(problem, direction, plans, timed) if plans else []
+        prof.timing_s += time.perf_counter() - t
+        return out
+
+    def _time_plans(self, problem: ConvProblem, direction: Direction,
+                    plans: list[tuple[CachedPlan, gd.EngineConfigInfo, int]],
+                    timed: dict[str, CachedPlan]) -> list[AlgoPerf]:
+        """Time each (plan, its config, its workspace need) on Find's scratch (home
+        stream, held by the caller); the plans that ran go into ``timed``."""
+        prof = self.find_profile
+        t = time.perf_counter()
+        ptrs = self._find_pointers(problem, direction)
+        aligns = tuple(gd.pointer_alignment(q) for q in ptrs)
+        if aligns != _FULL:  # pragma: no cover - fresh allocations are 256-aligned
+            raise CudaError("cudaMalloc", "misaligned",
+                            f"find buffers are not 16-byte aligned: {aligns}")
+        ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
+        prof.scratch_s += time.perf_counter() - t
+        out: list[AlgoPerf] = []
+        ratio, cold, best = self.find_options.probe_ratio, self.find_options.cold_ratio, math.inf
+        for p, info, need in plans:
+            if p.workspace_bytes > have:
+                continue
+            p, pack, run = self._find_run(problem, direction, p, ptrs, ws_ptr)
+            try:
+                call = FirstTimed(run, prof)
+                warmup = self.find_options.warmup
+                times = []
+                if warmup > 0:
+                    # See Note [cold probe] and Note [long runs]: the warm-up run, timed
+                    first = time_on_stream(call, self.stream, warmup=0, repeat=1)[0]
+                    warmup -= 1
+                    prof.gpu_s += first / 1e3
+                    launch_ms = call.host_s * 1e3
+                    if (cold is not None and best < math.inf
+                            and cold_out(first, launch_ms, best, cold)):
+                        prof.cold_out += 1
+                        times = [first]
+                    elif (once := long_run(first, launch_ms, self.find_options.long_ms)) is not None:
+                        prof.long_runs += 1
+                        times = [once]
+                if not times:
+                    times = time_on_stream(call, self.stream, warmup=warmup, repeat=1)
+                    if ratio is None or times[0] <= ratio * best:
+                        times += time_on_stream(run, self.stream, warmup=0,
+                                                repeat=self.find_options.repeat - 1)
+                    else:
+                        prof.probed_out += 1
+                    prof.gpu_s += sum(times) / 1e3
+            except CudnnError as exc:
+                log.debug("mucudnn: engine config %s failed to run for %s %s: %s",
+                          p.id, problem, direction, exc)
+                continue
+            finally:
+                pack.close()
+            t_ms = float(statistics.median(times))
+            best = min(best, t_ms)
+            out.append(AlgoPerf(algo=p.id, time_ms=t_ms, workspace_bytes=need, math_type=0,
+                                determinism=1 if info.deterministic else 0))
+            timed[p.id] = p
+        self.stream.synchronize()
+        return out
+
+    def _find_run(self, problem: ConvProblem, direction: Direction, p: CachedPlan, ptrs: tuple,
+                  ws_ptr: Optional[int]) -> tuple[CachedPlan, BackendDescriptor, Any]:
+        """``(plan, its variant pack on find's scratch, the call that executes
+        it)`` for timing ``p``, rebuilt where a small plan cache evicted it
+        meanwhile; the caller closes the pack."""
+        if p.closed:
+            p = self._plan(problem, direction, p.id, 1.0, 0.0, _FULL)
+        pack = gd.variant_pack((gd.UID_X, gd.UID_W, gd.UID_Y), ptrs,
+                               ws_ptr if p.workspace_bytes else None)
+        run = functools.partial(lib.cudnnBackendExecute, self.handle._as_parameter_,
+                                p.plan._as_parameter_, pack._as_parameter_)
+        return p, pack, run
+
+
+    def _retime_best(self, problem: ConvProblem, direction: Direction, out: list[AlgoPerf],
+                     timed: dict[str, CachedPlan]) -> list[AlgoPerf]:
+        """``out`` with its ``find_retime`` fastest entries timed again (Note
+        [re-timing the winners]); ``timed``: their plans, by config id."""
+        best = sorted(range(len(out)), key=lambda i: out[i].time_ms)[:self.find_options.retime]
+        # See Note [long runs]: their biases are microseconds; not run again
+        long_ms = math.inf if self.find_options.long_ms is None else self.find_options.long_ms
+        plans = {i: timed[str(out[i].algo)] for i in best if out[i].time_ms < long_ms}
+        if not plans:
+            return out
+        out = list(out)
+        ptrs = self._find_pointers(problem, direction)
+        ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p in plans.values()))
+        for i, plan in plans.items():
+            if plan.workspace_bytes > have:  # pragma: no cover
+                continue  # the scratch shrank meanwhile (allocation failed): keep the time
+            p, pack, run = self._find_run(problem, direction, plan, ptrs, ws_ptr)
+            try:
+                times = time_on_stream(run, self.stream, warmup=self.find_options.warmup,
+                                       repeat=self.find_options.repeat)
+            except CudnnError as exc:  # pragma: no cover - it ran a moment ago
+                log.debug("mucudnn: re-timing %s failed: %s", p.id, exc)
+                continue
+            finally:
+                pack.close()
+            self.find_profile.gpu_s += sum(times) / 1e3
+            self.find_profile.retimed += 1
+            out[i] = dataclasses.replace(out[i], time_ms=float(statistics.median(times)))
+        self.stream.synchronize()
+        return out
