@@ -51,7 +51,7 @@ Plans from measurements (an algorithm's time and workspace at each size):
 Every error is a :class:`MucudnnError` (and the builtin it always was, such
 as ValueError). Read more: README.md (install, quick start, configuration:
 environment variables, extras and the ``mucudnn`` logger), docs/BENCHMARKS.md
-(what it gains on an H200), ``help(mu.Convolution)``, ``python -m mucudnn --help``.
+(what it gains on a GPU), ``help(mu.Convolution)``, ``python -m mucudnn --help``.
 """
 
 from __future__ import annotations
@@ -84,13 +84,15 @@ if TYPE_CHECKING:
     from .problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan, PlanFormatError
     from .units import parse_bytes
 
-# Note [public names on first use]: `import mucudnn` loads only the version and
-# the errors of errors.py; every other public name is imported from its room
-# the first time it is read (PEP 562 module __getattr__), because the rooms
-# behind them pull in ml_dtypes, SciPy, networkx, tqdm and the cuDNN binding:
-# seconds that `import mucudnn` and `python -m mucudnn --version` need not
-# pay. The imports under TYPE_CHECKING above name the same objects for type
-# checkers and readers; tests/test_import_budget.py holds both to it.
+# Note [public names on first use]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `import mucudnn` loads only the version and the errors of errors.py; every
+# other public name is imported from its room the first time it is read (PEP
+# 562 module __getattr__), because the rooms behind them pull in ml_dtypes,
+# SciPy, networkx, tqdm and the cuDNN binding: seconds that `import mucudnn`
+# and `python -m mucudnn --version` need not pay. The imports under
+# TYPE_CHECKING above name the same objects for type checkers and readers;
+# tests/test_import_budget.py holds both to it.
 _LAZY: dict[str, str] = {
     **dict.fromkeys(["AllocationFailedError", "BadParamError", "CudnnError", "CudnnLibraryError",
                      "CudnnLibraryNotFoundError", "CudnnVersionError", "ExecutionFailedError",

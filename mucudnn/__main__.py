@@ -4,7 +4,7 @@
     python -m mucudnn optimize --net resnet18 --workspace 64MiB --json plans.json
     python -m mucudnn optimize --net resnet50 --devices 0,1   # benchmark on two GPUs
     python -m mucudnn plot --net alexnet --out figures/
-    python -m mucudnn cache info | export h200.sqlite.gz | import h200.sqlite.gz | merge a b -o c
+    python -m mucudnn cache info | export h100.sqlite.gz | import h100.sqlite.gz | merge a b -o c
     python -m mucudnn --version
 
 Every failure a user can cause or meet (a bad argument, environment variable
@@ -44,11 +44,13 @@ from .units import parse_bytes
 
 PROG = "python -m mucudnn"
 
-# Note [commands load what they run]: `--version` and `--help` import no
-# backend, optimizer, SciPy, networkx, tqdm or ml_dtypes (seconds on a cold
-# disk, most of one on a warm disk; tests/test_import_budget.py). Each command imports
-# the rooms it runs inside its own function, and the parser names the backends
-# from BACKENDS, which tests/test_cli.py holds equal to available_backends().
+# Note [commands load what they run]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `--version` and `--help` import no backend, optimizer, SciPy, networkx, tqdm or
+# ml_dtypes (seconds on a cold disk, most of one on a warm disk;
+# tests/test_import_budget.py). Each command imports the rooms it runs inside its own
+# function, and the parser names the backends from BACKENDS, which tests/test_cli.py
+# holds equal to available_backends().
 #: The names --backend accepts (get_backend's registry).
 BACKENDS = ("numpy", "cudnn", "cudnn-graph", "cudnn-graph+knobs")
 
@@ -251,7 +253,7 @@ def _cache_parser(sub: Any) -> None:
     e = cs.add_parser("export", help="write the current cache's entries to a portable file")
     e.add_argument("out", help="output file; *.gz: gzipped SQLite (portable), else plain SQLite")
     e.add_argument("--backend", default=None, help="only this backend (e.g. cudnn-graph)")
-    e.add_argument("--device", default=None, help='only this device (e.g. "NVIDIA H200")')
+    e.add_argument("--device", default=None, help='only this device (e.g. "NVIDIA H100")')
     e.add_argument("--version", default=None, help="only this library version (e.g. 9.19.0)")
     e.add_argument("--force", action="store_true", help="replace OUT if it exists")
     m = cs.add_parser("import", help="merge a cache file (SQLite or .sqlite.gz) into the "
@@ -366,10 +368,12 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, int]:
     return backend, batch
 
 
-# Note [say which cache]: the default benchmark cache is one file per user, so
-# a command's "first" run is warm whenever an earlier run (a test, a tool,
-# another checkout) measured the same kernels. Each command that reads it says
-# once, before any work, which file it is and how many entries it holds.
+# Note [say which cache]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# The default benchmark cache is one file per user, so a command's "first" run
+# is warm whenever an earlier run (a test, a tool, another checkout) measured
+# the same kernels. Each command that reads it says once, before any work,
+# which file it is and how many entries it holds.
 def _cache_notice(store: Any) -> None:
     """Print the cache ``store``'s file and its entry count (Note [say which cache])."""
     if not store.enabled:
@@ -452,7 +456,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.mode == "wd":
         total = (args.total_workspace if args.total_workspace is not None
                  else args.workspace * len(probs) * len(dirs))
-        # Note [benchmarking on several devices]: devices= only where asked for.
+        # See Note [benchmarking on several devices]: devices= only where asked for.
         more = {"devices": devices} if devices is not None else {}
         plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
                                  progress=progress, **more)

@@ -554,12 +554,14 @@ def clear_caches() -> None:
     clear_all()
 
 
-# Note [each input imported once]: a DLPack producer may export its data once
-# only (a stream, a consumed buffer), and each export of a CUDA one orders its
-# work before a stream again. So the functional helpers inspect each argument
-# once, with the stream the call runs on (the backend's home stream, as
-# Convolution does), size their Convolution from what was read, and hand the
-# inspected arguments to the call, which validates them without importing again.
+# Note [each input imported once]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A DLPack producer may export its data once only (a stream, a consumed buffer),
+# and each export of a CUDA one orders its work before a stream again. So the
+# functional helpers inspect each argument once, with the stream the call runs
+# on (the backend's home stream, as Convolution does), size their Convolution
+# from what was read, and hand the inspected arguments to the call, which
+# validates them without importing again.
 _Given = tuple["ArrayInfo | None", "ArrayInfo | None", "ArrayInfo | None"]
 
 

@@ -143,18 +143,15 @@ def _finite(v: float) -> float | None:
 # -- timing ---------------------------------------------------------------------
 # Note [interleaved timing]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
-# A GPU's clock is not constant. On the H200 (docs/BENCHMARKS.md, tenth
-# session) convolutions that each follow host work ran at 1965-1980 MHz and
-# 90-270 W, while a second of back-to-back convolutions reached 590-645 W with
-# "SW power cap" among the throttle reasons and the SM clock at 1545-1965 MHz.
-# So two plans timed one after the other are not compared on the same clock:
-# in the frontier, VGG-16's 64 MiB plans (every one of them the unlimited
-# plan) measured 5-9% slower than the same plans in the run before, and within
-# one run a plan timed first up to 23% slower than the same plan timed next. When a kernel's
-# plan is compared with its undivided and unlimited plans, they are timed
-# interleaved: warm-up of each, then ``repeat`` rounds that each run every
-# plan once, in turn (time_interleaved); each plan's time is its median.
-# Clock drift then moves them together, and their ratios hold.
+# A GPU's clock is not constant: isolated convolutions run at the top clock,
+# while a second of back-to-back ones reaches the power cap and throttles. So
+# two plans timed one after the other are not compared on the same clock: the
+# same plan timed first can read tens of percent slower than when timed next
+# (docs/BENCHMARKS.md). When a kernel's plan is compared with its undivided
+# and unlimited plans, they are timed interleaved: warm-up of each, then
+# ``repeat`` rounds that each run every plan once, in turn
+# (time_interleaved); each plan's time is its median. Clock drift then moves
+# them together, and their ratios hold.
 
 
 def make_interleaved_timer(backend: Backend
@@ -282,7 +279,7 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
     def optimise(spread: bool = False) -> tuple[dict, dict]:
         perfs, plans = {}, {}
         if spread:
-            # Note [benchmarking on several devices]: the workers measure under
+            # See Note [benchmarking on several devices]: the workers measure under
             # the key this process's backend reads back in the warm pass.
             res = spread_run([(p, d) for _l, _n, p, d in kernels], policy,
                              max(workspace_limit, UNLIMITED), backend if backend is not None
@@ -460,10 +457,11 @@ def _optimisation_line(r: NetworkResult) -> str:
                     if r.cold_measured else "")
         line = (f"optimisation: cold {r.optimize_cold_s:.2f} s{on}{measured}, warm (cached) "
                 f"{r.optimize_warm_s:.3f} s")
-    # Note [overhead on the host]: on the NumPy backend a micro-batch takes
-    # milliseconds of host time, and the executed plan and its kernels timed
-    # alone differ by as much as their run-to-run spread (-60% to +17% on a
-    # 2-core machine): the figure is noise there, so it is printed for GPUs only.
+    # Note [overhead on the host]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # On the NumPy backend a micro-batch takes milliseconds of host time, and the
+    # executed plan and its kernels timed alone differ by as much as their
+    # run-to-run spread: the figure is noise there, so it is printed for GPUs only.
     if not r.host and math.isfinite(r.dispatch_overhead):
         line += (f"; dispatch overhead {100 * r.dispatch_overhead:+.1f}% over the micro-batch "
                  "kernels timed alone")

@@ -52,10 +52,12 @@ def _resolve_bfloat16(use_ml_dtypes: bool = True) -> np.dtype:
     return BFLOAT16_PLACEHOLDER
 
 
-# Note [bfloat16 on first use]: importing ml_dtypes takes most of a second, so
-# it is imported when bfloat16 is first needed (BFLOAT16 or HAVE_ML_DTYPES read,
-# a bfloat16 array made), not when mucudnn is imported. Recognising a bfloat16
-# dtype needs no import: ml_dtypes' bfloat16 is named "bfloat16" (is_bfloat16).
+# Note [bfloat16 on first use]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Importing ml_dtypes takes most of a second, so it is imported when bfloat16 is
+# first needed (BFLOAT16 or HAVE_ML_DTYPES read, a bfloat16 array made), not
+# when mucudnn is imported. Recognising a bfloat16 dtype needs no import:
+# ml_dtypes' bfloat16 is named "bfloat16" (is_bfloat16).
 _bfloat16: np.dtype | None = None
 
 if TYPE_CHECKING:

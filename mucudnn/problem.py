@@ -33,21 +33,15 @@ IntOrTuple = Union[int, Sequence[int]]
 
 # Note [fp32 transposes in workspace]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# On the H200 (cuDNN 9.19, TF32 allowed) the fastest float32 NCHW engines are
-# NHWC kernels that first copy their operands to NHWC in the workspace: for
-# 59-65% of the ResNet/AlexNet/VGG kernels at batch >= 32 the fastest config's
-# workspace is 0.85-1.25x the bytes of x, y and w together (engines 67 forward,
-# 71/76 backward-data, 68 backward-filter; tools/workspace_anatomy.py on the
-# shipped cache). Such a workspace grows with the batch, so a cap only splits
-# the batch into small micro-batches, and the kernels run slower on them: this
-# is what kept fp32 NCHW plans at 64 MiB per kernel 12-27% behind PyTorch's
-# unlimited calls. The same networks in float32 NHWC (channels-last) need
-# those copies for 0-9% of kernels, their plans at 64 MiB run the whole batch
-# in one call for all but the first layers: 23-28% faster than PyTorch's
-# NCHW calls on ResNet-18/50, and against PyTorch's own NHWC calls +0.9%
-# (ResNet-18), -3.7% (ResNet-50), +0.4% (VGG-16), +8.7% (AlexNet, whose
-# first two layers still split) (docs/BENCHMARKS.md, tenth session). So float32 work under a workspace cap
-# should be channels-last: NHWC arrays here, `model.to(memory_format=
+# With TF32 allowed, the fastest float32 NCHW engines are NHWC kernels that
+# first copy their operands to NHWC in the workspace: for most large kernels
+# the fastest config's workspace is about the bytes of x, y and w together
+# (tools/workspace_anatomy.py). Such a workspace grows with the batch, so a
+# cap only splits the batch into small micro-batches, on which the kernels run
+# slower. In float32 NHWC (channels-last) few kernels need those copies and
+# plans under a cap run the whole batch in one call for all but the first
+# layers (docs/BENCHMARKS.md). So float32 work under a workspace cap should be
+# channels-last: NHWC arrays here, `model.to(memory_format=
 # torch.channels_last)` in PyTorch (mucudnn.torch runs its NHWC plans without
 # copies).
 
@@ -334,11 +328,9 @@ class ConvProblem:
 
         Note: cuDNN's kernels can be far slower on pointers aligned to less
         than 16 bytes, and Find times aligned buffers, so a plan with such
-        offsets runs slower than predicted. Measured on the H200 (cuDNN 9.19,
-        ``tools/bench_alignment.py``): AlexNet conv1 (3 x 227 x 227 float32 =
-        618348 bytes a sample, 4 mod 16), backward-data algorithm 1 at 36
-        samples takes 0.31 ms at an offset of 0 or 4 samples and 126 ms at an
-        offset of 1, 2 or 3; backward-filter algorithm 1, 0.30 vs 0.88 ms.
+        offsets runs slower than predicted: AlexNet conv1's float32 sample is
+        618348 bytes (4 mod 16), and its legacy backward passes ran up to
+        hundreds of times slower at odd offsets (docs/BENCHMARKS.md).
 
         >>> ConvProblem((256, 3, 227, 227), (96, 3, 11, 11), stride=4).batch_quantum()
         4

@@ -157,9 +157,16 @@ def parse_count(value: Any, name: str, minimum: int = 0, maximum: int | None = N
     return n
 
 
-def int_tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int, ...]:
+def int_tuple(name: str, value: IntOrTuple, nd: int, minimum: int, *,
+              one_for_all: bool = False) -> tuple[int, ...]:
     """Expand an int (a 0-d integer array too) or a per-dimension sequence of
-    ints into an nd-tuple of ints >= minimum, naming ``name`` otherwise."""
+    ints into an nd-tuple of ints >= minimum, naming ``name`` otherwise. With
+    ``one_for_all``, a one-element sequence stands for every dimension (the
+    rule of PyTorch's convolutions: ``stride=(2,)`` is ``stride=2``).
+
+    >>> int_tuple("stride", [2], 2, 1, one_for_all=True)
+    (2, 2)
+    """
     if is_integer(value):
         t = (operator.index(value),) * nd  # type: ignore[arg-type]
     else:
@@ -173,6 +180,8 @@ def int_tuple(name: str, value: IntOrTuple, nd: int, minimum: int) -> tuple[int,
             raise InvalidTypeError(
                 f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
         t = tuple(operator.index(v) for v in items)
+        if one_for_all and len(t) == 1:
+            t = t * nd
         if len(t) != nd:
             raise InvalidValueError(
                 f"{name}: expected {nd} values (one per spatial dimension), got {value!r}")

@@ -19,6 +19,7 @@ from mucudnn.backends import get_backend
 from mucudnn.exec import WorkspaceFallbackWarning
 from mucudnn.problem import ConvProblem, Direction, MicroBatch, from_canonical, make_plan
 
+from conftest import needs_cudnn
 from conv_support import AtomicNumpyBackend, convolution_for, normal_tensors, run_direction
 from reference import reference, rel_err
 from test_exec_engine import Spy
@@ -370,3 +371,62 @@ def test_functional_backward_helpers():
     x, w, y = normal_tensors(p3, rng)
     dw = conv_backward_filter(x, y, p3.w_shape, layout="NDHWC", backend="numpy")
     assert rel_err(dw, reference(p3, "backward_filter", x, w, y)) < 1e-5
+
+
+def test_handle_with_unlimited_workspace():
+    from mucudnn.api import MicroBatchHandle
+    p = ConvProblem((4, 2, 5, 5), (3, 2, 3, 3))
+    h = MicroBatchHandle("numpy", workspace_limit=None)
+    plan = h.register(p, "forward").plan
+    assert plan.batch == 4
+
+
+@needs_cudnn
+def test_handle_refuses_mixed_layouts():
+    """cuDNN allows an NHWC x with an NCHW-format filter or NCHW-strided y; a
+    ConvProblem has one layout, so the handle must refuse, not write y wrongly."""
+    from mucudnn._cudnn import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+    from mucudnn.api import MicroBatchHandle
+    from mucudnn.problem import packed_strides
+    nhwc = ConvProblem((2, 4, 4, 3), (5, 3, 3, 3), padding=1, layout="NHWC")
+    nchw = ConvProblem((2, 3, 4, 4), (5, 3, 3, 3), padding=1, layout="NCHW")
+    xd = TensorDescriptor(nhwc.x_dims, strides=packed_strides(nhwc.x_dims, "NHWC"),
+                          dtype="float32")
+    cd = ConvolutionDescriptor(padding=(1, 1), stride=(1, 1), dilation=(1, 1))
+    x = np.zeros(nhwc.x_shape, np.float32)
+    y = np.zeros(nhwc.output_shape, np.float32)
+    h = MicroBatchHandle("numpy", policy="undivided")
+    w_nchw = FilterDescriptor(nchw.w_dims, dtype="float32", format="NCHW")
+    y_nhwc = TensorDescriptor(nhwc.y_dims, strides=packed_strides(nhwc.y_dims, "NHWC"),
+                              dtype="float32")
+    with pytest.raises(ValueError, match="w_desc"):
+        h.convolution_forward(1.0, xd, x, w_nchw, np.zeros(nhwc.w_shape, np.float32), cd, 0,
+                              None, 0, 0.0, y_nhwc, y)
+    w_nhwc = FilterDescriptor(nhwc.w_dims, dtype="float32", format="NHWC")
+    y_nchw = TensorDescriptor(nchw.y_dims, strides=packed_strides(nchw.y_dims, "NCHW"),
+                              dtype="float32")
+    with pytest.raises(ValueError, match="y_desc"):
+        h.convolution_forward(1.0, xd, x, w_nhwc, np.zeros(nhwc.w_shape, np.float32), cd, 0,
+                              None, 0, 0.0, y_nchw, y)
+    # the consistent NHWC call still runs and is right
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(nhwc.x_shape).astype(np.float32)
+    w = rng.standard_normal(nhwc.w_shape).astype(np.float32)
+    h.convolution_forward(1.0, xd, x, w_nhwc, w, cd, 0, None, 0, 0.0, y_nhwc, y)
+    assert rel_err(y, reference(nhwc, Direction.FORWARD, x, w, None)) < 1e-5
+
+
+def test_one_shot_iterable_policy_is_read_once():
+    from mucudnn.optimizer import optimize_wr
+    from mucudnn.problem import AlgoPerf
+    perf = {4: [AlgoPerf(0, 10.0, 0)], 2: [AlgoPerf(1, 1.0, 0)]}
+    assert optimize_wr(perf, 4, 0, iter([2])).describe() == "2 x 2"
+    sizes = []
+    be = get_backend("numpy", repeats=1)
+    orig = be.find
+    be.find = lambda p, d, lim: (sizes.append(p.batch), orig(p, d, lim))[1]
+    c = Convolution((8, 2, 5, 5), (3, 2, 3, 3), backend=be, policy=(s for s in (4, 2)))
+    c.forward(np.ones((8, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32))
+    # read twice, the policy would be empty the second time and only 8 benchmarked;
+    # size 2 may be pruned (Note [size pruning])
+    assert {4, 8} <= set(sizes) <= {2, 4, 8}

@@ -84,7 +84,7 @@ def test_identity_and_protocol(be):
 
 
 def test_cache_name_changes_exactly_where_find_reports_more(be):
-    """Note [candidate sets in keys]: a problem's key names a variant of the
+    """See Note [candidate sets in keys]: a problem's key names a variant of the
     backend only where find() reports configurations beyond the plain set
     (folded first layers: cudnn-graph folds by default, numpy and cudnn do not)."""
     plain = problem("2d-nchw", "float32", "default")
@@ -187,7 +187,7 @@ def test_find_respects_the_limit(be):
         if getattr(getattr(be, "find_options", None), "top_k", None) is None:
             assert {a.algo for a in none} <= {a.algo for a in everything}
         else:
-            # Note [find cut-offs]: each mode's k best of what fits the cap, so a
+            # See Note [find cut-offs]: each mode's k best of what fits the cap, so a
             # smaller cap may time configs a larger one cut; each still needs none
             assert all(be.workspace_size(p, direction, a.algo, a.math_type) == 0 for a in none)
         small = be.find(p, direction, 64 << 10)

@@ -95,7 +95,7 @@ def test_default_backend_choice(monkeypatch):
 
 
 def test_parser_names_every_backend():
-    # Note [commands load what they run]: the parser's list, kept without importing backends
+    # See Note [commands load what they run]: the parser's list, kept without importing backends
     import mucudnn
     from mucudnn.__main__ import BACKENDS
 
@@ -109,7 +109,7 @@ def test_bench_says_which_cache_and_when_it_answered_everything(tmp_cache, capsy
     cold = capsys.readouterr().out
     assert f"cache: {tmp_cache} (0 entries; MUCUDNN_CACHE names another file)" in cold
     assert "optimisation: cold " in cold and " sizes measured)" in cold
-    # Note [overhead on the host]: no dispatch-overhead figure from NumPy timings
+    # See Note [overhead on the host]: no dispatch-overhead figure from NumPy timings
     assert "dispatch overhead" not in cold
     assert main(argv) == 0
     warm = capsys.readouterr().out
@@ -150,3 +150,13 @@ def test_optimize_offline_draws_no_progress_bar(tmp_path, monkeypatch, capsys):
     assert out.splitlines()[0].startswith(f"cache: {path} (")
     assert "entries" in out.splitlines()[0]
     assert err == ""
+
+
+def test_cli_unknown_layer_is_an_error(capsys, monkeypatch):
+    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--net", "alexnet", "--backend", "numpy", "--batch", "2",
+              "--layers", "conv5,cnov4", "--no-progress"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "cnov4" in err and "conv1, conv2" in err

@@ -377,7 +377,7 @@ def test_shape_validation():
     with pytest.raises(TypeError):
         mm._normalize_shape((2.5,))
     assert mm._normalize_shape(7) == (7,) and mm._normalize_shape(np.int64(3)) == (3,)
-    assert mm._c_strides((2, 0, 3), 4) == (12, 12, 4)
+    assert mm._dlpack.c_strides((2, 0, 3), 4) == (12, 12, 4)
 
 
 # -- streams without a device --------------------------------------------------------

@@ -762,7 +762,7 @@ def test_stream_handle_conversion():
 
 
 def test_fast_variant_pack_is_counted_and_closed_whether_or_not_it_finalizes():
-    """Note [variant packs on the hot path]: the raw-built pack is a counted
+    """See Note [variant packs on the hot path]: the raw-built pack is a counted
     descriptor; finalized where cuDNN can (a GPU machine), else the failing
     call's CudnnError with cuDNN's message and nothing left alive."""
     from mucudnn._cudnn import graph_descriptors as gd

@@ -563,7 +563,7 @@ def test_knob_values_stay_on_the_range_and_its_stride(lo, span, stride, limit):
                        max_size=4, unique_by=lambda t: t[0]),
        values=st.integers(1, 5))
 def test_knob_variants_move_one_knob_at_a_time(base, ranges, values):
-    """Note [knob search]: the base first, then settings that differ from it in
+    """See Note [knob search]: the base first, then settings that differ from it in
     exactly one knob, whose value comes from that knob's range; no repeats."""
     from mucudnn.backends.graph_candidates import knob_variants
 
@@ -603,7 +603,7 @@ def test_knob_search_backend_is_registered_under_its_own_name():
 
 
 def test_raw_descriptors_of_a_read_are_views_destroyed_after_it():
-    """Note [descriptor reads]: the descriptors a read fills are raw (created
+    """See Note [descriptor reads]: the descriptors a read fills are raw (created
     without a GPU), handed out as views that own nothing, not counted by
     live_backend_descriptors(), and destroyed when the read ends; a failing
     read leaves none behind."""
@@ -630,7 +630,7 @@ def test_raw_descriptors_of_a_read_are_views_destroyed_after_it():
 
 
 def test_a_launcher_finalizer_never_waits_for_the_backend_lock():
-    """Note [releases from finalizers]: while another thread holds the backend's
+    """See Note [releases from finalizers]: while another thread holds the backend's
     lock (find() waiting for its finalizing threads), a launcher finalizer run
     by the garbage collector on any thread queues its plan and returns; the
     next holder of the lock releases it. With the lock free it releases at once."""
@@ -675,7 +675,7 @@ def test_a_launcher_finalizer_never_waits_for_the_backend_lock():
 
 
 def test_first_timed_keeps_the_first_launchs_host_seconds():
-    """Note [cold probe]: the host seconds of a plan's first launch (where CUDA
+    """See Note [cold probe]: the host seconds of a plan's first launch (where CUDA
     loads its kernels) are kept, so the warm-up run is judged without them;
     later calls run without timing and the profile sums every first launch."""
     from mucudnn.backends.graph_candidates import FirstTimed, cold_out

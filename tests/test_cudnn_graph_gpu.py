@@ -168,7 +168,7 @@ def test_caches_are_bounded_and_closed():
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 @pytest.mark.parametrize("case", ["2d-nchw", "2d-grouped-dilated", "2d-nhwc-stride2"])
 def test_parallel_finalization_finds_what_serial_finds(case, direction):
-    """Note [parallel finalization]: plans finalized on a thread pool (one handle)
+    """See Note [parallel finalization]: plans finalized on a thread pool (one handle)
     are the plans the calling thread finalizes: the same configs, the same
     workspace needs, and each runs correctly."""
     p = problem(case, "float32", "default")
@@ -219,7 +219,7 @@ def test_engine_config_workspace_is_the_plans():
 
 
 def test_accumulate_need_is_the_beta_one_plans():
-    """Note [beta and workspace]: the beta = 1 workspace read from the engine
+    """See Note [beta and workspace]: the beta = 1 workspace read from the engine
     config (no plan finalized) equals the finalized beta = 1 plan's, for every
     backward-filter config heuristics name that finalizes; find() finalizes
     one plan per candidate (no beta = 1 plans) and reports each result's need
@@ -260,7 +260,7 @@ def test_accumulate_need_is_the_beta_one_plans():
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
-    """Note [runtime-compiled engines]: find_rtc="none" times no config of an
+    """See Note [runtime-compiled engines]: find_rtc="none" times no config of an
     engine that compiles at run time (unless only those are candidates),
     "first" only those a mode ranks first; "all" finds a superset of both."""
     from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
@@ -284,7 +284,7 @@ def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_skip_ratio_skips_configs_far_behind_at_a_larger_size(direction):
-    """Note [far behind at another size]: with find_skip_ratio=2, the configs
+    """See Note [far behind at another size]: with find_skip_ratio=2, the configs
     over twice the best at batch 64 are not timed at batch 32 (counted in
     far_cut), except one that needs no workspace where no other would be
     left; without the option, the batch 32 find() times them."""
@@ -310,7 +310,7 @@ def test_find_skip_ratio_skips_configs_far_behind_at_a_larger_size(direction):
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_zero_once_leaves_the_zero_workspace_config_to_one_find(direction):
-    """Note [one zero-workspace find per kernel]: with find_zero="once", find()
+    """See Note [one zero-workspace find per kernel]: with find_zero="once", find()
     reports what the default reports less at most the one zero-workspace config
     heuristics do not rank among the first k; a find() under a cap of 0 reports
     only zero-workspace configs, and benchmark() adds them once, so a budget of
@@ -344,7 +344,7 @@ def test_find_zero_once_leaves_the_zero_workspace_config_to_one_find(direction):
 
 @pytest.mark.parametrize("limit", [None, 128 * MiB], ids=["no-cap", "128MiB"])
 def test_find_carry_adds_what_led_or_was_blocked_at_a_larger_size(limit):
-    """Note [carried to other sizes]: AlexNet conv2's float32 channels-last
+    """See Note [carried to other sizes]: AlexNet conv2's float32 channels-last
     backward-filter (the H200 case), found at 128 rows and then at 32: with
     find_carry the 32-row find() reports every config the plain one reports,
     plus only configs remembered at 128 rows (counted in ``carried``), all
@@ -385,7 +385,7 @@ def test_find_carry_adds_what_led_or_was_blocked_at_a_larger_size(limit):
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_retime_times_the_fastest_again(direction):
-    """Note [re-timing the winners]: find_retime=2 reports the same configs as
+    """See Note [re-timing the winners]: find_retime=2 reports the same configs as
     without it (re-timing changes times, never the set), times two of them
     again per call (a plan cache of 2 evicts them meanwhile: rebuilt), and the
     re-timed times are those of configs that run."""
@@ -403,7 +403,7 @@ def test_find_retime_times_the_fastest_again(direction):
 
 
 def test_blocked_workspace_names_what_the_cap_leaves_out():
-    """Note [size pruning]: AlexNet conv1's bf16 channels-last backward-filter
+    """See Note [size pruning]: AlexNet conv1's bf16 channels-last backward-filter
     (the H200 case): at batch 64 the engines heuristics rank first need tens of
     MB of workspace, so under 1 MiB the blocked workspace is theirs, it shrinks
     with the batch, and under a cap they fit there is none; every number is one
@@ -426,7 +426,7 @@ def test_blocked_workspace_names_what_the_cap_leaves_out():
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_cut_offs_keep_the_best_ranked(direction):
-    """Note [find cut-offs]: with find_top_k=k, find() times the k best-ranked
+    """See Note [find cut-offs]: with find_top_k=k, find() times the k best-ranked
     candidates of each heuristics mode that fit (plus one that needs no
     workspace), a subset of what timing everything finds; probing reports
     every timed candidate."""
@@ -448,7 +448,7 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
 
 
 def test_cold_probe_reports_every_candidate(monkeypatch):
-    """Note [cold probe]: with the warm-up run timed, find() still reports every
+    """See Note [cold probe]: with the warm-up run timed, find() still reports every
     candidate it timed without the probe, each under the cap; with a ratio just
     over 1 some candidates stop after their warm-up (counted in cold_out)."""
     p = problem("2d-nchw", "float32", "default")
@@ -470,7 +470,7 @@ def test_cold_probe_reports_every_candidate(monkeypatch):
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_long_runs_are_timed_once(direction):
-    """Note [long runs]: with find_long_ms below every run, each candidate is
+    """See Note [long runs]: with find_long_ms below every run, each candidate is
     timed by its warm-up run alone (counted in long_runs) and nothing is
     re-timed; find() still reports the candidates it reports without the
     rule, each with a positive time no more than the GPU seconds spent."""
@@ -504,7 +504,7 @@ def _owned_config_info(cfg):
 
 
 def test_raw_reads_read_what_owned_descriptors_read():
-    """Note [descriptor reads]: heuristics' configs and their knobs read through
+    """See Note [descriptor reads]: heuristics' configs and their knobs read through
     raw descriptors created per read are, config for config, what
     Python-owned descriptors hold; no descriptor is left behind."""
     compared = knobbed = 0
@@ -565,7 +565,7 @@ def test_engine_knob_infos_are_readable_ranges():
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_knob_search_adds_configs_that_run_correctly(direction):
-    """Note [knob search]: search="knobs" times heuristics' configs plus knob
+    """See Note [knob search]: search="knobs" times heuristics' configs plus knob
     settings around them; every config it reports fits the limit and computes
     the convolution (checked against float64), and every config the
     heuristics-only search timed is timed by it too."""
@@ -601,7 +601,7 @@ def test_knob_search_adds_configs_that_run_correctly(direction):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_find_scratch_repeats_one_random_block(dtype, monkeypatch):
-    """Note [find scratch]: the scratch is one host-drawn block of random values
+    """See Note [find scratch]: the scratch is one host-drawn block of random values
     repeated over the array on the device (a partial block at the end); every
     value is non-zero, of magnitude in [0.25, 1.75]."""
     monkeypatch.setattr(device_backend, "RANDOM_BLOCK", 1000)

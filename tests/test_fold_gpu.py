@@ -127,7 +127,7 @@ def test_fold_off_reports_no_folded_configuration():
 
 
 def test_a_cache_from_fold_off_is_measured_again_by_the_folding_backend(be, tmp_path):
-    """Note [candidate sets in keys]: entries a fold=False backend wrote (as a
+    """See Note [candidate sets in keys]: entries a fold=False backend wrote (as a
     cache from before folding) are not what the folding backend reads for a
     first layer; it finds again, and its plan may use folded configurations."""
     from mucudnn.optimizer import BenchmarkCache

@@ -100,7 +100,7 @@ def test_clock_matched_compares_on_the_first_runs_clock(fr):
     assert fr.clock_matched(s, 64 * MIB) == pytest.approx(100.0 * (12.0 / 11.0 - 1.0))
     assert fr.clock_matched(s, None) == pytest.approx(0.0)
     assert fr.clock_matched(s, 128 * MIB) is None          # not measured
-    # Note [one-clock reference]: where the unlimited run's plan beats its single
+    # See Note [one-clock reference]: where the unlimited run's plan beats its single
     # calls (9.5 against 10 ms), the single calls are still the reference
     s["points"][0]["executed_ms"] = 9.5
     assert fr.clock_matched(s, 64 * MIB) == pytest.approx(100.0 * (12.0 / 11.0 - 1.0))

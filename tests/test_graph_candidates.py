@@ -40,7 +40,7 @@ def rankings(draw, cands):
 
 @given(data=st.data())
 def test_far_cut_drops_only_configs_far_behind_and_keeps_one_without_workspace(data):
-    """Note [far behind at another size]: what is left is in the candidates'
+    """See Note [far behind at another size]: what is left is in the candidates'
     order, holds every config never seen more than ``ratio`` behind, and, where
     the candidates had a config without workspace, still has one."""
     cands = data.draw(candidates())
@@ -66,7 +66,7 @@ def test_far_cut_drops_only_configs_far_behind_and_keeps_one_without_workspace(d
 @given(times=st.lists(st.lists(st.floats(0.01, 1000.0), min_size=1, max_size=6),
                       min_size=1, max_size=4))
 def test_note_ratios_keeps_each_configs_least_ratio(times):
-    """Note [far behind at another size]: over several find() calls, each
+    """See Note [far behind at another size]: over several find() calls, each
     config's recorded ratio is its least time over the best of one call, so the
     fastest config of any call is recorded at 1."""
     behind: dict[str, float] = {}
@@ -83,7 +83,7 @@ def test_note_ratios_keeps_each_configs_least_ratio(times):
 
 @given(data=st.data())
 def test_top_k_cut_keeps_each_modes_best_k(data):
-    """Note [find cut-offs]: every config among some mode's ``k`` best-ranked
+    """See Note [find cut-offs]: every config among some mode's ``k`` best-ranked
     candidates is kept, nothing else but one config without workspace."""
     cands = data.draw(candidates())
     ranks = data.draw(rankings(cands))
@@ -107,7 +107,7 @@ def test_top_k_cut_keeps_each_modes_best_k(data):
 
 @given(data=st.data())
 def test_rtc_cut_leaves_out_runtime_compiled_configs(data):
-    """Note [runtime-compiled engines]: "all" keeps everything; "none" keeps no
+    """See Note [runtime-compiled engines]: "all" keeps everything; "none" keeps no
     runtime-compiled config unless nothing else is left (then all of them);
     "first" keeps those a mode ranks first, and never fewer than "none"."""
     cands = data.draw(candidates())
@@ -126,7 +126,7 @@ def test_rtc_cut_leaves_out_runtime_compiled_configs(data):
                       max_size=8),
        want=st.integers(0, 100))
 def test_fitting_prefers_configs_that_accumulate(needs, want):
-    """Note [beta and workspace]: each config is timed at the larger of its two
+    """See Note [beta and workspace]: each config is timed at the larger of its two
     needs, within ``want``; configs refused with beta = 1 only where no other
     fits, at their beta = 0 need."""
     found = [(f"p{i}", f"c{i}", n0, n1) for i, (n0, n1) in enumerate(needs)]
@@ -144,7 +144,7 @@ def test_fitting_prefers_configs_that_accumulate(needs, want):
 @given(first=st.floats(0.0, 2000.0), launch=st.floats(-1.0, 50.0),
        long_ms=st.one_of(st.none(), st.floats(0.001, 100.0)))
 def test_long_run_reports_the_warm_up_less_loading_at_or_over_the_bound(first, launch, long_ms):
-    """Note [long runs]: a warm-up run of at least ``long_ms`` once loading is
+    """See Note [long runs]: a warm-up run of at least ``long_ms`` once loading is
     taken off is reported as that time; anything shorter, or no bound, is not."""
     got = long_run(first, launch, long_ms)
     t = first - max(0.0, launch)

@@ -298,3 +298,32 @@ def test_bfloat16_without_ml_dtypes_raises(monkeypatch):
         be.run(Direction.FORWARD, 0, 0, ConvTensors(p, x, w, y), 1.0, 0.0, None)
     # other dtypes are unaffected
     assert be.empty((2,), "float16").dtype == np.float16
+
+
+def test_host_backend_is_safe_across_threads():
+    """Two threads share the NumPy backend's workspace pool; results stay right."""
+    import threading
+
+    import mucudnn as mu
+    from mucudnn.problem import MicroBatch, make_plan
+
+    from reference import reference, rel_err
+    p = ConvProblem((8, 8, 16, 16), (8, 8, 3, 3), padding=1)
+    plan = make_plan([MicroBatch(0, 8, 1)], undivided_time_ms=1.0, workspace_limit=None)
+    convs = [mu.Convolution(p.x_shape, p.w_shape, padding=1, backend="numpy",
+                            plans={Direction.FORWARD: plan}) for _ in range(2)]
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(p.x_shape).astype(np.float32) for _ in range(2)]
+    w = rng.standard_normal(p.w_shape).astype(np.float32)
+    refs = [reference(p, Direction.FORWARD, x, w, None) for x in xs]
+    errors = []
+
+    def worker(i):
+        for _ in range(15):
+            errors.append(rel_err(convs[i].forward(xs[i], w), refs[i]))
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(errors) == 30 and max(errors) < 1e-5

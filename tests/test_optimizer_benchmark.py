@@ -281,7 +281,7 @@ class CurveBackend:
     (100, 16, [100, 64, 32, 16, 8, 4]),       # 100 = 6 x 16 + 4
 ])
 def test_size_pruning_stops_past_the_best_size(batch, knee, want):
-    """Note [size pruning]: largest first, the descent stops at the first size more
+    """See Note [size pruning]: largest first, the descent stops at the first size more
     than PRUNE_MARGIN worse per sample than a larger one; the remainder's sizes
     are still benchmarked, and the WR plan is the one every size would give."""
     be = CurveBackend(knee)
@@ -326,7 +326,7 @@ class BlockedBackend:
 
 
 def test_size_pruning_descends_to_configurations_blocked_by_the_cap(tmp_path):
-    """Note [size pruning]: the descent goes on past a size that is worse per
+    """See Note [size pruning]: the descent goes on past a size that is worse per
     sample while configurations heuristics prefer are over the cap and would fit
     a smaller size; the plan then uses them (it stopped at 128 before)."""
     cap = 64 << 20
@@ -596,7 +596,7 @@ class ZeroOnceBackend:
 
 
 def test_one_zero_workspace_find_per_kernel(cache):
-    """Note [one zero-workspace find per kernel]: a backend whose find() leaves
+    """See Note [one zero-workspace find per kernel]: a backend whose find() leaves
     the zero-workspace configs out is asked for them once, under a cap of 0, at
     the smallest size found that divides the batch; they go into that size's
     results and cache entry, a warm run asks nothing, and a budget of nothing
@@ -624,7 +624,7 @@ def test_one_zero_workspace_find_per_kernel(cache):
 
 
 def test_zero_workspace_size_tiles_the_batch_and_keeps_its_alignment():
-    """Note [one zero-workspace find per kernel]: with pruning the descent stops
+    """See Note [one zero-workspace find per kernel]: with pruning the descent stops
     early and the remainder's sizes are found; the zero-workspace find goes to
     the smallest found size that divides the batch, a multiple of the
     problem's alignment quantum where one is found."""
@@ -639,7 +639,7 @@ def test_zero_workspace_size_tiles_the_batch_and_keeps_its_alignment():
 
 
 def test_replan_and_zero_workspace_plan_find_the_zero_workspace_configs(cache):
-    """Note [one zero-workspace find per kernel]: a re-plan with no memory
+    """See Note [one zero-workspace find per kernel]: a re-plan with no memory
     composes its plan from the size that holds them; zero_workspace_plan, whose
     full-batch cache entry holds none, finds them at the full batch (uncached)."""
     p = ConvProblem((32, 4, 6, 6), (4, 4, 3, 3), padding=1)
@@ -690,7 +690,7 @@ def test_zero_workspace_find_is_not_repeated_when_determinism_filters_it(cache):
 
 
 def test_zero_workspace_plan_asks_other_backends_once(cache):
-    """Note [one zero-workspace find per kernel]: only a backend that finds its
+    """See Note [one zero-workspace find per kernel]: only a backend that finds its
     zero-workspace configs once is asked again, uncached; any other is asked at
     most once, and its lack of such configs is an error naming the kernel."""
     class NoZero(CountingBackend):
@@ -732,7 +732,7 @@ Q1 = ConvProblem((256, 4, 8, 8), (4, 4, 3, 3), padding=1)
 
 
 def test_fitted_policy_times_the_size_the_best_configuration_stretches_to(tmp_path):
-    """Note [fitted sizes]: 36 samples fit the cap where powerOfTwo stops at 32;
+    """See Note [fitted sizes]: 36 samples fit the cap where powerOfTwo stops at 32;
     "fitted" times 36 and the remainder's 4, its plan is 7 x 36 + 4 (8 calls,
     as good as timing every size), and a warm run asks the backend nothing."""
     assert Q1.batch_quantum() == 1
@@ -790,7 +790,7 @@ def test_fitted_plans_are_never_slower_than_power_of_two(log_batch, per_sample_w
 
 
 def test_fitted_sizes_follow_the_plans_limit_under_a_larger_cap():
-    """Note [fitted sizes]: benchmarked under a larger cap (optimize's
+    """See Note [fitted sizes]: benchmarked under a larger cap (optimize's
     benchmark_cap, run_network's unlimited one), "fitted" stretches to the
     plan's limit (``fit_limit``), not to the cap."""
     d, limit = Direction.BACKWARD_FILTER, 36 * 1000
@@ -809,7 +809,7 @@ def test_fitted_sizes_follow_the_plans_limit_under_a_larger_cap():
 
 
 def test_fitted_sizes_a_backend_cannot_measure_are_left_out():
-    """Note [fitted sizes]: offline (CachedBackend) a fitted size missing from the
+    """See Note [fitted sizes]: offline (CachedBackend) a fitted size missing from the
     cache is left out, and the plan is powerOfTwo's, rather than an error."""
     from mucudnn.optimizer import CacheMissError
 

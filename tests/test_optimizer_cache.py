@@ -236,3 +236,10 @@ def test_default_paths(tmp_path, monkeypatch):
     benchmark(be, P, Direction.FORWARD, "undivided", 1 << 20, progress=False)
     assert (tmp_path / "mine.sqlite").exists()
     assert BenchmarkCache(tmp_path / "mine.sqlite").get(be, P, "fwd", 1 << 20) is not None
+
+
+def test_cache_off_string_disables(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    c = BenchmarkCache("off")
+    assert not c.enabled
+    assert not (tmp_path / "off").exists()

@@ -1,6 +1,6 @@
-"""Every shell command and Python block of README.md runs as printed.
+"""Every shell command and Python block of README.md and docs/guide.md runs as printed.
 
-Blocks run in README order in one scratch folder (a later block may read what
+Blocks run in order (README's, then the guide's) in one scratch folder (a later block may read what
 an earlier one wrote, as a reader following along would), with a private
 benchmark cache and ``tests/`` reachable as in a checkout. A block is skipped
 only when the README says why, in a comment on the line before it:
@@ -32,6 +32,7 @@ from conftest import HAVE_GPU
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = (README, ROOT / "docs" / "guide.md")
 RUN = {"bash": "bash", "sh": "bash", "python": "python"}
 #: A generous guard against a hang (a cold GPU benchmark of AlexNet takes ~90 s).
 TIMEOUT_S = 900
@@ -43,11 +44,12 @@ class Block:
     code: str
     line: int
     marker: str | None
+    doc: str = "README.md"
 
     @property
     def label(self) -> str:
         first = self.code.strip().splitlines()[0]
-        return f"README.md:{self.line} {first[:60]}"
+        return f"{self.doc}:{self.line} {first[:60]}"
 
     def skip_reason(self) -> str | None:
         if self.marker is None:
@@ -56,7 +58,7 @@ class Block:
         if m:
             return m.group(1)
         m = re.fullmatch(r"needs\s+(.+)", self.marker)
-        assert m, f"README.md:{self.line}: unknown readme-test marker {self.marker!r}"
+        assert m, f"{self.doc}:{self.line}: unknown readme-test marker {self.marker!r}"
         missing = []
         for need in m.group(1).split():
             if need == "gpu":
@@ -67,7 +69,7 @@ class Block:
         return f"needs {' and '.join(missing)}" if missing else None
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, doc: str = "README.md") -> list[Block]:
     """The fenced code blocks of ``text`` with the readme-test marker before each."""
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
@@ -84,12 +86,13 @@ def readme_blocks(text: str) -> list[Block]:
         prev = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         mark = re.fullmatch(r"<!--\s*readme-test:\s*(.*?)\s*-->", prev)
         blocks.append(Block(m.group(1), "\n".join(body) + "\n", start + 1,
-                            mark.group(1) if mark else None))
+                            mark.group(1) if mark else None, doc))
         i += 1
     return blocks
 
 
-BLOCKS = [b for b in readme_blocks(README.read_text()) if b.lang != "text"]
+BLOCKS = [b for path in DOCS for b in readme_blocks(path.read_text(), str(path.relative_to(ROOT)))
+          if b.lang != "text"]
 
 
 def test_readme_blocks_are_all_runnable_kinds():

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import pytest
+from tool_support import load_tool
+
+from mucudnn.problem import ConvProblem
 
 pytest.importorskip("torch")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
-
-import search_parity  # noqa: E402
-
-from mucudnn.problem import ConvProblem  # noqa: E402
+search_parity = load_tool("search_parity")
 
 
 def test_find_options_parse_from_field_value_pairs():

@@ -164,7 +164,7 @@ def test_plans_on_two_workers_are_the_plans_of_one_process(tmp_path, caplog):
     wr_seq = optimize_kernels(kernels, limit, backend=FakeBackend(), cache=False)
     wr_par = optimize_kernels(kernels, limit, backend=FakeBackend, cache=False, devices=[1, 0])
     assert wr_par == wr_seq
-    # Note [size pruning]: a warm descent goes as far as the cache holds sizes,
+    # See Note [size pruning]: a warm descent goes as far as the cache holds sizes,
     # so compare warm with warm: the cache filled above holds every size
     warm = tmp_path / "c.sqlite"
     assert optimize_kernels(kernels, limit, backend=FakeBackend, cache=warm, devices=[0, 1]) \

@@ -191,7 +191,7 @@ def test_workspace_limit_of_another_type_is_refused_after_the_int_was_accepted(b
 
 
 def test_one_off_backend_instances_are_not_kept():
-    """Note [backend tokens]: a registry that lives as long as its backends."""
+    """See Note [backend tokens]: a registry that lives as long as its backends."""
     x, w = _randn(1, 1, 3, 3), _randn(1, 1, 2, 2)
     ref = F.conv2d(x, w)
     refs = []

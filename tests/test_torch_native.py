@@ -1,4 +1,4 @@
-"""Note [never slower than native]: the rule that picks PyTorch's own call, the
+"""See Note [never slower than native]: the rule that picks PyTorch's own call, the
 records and ``mucudnn.torch.report`` (CPU), and on a GPU (marker ``gpu``) the
 comparison itself: choices follow the rule on measured times and workspaces,
 and a layer that runs PyTorch's call, or the plan, computes the convolution

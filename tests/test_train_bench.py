@@ -138,7 +138,7 @@ def test_strict_fp32_runs_with_tf32_off(tb, tmp_path):
 
 
 def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
-    """Note [loss noise floor]: ``native-heur`` trains PyTorch's own convolutions
+    """See Note [loss noise floor]: ``native-heur`` trains PyTorch's own convolutions
     with cudnn.benchmark off and is reported against native like a converted
     run; it is not among the default modes."""
     import torch
@@ -165,7 +165,7 @@ def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
 
 
 def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
-    """Note [loss noise floor]: on CUDA native and native-heur are refused in one
+    """See Note [loss noise floor]: on CUDA native and native-heur are refused in one
     process (PyTorch's plan cache ignores cudnn.benchmark); native-heur then
     runs alone, compared with an earlier run's native losses (--reference)."""
     import torch
@@ -191,7 +191,7 @@ def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
     assert "vs native (--reference's)" in capsys.readouterr().out
 
 def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
-    """Note [deterministic loss check]: --deterministic sets
+    """See Note [deterministic loss check]: --deterministic sets
     cudnn.deterministic for every mode (mucudnn.torch then plans deterministic
     configurations only), and a native run is compared with --reference's
     native run: the same seed and algorithms, so no difference at all."""
@@ -244,7 +244,7 @@ def test_round_order_rotates(tb):
 
 
 def test_interleaved_stats_by_hand(tb):
-    """Note [interleaved steps]: per-round medians, then the median over rounds
+    """See Note [interleaved steps]: per-round medians, then the median over rounds
     of each mode's round median over the reference's, less one."""
     step_ms = {"native": [[10.0, 12.0, 11.0], [20.0, 19.0, 30.0], [8.0, 8.0, 12.0]],
                "wd": [[12.0, 11.5, 13.0], [19.0, 21.0, 20.0], [10.0, 9.0, 8.5]],

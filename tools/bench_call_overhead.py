@@ -14,7 +14,10 @@ One run prints, with every number measured in it:
    its plans' kernels timed alone;
 4. AlexNet (256) and ResNet-18 (128) at 64 MiB, every layer fwd+bwd, through
    Convolution with torch tensors, against ``mucudnn bench``'s executed total
-   (run_network) in the same process, with the same plans.
+   (run_network) in the same process, with the same plans;
+5. ``layer``: host microseconds per conv step (forward and ``y.backward(g)``) of
+   ``nn.Conv2d`` and ``mucudnn.torch.Conv2d`` on a small layer (x 2x64x14x14, w
+   64x64x3x3), fp32 NCHW and bf16 autocast channels-last, with and without bias.
 
     PYTHONPATH=$PWD python3 tools/bench_call_overhead.py --json out.json
 
@@ -34,8 +37,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import mucudnn as mu
+import mucudnn.torch as mt
 from mucudnn import ConvProblem, Direction, MicroBatch
 from mucudnn.backends import ConvTensors, get_backend
 from mucudnn.bench import make_timer, run_network
@@ -265,11 +270,49 @@ def section_network(be: Any, net: str, batch: int, rows: list, out: dict) -> Non
     torch.cuda.empty_cache()
 
 
+def _layer_step(precision: str, converted: bool, bias: bool) -> Callable[[], None]:
+    dev = torch.device("cuda")
+    cls = mt.Conv2d if converted else nn.Conv2d
+    conv = cls(64, 64, 3, padding=1, bias=bias).to(dev)
+    x = torch.randn(2, 64, 14, 14, device=dev, requires_grad=True)
+    amp = precision == "amp"
+    if amp:
+        conv = conv.to(memory_format=torch.channels_last)
+        x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+    dt = torch.bfloat16 if amp else torch.float32
+    g = torch.randn(2, 64, 14, 14, device=dev, dtype=dt)
+    if amp:
+        g = g.to(memory_format=torch.channels_last)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            y = conv(x)
+        y.backward(g)
+    return step
+
+
+def section_layer(rows: list, out: dict) -> None:
+    """mucudnn.torch's host cost per conv step against nn.Conv2d's (section 5)."""
+    torch.backends.cudnn.benchmark = True
+    res = []
+    for precision in ("fp32", "amp"):
+        for bias in (False, True):
+            row: dict[str, Any] = {"precision": precision, "bias": bias}
+            for converted in (False, True):
+                row["mucudnn" if converted else "native"] = host_us(
+                    _layer_step(precision, converted, bias))
+            row["extra_us"] = row["mucudnn"] - row["native"]
+            res.append(row)
+            rows.append(("layer", f"{precision} bias={bias}", f"native {row['native']:.1f} us",
+                         f"mucudnn.torch {row['mucudnn']:.1f} us (+{row['extra_us']:.1f})"))
+    out["layer"] = res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="cudnn-graph")
-    ap.add_argument("--sections", default="host,micro,five,nets",
-                    help="comma-separated: host, micro, five, nets")
+    ap.add_argument("--sections", default="host,micro,five,nets,layer",
+                    help="comma-separated: host, micro, five, nets, layer")
     ap.add_argument("--nets", default="alexnet:256,resnet18:128")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -292,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             net, batch = item.split(":")
             steps.append((net, lambda net=net, batch=int(batch):
                           section_network(be, net, batch, rows, out)))
+    if "layer" in sections:
+        steps.append(("layer", lambda: section_layer(rows, out)))
     for name, step in steps:
         t0 = time.perf_counter()
         try:

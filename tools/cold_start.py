@@ -57,20 +57,18 @@ import time
 
 T_PROCESS = time.perf_counter()  # before any import: the process-level clock
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for frontier
 
-from frontier import PRECISIONS  # noqa: E402  (--precision: fp32 NCHW, bf16cl: AMP channels-last)
+from frontier import PRECISIONS  # --precision: fp32 NCHW, bf16cl: AMP channels-last
 
 #: name -> CudnnGraphBackend keyword arguments (find_threads None: the backend's default).
 #: "prune_sizes": False benchmarks every size of the policy (Note [size pruning]).
@@ -90,27 +88,27 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "top4": dict(find_top_k=4),
     "top12": dict(find_top_k=12),
     "default-noB": dict(heuristic_modes=("A", "FALLBACK")),
-    # Note [runtime-compiled engines]: with them (the default before), or only
+    # See Note [runtime-compiled engines]: with them (the default before), or only
     # where a mode ranks one first
     "rtc-all": dict(find_rtc="all"),
     "rtc-first": dict(find_rtc="first"),
-    # Note [re-timing the winners]: the default times each find()'s two
+    # See Note [re-timing the winners]: the default times each find()'s two
     # fastest again, warm; without it, and with four
     "no-retime": dict(find_retime=0),
     "retime4": dict(find_retime=4),
-    # Note [far behind at another size]: the default skips configs 16x behind at
+    # See Note [far behind at another size]: the default skips configs 16x behind at
     # a larger size; without that cut, and with a tighter one
     "no-skip": dict(find_skip_ratio=None),
     "skip4": dict(find_skip_ratio=4.0),
-    # Note [long runs]: without the one-run timing of long runs
+    # See Note [long runs]: without the one-run timing of long runs
     "no-long": dict(find_long_ms=None),
-    # Note [one zero-workspace find per kernel]: the zero-workspace config timed
+    # See Note [one zero-workspace find per kernel]: the zero-workspace config timed
     # once per kernel (at its smallest size) instead of at every find()
     "zero-once": dict(find_zero="once"),
-    # Note [carried to other sizes]: the default times configs that led, or that
+    # See Note [carried to other sizes]: the default times configs that led, or that
     # the cap left out, at a larger size also at the smaller ones; without that
     "no-carry": dict(find_carry=False),
-    # Note [folded first layers]: the default also times strided first layers
+    # See Note [folded first layers]: the default also times strided first layers
     # folded by space-to-depth (their inner finds add to the cold start); without
     "no-fold": dict(fold=False),
 }
@@ -143,7 +141,7 @@ def worker_mucudnn(net: str, batch: int | None, config: str, limit: int, policy:
 
     options = dict(CONFIGS[config])
     prune = options.pop("prune_sizes", True)
-    # Note [benchmarking on several devices]: with devices the GPU processes
+    # See Note [benchmarking on several devices]: with devices the GPU processes
     # benchmark and this one needs a backend only to execute the plans (made
     # after them, so it is not on the clock).
     be = CudnnGraphBackend(**options) if not devices else None
@@ -241,15 +239,16 @@ def worker_torch(net: str, batch: int | None, precision: str = "fp32") -> dict[s
             "kernels": 3 * len(groups)}
 
 
-# Note [JIT cache in cold runs]: some cuDNN engines compile their kernels at
-# run time, and the driver keeps what it compiled in its JIT cache
-# (CUDA_CACHE_PATH, by default ~/.nv/ComputeCache). On a fresh H200 machine the
-# first cold ResNet-18 process spent 10.0 s finalizing plans and a second one
-# 3.2 s (docs/BENCHMARKS.md, "Sixth session"). ``--jit-cache fresh`` gives each
-# worker (PyTorch's too) an empty cache of its own, as on a machine that has
-# never run these engines; ``shared`` (the default) uses the user's, as a second
-# run on the same machine would. Each row records which, and the cache's size
-# after the worker.
+# Note [JIT cache in cold runs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Some cuDNN engines compile their kernels at run time, and the driver keeps
+# what it compiled in its JIT cache (CUDA_CACHE_PATH, by default
+# ~/.nv/ComputeCache). On a fresh H200 machine the first cold ResNet-18 process
+# spent 10.0 s finalizing plans and a second one 3.2 s (docs/BENCHMARKS.md,
+# "Sixth session"). ``--jit-cache fresh`` gives each worker (PyTorch's too) an
+# empty cache of its own, as on a machine that has never run these engines;
+# ``shared`` (the default) uses the user's, as a second run on the same machine
+# would. Each row records which, and the cache's size after the worker.
 JIT_CACHES = ("shared", "fresh")
 
 
@@ -315,9 +314,9 @@ def _breakdown(pr: dict[str, Any]) -> str:
     rtc = (f" (runtime-compiled {pr.get('finalized_rtc', 0)}: "
            f"{pr.get('finalize_rtc_s', 0):.1f} of {pr.get('finalize_thread_s', 0):.1f} "
            f"thread s; {pr.get('rtc_cut', 0)} left out)")
-    # Note [far behind at another size]: find_skip_ratio's cut, where it ran
+    # See Note [far behind at another size]: find_skip_ratio's cut, where it ran
     far = f" (+{pr['far_cut']} far behind)" if pr.get("far_cut") else ""
-    # Note [carried to other sizes]: find_carry's additions, where it ran
+    # See Note [carried to other sizes]: find_carry's additions, where it ran
     carried = f" (+{pr['carried']} carried)" if pr.get("carried") else ""
     return (f"{pr['heuristics_s']:.1f} ({modes}) | {pr['finalize_s']:.1f}{rtc} | "
             f"{pr['timing_s']:.1f} (first launches {pr.get('first_launch_s', 0):.1f}, "

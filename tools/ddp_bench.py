@@ -48,12 +48,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import mucudnn.torch as mt  # noqa: E402
-from mucudnn.caches import clear_all  # noqa: E402
-from train_bench import IMAGE_SIZE, NUM_CLASSES, MODELS, build_model  # noqa: E402
+import mucudnn.torch as mt
+from mucudnn.caches import clear_all
+from train_bench import IMAGE_SIZE, NUM_CLASSES, MODELS, build_model
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -260,8 +260,6 @@ def measure(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict
                     else:
                         t0 = time.perf_counter()
                         try:
-                            if TOOLS not in sys.path:
-                                sys.path.insert(0, TOOLS)
                             from pytorch_anchor import run as torch_run
                             series["pytorch"] = torch_run(net, batch, spec["dtype"], args.repeat,
                                                           layout=spec["layout"], layers=args.layers)
@@ -387,13 +385,14 @@ def clock_matched(s: dict, limit: int | None) -> float | None:
     the limit's time, times the first run's reference over the limit run's,
     is the limit's time on the first run's clock, compared with PyTorch's.
 
-    Note [one-clock reference]: until the thirteenth session this took the
-    first run's executed plans as the reference instead of its single calls.
-    That is the same only where the unlimited plan is one call per kernel; on
-    AlexNet in float32 channels-last the unlimited plan ran 5% faster than the
-    single calls, and its "one clock" numbers came out about 5 points too
-    favourable (docs/BENCHMARKS.md, "Thirteenth session"). None where a part
-    is missing.
+    Note [one-clock reference]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Until the thirteenth session this took the first run's executed plans as
+    the reference instead of its single calls. That is the same only where the
+    unlimited plan is one call per kernel; on AlexNet in float32 channels-last
+    the unlimited plan ran 5% faster than the single calls, and its "one
+    clock" numbers came out about 5 points too favourable (docs/BENCHMARKS.md,
+    "Thirteenth session"). None where a part is missing.
     """
     pts = {p["limit_bytes"]: p for p in s["points"] if p.get("executed_ms") is not None}
     pt_ms = (s.get("pytorch") or {}).get("total_ms")

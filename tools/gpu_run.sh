@@ -7,9 +7,6 @@
 #   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
-#   QUALITY_CONFIGS="default no-skip" bash tools/gpu_run.sh tests quality  # find() configs vs exhaustive
-#   QUALITY_CONFIGS="default no-carry" QUALITY_PRECISION=fp32cl QUALITY_WORKSPACE=128MiB \
-#     bash tools/gpu_run.sh quality   # the same in float32 channels-last under 128 MiB
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
@@ -64,29 +61,6 @@ for stage in "$@"; do
       timeout "${COLD_TIMEOUT:-560}" python3 tools/cold_start.py --torch ${COLD_ARGS:-} \
         --json "$OUT/cold.json" > "$OUT/cold.txt" 2>&1
       summary+=("cold (rc $?):" "$(grep '^|' "$OUT/cold.txt")")
-      ;;
-    quality)  # cold runs of find() configurations, each priced at the exhaustive run's
-      # measurements (tools/plan_quality.py): selection loss against timing everything
-      qp=${QUALITY_PRECISION:-fp32}; qw=${QUALITY_WORKSPACE:-64MiB}
-      timeout "${COLD_TIMEOUT:-400}" python3 tools/cold_start.py --torch --jit-cache fresh \
-        --nets ${NETS:-alexnet resnet18} --configs ${QUALITY_CONFIGS:-default} exhaustive \
-        --precision "$qp" --workspace "$qw" \
-        --keep-caches "$OUT/caches" --json "$OUT/quality.json" > "$OUT/quality.txt" 2>&1
-      summary+=("quality (rc $?):" "$(grep '^|' "$OUT/quality.txt")")
-      for net in ${NETS:-alexnet resnet18}; do
-        for config in ${QUALITY_CONFIGS:-default}; do
-          [ -f "$OUT/caches/$net-$config.sqlite" ] || continue
-          python3 tools/plan_quality.py --net "$net" --cache "$OUT/caches/$net-$config.sqlite" \
-            --reference "$OUT/caches/$net-exhaustive.sqlite" --precision "$qp" --workspace "$qw" \
-            > "$OUT/quality-$net-$config.md" 2>&1
-          summary+=("priced $net $config vs exhaustive: $(tail -1 "$OUT/quality-$net-$config.md")")
-        done
-      done
-      ;;
-    graph-replay)
-      timeout 300 python3 tools/bench_graph_replay.py --json "$OUT/graph-replay.json" \
-        > "$OUT/graph-replay.txt" 2>&1
-      summary+=("graph replay (rc $?): see graph-replay.txt")
       ;;
     train)  # tools/train_bench.py, one model per call (TRAIN_ARGS e.g. "--precisions amp")
       for net in ${NETS:-resnet50}; do

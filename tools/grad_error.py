@@ -43,23 +43,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import train_bench as tb  # noqa: E402  (models, precisions, argument parsers)
-import mucudnn.torch as mt  # noqa: E402
-from mucudnn.torch import engine  # noqa: E402
+import train_bench as tb  # models, precisions, argument parsers
+import mucudnn.torch as mt
+from mucudnn.torch import engine
 
-# Note [gradient error]: two training runs that differ only in their
-# convolution algorithms round differently at every step, and SGD on random
-# labels amplifies that (train_bench's Note [loss noise floor]); after 30 steps
-# the losses' difference says little about either run's accuracy. One step
-# from the same weights does: float64 is the reference, and the converted
-# model's gradients should be as close to it as native's (each algorithm is
-# exact to its precision; micro-batches only change the summation order of
-# the weight gradient, accumulated in the output's precision). A layer whose
-# converted error is far above native's would be a real defect; a step-1 loss
-# difference larger than another algorithm choice makes, with gradients as
-# accurate as native's, is the amplification, not the gradients.
+# Note [gradient error]
+# ~~~~~~~~~~~~~~~~~~~~~
+# Two training runs that differ only in their convolution algorithms round
+# differently at every step, and SGD on random labels amplifies that
+# (train_bench's Note [loss noise floor]); after 30 steps the losses'
+# difference says little about either run's accuracy. One step from the same
+# weights does: float64 is the reference, and the converted model's gradients
+# should be as close to it as native's (each algorithm is exact to its
+# precision; micro-batches only change the summation order of the weight
+# gradient, accumulated in the output's precision). A layer whose converted
+# error is far above native's would be a real defect; a step-1 loss difference
+# larger than another algorithm choice makes, with gradients as accurate as
+# native's, is the amplification, not the gradients.
 
 PRECISIONS = ("fp32strict", "fp32", "fp32cl")
 

@@ -54,7 +54,6 @@ def main(argv=None) -> int:
         tensors: dict = {}
         batch = args.batch or DEFAULT_BATCH[net]
         if args.torch:
-            sys.path.insert(0, __file__.rsplit("/", 1)[0])
             from pytorch_anchor import run as torch_run
             anchors[net] = torch_run(net, batch, args.dtype, args.repeat)
             save()

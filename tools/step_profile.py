@@ -41,19 +41,20 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import train_bench as tb  # noqa: E402  (the training steps themselves)
+import train_bench as tb  # the training steps themselves
 
-# Note [step profile]: what a converted model's step costs beyond native's
-# shows in three places: its convolution kernels (each layer's plan against
-# the algorithm PyTorch's benchmark chose), kernels that are not
-# convolutions (copies or memsets a converted call may add), and time the GPU
-# is idle (host work not hidden behind the GPU: in eager mode the Python of
-# each call; captured graphs remove it). Kernel categories come from kernel
-# names (``CATEGORIES``, first match wins); cuDNN's convolution kernels have
-# no common prefix, so "conv" lists the families cuDNN 9 uses on Hopper and
-# Ampere (xmma, cutlass, implicit GEMM, its layout transposes and Winograd).
+# Note [step profile]
+# ~~~~~~~~~~~~~~~~~~~
+# What a converted model's step costs beyond native's shows in three places:
+# its convolution kernels (each layer's plan against the algorithm PyTorch's
+# benchmark chose), kernels that are not convolutions (copies or memsets a
+# converted call may add), and time the GPU is idle (host work not hidden
+# behind the GPU: in eager mode the Python of each call; captured graphs
+# remove it). Kernel categories come from kernel names (``CATEGORIES``, first
+# match wins); cuDNN's convolution kernels have no common prefix, so "conv"
+# lists the families cuDNN 9 uses on Hopper and Ampere (xmma, cutlass,
+# implicit GEMM, its layout transposes and Winograd).
 
 #: (category, regex on the kernel name), first match wins
 CATEGORIES: tuple[tuple[str, str], ...] = (

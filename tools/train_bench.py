@@ -86,12 +86,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import mucudnn  # noqa: E402
-import mucudnn.torch as mt  # noqa: E402
-from mucudnn.__main__ import parse_policy, parse_size  # noqa: E402  (argparse errors)
-from mucudnn.units import format_bytes  # noqa: E402
+import mucudnn
+import mucudnn.torch as mt
+from mucudnn.__main__ import parse_policy, parse_size  # argparse errors
+from mucudnn.units import format_bytes
 
 try:  # only the torchvision models need it
     import torchvision
@@ -118,28 +117,32 @@ NUM_CLASSES = 1000
 LOSSES_KEPT = 30
 LOSS_TRACK_TOL = 1e-3
 
-# Note [loss noise floor]: the issue asks converted losses to track native
-# ones within 1e-3 (relative) for 30 steps in float32. Two runs that differ
-# only in which cuDNN algorithms compute the convolutions round differently
-# (a different summation order, each result still exact to float32's or
-# TF32's precision), and 30 SGD steps on random labels amplify that: on the
-# H200 converted ResNet-18 in strict fp32 tracked within 1.65e-3 eager and
-# 9.2e-4 captured (docs/BENCHMARKS.md, "More training runs"). How much of that
-# is any change of algorithm, not mucudnn's, is what ``native-heur`` measures:
-# PyTorch itself with cuDNN's heuristic choices (cudnn.benchmark=False)
-# instead of its timed ones, reported against ``native`` like a converted run.
-# It must run in a process of its own: PyTorch's cuDNN plan cache
-# (``benchmark_cache`` in aten/src/ATen/native/cudnn/Conv_v8.cpp) is keyed
-# without the benchmark flag and consulted first, so after ``native`` the
-# same process would rerun native's timed plans (the eleventh session's
-# 2.00e-3 / 1.42e-3 were that: PyTorch against itself with the same
-# algorithms, its run-to-run nondeterminism). So on CUDA the two modes are
-# refused together; ``--reference`` names an earlier run's JSON whose
-# ``native`` losses the runs here are compared with.
+# Note [loss noise floor]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# The issue asks converted losses to track native ones within 1e-3 (relative)
+# for 30 steps in float32. Two runs that differ only in which cuDNN algorithms
+# compute the convolutions round differently (a different summation order,
+# each result still exact to float32's or TF32's precision), and 30 SGD steps
+# on random labels amplify that: on the H200 converted ResNet-18 in strict
+# fp32 tracked within 1.65e-3 eager and 9.2e-4 captured (docs/BENCHMARKS.md,
+# "More training runs"). How much of that is any change of algorithm, not
+# mucudnn's, is what ``native-heur`` measures: PyTorch itself with cuDNN's
+# heuristic choices (cudnn.benchmark=False) instead of its timed ones,
+# reported against ``native`` like a converted run. It must run in a process
+# of its own: PyTorch's cuDNN plan cache (``benchmark_cache`` in
+# aten/src/ATen/native/cudnn/Conv_v8.cpp) is keyed without the benchmark flag
+# and consulted first, so after ``native`` the same process would rerun
+# native's timed plans (the eleventh session's 2.00e-3 / 1.42e-3 were that:
+# PyTorch against itself with the same algorithms, its run-to-run
+# nondeterminism). So on CUDA the two modes are refused together;
+# ``--reference`` names an earlier run's JSON whose ``native`` losses the runs
+# here are compared with.
 DEFAULT_CONSTRAINED_BATCHES = "64,96,128,160,192,224,256,320,384,448,512"
 
-# Note [deterministic loss check]: with ``--deterministic`` every mode trains
-# with ``torch.backends.cudnn.deterministic = True``: PyTorch times only the
+# Note [deterministic loss check]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# With ``--deterministic`` every mode trains with
+# ``torch.backends.cudnn.deterministic = True``: PyTorch times only the
 # algorithms cuDNN marks deterministic, and mucudnn.torch plans only with such
 # configurations (Note [deterministic plans] in mucudnn/optimizer/benchmark.py).
 # Then a run is bitwise repeatable, so the loss check separates what the
@@ -212,8 +215,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "of the loss check (Note [loss noise floor]; not run by default)")
     ap.add_argument("--reference", default=None, metavar="JSON",
                     help="an earlier run's --json: its native losses are the reference where "
-                         "this run has no native run (native-heur runs alone: Note [loss "
-                         "noise floor])")
+                         "this run has no native run (native-heur runs alone: "
+                         "Note [loss noise floor])")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32", "amp"])
     ap.add_argument("--execution", choices=EXECUTIONS + ("both",), default="both")
     ap.add_argument("--batch", type=_positive, default=None,
@@ -266,8 +269,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--constrained: needs --device cuda (a per-process memory fraction)")
     if args.device == "cuda" and {"native", "native-heur"} <= set(args.modes):
         ap.error("--modes: native and native-heur need processes of their own on CUDA "
-                 "(PyTorch's cuDNN plan cache ignores cudnn.benchmark; Note [loss noise "
-                 "floor]): run native-heur alone with --reference NATIVE_RUN.json")
+                 "(PyTorch's cuDNN plan cache ignores cudnn.benchmark; "
+                 "Note [loss noise floor]): run native-heur alone with --reference NATIVE_RUN.json")
     if args.reference is not None and not os.path.isfile(args.reference):
         ap.error(f"--reference: no such file: {args.reference}")
     if args.device == "cuda" and not torch.cuda.is_available():

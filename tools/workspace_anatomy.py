@@ -29,13 +29,12 @@ import os
 import sys
 from typing import Any, Iterable, Sequence
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from mucudnn.optimizer.cache import Entry
+from mucudnn.optimizer.cache_tools import open_input
+from mucudnn.problem import ConvProblem
+from mucudnn.units import parse_bytes
 
-from mucudnn.optimizer.cache import Entry  # noqa: E402
-from mucudnn.optimizer.cache_tools import open_input  # noqa: E402
-from mucudnn.problem import ConvProblem  # noqa: E402
-from mucudnn.units import parse_bytes  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SHIPPED = os.path.join(ROOT, "tests", "data", "h200-benchmark-cache.sqlite.gz")
 CLASSES = ("copies", "small", "other")

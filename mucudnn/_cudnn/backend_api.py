@@ -365,19 +365,18 @@ class BackendDescriptor(CudnnObject):
             return [read(v) for v in raw.views(k)]
 
 
-# Note [descriptor reads]: reading an array of descriptors out of another (an
-# engine config's knob choices, an engine's knob infos, a heuristics' configs)
-# needs descriptors of the element type created beforehand, as many as may come
-# back: up to the knob-type count, about 48 per engine config (Note [reading
-# descriptor arrays]). Made as BackendDescriptor objects (weakref finalizer,
-# live count, destroy) those cost about 20 us each on the CI machine, some 230k
-# of them in a cold optimisation of ResNet-18; read_descriptors() creates raw
-# ones through unchecked bindings (about 2.5 us each, created and destroyed),
+# Note [descriptor reads]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# Reading an array of descriptors out of another (an engine config's knob
+# choices, an engine's knob infos, a heuristics' configs) needs descriptors of
+# the element type created beforehand, as many as may come back: up to the
+# knob-type count per engine config (Note [reading descriptor arrays]), some
+# hundreds of thousands in a cold optimisation. BackendDescriptor objects
+# (weakref finalizer, live count, destroy) cost several times more than raw
+# ones, so read_descriptors() creates raw ones through unchecked bindings,
 # hands ``read`` views that do not own them, and destroys them all before it
-# returns. Reusing one set across reads would save even that, but cuDNN does
-# not refill a descriptor it filled before: on the H200 (cuDNN 9.19) every
-# config then read back as the first one read, and no kernel found a plan
-# (docs/BENCHMARKS.md, "Seventh session").
+# returns. One set cannot be reused across reads: cuDNN 9.19 does not refill a
+# descriptor it filled before (every config read back as the first one read).
 
 
 class _Borrowed(BackendDescriptor):

@@ -513,8 +513,8 @@ class TensorTransformDescriptor(_Descriptor):
     :mod:`mucudnn.backends.fold`).
 
     ``pad_before`` and ``pad_after`` have an entry per dimension (N, C, H, W),
-    ``fold`` one per spatial dimension (cuDNN reads them so: measured on the
-    H200, docs/BENCHMARKS.md "Thirteenth session"). Folding (``unfold=False``)
+    ``fold`` one per spatial dimension (cuDNN reads them so, as measured on a
+    GPU). Folding (``unfold=False``)
     pads, then moves each fold x fold block of pixels into the channels, in
     the order (row phase, column phase, channel); unfolding does the reverse
     and then pads, so negative pads crop what folding added. ``destination``

@@ -352,14 +352,14 @@ def _read_array(read, count_fn, requested: int):
         return read(count_fn())
 
 
-# Note [reading descriptor arrays]: an array of descriptors (knob choices, knob
-# infos) is read into descriptors created beforehand, up to the knob-type count
-# (about 48 created and destroyed per engine config; 230k in a cold optimisation
-# of ResNet-18; now raw ones, Note [descriptor reads] in backend_api.py).
-# Asking for the count first would save them, but cuDNN 9.19
-# answers 0 for CUDNN_ATTR_ENGINECFG_KNOB_CHOICES where the type-count read finds
-# knobs: tried on the H200 (docs/BENCHMARKS.md, "Sixth session"), it lost every
-# config's knobs (wrong plans, NOT_SUPPORTED on binding) and was reverted.
+# Note [reading descriptor arrays]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An array of descriptors (knob choices, knob infos) is read into descriptors
+# created beforehand, up to the knob-type count (raw ones, Note [descriptor
+# reads] in backend_api.py). Asking for the count first would save them, but
+# cuDNN 9.19 answers 0 for CUDNN_ATTR_ENGINECFG_KNOB_CHOICES where the
+# type-count read finds knobs: reading by that count lost every config's knobs
+# (wrong plans, NOT_SUPPORTED on binding).
 
 
 def engine_info(eng: BackendDescriptor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -491,17 +491,18 @@ def variant_pack(uids: Sequence[int], pointers: Sequence[Optional[int]],
     return v
 
 
-# Note [variant packs on the hot path]: cuDNN's execution takes its pointers in
-# a variant pack, a descriptor finalized with them; in training every call has
-# new pointers (fresh activations, gradients, workspace from the caching
-# allocator), so each call builds one, as cudnn-frontend's execute does in C++.
-# :func:`variant_pack`'s checked setters convert, range-check and record every
-# value in Python on each of those calls. :func:`fast_variant_pack` sets the
-# same three attributes through the raw entry points with arguments the caller
-# has already checked (ints, the uids fixed per graph): one checked create (which counts the descriptor and
-# arms its finalizer, as every descriptor's), three sets and a finalize. On the
-# H200 the full GPU suite passed with it; its gain was within the noise of the
-# host timings (docs/BENCHMARKS.md, "Fourth session").
+# Note [variant packs on the hot path]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# CuDNN's execution takes its pointers in a variant pack, a descriptor
+# finalized with them; in training every call has new pointers (fresh
+# activations, gradients, workspace from the caching allocator), so each call
+# builds one, as cudnn-frontend's execute does in C++. :func:`variant_pack`'s
+# checked setters convert, range-check and record every value in Python on
+# each of those calls. :func:`fast_variant_pack` sets the same three
+# attributes through the raw entry points with arguments the caller has
+# already checked (ints, the uids fixed per graph): one checked create (which
+# counts the descriptor and arms its finalizer, as every descriptor's), three
+# sets and a finalize.
 def fast_variant_pack(uids: Any, x: int, w: int, y: int,
                       workspace: int) -> BackendDescriptor:
     """:func:`variant_pack` for the hot path (Note [variant packs on the hot

@@ -253,9 +253,11 @@ OTHER_SUB_LIBRARIES = tuple(f"libcudnn_{n}.so.{REQUIRED_MAJOR}" for n in (
     "ops", "cnn", "adv", "heuristic", "engines_precompiled", "engines_runtime_compiled"))
 
 
-# Note [cuDNN's sub-libraries]: cuDNN 9's libcudnn.so.9 is a small dispatcher
-# that dlopens libcudnn_graph.so.9 (and, on first use of their calls, ops, cnn,
-# adv, the engine libraries) from the folder of the file the process mapped. If
+# Note [cuDNN's sub-libraries]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# CuDNN 9's libcudnn.so.9 is a small dispatcher that dlopens
+# libcudnn_graph.so.9 (and, on first use of their calls, ops, cnn, adv, the
+# engine libraries) from the folder of the file the process mapped. If
 # libcudnn_graph is not there, its first call (cudnnGetVersion) prints "Cannot
 # load symbol" and aborts the process: no exception can be raised after that.
 # So a path is loaded by its real path (a symlink's target: the file in the
@@ -265,7 +267,7 @@ OTHER_SUB_LIBRARIES = tuple(f"libcudnn_{n}.so.{REQUIRED_MAJOR}" for n in (
 
 
 def _check_siblings(real: str) -> None:
-    """Note [cuDNN's sub-libraries]: refuse ``real`` (a resolved path) when
+    """See Note [cuDNN's sub-libraries]: refuse ``real`` (a resolved path) when
     libcudnn_graph is not beside it; log the other missing sub-libraries."""
     folder = os.path.dirname(real)
     if not os.path.isfile(os.path.join(folder, REQUIRED_SUB_LIBRARY)):

@@ -304,9 +304,11 @@ class Library:
         when the launcher was bound), and the status comes back as an int for
         the caller to hand to :func:`raise_status`. Cached per name.
 
-        Note [raw bindings]: argument conversion through the typed handles'
-        Python-level ``from_param`` costs about a microsecond per handle; a
-        warm convolution call passes five of them. The launcher checks every
+        Note [raw bindings]
+        ~~~~~~~~~~~~~~~~~~~
+        Argument conversion through the typed handles' Python-level
+        ``from_param`` costs about a microsecond per handle; a warm
+        convolution call passes five of them. The launcher checks every
         handle's kind once, when it is bound, and keeps the objects alive.
         """
         key = "__raw__" + name

@@ -42,7 +42,7 @@ _NOTICE_GIVEN = False
 
 #: The GPU backend get_backend() picks. Note: the graph API's engines ran every
 #: measured network faster than the legacy API's algorithms, under a 64 MiB cap
-#: and unlimited alike (docs/BENCHMARKS.md, H200, cuDNN 9.19); its cost is a
+#: and unlimited alike (docs/BENCHMARKS.md); its cost is a
 #: slower first optimisation (it times every engine config the heuristics give).
 DEFAULT_GPU_BACKEND = "cudnn-graph"
 

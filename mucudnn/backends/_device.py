@@ -5,15 +5,17 @@ follows the caller's stream, device arrays, and Find's scratch buffers.
 (legacy API) and :class:`~mucudnn.backends.cudnn_graph.CudnnGraphBackend`
 (graph API); neither derives from the other.
 
-Note [streams]: a backend has a *home* stream (``stream``: the device's
+Note [streams]
+~~~~~~~~~~~~~~
+A backend has a *home* stream (``stream``: the device's
 :func:`mucudnn.cuda.default_stream` unless given) on which ``find()`` times
 and CUDA graphs are captured, and an *active* stream on which launches are
-issued. :meth:`DeviceBackend.activate` points the cuDNN handle at the
-caller's stream (torch's or CuPy's current stream, a DeviceArray's stream),
-so a call is ordered with the caller's other work without events or host
-waits, as a native library call is. Workspace is never shared between
-streams (the engine keeps one pool per stream, see ``exec/workspace.py``), so
-switching streams needs no ordering of its own.
+issued. :meth:`DeviceBackend.activate` points the cuDNN handle at the caller's
+stream (torch's or CuPy's current stream, a DeviceArray's stream), so a call
+is ordered with the caller's other work without events or host waits, as a
+native library call is. Workspace is never shared between streams (the engine
+keeps one pool per stream, see ``exec/workspace.py``), so switching streams
+needs no ordering of its own.
 """
 
 from __future__ import annotations
@@ -265,12 +267,14 @@ class DeviceBackend(BackendBase):
     def _random(self, shape: tuple, dtype: str) -> DeviceArray:
         """A device array of ``shape`` filled with random non-zero values.
 
-        Note [find scratch]: a block of at most ``RANDOM_BLOCK`` random values
-        is drawn on the host and repeated over the array by device-to-device
-        copies (doubling). Drawing every value on the host cost about 28 ns
-        each, ~3 s for the largest ResNet-50 input at batch 128, once per
-        growth of the buffer; timing needs values that are not zero or
-        denormal, not values that never repeat.
+        Note [find scratch]
+        ~~~~~~~~~~~~~~~~~~~
+        A block of at most ``RANDOM_BLOCK`` random values is drawn on the host
+        and repeated over the array by device-to-device copies (doubling).
+        Drawing every value on the host cost about 28 ns each, ~3 s for the
+        largest ResNet-50 input at batch 128, once per growth of the buffer;
+        timing needs values that are not zero or denormal, not values that
+        never repeat.
         """
         n = int(np.prod(shape))
         block = min(n, RANDOM_BLOCK)

@@ -18,7 +18,7 @@ says what it does and why.
 """
 
 # Note [FFT and non-finite inputs]
-# --------------------------------
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The NumPy backend is the project's CPU truth: DIRECT, IM2COL_GEMM and FFT must
 # compute the same function on every input, NaN, +-inf and huge values
 # included, up to rounding; otherwise a result would depend on which algorithm
@@ -32,7 +32,7 @@ says what it does and why.
 #    L values, then products of spectra), so outputs whose exact value fits
 #    float32 came back inf or NaN. DIRECT and IM2COL overflowed too, in partial
 #    sums that later cancel (3e38 + 3e38 - 3e38).
-#
+
 # What Guarded does around every algorithm:
 #
 # - Range. Before a call, the largest finite magnitudes 2**ka, 2**kb of the two

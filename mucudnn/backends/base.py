@@ -76,20 +76,22 @@ class Launcher(Protocol):
         ...
 
 
-# Note [candidate sets in keys]: a benchmark-cache entry (and a memoised plan)
-# stands for "every configuration this backend's find() reports for this
-# problem". An option that changes that set for some problems must change their
-# key, or a backend with the option reads entries measured without it (and a
-# backend without it, plans with configurations it was asked not to use).
-# ``cache_name(problem)`` is that key's backend name: ``name``, or a variant
-# for the problems the option reaches. Folding (Note [folded first layers] in
-# :mod:`.fold`) adds ``"+fold"`` for the problems that fold, so caches written
-# before folding existed, or with ``fold=False``, are measured again for those
-# problems only: the first layers, a few seconds, not the whole network. The
-# knob search changes every problem's set and so changes ``name`` itself
+# Note [candidate sets in keys]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A benchmark-cache entry (and a memoised plan) stands for "every configuration
+# this backend's find() reports for this problem". An option that changes that
+# set for some problems must change their key, or a backend with the option
+# reads entries measured without it (and a backend without it, plans with
+# configurations it was asked not to use). ``cache_name(problem)`` is that
+# key's backend name: ``name``, or a variant for the problems the option
+# reaches. Folding (Note [folded first layers] in :mod:`.fold`) adds
+# ``"+fold"`` for the problems that fold, so caches written before folding
+# existed, or with ``fold=False``, are measured again for those problems only:
+# the first layers, a few seconds, not the whole network. The knob search
+# changes every problem's set and so changes ``name`` itself
 # (``"cudnn-graph+knobs"``, Note [knob search]); every other search option of
-# the graph backend enters through ``FindOptions.key()`` (Note [search
-# parity] in :mod:`.find_options`). A cache read offline
+# the graph backend enters through ``FindOptions.key()`` (Note [search parity]
+# in :mod:`.find_options`). A cache read offline
 # (:class:`~mucudnn.optimizer.offline.CachedBackend`) prefers the folded
 # entries where it holds them. Raw string problem keys (the cache's own tools)
 # use ``name`` as it is.

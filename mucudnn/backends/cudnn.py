@@ -60,11 +60,13 @@ class _Descriptors:
     """x, w, y descriptors of one problem, one convolution descriptor per math
     type, and the workspace sizes already asked for.
 
-    Note [shared descriptors]: the backend's descriptor cache and every bound
-    launcher that uses them hold this object. Eviction drops only the cache's
-    reference; the descriptors are destroyed when the last holder lets go
-    (their ``weakref.finalize``, which CPython runs at that moment: nothing
-    here forms a cycle), or at once by :meth:`close`. So a warm launcher never
+    Note [shared descriptors]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~
+    The backend's descriptor cache and every bound launcher that uses them
+    hold this object. Eviction drops only the cache's reference; the
+    descriptors are destroyed when the last holder lets go (their
+    ``weakref.finalize``, which CPython runs at that moment: nothing here
+    forms a cycle), or at once by :meth:`close`. So a warm launcher never
     finds its descriptors closed under it and needs no liveness check.
     """
 

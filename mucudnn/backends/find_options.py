@@ -28,7 +28,9 @@ from .graph_candidates import LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOIC
 __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "default_search_name"]
 
 
-# Note [search parity]: PyTorch's cuDNN path (aten/src/ATen/native/cudnn/Conv_v8.cpp,
+# Note [search parity]
+# ~~~~~~~~~~~~~~~~~~~~
+# PyTorch's cuDNN path (aten/src/ATen/native/cudnn/Conv_v8.cpp,
 # with ``cudnn.benchmark``) times every engine configuration that heuristics
 # mode INSTANT (our "A") and the FALLBACK list name, runtime-compiled engines
 # included, and runs the fastest. Specialised kernels (depthwise ``c1_k1``

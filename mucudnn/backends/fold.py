@@ -42,39 +42,21 @@ __all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "CACHE_SUFFIX"
 # Note [folded first layers]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The first layer of most image networks is a strided convolution over three
-# channels (AlexNet: 11 x 11, stride 4; ResNet: 7 x 7, stride 2, pad 3). In
-# float32 channels-last its fast cuDNN engines copy x, padded to four
-# channels, and dy into their workspace, 2-4 MiB a sample, so under 64 MiB
-# they run 15-36 samples a call, 20-35% slower a sample than one full-batch
-# call: on the H200 the whole gap to PyTorch at 64 MiB in ResNet-18's training
-# step and a third of AlexNet's (docs/BENCHMARKS.md, "Thirteenth session").
-# The same sum is a stride-1 convolution over x folded by space-to-depth:
-# x padded by the padding and up to a multiple of the stride s, each s x s
-# block of pixels becoming s*s*C channels (AlexNet: 57 x 57 x 48; ResNet:
-# 115 x 115 x 12), with the filter padded to a multiple of s and folded the
-# same way (3 x 3 x 48; 4 x 4 x 12). Tensor-core engines run that problem
-# without padding channels and with little workspace: at 64 MiB on the H200,
-# AlexNet conv1's three directions took 3.91 ms unfolded and 1.58 folded (batch
-# 256), ResNet's 9.26 and 4.82 (tools/space_to_depth_probe.py).
-#
-# A folded configuration (id ``fold{s}|{inner id}``) runs, per micro-batch,
-# inside the plan's workspace: forward folds the micro-batch's x rows and the
-# filter into the workspace and runs the inner configuration into y;
-# backward-data folds the filter, runs the inner configuration into a folded
-# dx in the workspace and unfolds it into dx's rows (the padding dropped,
-# alpha and beta applied there); backward-filter folds the x rows, runs the
-# inner configuration into a folded dw and unfolds it into dw (alpha, and the
-# micro-batch's beta). So the folded tensors count against the workspace
-# limit like any engine's scratch, and find() reports each folded
-# configuration's time with its transforms (timed with it) and its workspace
-# with its regions (:func:`regions`). On cuDNN the transforms are
-# cudnnTransformTensorEx with a fold descriptor (about 0.25 ms to fold a batch
-# of 256 AlexNet inputs, 0.12 ms to unfold; cudnnTransformTensor's strided
-# copies took 10-20 times longer).
-#
-# Only 2-D channels-last problems fold (cuDNN's fold writes NHWC), with one
-# stride s >= 2 in both dimensions, no dilation, one group, C * s * s <=
-# FOLD_MAX_CHANNELS and the folded output the original's size.
+# channels. In float32 channels-last its fast engines copy x (padded to four
+# channels) and dy into their workspace, megabytes a sample, so under a cap
+# they run a few dozen samples a call, slower a sample than one full-batch
+# call. The same sum is a stride-1 convolution over x folded by
+# space-to-depth (each s x s block of pixels becomes s*s*C channels, the
+# filter padded to a multiple of s and folded the same way), which
+# tensor-core engines run without padding channels and with little workspace
+# (docs/BENCHMARKS.md). A folded configuration (id ``fold{s}|{inner id}``)
+# folds its operands into the plan's workspace per micro-batch, runs the inner
+# configuration there and unfolds its result (alpha and beta applied there),
+# so the folded tensors count against the limit like any engine's scratch and
+# find() reports its time with its transforms and its workspace with its
+# regions (:func:`regions`). Only 2-D channels-last problems fold, with one
+# stride s >= 2, no dilation, one group, C * s * s <= FOLD_MAX_CHANNELS and the
+# folded output the original's size.
 
 #: A problem folds only if C * s * s is at most this (the first layers: 48, 12).
 FOLD_MAX_CHANNELS = 64
@@ -104,7 +86,7 @@ class Fold:
     filter_pad_after: tuple[int, int]
 
 
-#: Note [candidate sets in keys]: what a backend that folds appends to its
+#: See Note [candidate sets in keys]: what a backend that folds appends to its
 #: name in the keys of problems that fold.
 CACHE_SUFFIX = "+fold"
 
@@ -176,8 +158,8 @@ ConvProblem(...) (it folds by 2; Note [folded first layers])
     if f is None or f.s != s:
         raise UnsupportedConfigError(
             f"algo: a configuration folded by {s} cannot run {problem!r} (it folds "
-            f"{'by ' + str(f.s) if f is not None else 'not at all'}; Note [folded first "
-            "layers])", algo=f"{_PREFIX}{s}", reason="the problem does not fold so")
+            f"{'by ' + str(f.s) if f is not None else 'not at all'}; "
+            "Note [folded first layers])", algo=f"{_PREFIX}{s}", reason="the problem does not fold so")
     return f
 
 

@@ -39,42 +39,40 @@ def numerics_allowed(math: str, numerical_notes: Sequence[int]) -> bool:
     return True
 
 
-#: Note [cold probe]: a warm-up run must also be at least this much slower than
+#: See Note [cold probe]: a warm-up run must also be at least this much slower than
 #: the best so far to end a candidate's timing (covers lazy module loading).
 COLD_PROBE_FLOOR_MS = 1.0
 
-# Note [cold probe]: timing is most of a cold find() (65-78% on the H200 after
-# the cut-offs; docs/BENCHMARKS.md "Cold start"), and most of that goes to
-# candidates far behind the best: a backward-filter engine at 185 ms beside one
-# at 3.3 ms still ran twice (warm-up, then the probe run of Note [find
-# cut-offs]). The warm-up run is now timed as well, and a candidate whose
-# warm-up took more than ``find_cold_ratio`` (4) times the best median so far,
-# and over COLD_PROBE_FLOOR_MS more, stops there, reported with that time. A
-# first run includes one-time costs (CUDA's lazy module loading of the kernel,
-# cold caches), so it can only overstate: the ratio is wider than the probe's
-# 1.5 and the floor keeps short kernels, whose first run is mostly loading,
-# from being judged by it. What is reported for such a candidate is its first
-# run, an upper bound; it was far behind the best either way.
-# The floor was not enough: on the H200 AlexNet conv2's backward-filter at 16
-# rows has an engine (17) that runs in 0.087 ms, against 0.135 ms for the best
-# other one, but whose first run took 1.32 ms, nearly all of it loading its
-# kernel, so find() reported it at 1.32 ms and the plans lost 0.5 ms (3%) to
-# it (docs/BENCHMARKS.md, "Eighth session"). Loading happens in the host's
-# launch call while the GPU waits between the two events, so the host seconds
-# of that call (``FirstTimed``) are taken off the warm-up's time before it is
-# judged (``_cold_out``).
+# Note [cold probe]
+# ~~~~~~~~~~~~~~~~~
+# Timing is most of a cold find(), and most of that goes to candidates far
+# behind the best, which still ran twice (warm-up, then the probe run of Note
+# [find cut-offs]). So the warm-up run is timed as well, and a candidate whose
+# warm-up took more than ``find_cold_ratio`` times the best median so far, and
+# over COLD_PROBE_FLOOR_MS more, stops there, reported with that time. A first
+# run includes one-time costs (lazy module loading, cold caches), so it can
+# only overstate: the ratio is wider than the probe's and the floor keeps
+# short kernels, whose first run is mostly loading, from being judged by it.
+# Loading happens in the host's launch call while the GPU waits between the
+# two events, so the host seconds of that call (``FirstTimed``) are taken off
+# the warm-up's time before it is judged (``_cold_out``): a fast engine whose
+# first run was nearly all loading is not reported at its loading time.
+# Measurements: docs/BENCHMARKS.md, "Cold start".
 
 
 def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
               rankings: dict[str, list[str]],
               keep_zero: bool = True) -> list[gd.EngineConfigInfo]:
-    """Note [find cut-offs]: of the candidates (which fit the cap), those among
-    the ``k`` best-ranked of some heuristics mode's ranking (``rankings``: mode
-    -> config ids, best first), plus (with ``keep_zero``) the best-ranked one
-    known to need no workspace, which runs under any limit (a plan for a tight
-    budget, or a re-plan when memory runs out); in heuristics order. Without
-    ``keep_zero`` the zero-workspace config is left to a find() under a cap of
-    0 (Note [one zero-workspace find per kernel]).
+    """Note [find cut-offs]
+    ~~~~~~~~~~~~~~~~~~~~
+
+    Of the candidates (which fit the cap), those among the ``k`` best-ranked of
+    some heuristics mode's ranking (``rankings``: mode -> config ids, best
+    first), plus (with ``keep_zero``) the best-ranked one known to need no
+    workspace, which runs under any limit (a plan for a tight budget, or a
+    re-plan when memory runs out); in heuristics order. Without ``keep_zero``
+    the zero-workspace config is left to a find() under a cap of 0 (Note [one
+    zero-workspace find per kernel]).
 
     Timing every candidate is what makes a cold find() slow: a network's
     kernels have about thirty candidates per micro-batch size, and most of
@@ -97,34 +95,25 @@ def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
     return [c for c in cands if c.id in keep]
 
 
-# Note [runtime-compiled engines]: some engines (behaviour note
-# RUNTIME_COMPILATION) generate and compile their kernels when a plan is
-# finalized, for that problem. On a machine whose CUDA JIT cache has never seen
-# them (tools/cold_start.py --jit-cache fresh) they are nearly all of a cold
-# find()'s finalization: on the H200 (cuDNN 9.19, docs/BENCHMARKS.md, "Seventh
-# session") 43 of ResNet-18's 901 finalized plans took 10.4 of the 14.1 s the
-# finalizing threads spent (AlexNet 27 of 620: 9.6 of 12.4 s; ResNet-50 74 of
-# 1864: 16.0 of 21.6 s), about 0.25-0.35 s each, and the finalize wall time was
-# about their sum: the compilations do not overlap on the thread pool.
-# ``find_rtc`` chooses which of them find() finalizes: "all", "first" (a
-# config that some heuristics mode ranks first among the candidates) or
-# "none"; where only such configs are candidates, all of them are kept. The
-# default is "none": in one run on one machine (fresh JIT caches, 64 MiB WR)
-# it optimised ResNet-18 in 11.8 s instead of 23.3 s with executed plans of
-# 16.08 vs 16.33 ms, AlexNet in 13.4 vs 22.9 s at 15.14 vs 14.82 ms (+2.1%;
-# "first", which kept no runtime-compiled config there, gave 15.26 ms: the
-# run-to-run spread is about 1%), ResNet-50 in 17.8 s (30.4 s with them in
-# another run); PyTorch's first iteration took 24.6, 19.0 and 30.8 s there.
-# In bfloat16 channels-last (AMP; "Eighth session") "all" cost 6-8 s more for
-# plans 0.5-1.2% faster (ResNet-18, AlexNet), so "none" is the default there
-# too.
+# Note [runtime-compiled engines]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Some engines (behaviour note RUNTIME_COMPILATION) generate and compile their
+# kernels when a plan is finalized, for that problem. On a machine whose CUDA
+# JIT cache has never seen them (tools/cold_start.py --jit-cache fresh) they
+# are nearly all of a cold find()'s finalization, a fraction of a second each,
+# and their compilations do not overlap on the thread pool. ``find_rtc``
+# chooses which of them find() finalizes: "all", "first" (a config that some
+# heuristics mode ranks first among the candidates) or "none"; where only such
+# configs are candidates, all of them are kept. The default is "none": it
+# halves a cold optimisation for executed plans within the run-to-run spread
+# (docs/BENCHMARKS.md, "Cold start").
 #: find_rtc values (Note [runtime-compiled engines]).
 RTC_CHOICES = ("all", "first", "none")
 
 
 def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
              rankings: dict[str, list[str]]) -> list[gd.EngineConfigInfo]:
-    """Note [runtime-compiled engines]: ``cands`` without the configs of engines
+    """See Note [runtime-compiled engines]: ``cands`` without the configs of engines
     that compile their kernels at run time, except (``rule="first"``) one
     that some heuristics mode ranks first among ``cands``; all of them for
     ``"all"``, and all of them where nothing else would be left.
@@ -157,7 +146,7 @@ def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,
 
 def fitting(found: list[tuple[Any, Any, int, Optional[int]]],
              want: int) -> tuple[list[tuple[Any, Any, int]], int]:
-    """Note [beta and workspace]: of ``(plan, config, beta = 0 need, beta = 1
+    """See Note [beta and workspace]: of ``(plan, config, beta = 0 need, beta = 1
     need)`` entries (the last None where cuDNN refuses the config with beta =
     1, so it cannot accumulate micro-batches), the ``(plan, config, need)``
     to time: need = the larger of the two, at most ``want``. Configs that
@@ -178,7 +167,7 @@ def fitting(found: list[tuple[Any, Any, int, Optional[int]]],
 
 def knob_variants(base: Sequence[tuple[int, int]], knobs: Sequence[gd.KnobInfo],
                   values: int) -> list[tuple[tuple[int, int], ...]]:
-    """Note [knob search]: the knob settings tried around ``base`` (an engine
+    """See Note [knob search]: the knob settings tried around ``base`` (an engine
     config's knob choices): ``base`` itself, then each knob moved alone through
     up to ``values`` of its values, the others kept; sorted knob tuples, no
     repeats.
@@ -219,7 +208,7 @@ class FirstTimed:
 
 
 def cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) -> bool:
-    """Note [cold probe]: whether a candidate whose warm-up run took ``first_ms``
+    """See Note [cold probe]: whether a candidate whose warm-up run took ``first_ms``
     on the GPU clock, of which ``launch_ms`` the host spent in the launch call
     (loading the kernels, while the GPU waited), is far enough behind the best
     median so far to stop timing it.
@@ -232,32 +221,31 @@ def cold_out(first_ms: float, launch_ms: float, best_ms: float, ratio: float) ->
     return first_ms - launch_ms > max(ratio * best_ms, best_ms + COLD_PROBE_FLOOR_MS)
 
 
-# Note [long runs]: find() times each candidate by its warm-up run, then
-# ``find_repeat`` runs (their median), and re-times the fastest two (Note
-# [re-timing the winners]): up to eight runs. That matters for a config
-# heuristics offer where nothing faster fits: on the H200 (cuDNN 9.19, bf16
-# channels-last, 64 MiB; docs/BENCHMARKS.md, "Ninth session") AlexNet conv1's
-# backward-data at batch 256 and 128 had one candidate, engine 0, at 430 and
-# 215 ms, and the cold optimisation (21.9 s against PyTorch's 15.2 s) spent
-# 12.3 s of GPU time timing, most of it engine 0. The biases that the warm-up,
-# the median and re-timing remove are microseconds (kernel loading, an idle
-# GPU's clocks, Note [cold probe]); a run of LONG_RUN_MS or more is timed by
-# its warm-up run alone, less the host seconds its launch call spent loading
-# kernels, and is not re-timed.
+# Note [long runs]
+# ~~~~~~~~~~~~~~~~
+# Find() times each candidate by its warm-up run, then ``find_repeat`` runs
+# (their median), and re-times the fastest two (Note [re-timing the winners]):
+# up to eight runs. For a config heuristics offer where nothing faster fits,
+# hundreds of milliseconds a run, that is seconds of a cold optimisation spent
+# on one candidate. The biases that the warm-up, the median and re-timing
+# remove are microseconds (kernel loading, an idle GPU's clocks, Note [cold
+# probe]); so a run of LONG_RUN_MS or more is timed by its warm-up run alone,
+# less the host seconds its launch call spent loading kernels, and is not
+# re-timed.
 
 #: cudnn-graph's ``find_zero``: when find() times the zero-workspace config
 #: that heuristics do not rank among the first k (Note [one zero-workspace
 #: find per kernel], mucudnn/optimizer/benchmark.py)
 ZERO_CHOICES = ("each", "once")
 
-#: Note [long runs]: a warm-up run at least this long (less its launch call's
+#: See Note [long runs]: a warm-up run at least this long (less its launch call's
 #: loading) is the candidate's one timing.
 LONG_RUN_MS = 20.0
 
 
 def long_run(first_ms: float, launch_ms: float,
              long_ms: Optional[float] = LONG_RUN_MS) -> Optional[float]:
-    """Note [long runs]: the time to report for a candidate whose warm-up run
+    """See Note [long runs]: the time to report for a candidate whose warm-up run
     took ``first_ms`` on the GPU clock, ``launch_ms`` of it in the host's
     launch call, if that is a run of ``long_ms`` or more; None otherwise (and
     always, for ``long_ms`` None).
@@ -275,32 +263,23 @@ def long_run(first_ms: float, launch_ms: float,
     return t if t >= long_ms else None
 
 
-# Note [far behind at another size]: a benchmark finds one kernel at several
-# batch sizes (Note [size pruning]: largest first) and times much the same
-# engine configs at each. On the H200 (cuDNN 9.19, 64 MiB, docs/BENCHMARKS.md,
-# "Eighth session") the engines that ran more than 20 times slower than the
-# best of their find() (engines 0 and 1, which heuristics name among their
-# first six) took 4.1 s of AlexNet's single-run times, against 7.1 s of GPU
-# time in all of its cold find(), and 1.0 of ResNet-18's 2.3 s: AlexNet
-# conv1's backward-data runs 0.44 and 0.89 s at batch 256 where the best takes
-# 2.7 ms, and the same two again at every smaller size (14-440 ms). With
-# ``find_skip_ratio`` r, a config whose time was more than r times the best of
-# its find() at every size of the kernel timed so far is neither finalized nor
-# timed at the next size. The best-ranked config that needs no workspace stays
-# where it would be the only one (the plan for a tight budget, Note [find
-# cut-offs]).
-#
-# r = 16 is the default since the ninth session's H200 run (BENCHMARKS,
-# "Ninth session"; fresh JIT cache, same call): AlexNet's cold optimisation
-# 13.2 -> 11.5 s (39 configs cut; timing's GPU time 7.1 -> 5.1 s), ResNet-18's
-# 10.8 -> 9.8 s (59 cut), with the plans, priced at the exhaustive run's
-# measurements (tools/plan_quality.py), at 13.87 vs 13.84 ms and 15.85 vs
-# 16.21 ms (exhaustive: 13.86 and 15.90): no loss of plan quality.
+# Note [far behind at another size]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A benchmark finds one kernel at several batch sizes (Note [size pruning]:
+# largest first) and times much the same engine configs at each; the engines
+# far behind the best at one size (heuristics still name some among their
+# first six) are far behind at every size, and their runs are a large part of
+# a cold find()'s GPU time. With ``find_skip_ratio`` r, a config whose time was
+# more than r times the best of its find() at every size of the kernel timed
+# so far is neither finalized nor timed at the next size. The best-ranked
+# config that needs no workspace stays where it would be the only one (the
+# plan for a tight budget, Note [find cut-offs]). The default r = 16 cut the
+# cold optimisation with no loss of plan quality (docs/BENCHMARKS.md).
 
 
 def far_cut(cands: Sequence[gd.EngineConfigInfo], behind: Mapping[str, float],
             ratio: Optional[float], keep_zero: bool = True) -> list[gd.EngineConfigInfo]:
-    """Note [far behind at another size]: ``cands`` without those whose least
+    """See Note [far behind at another size]: ``cands`` without those whose least
     time over the best of a find() at another size (``behind``: config id ->
     ratio) is over ``ratio``; None keeps them all. With ``keep_zero``, the
     best-ranked config that needs no workspace stays where it would be the
@@ -324,7 +303,7 @@ def far_cut(cands: Sequence[gd.EngineConfigInfo], behind: Mapping[str, float],
 
 
 def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> None:
-    """Note [far behind at another size]: record each result's time over the
+    """See Note [far behind at another size]: record each result's time over the
     best of ``results`` (AlgoPerf-like: ``algo``, ``time_ms``), keeping each
     config's least ratio.
 
@@ -344,65 +323,32 @@ def note_ratios(behind: MutableMapping[str, float], results: Sequence[Any]) -> N
             behind[key] = min(behind.get(key, float("inf")), r.time_ms / best)
 
 
-# Note [carried to other sizes]: heuristics name engine configs for one
-# problem, batch size included, and a config they rank first at one size may
-# not be among those find() times at another. On the H200 (cuDNN 9.19, float32
-# channels-last, AlexNet conv2's backward-filter, x 27x27x96, w 256x5x5x96)
-# engine 17 runs 128 rows in 0.573 ms with 404 MiB, against 0.827 ms for the
-# best other config; it was among the configs find() timed at 128 rows only,
-# not at 256, 64, 32, 16 or 8 (heuristics did not name it there, or ranked it
-# after their first six), although at 32 rows it would need about 110 MiB (3
-# MiB a row; in NCHW, where it is timed at every size, 0.144 ms and 81 MiB at
-# 32 rows, to which NHWC's copies of x and dy add 1 MiB a row). So the 128 MiB
-# plan is 2 x 128 of engine 48 (1.73 ms executed; PyTorch, unlimited, ran
-# engine 17 on all 256 rows in 1.19 ms), where 8 x 32 of engine 17 would take
-# about 1.35 ms if it scaled as it does in NCHW (H200 benchmark cache and
-# docs/results/2026-12-01-h200-s10-frontier-one-clock.json.gz; not measured).
-#
-# ``find_carry=True`` makes find() remember, per kernel (problem at batch 1,
-# direction), two kinds of configs from each find():
-# - over the cap (:func:`over_cap`): those some heuristics mode ranks among
-#   its first k (``find_top_k``), which find() would have timed but for
-#   their workspace (a capped benchmark's descent goes on to the smaller
-#   sizes where such configs would fit, Note [size pruning]);
-# - leaders (:func:`leaders`): the results within CARRY_LEAD of the best.
-# (A first version remembered only the configs ranked ahead of each mode's
-# first config that fits the cap: on the H200 at 128 MiB that missed engine
-# 17, which a mode ranks after a fitting config, and changed no plan.)
-# At every later find() of the kernel (sizes are found largest first), those
-# that are not already candidates (:func:`carried_ids`; nor far behind, Note
-# [far behind at another size]) are built from their id on this size's
-# operation graph; those that cuDNN accepts, whose numerics the problem
-# allows, that do not compile kernels at run time (unless ``find_rtc="all"``)
-# and whose engine config reports workspace within the cap are finalized and
-# timed with the rest (``FindProfile.carried`` counts them). A carried config
-# that runs without leading is forgotten (:func:`remember`): timed once, at
-# the first size where it fits, it is carried on only while it leads. The memory comes
-# from find() calls only: a size answered from the benchmark cache adds
-# nothing to it.
-#
-# On by default since the eleventh session's H200 runs (docs/BENCHMARKS.md,
-# "Eleventh session"; cold optimisation with fresh caches, float32
-# channels-last): AlexNet's executed plans at 128 MiB 9.59 -> 9.31 ms (timing
-# every heuristics candidate: 9.32 ms, in 82 s), at 64 MiB 10.21 -> 10.15 ms;
-# ResNet-18 10.97 -> 10.96 ms; optimisation 11.8 -> 11.3 s, 11.3 -> 11.0 s,
-# 7.2 -> 7.3 s, with 20-42 configs carried per network; float32 NCHW and
-# bf16 plans unchanged, their optimisation 0.5-0.8 s longer (60-70 carried),
-# which :func:`remember` cut to nothing measurable (AlexNet 9.7 -> 9.5 s,
-# ResNet-18 7.5 -> 7.6 s; 35 and 49 carried). In the frontier
-# (unlimited first, the leaders carry engine 17 down) AlexNet at 128 MiB went
-# from 9.79 to 9.42 ms, +2.1% -> -0.5% against PyTorch's channels-last calls
-# on one clock. ``find_carry=False`` (tools/cold_start.py ``--configs
-# no-carry``) turns it off.
+# Note [carried to other sizes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Heuristics name engine configs for one problem, batch size included, and a
+# config they rank first at one size may not be among those find() times at
+# another, where it would be the best that fits the cap. ``find_carry=True``
+# makes find() remember, per kernel (problem at batch 1, direction), two kinds
+# of configs: over the cap (:func:`over_cap`), those some heuristics mode ranks
+# among its first k, which find() would have timed but for their workspace
+# (the descent goes on to smaller sizes where they fit, Note [size pruning]);
+# and leaders (:func:`leaders`), the results within CARRY_LEAD of the best. At
+# every later find() of the kernel those that are not already candidates (nor
+# far behind, Note [far behind at another size]) are built on this size's
+# graph and, where cuDNN accepts them, the numerics allow them, they compile
+# nothing at run time (unless ``find_rtc="all"``) and fit the cap, timed with
+# the rest (``FindProfile.carried``). A carried config that runs without leading
+# is forgotten (:func:`remember`). Sizes answered from the benchmark cache add
+# nothing. On by default; ``find_carry=False`` turns it off (docs/BENCHMARKS.md).
 
-#: Note [carried to other sizes]: a result within this factor of its find()'s
+#: See Note [carried to other sizes]: a result within this factor of its find()'s
 #: best is a leader, carried to the kernel's other sizes.
 CARRY_LEAD = 1.1
 
 
 def over_cap(infos: Sequence[gd.EngineConfigInfo], want: int,
              rankings: Mapping[str, Sequence[str]], k: Optional[int]) -> list[str]:
-    """Note [carried to other sizes]: the ids of the configs in ``infos``
+    """See Note [carried to other sizes]: the ids of the configs in ``infos``
     (numerics allowed) that some heuristics mode ranks among its first ``k``
     of them (all, for None) and that need more than ``want`` bytes: those the
     cut of Note [find cut-offs] would keep without the cap; by mode, then
@@ -429,7 +375,7 @@ def over_cap(infos: Sequence[gd.EngineConfigInfo], want: int,
 
 
 def leaders(results: Sequence[Any], ratio: float = CARRY_LEAD) -> list[str]:
-    """Note [carried to other sizes]: the configs of ``results`` (AlgoPerf-like:
+    """See Note [carried to other sizes]: the configs of ``results`` (AlgoPerf-like:
     ``algo``, ``time_ms``) that ran within ``ratio`` times the best, fastest first.
 
     >>> from types import SimpleNamespace as R
@@ -446,7 +392,7 @@ def leaders(results: Sequence[Any], ratio: float = CARRY_LEAD) -> list[str]:
 
 def remember(memory: MutableMapping[str, None], results: Sequence[Any],
              carried: Collection[str]) -> None:
-    """Note [carried to other sizes]: after a find() whose ``results``
+    """See Note [carried to other sizes]: after a find() whose ``results``
     (AlgoPerf-like) include the ``carried`` configs, keep its leaders in
     ``memory`` and drop the carried configs that ran without leading: a
     config carried down for its rank at a larger size is timed once, at the
@@ -469,7 +415,7 @@ def remember(memory: MutableMapping[str, None], results: Sequence[Any],
 
 def carried_ids(blocked: Iterable[str], have: Collection[str], behind: Mapping[str, float],
                 ratio: Optional[float]) -> list[str]:
-    """Note [carried to other sizes]: of the ids remembered (``blocked``: over
+    """See Note [carried to other sizes]: of the ids remembered (``blocked``: over
     the cap, or leaders) at other sizes, those to add to a find() whose candidates are ``have``:
     not among them, and (with ``ratio``) not more than ``ratio`` times behind
     the best of a find() at another size (``behind``, Note [far behind at

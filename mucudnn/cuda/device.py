@@ -154,7 +154,7 @@ def device_properties(device: int | None = None) -> dict:
 
 
 def device_name(device: int | None = None) -> str:
-    """The device's marketing name, e.g. ``"NVIDIA H200"``."""
+    """The device's marketing name, e.g. ``"NVIDIA H100"``."""
     return _properties(_resolve(device))["name"]
 
 

@@ -53,7 +53,7 @@ __all__ = [
     "kDLCUDAManaged", "kDLInt", "kDLUInt", "kDLFloat", "kDLBfloat", "kDLComplex", "kDLBool",
     "MAX_VERSION", "dtype_from_dlpack", "dlpack_dtype", "ImportedTensor", "import_capsule",
     "consume_capsule", "release_after", "pending_releases", "release_all", "export_capsule",
-    "export_device_array",
+    "export_device_array", "c_strides",
 ]
 
 
@@ -371,7 +371,7 @@ def _describe(owner: ImportedTensor, t: DLTensor) -> None:
 # released, so a program that never waits cannot pile up producers' memory.
 # This is not a cache (nothing is looked up; clear_caches() leaves it alone):
 # release_all() empties it, waiting.
-#
+
 # The caller's own array keeps the memory alive as long as the caller holds it;
 # the deferral is what makes dropping it right after the call (temporaries,
 # `conv(jnp.asarray(...), w)`) safe. Host (CPU) imports need none: the host
@@ -504,12 +504,26 @@ _CAPSULE_DESTRUCTOR = _DESTRUCTOR_T(_capsule_destructor)
 _CAPSULE_DESTRUCTOR_ADDR = ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value
 
 
-def _c_strides(shape: tuple[int, ...]) -> list[int]:
-    out, step = [], 1
+# Note [contiguous strides]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# The strides of a C-contiguous array step over each axis as if its extent
+# were max(extent, 1): the rule of PyTorch's contiguous tensors and of NumPy's
+# reshapes (NumPy 2 gives a freshly allocated empty array all-zero strides
+# instead). An axis of extent 0 then does not zero the strides of the axes
+# before it, so an empty batch has the strides of one row, which is what a
+# producer following PyTorch's rule reports for it.
+def c_strides(shape: tuple[int, ...], itemsize: int = 1) -> tuple[int, ...]:
+    """The C-contiguous strides of ``shape`` in units of ``itemsize`` (bytes
+    for an element size, elements for 1); see Note [contiguous strides].
+
+    >>> c_strides((2, 3, 4), 4), c_strides((2, 0, 3), 4), c_strides(())
+    ((48, 16, 4), (12, 12, 4), ())
+    """
+    out, step = [], int(itemsize)
     for d in reversed(shape):
         out.append(step)
-        step *= max(d, 1)
-    return out[::-1]
+        step *= max(int(d), 1)
+    return tuple(reversed(out))
 
 
 def _readonly_legacy() -> DLPackError:
@@ -535,7 +549,7 @@ def export_capsule(keep: Any, ptr: int, shape: Iterable[int], dtype: Any,
         raise _readonly_legacy()
     ndim = len(shape)
     shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
-    strides_arr = (ctypes.c_int64 * max(ndim, 1))(*_c_strides(shape))
+    strides_arr = (ctypes.c_int64 * max(ndim, 1))(*c_strides(shape))
     m: Any
     if version is None:
         m = DLManagedTensor()

@@ -116,15 +116,6 @@ def _normalize_shape(shape) -> tuple[int, ...]:
     return dims
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    strides = []
-    step = itemsize
-    for d in reversed(shape):
-        strides.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(strides))
-
-
 def _is_c_contiguous(shape, strides, itemsize) -> bool:
     if strides is None:
         return True
@@ -373,7 +364,7 @@ class DeviceArray:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return _c_strides(self.shape, self.dtype.itemsize)
+        return _dlpack.c_strides(self.shape, self.dtype.itemsize)
 
     @property
     def is_view(self) -> bool:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..cuda import DeviceArray
-from ..cuda.dlpack import (DEVICE_NAMES, import_capsule, kDLCPU, kDLCUDA, kDLCUDAHost,
+from ..cuda.dlpack import (DEVICE_NAMES, c_strides, import_capsule, kDLCPU, kDLCUDA, kDLCUDAHost,
                            kDLCUDAManaged)
 from ..errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError, WorkspaceUnavailable
 from ..problem import conv_dtype
@@ -77,19 +77,10 @@ def _dtype_or_none(d: Any) -> str | None:
         return None
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out = []
-    acc = itemsize
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
-
-
 def _contiguous_cai(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool:
     if strides is None:
         return True
-    want = _c_strides(shape, itemsize)
+    want = c_strides(shape, itemsize)
     # Axes of extent 1 may carry any stride.
     return all(s == w or n == 1 for s, w, n in zip(tuple(strides), want, shape))
 
@@ -322,21 +313,22 @@ class _Torch(Framework):
         return torch_workspace(like.obj.device)
 
 
-# Note [torch workspace]: calls with CUDA torch tensors take their workspace from
-# torch's caching allocator, so that it counts in ``torch.cuda.memory_allocated``
-# (and under ``set_per_process_memory_fraction``) and CUDA-graph capture takes it
-# from the graph's private pool. A fresh ``torch.empty`` per launch cost about
-# 9 us of host time under cProfile on the H200 host (three launches per conv in
-# training; docs/BENCHMARKS.md, "Sixth session"), so one buffer per stream is
-# kept between calls, grown to the largest need seen (powers of two from 1 MiB,
-# so at most twice the largest need) and used by every convolution on that
-# device and stream: stream order makes the reuse safe, as it makes torch's own
-# reuse of a freed block safe. A buffer outgrown is retired, not freed (a
-# launch on another thread may still be using its address), and the retired
-# ones are freed with the rest by :func:`release_torch_workspaces`
+# Note [torch workspace]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# Calls with CUDA torch tensors take their workspace from torch's caching
+# allocator, so that it counts in ``torch.cuda.memory_allocated`` (and under
+# ``set_per_process_memory_fraction``) and CUDA-graph capture takes it from the
+# graph's private pool. A fresh ``torch.empty`` per launch costs microseconds
+# of host time, three launches per conv in training, so one buffer per stream
+# is kept between calls, grown to the largest need seen (powers of two from 1
+# MiB, so at most twice the largest need) and used by every convolution on
+# that device and stream: stream order makes the reuse safe, as it makes
+# torch's own reuse of a freed block safe. A buffer outgrown is retired, not
+# freed (a launch on another thread may still be using its address), and the
+# retired ones are freed with the rest by :func:`release_torch_workspaces`
 # (``mucudnn.torch.release_workspace``). During capture every launch takes a
-# fresh buffer from the graph's pool, as before: a kept buffer must not be
-# baked into a graph that outlives it.
+# fresh buffer from the graph's pool: a kept buffer must not be baked into a
+# graph that outlives it.
 class TorchWorkspace:
     """Workspace allocator (``alloc(nbytes) -> (keepalive, address, size)``)
     from torch's caching allocator on one CUDA device, one buffer kept per

@@ -214,8 +214,10 @@ class Kernel:
             try:
                 bound = bind_plan(plan, self.backend, alpha, beta, aligns)
                 if limit is not None and bound.workspace_bytes > limit:
-                    # Note [checked workspace]: a plan is never run with more
-                    # workspace than its limit, whatever a cache entry claimed.
+                    # Note [checked workspace]
+                    # ~~~~~~~~~~~~~~~~~~~~~~~~
+                    # A plan is never run with more workspace than its limit,
+                    # whatever a cache entry claimed.
                     worst = max(bound.launchers, key=lambda l: l.workspace_bytes)
                     raise UnsupportedConfigError(
                         f"algo: {worst.algo} needs {worst.workspace_bytes} bytes here, over "

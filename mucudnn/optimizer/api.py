@@ -146,7 +146,7 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
                         time.perf_counter() - t0, res.identity[0])
     be = resolve_backend(backend)
     t0 = time.perf_counter()
-    # Note [size pruning]: WR under this cap needs only the sizes that can win.
+    # See Note [size pruning]: WR under this cap needs only the sizes that can win.
     perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
                      retime=retime, progress=progress, prune_sizes=cap == limit,
                      deterministic=deterministic, fit_limit=limit)
@@ -194,7 +194,7 @@ def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
                                       deterministic=deterministic)
             out[name] = memo[p, d]
         return out
-    # Note [size pruning]: as optimize(), WR under this cap needs only the sizes that can win.
+    # See Note [size pruning]: as optimize(), WR under this cap needs only the sizes that can win.
     # (spread_run checks ``devices`` before any work.)
     res = spread_run(list(items.values()), policy, cap, backend, cache, devices=devices,
                      retime=retime, prune_sizes=cap == limit, deterministic=deterministic,
@@ -252,7 +252,7 @@ def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_works
     total = _check_bytes("total_workspace", total_workspace)
     for p, _ in kernels.values():
         batch_sizes(policy, p.batch)
-    # Note [benchmarking on several devices]: with devices, every distinct
+    # See Note [benchmarking on several devices]: with devices, every distinct
     # kernel is measured first, spread over the devices; the fronts and WD
     # below are then made from those tables exactly as from benchmark()'s.
     t_all = time.perf_counter()

@@ -41,53 +41,40 @@ PROGRESS_DELAY_S = 0.5
 PRUNE_MARGIN = 0.10
 
 
-# Note [size pruning]: a cold benchmark times every candidate at every size of
-# the policy, and the sizes below the best one rarely win: under a per-kernel
-# cap, halving a micro-batch helps while the fast algorithms do not fit, and
-# once they do, smaller calls only cost more per sample (on the H200, no WR
-# plan of AlexNet, ResNet-18 or ResNet-50 at 64 MiB used a micro-batch under
-# 16; docs/BENCHMARKS.md, "Cold start"). So with ``prune_sizes`` the sizes are
-# benchmarked largest first and the descent stops at the first size whose best
-# time per sample is more than PRUNE_MARGIN worse than a larger size's; the
-# smaller sizes that the remainder of the batch needs (its greedy decomposition
-# into the policy's sizes) are still benchmarked, so every split of the batch
-# the descent reached can be completed. Before it stops, the descent asks the
-# backend (``Backend.blocked_workspace``, no timing) whether configurations
-# that heuristics rank ahead of every one that fits the cap were left out for
-# their workspace; if one would fit a smaller size (its workspace taken as
-# proportional to the batch, down to an eighth of the batch), the descent goes
-# on to that size and judges again there. Without this, AlexNet conv1's bf16
-# channels-last backward-filter stopped at 128 and ran its one fitting engine
-# (3.3 ms at 256) where 4 x 64 with the engines heuristics prefer fits 64 MiB
-# (0.64 ms unlimited at 256; H200, docs/BENCHMARKS.md). A warm run (the size
-# came from the cache) goes on where the next size is in the cache, as far as
-# the cold run went, without asking the backend. Pruning is for WR under the cap it was
-# decided at; WD (whose Pareto fronts want the small, low-workspace sizes) and
-# re-plans under less memory benchmark every size.
+# Note [size pruning]
+# ~~~~~~~~~~~~~~~~~~~
+# A cold benchmark times every candidate at every size of the policy, and the
+# sizes below the best one rarely win: under a per-kernel cap, halving a
+# micro-batch helps while the fast algorithms do not fit, and once they do,
+# smaller calls only cost more per sample. So with ``prune_sizes`` the sizes
+# are benchmarked largest first and the descent stops at the first size whose
+# best time per sample is more than PRUNE_MARGIN worse than a larger size's;
+# the smaller sizes that the remainder of the batch needs are still
+# benchmarked, so every split the descent reached can be completed. Before it
+# stops, the descent asks the backend (``Backend.blocked_workspace``, no
+# timing) whether configurations that heuristics rank ahead of every one that
+# fits were left out for their workspace; if one would fit a smaller size
+# (workspace taken as proportional to the batch, down to an eighth), the
+# descent goes on there. A warm run goes on as far as the cold run went,
+# without asking the backend. Pruning is for WR under the cap it was decided
+# at; WD and re-plans under less memory benchmark every size.
 
 
-# Note [deterministic plans]: cuDNN marks some algorithms (legacy API:
-# ``determinism`` CUDNN_NON_DETERMINISTIC) and engine configs (graph API: the
-# numerical note NONDETERMINISTIC) as giving results that may differ run to run,
-# mostly backward-filter (and some backward-data) kernels that accumulate with
-# atomics in whatever order threads finish; the backends report them as
-# ``AlgoPerf.determinism == 0`` (1: deterministic; None: unknown, which the NumPy
-# backend's and hand-made tables use and which counts as deterministic).
-# ``deterministic=True`` (optimize, optimize_network, plan_jointly, Planner and
-# so Convolution, MicroBatchHandle, and mucudnn.torch under
-# torch.backends.cudnn.deterministic / torch.use_deterministic_algorithms)
-# drops the determinism-0 entries from the benchmark results before WR or WD
-# solves, in one place: :func:`deterministic_only`, applied by
-# :func:`benchmark` after the cache answers (the cache keeps every entry, so one
-# benchmark serves both modes, and pruning judges the sizes by what may run).
-# Micro-batching keeps a plan of deterministic configurations bitwise
-# reproducible: forward and backward-data micro-batches write disjoint slices of
-# the output, and micro-batched backward-filter accumulates its micro-batches into
-# dw one after another, in the plan's fixed order, on one stream, the first with
-# the caller's beta and the rest with beta = 1 (exec.runner.micro_batch_betas),
-# so the same plan on the same inputs adds the same partial sums in the same
-# order every run. When no deterministic configuration fits, the errors say
-# ``deterministic=True`` (:func:`check_deterministic`).
+# Note [deterministic plans]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# CuDNN marks some algorithms (legacy ``determinism``, graph numerical note
+# NONDETERMINISTIC) as giving results that may differ run to run (atomics that
+# accumulate in whatever order threads finish); backends report them as
+# ``AlgoPerf.determinism == 0`` (None, unknown, counts as deterministic).
+# ``deterministic=True`` (optimize, Planner, Convolution, mucudnn.torch under
+# torch's deterministic settings) drops those entries after the cache answers,
+# in one place, :func:`deterministic_only`: the cache keeps every entry, so one
+# benchmark serves both modes. Micro-batching keeps a deterministic plan
+# bitwise reproducible: forward and backward-data micro-batches write disjoint
+# slices, and backward-filter accumulates its micro-batches into dw in the
+# plan's fixed order on one stream (the caller's beta first, then beta = 1;
+# exec.runner.micro_batch_betas). When no deterministic configuration fits,
+# the errors say ``deterministic=True`` (:func:`check_deterministic`).
 
 #: ``determinism`` values meaning "not deterministic": the int, and the string
 #: forms a cache entry may hold (cache_entries accepts short strings): the
@@ -144,26 +131,20 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
     return out
 
 
-# Note [one zero-workspace find per kernel]: every kernel's benchmark holds a
-# configuration that needs no workspace at some size that tiles the batch:
-# it is the plan for a budget of nothing, the first plan of a Pareto front
-# (WD), and what a re-plan falls back to when memory runs out
-# (Planner.replan, zero_workspace_plan). cudnn-graph's find() used to time
-# the best-ranked such config at every size, even where heuristics rank it
-# far behind (``find_zero="each"``, its default). In bf16 channels-last on
-# the H200 (cuDNN 9.19, AlexNet, 64 MiB; docs/BENCHMARKS.md, "Ninth
-# session") that config is engine 0, 100-4400 times slower than the best:
-# 5.64 s of single runs over all sizes, against 0.12 s at each kernel's
-# smallest size. So where no size's results hold a zero-workspace config
-# (``find_zero="once"``), benchmark() makes one find() under a cap of 0 at
-# the smallest size found that divides the batch (a multiple of its
-# alignment quantum where there is one), after the descent, and adds those
-# results to that size's (and to its cache entry: they fit any cap). Only a
-# backend that says so (``Backend.finds_zero_once``) is asked; the others'
-# find() reports such configs itself (the legacy API's, the NumPy backend's,
-# cudnn-graph's by default). Where each size is its own benchmark (optimize()
-# on several devices with a ``benchmark_cap`` over the limit), each size makes
-# its own zero-workspace find: the cost of ``"each"``, not less.
+# Note [one zero-workspace find per kernel]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Every kernel's benchmark holds a configuration that needs no workspace at
+# some size that tiles the batch: the plan for a budget of nothing, the first
+# plan of a WD front, and what a re-plan falls back to when memory runs out.
+# Timing the best-ranked such config at every size (cudnn-graph's
+# ``find_zero="each"``) costs seconds where heuristics rank it far behind, as
+# they do for engine 0. So where no size's results hold one (a backend whose
+# ``Backend.finds_zero_once`` says so), benchmark() makes one find() under a
+# cap of 0 at the smallest size found that divides the batch (a multiple of
+# its alignment quantum where there is one), after the descent, and adds those
+# results to that size's entry (they fit any cap). Other backends' find()
+# reports such configs itself. Where each size is its own benchmark (several
+# devices with a ``benchmark_cap`` over the limit), each size makes its own.
 
 
 def check_byte_count(name: str, value: Any) -> int:
@@ -175,7 +156,7 @@ def check_byte_count(name: str, value: Any) -> int:
 
 def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, limit: int,
                   sizes: list[int]) -> list[int]:
-    """Note [fitted sizes]: the sizes ``"fitted"`` adds to the measured ``out``:
+    """See Note [fitted sizes]: the sizes ``"fitted"`` adds to the measured ``out``:
     the fitted sizes and the sizes their remainders need, those not measured.
 
     >>> from mucudnn.problem import AlgoPerf
@@ -192,7 +173,7 @@ def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, limit
 
 
 def _zero_size(sizes: list[int], problem: ConvProblem) -> int:
-    """Note [one zero-workspace find per kernel]: the smallest of ``sizes``
+    """See Note [one zero-workspace find per kernel]: the smallest of ``sizes``
     (micro-batch sizes, among them ``problem.batch``) that divides the batch,
     preferring multiples of its alignment quantum.
 
@@ -210,7 +191,7 @@ def _zero_size(sizes: list[int], problem: ConvProblem) -> int:
 
 def _zero_find(be: Backend, store: BenchmarkCache, p: ConvProblem, direction: Direction,
                cap: int) -> list[AlgoPerf]:
-    """Note [one zero-workspace find per kernel]: ``be.find(p, direction, 0)``'s
+    """See Note [one zero-workspace find per kernel]: ``be.find(p, direction, 0)``'s
     zero-workspace results, added to ``p``'s cache entry (made under ``cap``)."""
     zero = [r for r in be.find(p, direction, 0) if r.workspace_bytes == 0]
     if zero:
@@ -225,7 +206,7 @@ def _zero_find(be: Backend, store: BenchmarkCache, p: ConvProblem, direction: Di
 
 def _blocked_reach(backend: Backend, problem: ConvProblem, direction: Direction, cap: int,
                    smaller: list[int]) -> int | None:
-    """Note [size pruning]: the largest of ``smaller`` (sizes below
+    """See Note [size pruning]: the largest of ``smaller`` (sizes below
     ``problem.batch``, largest first) at which a configuration that heuristics
     prefer but that is over ``cap`` at ``problem.batch`` fits, its workspace
     taken as proportional to the batch; None if no such size is at least an
@@ -336,7 +317,7 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
                    delay=PROGRESS_DELAY_S)
     out: dict[int, list[AlgoPerf]] = {}
     hits = 0
-    # Note [one zero-workspace find per kernel]: whether some size's results
+    # See Note [one zero-workspace find per kernel]: whether some size's results
     # (before the determinism filter) hold one; whether benchmark() found them
     has_zero = zero_found = False
     t0 = time.perf_counter()

@@ -8,9 +8,9 @@ cache: every lookup misses and nothing is written.
 
 >>> import tempfile, os
 >>> c = BenchmarkCache(os.path.join(tempfile.mkdtemp(), "c.sqlite"))
->>> h200 = ("cudnn", "NVIDIA H200", "9.19.0")            # backend, device, version
->>> c.put(h200, "problem-key", "forward", [AlgoPerf(1, 0.5, 1024)], 1 << 30)
->>> c.get(h200, "problem-key", "forward", 64 << 20)
+>>> h100 = ("cudnn", "NVIDIA H100", "9.19.0")            # backend, device, version
+>>> c.put(h100, "problem-key", "forward", [AlgoPerf(1, 0.5, 1024)], 1 << 30)
+>>> c.get(h100, "problem-key", "forward", 64 << 20)
 [AlgoPerf(algo=1, time_ms=0.5, workspace_bytes=1024, math_type=0, determinism=None)]
 
 The file is opened in WAL mode with a busy timeout; every statement is

@@ -31,6 +31,7 @@ import re
 from typing import Any, Iterable
 
 from ..problem import AlgoPerf
+from ..units import is_integer
 
 __all__ = ["BadEntry", "decode_results", "encode_results", "check_results", "check_cap",
            "MAX_TEXT", "MAX_RESULTS", "MAX_NAME"]
@@ -55,10 +56,6 @@ _FLAT = re.compile(r"\s*\[\s*(?:\{[^{}\[\]]*\}\s*,?\s*)*\]\s*")
 
 class BadEntry(ValueError):
     """A stored entry that fails validation (internal: the cache drops the entry)."""
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _name(v: Any, field: str, allow_none: bool = False) -> Any:
@@ -152,6 +149,6 @@ def decode_results(text: Any) -> list[AlgoPerf]:
 
 def check_cap(cap: Any) -> int:
     """A stored workspace cap: an int in [0, 2**63); BadEntry otherwise."""
-    if not _is_int(cap) or not 0 <= cap < _BYTES_LIMIT:
+    if not is_integer(cap) or not 0 <= cap < _BYTES_LIMIT:
         raise BadEntry(f"workspace_cap: expected an int in [0, 2**63), got {_short(cap)}")
-    return cap
+    return int(cap)

@@ -45,7 +45,7 @@ COLUMNS = ("backend", "device", "version", "problem", "direction", "workspace_ca
            "results", "created")
 PRIMARY_KEY = ("backend", "device", "version", "problem", "direction")
 #: Most bytes a gzipped cache may decompress to: each process reading it makes a
-#: temporary copy of that size (a full H200 cache of every network is ~5 MB), so
+#: temporary copy of that size (a full cache of every network is a few MB), so
 #: this bounds the disk a stray or hostile .gz can take.
 MAX_GUNZIP = 1 << 30
 

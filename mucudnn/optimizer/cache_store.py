@@ -337,13 +337,15 @@ class CacheFile:
                     self._disable(f"{self.path}: {type(exc).__name__}: {exc}")
                     return None
 
-    # Note [locked caches]: another program may hold the file locked (an
-    # exclusive transaction, EXCLUSIVE locking mode). Opening first waits at most
-    # _FIRST_WAIT (what another mucudnn process's short write takes); if the file
-    # is still locked it logs one line saying what it waits for and how long, and
-    # the later attempts wait at most what is left of ``timeout`` between them
-    # (not ``timeout`` each). Read-only commands (the cache CLI's inputs) open
-    # with a short timeout (cache_tools.READ_TIMEOUT).
+    # Note [locked caches]
+    # ~~~~~~~~~~~~~~~~~~~~
+    # Another program may hold the file locked (an exclusive transaction,
+    # EXCLUSIVE locking mode). Opening first waits at most _FIRST_WAIT (what
+    # another mucudnn process's short write takes); if the file is still locked
+    # it logs one line saying what it waits for and how long, and the later
+    # attempts wait at most what is left of ``timeout`` between them (not
+    # ``timeout`` each). Read-only commands (the cache CLI's inputs) open with a
+    # short timeout (cache_tools.READ_TIMEOUT).
     def _connection(self) -> sqlite3.Connection | None:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
@@ -352,7 +354,7 @@ class CacheFile:
         self._conn = None
         if not self.enabled:
             return None
-        # Note [locked caches]: the first attempt waits briefly; a locked file is
+        # See Note [locked caches]: the first attempt waits briefly; a locked file is
         # said once, and the attempts after it share what is left of the timeout
         deadline = time.monotonic() + self.timeout
         first = self._wait = min(_FIRST_WAIT, self.timeout)

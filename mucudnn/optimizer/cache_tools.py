@@ -18,11 +18,11 @@ an existing output is replaced only with ``force=True``.
 >>> from mucudnn import AlgoPerf
 >>> d = tempfile.mkdtemp()
 >>> c = BenchmarkCache(os.path.join(d, "live.sqlite"))
->>> c.put(("cudnn", "NVIDIA H200", "9.19.0"), "conv-key", "forward", [AlgoPerf(1, 0.5, 0)], None)
->>> export(os.path.join(d, "h200.sqlite.gz"), source=c.path, device="NVIDIA H200")
+>>> c.put(("cudnn", "NVIDIA H100", "9.19.0"), "conv-key", "forward", [AlgoPerf(1, 0.5, 0)], None)
+>>> export(os.path.join(d, "h100.sqlite.gz"), source=c.path, device="NVIDIA H100")
 1
->>> print(info(os.path.join(d, "h200.sqlite.gz")).splitlines()[-1])
-  cudnn    NVIDIA H200  9.19.0   1
+>>> print(info(os.path.join(d, "h100.sqlite.gz")).splitlines()[-1])
+  cudnn    NVIDIA H100  9.19.0   1
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ so the cache's keys match, and its ``find`` refuses anything the cache lacks.
 It cannot execute. The cache may be a gzipped export (``*.sqlite.gz``, see
 ``python -m mucudnn cache export``) or a read-only file: it is only read.
 
->>> be = CachedBackend("cudnn", cache="h200.sqlite.gz")       # doctest: +SKIP
+>>> be = CachedBackend("cudnn", cache="h100.sqlite.gz")       # doctest: +SKIP
 >>> mu.optimize(problem, "forward", 64 << 20, backend=be)    # doctest: +SKIP
 """
 

@@ -72,27 +72,29 @@ class PlanKey:
 _PLANS: LRU[PlanKey, Plan] = LRU("optimizer.plans", PLAN_MEMO_SIZE)
 
 
-# Note [entries the backend cannot run]: a benchmark-cache entry is checked
-# when it is read (cache_entries: types and ranges), but not against the
-# backend: a hand edit, ``cache import`` of another machine's file or a library
-# that renamed its configurations can leave an entry naming a configuration the
-# backend does not know, or recording less workspace than it needs. Planned
-# from, such an entry makes every call fail (the configuration cannot be
-# bound), or makes the plan over its limit, excluded and re-planned from the
-# same entry for good. So every plan the Planner hands out is checked first:
-# each micro-batch's configuration goes through ``backend.workspace_size`` at
-# its size (what installing the plan does anyway; the backends memoise it). A
-# configuration the backend refuses, or one needing more workspace than its
-# entry recorded, means the entries of those sizes are wrong: they are
-# invalidated (``BenchmarkCache.invalidate``: one warning naming the cache
-# file), and the plan is made again, which measures those sizes afresh (and
-# may now pick another size, checked the same way). A size is invalidated once
-# per plan: a backend whose own find() reports what it cannot run is left to
-# the kernel, which excludes the configuration and re-plans (exec/kernel.py).
+# Note [entries the backend cannot run]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A benchmark-cache entry is checked when it is read (cache_entries: types and
+# ranges), but not against the backend: a hand edit, ``cache import`` of
+# another machine's file or a library that renamed its configurations can leave
+# an entry naming a configuration the backend does not know, or recording less
+# workspace than it needs. Planned from, such an entry makes every call fail
+# (the configuration cannot be bound), or makes the plan over its limit,
+# excluded and re-planned from the same entry for good. So every plan the
+# Planner hands out is checked first: each micro-batch's configuration goes
+# through ``backend.workspace_size`` at its size (what installing the plan does
+# anyway; the backends memoise it). A configuration the backend refuses, or one
+# needing more workspace than its entry recorded, means the entries of those
+# sizes are wrong: they are invalidated (``BenchmarkCache.invalidate``: one
+# warning naming the cache file), and the plan is made again, which measures
+# those sizes afresh (and may now pick another size, checked the same way). A
+# size is invalidated once per plan: a backend whose own find() reports what it
+# cannot run is left to the kernel, which excludes the configuration and
+# re-plans (exec/kernel.py).
 
 
 def config_faults(backend: Backend, plan: Plan) -> dict[int, str]:
-    """Note [entries the backend cannot run]: ``{size: why}`` for the
+    """See Note [entries the backend cannot run]: ``{size: why}`` for the
     micro-batches of ``plan`` whose configuration ``backend`` cannot run at
     that size, or which need more workspace than the plan records."""
     p, d = plan.problem, plan.direction
@@ -133,7 +135,7 @@ def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: Bac
     (from the benchmark cache where it holds the full batch); a deterministic
     one with ``deterministic=True`` (Note [deterministic plans])."""
     be = resolve_backend(backend)
-    # Note [one zero-workspace find per kernel]: for such a backend the cache's
+    # See Note [one zero-workspace find per kernel]: for such a backend the cache's
     # entry for the full batch may hold none (they were found at a smaller
     # size); then they are found here, uncached
     stores = (cache, False) if be.finds_zero_once else (cache,)
@@ -192,7 +194,7 @@ class Planner:
     def key(self, problem: ConvProblem, direction: Direction, exclude: Collection[Any] = (),
             available: int | None = None) -> PlanKey:
         be = self.backend
-        # Note [candidate sets in keys]: the backend's name for this problem
+        # See Note [candidate sets in keys]: the backend's name for this problem
         return PlanKey(be.cache_name(problem), be.device_name, be.version, problem,
                        Direction.parse(direction),
                        self.workspace_limit, self.policy, self._cache_name, self.retime,
@@ -211,7 +213,7 @@ class Planner:
         return plan
 
     def _invalidate(self, plan: Plan, done: set[tuple[int, Direction]]) -> bool:
-        """Note [entries the backend cannot run]: invalidate the cache entries
+        """See Note [entries the backend cannot run]: invalidate the cache entries
         ``plan`` came from where the backend cannot run it, unless invalidated
         before (in ``done``: then the faulty plan came from a fresh measurement);
         whether any was."""

@@ -32,15 +32,17 @@ MAX_SIZES = 4096
 #: The largest batch a plan is made for (Note [bounded size lists]).
 MAX_BATCH = 1 << 20
 
-# Note [bounded size lists]: every size a policy lists is benchmarked (a find
-# of every algorithm), and a plan is solved over every batch size up to the
-# batch (tables of batch + 1 entries, a loop over them: optimizer/dp.py), so
-# both are bounded before any work: "all" at a batch of 10**8 built 10**8
-# sizes and failed with a MemoryError after most of a minute, and a batch of
-# 2**31 allocated 16 GiB of tables under any policy. A policy listing more than
-# MAX_SIZES sizes, or a batch above MAX_BATCH (a million samples: tables of 8
-# MiB each), is refused at once with what to do instead; "powerOfTwo" and
-# "fitted" list about log2(n) sizes.
+# Note [bounded size lists]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# Every size a policy lists is benchmarked (a find of every algorithm), and a
+# plan is solved over every batch size up to the batch (tables of batch + 1
+# entries, a loop over them: optimizer/dp.py), so both are bounded before any
+# work: "all" at a batch of 10**8 built 10**8 sizes and failed with a
+# MemoryError after most of a minute, and a batch of 2**31 allocated 16 GiB of
+# tables under any policy. A policy listing more than MAX_SIZES sizes, or a
+# batch above MAX_BATCH (a million samples: tables of 8 MiB each), is refused
+# at once with what to do instead; "powerOfTwo" and "fitted" list about log2(n)
+# sizes.
 
 _ALIASES = {"all": "all", "poweroftwo": "powerOfTwo", "pow2": "powerOfTwo",
             "fitted": "fitted", "undivided": "undivided"}
@@ -134,7 +136,7 @@ def check_batch(n: Any) -> int:
 
 
 def _check_count(count: int, policy: Any, n: int) -> None:
-    """Note [bounded size lists]: refuse a policy that lists too many sizes."""
+    """See Note [bounded size lists]: refuse a policy that lists too many sizes."""
     if count > MAX_SIZES:
         what = "'all'" if isinstance(policy, str) else "the explicit list"
         raise InvalidValueError(
@@ -161,32 +163,23 @@ def allowed_sizes(policy: Policy, n: int, measured: Iterable[int]) -> list[int]:
     return [s for s in batch_sizes(policy, n) if s in have]
 
 
-# Note [fitted sizes]: under a per-kernel limit the fastest configurations of
-# the big backward passes often need workspace in proportion to the batch
-# (AlexNet conv1's backward-data engine 58: 1.7 MiB a sample in float32
-# channels-last on the H200). powerOfTwo then runs them at the largest power
-# of two that fits, which can be far below what fits: 32 samples (55 MiB)
-# under 64 MiB where 36 fit, 16 samples where 28 fit; the calls per batch,
-# and so the time, grow by up to the ratio. On the H200 (docs/BENCHMARKS.md,
-# "Twelfth session") sizes 20 and 24 took 8% off AlexNet conv1's two
-# backward passes in float32 channels-last at 64 MiB. Timing every size
-# (``"all"``) finds such sizes at 28 times powerOfTwo's benchmarking.
-# ``"fitted"`` times at most FIT_MOST more sizes per kernel: at each measured
-# size whose best configuration (within the limit) is within FIT_MARGIN of
-# the best time per sample, that configuration stretched to the limit (its
-# workspace taken as proportional to the batch; the largest multiple of the
-# batch's alignment quantum that fits), where that is above the size and
-# below the next larger measured size (at which it did not fit, or it was
-# timed there); the best-ranked first; then the sizes each one's remainder
-# needs (the greedy decomposition of ``n mod fitted`` into powerOfTwo's
-# sizes). It is computed from the measurements alone, so a warm run finds the
-# same sizes in the cache without asking the backend; and a plan may use any
-# size measured (:func:`allowed_sizes`). Where the workspace is not
-# proportional, an extra find costs one size's benchmark and the plan is no
-# worse. Sizes a backend cannot measure (an offline cache's misses) are left
-# out. Where optimize() spreads one kernel's sizes over several devices
-# (``devices=`` with a ``benchmark_cap`` above the limit: each size its own
-# task), no fitted size is added and the plan is powerOfTwo's.
+# Note [fitted sizes]
+# ~~~~~~~~~~~~~~~~~~~
+# Under a per-kernel limit the fastest configurations of the big backward
+# passes often need workspace in proportion to the batch, and powerOfTwo runs
+# them at the largest power of two that fits, which can be far below what
+# fits (32 samples where 36 fit): the calls per batch, and so the time, grow
+# by up to the ratio. Timing every size (``"all"``) finds such sizes at many
+# times powerOfTwo's cost. ``"fitted"`` times at most FIT_MOST more sizes per
+# kernel: at each measured size whose best configuration within the limit is
+# within FIT_MARGIN of the best time per sample, that configuration stretched
+# to the limit (workspace taken as proportional to the batch; a multiple of
+# the alignment quantum), where that lies between the size and the next larger
+# measured one; then the sizes each one's remainder needs. It is computed from
+# the measurements alone, so a warm run finds the same sizes in the cache; a
+# plan may use any size measured (:func:`allowed_sizes`). Where each size is
+# its own benchmark (several devices with a ``benchmark_cap`` over the limit)
+# no fitted size is added.
 
 #: "fitted": stretch the best configurations of sizes this close to the best
 #: time per sample (Note [fitted sizes])
@@ -198,7 +191,7 @@ FIT_MOST = 2
 def fitted_sizes(results: Mapping[int, Sequence[AlgoPerf]], n: int, limit: int,
                  quantum: int = 1, margin: float = FIT_MARGIN,
                  most: int = FIT_MOST) -> list[int]:
-    """Note [fitted sizes]: the sizes (multiples of ``quantum``) to which the
+    """See Note [fitted sizes]: the sizes (multiples of ``quantum``) to which the
     best configurations of ``results`` (``{size: [AlgoPerf, ...]}``) stretch
     under ``limit``, best time per sample first, at most ``most``.
 

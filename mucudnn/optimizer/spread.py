@@ -52,66 +52,25 @@ Perf = dict[int, list[AlgoPerf]]
 Identity = tuple[str, str, str]
 
 
-# Note [benchmarking on several devices]: a cold optimisation is almost all
-# Find: cuDNN timing every candidate at every micro-batch size of every
-# distinct kernel, one after another on one GPU. Kernels are independent, so
-# ``devices=[0, 1]`` spreads them over GPUs of one host:
-#
-# * This process benchmarks on the first device (in a thread of its own, with
-#   that device current there), and one worker *process* per other device
-#   (concurrent.futures.ProcessPoolExecutor with the "spawn" start method;
-#   never fork: a forked CUDA context is unusable). This process needs no
-#   start, so it works while the others start Python, import mucudnn and make
-#   their CUDA context (on the two-GPU H200 host, all-process workers left
-#   AlexNet at 0.91x and ResNet-50 at 0.73x of one GPU's cold time;
-#   docs/BENCHMARKS.md, "Fifth session"). Processes, not threads, for the
-#   other devices: each gets its own interpreter, so the Python around Find
-#   (building descriptors, the benchmark loop, the cache) never queues for
-#   one GIL (ctypes calls release it; the Python between them does not). A
-#   worker's initializer takes a device ordinal from a shared queue; the
-#   worker builds its backend once, on its first task, with ``device=`` that
-#   ordinal (a library GPU backend's worker first makes it the current
-#   device, so no stray call makes a context on device 0). Not in the
-#   initializer: an initializer's exception only breaks the pool, while a
-#   task's comes back to the caller with its own type.
-# * The unit of work is a distinct (problem, direction): its sizes share
-#   Find's scratch buffers, and with size pruning (Note [size pruning]) each
-#   size decides whether the next is measured, so they stay together in one
-#   worker and ``benchmark()`` runs there unchanged: plans are made from the
-#   same measurements the one-device path makes. Tasks are submitted
-#   longest first (estimated by their FLOPs at the full batch) and the
-#   workers pull them as they finish (longest-processing-time-first list
-#   scheduling: the last task to start is a short one). ``optimize`` of one
-#   kernel without pruning splits the kernel into its sizes (each benchmarked
-#   as its own "undivided" task, the same cache entries); with pruning (its
-#   default) the sizes depend on each other, so this process benchmarks
-#   them on ``devices[0]``: ``devices`` then only chooses the GPU.
-# * Results travel two ways: every worker writes its entries to the one
-#   SQLite cache through its own connection (WAL, busy timeout, retried
-#   UPSERTs: several processes lose nothing, see cache.py), and returns its
-#   perf tables, which is all there is with ``cache=False``.
-# * Each worker, this process's included, is handed its next task when it
-#   is free (at most one task each in flight). Before handing out work this
-#   process asks ``device_count()`` to check the ordinals of the library's GPU
-#   backends (another factory checks its own ``device``, in its worker). The
-#   workers report (backend name, device name, library version); these must
-#   agree, or InvalidValueError names the devices: measurements from an A100
-#   and an H200 would make plans that hold on neither, and their cache
-#   entries live under different keys.
-# * ``backend`` is a name, None (MUCUDNN_BACKEND, else the default GPU
-#   backend), or a picklable factory called as ``factory(device=i)`` in the
-#   worker (a Backend class, or ``functools.partial(CudnnGraphBackend,
-#   find_top_k=4)``); an instance cannot be sent to another process. A host
-#   backend (the name "numpy", or a class whose ``is_host`` is true) has no
-#   device: it is built without one and each ``devices`` entry is then one
-#   host worker (how the CPU tests exercise all of this).
-# * What it costs: each worker process starts Python, imports mucudnn and
-#   creates a CUDA context and cuDNN handle before its first Find, a few
-#   seconds during which this process is already benchmarking; a call
-#   answered entirely from the cache still pays them (run warm calls without
-#   ``devices``, as ``run_network``'s warm pass does). The workers share the
-#   host's cores: the graph backend's finalization pool (``find_threads``,
-#   default min(16, cores)) is per worker.
+# Note [benchmarking on several devices]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A cold optimisation is almost all Find, one kernel after another on one GPU.
+# Kernels are independent, so ``devices=[0, 1]`` spreads them over the GPUs of
+# one host. This process benchmarks on the first device (in a thread, so it
+# works while the others start) and one worker *process* per other device
+# ("spawn": a forked CUDA context is unusable; processes, so the Python around
+# Find never queues for one GIL). A worker builds its backend on its first
+# task, not in the initializer, so that its errors come back with their type.
+# The unit of work is a distinct (problem, direction): with size pruning each
+# size decides whether the next is measured, so ``benchmark()`` runs there
+# unchanged and plans come from the measurements the one-device path makes.
+# Tasks go longest first (FLOPs) to whichever worker is free. Workers write
+# the one SQLite cache (WAL, retried UPSERTs) and return their perf tables.
+# Workers must agree on (backend, device name, library version), or
+# InvalidValueError names them: plans from mixed GPUs hold on neither. A host
+# backend ("numpy") gives one host worker per ``devices`` entry (the CPU tests).
+# Each worker's start (Python, import, CUDA context) costs seconds, even for a
+# cached call: run warm calls without ``devices``.
 
 
 class _Task(NamedTuple):

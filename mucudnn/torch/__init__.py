@@ -26,8 +26,8 @@ What runs where
   (``model.to(memory_format=torch.channels_last)``): cuDNN's fast float32
   NCHW engines copy their operands to NHWC inside their workspace, so a cap
   splits their batch (Note [fp32 transposes in workspace] in
-  :mod:`mucudnn.problem`; on the H200 converted ResNet-18/50 steps then run
-  within 2% of native channels-last ones, and 29-39% faster than NCHW).
+  :mod:`mucudnn.problem`; docs/BENCHMARKS.md has the converted steps'
+  times against native channels-last and NCHW ones).
 * ``torch.compile`` sees the custom ops ``mucudnn::conv`` and
   ``mucudnn::conv_backward`` (fake implementations give shapes), so a
   compiled model keeps each convolution as one node; eager mode uses an

@@ -1,10 +1,12 @@
 """Forward-mode AD, double backward and ``torch.func`` transforms of
 mucudnn.torch's convolutions.
 
-Note [three bilinear directions]: forward ``y = conv(x, w)``, backward-data
-``dx = data(dy, w)`` and backward-filter ``dw = filter(x, dy)`` are bilinear
-maps of their two operands, and each one's adjoints are the other two (for
-the same convolution configuration)::
+Note [three bilinear directions]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Forward ``y = conv(x, w)``, backward-data ``dx = data(dy, w)`` and
+backward-filter ``dw = filter(x, dy)`` are bilinear maps of their two
+operands, and each one's adjoints are the other two (for the same convolution
+configuration)::
 
     conv(x, w)     grad x: data(g, w)      grad w: filter(x, g)
     data(dy, w)    grad dy: conv(g, w)     grad w: filter(g, dy)
@@ -17,22 +19,25 @@ again: gradients of any order, forward-over-reverse (``jacfwd(jacrev)``),
 ``torch.func.vmap``/``grad``/``jvp``/``jacrev`` all run on mucudnn's three
 directions. The bias is added outside it by ordinary torch ops.
 
-Note [the eager first-order path stays lean]: the eager first-order path
-(:class:`~mucudnn.torch.ops.ConvFunction`, Note [eager backward cost]) is
-unchanged; :func:`mucudnn.torch.ops.apply` takes :func:`conv` only under a
-``torch.func`` transform or inside ``torch.autograd.forward_ad.dual_level``
-(one C call and one module attribute read per call decide it), and
-ConvFunction's backward calls :func:`backward` only when it runs with grad
-mode on (``create_graph=True``).
+Note [the eager first-order path stays lean]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The eager first-order path (:class:`~mucudnn.torch.ops.ConvFunction`, Note
+[eager backward cost]) is unchanged; :func:`mucudnn.torch.ops.apply` takes
+:func:`conv` only under a ``torch.func`` transform or inside
+``torch.autograd.forward_ad.dual_level`` (one C call and one module attribute
+read per call decide it), and ConvFunction's backward calls :func:`backward`
+only when it runs with grad mode on (``create_graph=True``).
 
-Note [vmap by folding]: the vmap rule folds the vmapped dimension into the
-convolution. When only the activation-side operand (``x`` of conv, ``dy`` of
-data) is batched, into its batch dimension; otherwise (a batched weight, or
-any batched operand of filter, whose sum over the batch would mix the
-vmapped entries) into the groups: operand ``(B, N, C, ...)`` becomes ``(N,
-B*C, ...)``, weight ``(B, K, C/g, ...)`` becomes ``(B*K, C/g, ...)`` and the
-groups ``B*g`` (an unbatched operand is expanded to ``B`` first). The folded
-problem is planned on its own (without a WD layer's joint plans).
+Note [vmap by folding]
+~~~~~~~~~~~~~~~~~~~~~~
+The vmap rule folds the vmapped dimension into the convolution. When only the
+activation-side operand (``x`` of conv, ``dy`` of data) is batched, into its
+batch dimension; otherwise (a batched weight, or any batched operand of
+filter, whose sum over the batch would mix the vmapped entries) into the
+groups: operand ``(B, N, C, ...)`` becomes ``(N, B*C, ...)``, weight ``(B, K,
+C/g, ...)`` becomes ``(B*K, C/g, ...)`` and the groups ``B*g`` (an unbatched
+operand is expanded to ``B`` first). The folded problem is planned on its own
+(without a WD layer's joint plans).
 
 >>> import torch
 >>> from mucudnn.torch.engine import ConvConfig

@@ -203,13 +203,12 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
 
 # Note [converting again]
 # ~~~~~~~~~~~~~~~~~~~~~~~
-# ``convert`` run again over a model (a re-run
-# notebook cell, or new options) re-configures every module an earlier
-# ``convert`` converted with the new options and mode, so none keeps naming a
-# planner that is gone. The WD planners and their forward hooks found in the
-# converted tree are removed first; a WD convert with the same budget, policy
-# and backend as the planner already on ``module`` keeps that planner (and
-# the plans it has made).
+# ``convert`` run again over a model (a re-run notebook cell, or new options)
+# re-configures every module an earlier ``convert`` converted with the new
+# options and mode, so none keeps naming a planner that is gone. The WD
+# planners and their forward hooks found in the converted tree are removed
+# first; a WD convert with the same budget, policy and backend as the planner
+# already on ``module`` keeps that planner (and the plans it has made).
 def _reuse_planner(module: nn.Module, planner: WDPlanner) -> WDPlanner:
     old = module.__dict__.get("mucudnn_planner")
     if isinstance(old, WDPlanner) and (old.total_workspace, old.backend, _policy_key(old.policy)) \

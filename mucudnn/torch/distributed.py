@@ -41,9 +41,11 @@ log = logging.getLogger("mucudnn")
 ALL_DIRECTIONS = (Direction.FORWARD, Direction.BACKWARD_DATA, Direction.BACKWARD_FILTER)
 
 
-# Note [shared plans]: what travels between ranks is measurements, not plans:
-# each kernel (distinct problem and direction) is benchmarked by one rank,
-# exactly as ``Convolution``'s planner would (its cap, policy, size pruning and
+# Note [shared plans]
+# ~~~~~~~~~~~~~~~~~~~
+# What travels between ranks is measurements, not plans: each kernel (distinct
+# problem and direction) is benchmarked by one rank, exactly as
+# ``Convolution``'s planner would (its cap, policy, size pruning and
 # determinism), and the cache entries it read or wrote for that kernel go to
 # every rank, which stores them (``BenchmarkCache.put_many``) and then plans
 # from them through the same ``Planner`` a converted layer uses: the plan memo
@@ -53,9 +55,9 @@ ALL_DIRECTIONS = (Direction.FORWARD, Direction.BACKWARD_DATA, Direction.BACKWARD
 # larger caps), the plans are compared across the group afterwards and any
 # difference is an error naming the ranks and the kernel, never silently
 # different plans. Ranks must measure on one kind of device and library:
-# (backend, device name, library version) is compared first. Kernels are
-# spread longest first (FLOPs) to the least-loaded rank, the same assignment
-# computed on every rank.
+# (backend, device name, library version) is compared first. Kernels are spread
+# longest first (FLOPs) to the least-loaded rank, the same assignment computed
+# on every rank.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -129,13 +129,15 @@ class TorchBridgeError(MucudnnError, ValueError):
 
 
 # -- options ----------------------------------------------------------------------------------
-# Note [backend tokens]: a Backend instance passed as ``backend=`` is named by
-# a token ``"@<n>"`` (ConvConfig and the cache keys hold strings), registered
-# weakly: the token lives exactly as long as the object. A module that was
-# given the instance holds it (so its token stays valid), a dropped one is
-# collected with its pools, and a token is never reused (a new object, even at
-# a recycled address, gets a new token). What holds a backend strongly is
-# bounded: the Convolutions of the LRUs here (emptied by :func:`clear`).
+# Note [backend tokens]
+# ~~~~~~~~~~~~~~~~~~~~~
+# A Backend instance passed as ``backend=`` is named by a token ``"@<n>"``
+# (ConvConfig and the cache keys hold strings), registered weakly: the token
+# lives exactly as long as the object. A module that was given the instance
+# holds it (so its token stays valid), a dropped one is collected with its
+# pools, and a token is never reused (a new object, even at a recycled
+# address, gets a new token). What holds a backend strongly is bounded: the
+# Convolutions of the LRUs here (emptied by :func:`clear`).
 def backend_token(backend: "str | Backend | None") -> str:
     """The string form of a ``backend=`` argument ("" for the default).
 
@@ -589,12 +591,13 @@ def _forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
     nd = x.dim()
     shape = output_shape(x.shape, w.shape, cfg.stride, cfg.padding, cfg.dilation)
     dev = x.device
-    # Note [outputs are not views]: outputs are allocated in torch's logical
-    # shape (channels-last strides where the convolution runs NHWC) and the
-    # engine writes through a packed view of them, so what the autograd
-    # Function returns is a base tensor: an in-place op on it (VGG's and
-    # AlexNet's ReLU(inplace=True) right after a conv) is then allowed, as
-    # after a native conv.
+    # Note [outputs are not views]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # Outputs are allocated in torch's logical shape (channels-last strides
+    # where the convolution runs NHWC) and the engine writes through a packed
+    # view of them, so what the autograd Function returns is a base tensor: an
+    # in-place op on it (VGG's and AlexNet's ReLU(inplace=True) right after a
+    # conv) is then allowed, as after a native conv.
     y = _empty(shape, x.dtype, dev, cl)
     if shape[0] == 0:
         return y
@@ -639,26 +642,23 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfi
 
 
 # -- the warm path -------------------------------------------------------------------------------
-# Note [the warm torch path]: on the device's host a conv step (forward and
-# both backward passes) through Convolution's checked path cost about 290 us
-# more than a native conv's (tools/bench_torch_call.py: 470 vs 180 us), enough
-# to make host-bound eager training (ResNet-50 under AMP) 44% slower. For CUDA
-# tensors the three directions of one signature (logical shapes and strides,
-# dtype, device, options, TF32 and determinism flags) are resolved once into a
-# _Warm record: the Convolution, its three kernels' ``launch`` and the output
-# shape and memory format. A call then makes its operands contiguous in that
-# memory format (a no-op for the tensors a model passes), allocates outputs in
-# torch's logical shape (Note [outputs are not views]) and launches on torch's
-# current stream with a workspace from torch's caching allocator. A
-# channels-last tensor's data pointer is the packed NHWC/NDHWC array's, so no
-# permuted views are made; shapes and dtypes hold by construction, so
-# Convolution's per-call checks are skipped (the first call of a signature
-# plans, and argument checks happen in functional.py before any device work).
-# Records are rebuilt from the Convolution cache after :func:`forget` or
-# :func:`clear`; CPU tensors and empty batches take the checked path. The
-# eager autograd Function looks its record up once, in the forward, and keeps
-# it on ``ctx`` for the backward (no second lookup; the backward runs with the
-# TF32 and determinism flags its forward saw, as the plans it saved imply).
+# Note [the warm torch path]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A conv step through Convolution's checked path costs hundreds of
+# microseconds of host time more than a native conv's, enough to slow
+# host-bound eager training by tens of percent (docs/BENCHMARKS.md). So for
+# CUDA tensors the three directions of one signature (logical shapes and
+# strides, dtype, device, options, TF32 and determinism flags) are resolved
+# once into a _Warm record: the Convolution, its three kernels' ``launch`` and
+# the output shape and memory format. A call then makes its operands
+# contiguous in that memory format (a no-op for a model's tensors), allocates
+# outputs in torch's logical shape (Note [outputs are not views]) and launches
+# on torch's current stream with a workspace from torch's caching allocator;
+# shapes and dtypes hold by construction, so Convolution's per-call checks are
+# skipped (argument checks happen in functional.py before any device work).
+# CPU tensors and empty batches take the checked path. The eager autograd
+# Function looks its record up once, in the forward, and keeps it on ``ctx``
+# for the backward (run with the TF32 and determinism flags its forward saw).
 _WARM: "LRU[tuple, _Warm]" = LRU("torch.warm_calls", MAX_CONVOLUTIONS)
 _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
     or (lambda: torch.backends.cudnn.allow_tf32)

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 from ..backends import Backend
 from ..caches import LRU
-from ..errors import MucudnnError
+from ..errors import InvalidTypeError, InvalidValueError, MucudnnError
 from ..optimizer import DEFAULT_POLICY, batch_sizes
+from ..units import int_tuple
 from . import engine, ops
 from .engine import DTYPES, ConvConfig
 
@@ -82,10 +83,12 @@ def options(workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
     return out
 
 
-# Note [options under torch.compile]: Dynamo cannot enter the options cache's
-# lock (nor the backend registry's), and needs no cache: it runs ``options``
-# once, while tracing, and guards on its constant arguments. So while
-# compiling, the arguments are checked without the cache.
+# Note [options under torch.compile]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dynamo cannot enter the options cache's lock (nor the backend registry's),
+# and needs no cache: it runs ``options`` once, while tracing, and guards on
+# its constant arguments. So while compiling, the arguments are checked
+# without the cache.
 def _check(workspace_limit: Any, policy: Any, backend: Any) -> Options:
     pol = policy if isinstance(policy, str) else _sizes(policy)
     if workspace_limit is None:
@@ -140,20 +143,13 @@ def _tuple(name: str, value: Any, nd: int, minimum: int) -> tuple[int, ...]:
             return value
     elif type(value) is int and value >= minimum:
         return (value,) * nd
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        vals = (int(value),) * nd
-    elif isinstance(value, (tuple, list)) and all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
-        vals = tuple(int(v) for v in value)
-        if len(vals) == 1:
-            vals = vals * nd
-        if len(vals) != nd:
-            raise TorchValueError(f"{name}: expected an int or {nd} ints, got {value!r}")
-    else:
-        raise TorchTypeError(f"{name}: expected an int or a tuple of {nd} ints, got {value!r}")
-    if any(v < minimum for v in vals):
-        raise TorchValueError(f"{name}: expected values >= {minimum}, got {value!r}")
-    return vals
+    # the one parser of per-dimension ints, with PyTorch's one-for-all rule
+    try:
+        return int_tuple(name, value, nd, minimum, one_for_all=True)
+    except InvalidTypeError as exc:
+        raise TorchTypeError(str(exc)) from None
+    except InvalidValueError as exc:
+        raise TorchValueError(str(exc)) from None
 
 
 def _same_padding(nd: int, weight: torch.Tensor, stride: tuple[int, ...],

@@ -1,21 +1,23 @@
 """PyTorch's own convolution where it beats every plan under the limit.
 
-Note [never slower than native]: converting a model must never make a layer
-slower than leaving it alone. So the first eager call of each convolution
-signature on a GPU (:class:`~mucudnn.torch.engine._Warm`) times, per
-direction, the micro-batched plan and PyTorch's own cuDNN call
-(``cudnn.benchmark``: PyTorch's fastest, as a native model runs it) in one
-harness: the same tensors, CUDA events on torch's current stream, alternated,
-medians. PyTorch's workspace is measured too: its call runs once inside a
-private ``torch.cuda.MemPool``, and what the pool reserved beyond the output
-is the workspace (rounded up to the allocator's blocks, so never
-understated). The direction then runs PyTorch's call where that workspace
-fits the same limit (the WR limit, or a WD plan's own share) and its time is
-no more than the plan's; otherwise the plan. :func:`decide` is the rule.
-Each choice is kept (:data:`MAX_CHOICES`, ``torch.native_choices``) and
-:func:`mucudnn.torch.report` prints them. Calls first made under CUDA-graph
-capture, on the CPU or with an empty batch are not calibrated (they run the
-plan), and ``MUCUDNN_TORCH_NATIVE=0`` turns the comparison off.
+Note [never slower than native]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Converting a model must never make a layer slower than leaving it alone. So
+the first eager call of each convolution signature on a GPU
+(:class:`~mucudnn.torch.engine._Warm`) times, per direction, the micro-batched
+plan and PyTorch's own cuDNN call (``cudnn.benchmark``: PyTorch's fastest, as
+a native model runs it) in one harness: the same tensors, CUDA events on
+torch's current stream, alternated, medians. PyTorch's workspace is measured
+too: its call runs once inside a private ``torch.cuda.MemPool``, and what the
+pool reserved beyond the output is the workspace (rounded up to the
+allocator's blocks, so never understated). The direction then runs PyTorch's
+call where that workspace fits the same limit (the WR limit, or a WD plan's
+own share) and its time is no more than the plan's; otherwise the plan.
+:func:`decide` is the rule. Each choice is kept (:data:`MAX_CHOICES`,
+``torch.native_choices``) and :func:`mucudnn.torch.report` prints them. Calls
+first made under CUDA-graph capture, on the CPU or with an empty batch are not
+calibrated (they run the plan), and ``MUCUDNN_TORCH_NATIVE=0`` turns the
+comparison off.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def records() -> list[Record]:
 
 def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[float],
            torch_workspace: Optional[int], limit: Optional[int]) -> Choice:
-    """Note [never slower than native]: PyTorch's call where its workspace is
+    """See Note [never slower than native]: PyTorch's call where its workspace is
     known and within ``limit`` and it is no slower than the plan.
 
     >>> decide(Direction.FORWARD, 1.0, 0.5, 1 << 20, 64 << 20).runs

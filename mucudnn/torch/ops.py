@@ -39,9 +39,10 @@ _TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_fixed_stride_order",)
               if hasattr(torch.Tag, t))
 
 
-# Note [eager backward cost]: in host-bound eager training (ResNet-50 under AMP
-# at small batches on the H200 host) every microsecond of a conv's Python is
-# paid 53 times a step (docs/BENCHMARKS.md, "Fifth session"). So the eager
+# Note [eager backward cost]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# In host-bound eager training (small batches) every microsecond of a conv's
+# Python is paid once per conv call, dozens of times a step. So the eager
 # Function's forward looks up the warm record once (Note [the warm torch path]
 # in engine.py) and keeps it on ``ctx``, and its backward runs the engine's
 # two backward directions directly. Only with grad mode on in the backward
@@ -79,13 +80,15 @@ _IS_BATCHED: Any = getattr(torch._C._functorch, "is_legacy_batchedtensor",
                            torch._C._functorch.is_batchedtensor)
 
 
-# Note [legacy batched gradients]: ``torch.autograd.grad(...,
-# is_grads_batched=True)`` (and gradcheck's batched-gradient check) run the
-# backward under torch's legacy vmap, which no ``autograd.Function`` rule
-# covers: ``dy`` comes as a batched tensor without storage, which the engine
-# cannot take. Such a backward runs aten's ``convolution_backward`` (torch's
-# own kernels, which have batching rules). It is detected from the engine's
-# failure, so an ordinary backward pays nothing for it.
+# Note [legacy batched gradients]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``torch.autograd.grad(..., is_grads_batched=True)`` (and gradcheck's
+# batched-gradient check) run the backward under torch's legacy vmap, which no
+# ``autograd.Function`` rule covers: ``dy`` comes as a batched tensor without
+# storage, which the engine cannot take. Such a backward runs aten's
+# ``convolution_backward`` (torch's own kernels, which have batching rules).
+# It is detected from the engine's failure, so an ordinary backward pays
+# nothing for it.
 def _batched_backward(ctx: Any, dy: Tensor) -> tuple:
     x, w = ctx.saved_tensors
     nx, nw, nb = ctx.needs_input_grad[:3]
@@ -107,14 +110,15 @@ def _conv_function_backward(ctx: Any, dy: Tensor) -> tuple:
     return dx, dw, db, None
 
 
-# Note [Function.apply's Python wrapper]: in the torch releases our users run
-# (2.11 on the H200 machine) ``Function.apply`` is a Python classmethod: it
-# checks for a ``setup_context`` (ConvFunction has none), unwraps dead functorch
-# wrappers (tensors that outlived a torch.func transform) and calls
-# ``torch._C._FunctionBase.apply``; newer releases made ``apply`` that C
-# method itself. Outside functorch transforms :func:`apply` calls the C method
-# directly (about 15 us a call less under cProfile on the H200 host). Under a
-# transform (``torch._C._are_functorch_transforms_active()``) it takes
+# Note [Function.apply's Python wrapper]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# In the torch releases our users run (2.11) ``Function.apply`` is a Python
+# classmethod: it checks for a ``setup_context`` (ConvFunction has none),
+# unwraps dead functorch wrappers (tensors that outlived a torch.func
+# transform) and calls ``torch._C._FunctionBase.apply``; newer releases made
+# ``apply`` that C method itself. Outside functorch transforms :func:`apply`
+# calls the C method directly, saving the wrapper's Python on every call.
+# Under a transform (``torch._C._are_functorch_transforms_active()``) it takes
 # :func:`autodiff.conv` instead (Note [the eager first-order path stays lean]).
 _BASE_APPLY: Any = torch._C._FunctionBase.__dict__.get("apply")
 _C_APPLY: Any = ConvFunction.apply if _BASE_APPLY is None \
