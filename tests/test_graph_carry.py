@@ -241,7 +241,7 @@ def test_a_carried_config_that_does_not_lead_is_timed_once(tables, monkeypatch):
 
 
 def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
-    """Note [search parity]: the first find() of a kernel times every candidate
+    """See Note [search parity]: the first find() of a kernel times every candidate
     that needs no compilation whatever its rank, and the runtime-compiled ones
     within the top k (as PyTorch's cudnn.benchmark times every config
     heuristics name); the finds of smaller sizes after it are cut as before,
@@ -274,7 +274,7 @@ OTHER = {"heuristic_modes": ("A",), "warmup": 0, "repeat": 5, "prefilter": False
 
 
 def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(tables):
-    """Note [candidate sets in keys]: each FindOptions field, set to another
+    """See Note [candidate sets in keys]: each FindOptions field, set to another
     value, changes the backend's name in the benchmark cache and the plan
     memo's key for every problem, or (``fold``) for exactly the problems
     whose find() it can change: one that does not fold reports the same."""
