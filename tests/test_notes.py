@@ -17,10 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MENTION = re.compile(r"Note\s+\[([^\]]+)\]")
 TITLE_LINE = re.compile(r'^(?:#:?|r?"""|\'\'\')?\s*Note \[([^\]]+)\]\s*$')
 UNDERLINE = re.compile(r"^#?\s*~{3,}\s*$")
-#: the graph backend's modules are being split; until their Notes take the
-#: defined form, a ``Note [title]:`` opening a comment there counts as known.
-LEGACY = re.compile(r"mucudnn/backends/(cudnn_graph\w*|graph_(?!candidates)\w+)\.py$")
-LEGACY_DEF = re.compile(r"^\s*(?:#:?|r?\"\"\")?\s*Note \[([^\]]+)\]:")
+#: a Note opened as ``Note [title]: text`` (the old form, both definition and reference)
+COLON_FORM = re.compile(r"^\s*(?:#:?|r?\"\"\")?\s*Note \[([^\]]+)\]:")
 
 
 def _files() -> list[pathlib.Path]:
@@ -33,11 +31,10 @@ def _strip(line: str) -> str:
     return line.strip().removeprefix("#:").removeprefix("#").strip()
 
 
-def scan() -> tuple[dict[str, list[str]], list[tuple[str, str]], set[str]]:
-    """Definitions ``{title: [where]}``, references ``[(title, where)]``, legacy titles."""
+def scan() -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    """Definitions ``{title: [where]}`` and references ``[(title, where)]``."""
     defs: dict[str, list[str]] = collections.defaultdict(list)
     refs: list[tuple[str, str]] = []
-    legacy: set[str] = set()
     for path in _files():
         rel = path.relative_to(ROOT).as_posix()
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -47,19 +44,17 @@ def scan() -> tuple[dict[str, list[str]], list[tuple[str, str]], set[str]]:
             if m and UNDERLINE.match(lines[i + 1].strip()):
                 defs[m.group(1)].append(f"{rel}:{i + 1}")
                 def_lines.add(i)
-        if LEGACY.search(rel):
-            legacy.update(m.group(1) for m in map(LEGACY_DEF.match, lines) if m)
         # references, titles wrapped across lines included
         text = "\n".join(_strip(line) for line in lines)
         for m in MENTION.finditer(text):
             lineno = text.count("\n", 0, m.start())
             if lineno not in def_lines:
                 refs.append((" ".join(m.group(1).split()), f"{rel}:{lineno + 1}"))
-    return defs, refs, legacy
+    return defs, refs
 
 
 def test_each_note_is_defined_once_in_the_code():
-    defs, _, legacy = scan()
+    defs, _ = scan()
     assert len(defs) >= 40
     twice = {t: w for t, w in defs.items() if len(w) > 1}
     assert not twice, twice
@@ -69,19 +64,19 @@ def test_each_note_is_defined_once_in_the_code():
 
 
 def test_every_reference_names_a_defined_note():
-    defs, refs, legacy = scan()
-    dangling = [(t, w) for t, w in refs if t not in defs and t not in legacy]
+    defs, refs = scan()
+    dangling = [(t, w) for t, w in refs if t not in defs]
     assert not dangling, dangling
 
 
-def test_no_note_is_opened_with_a_colon_outside_the_graph_backend():
+def test_no_note_is_opened_with_a_colon():
     """``Note [title]: text`` reads as both a definition and a reference."""
     bad = []
     for path in _files():
         rel = path.relative_to(ROOT).as_posix()
-        if LEGACY.search(rel) or path.suffix == ".md":
+        if path.suffix == ".md":
             continue
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-            if LEGACY_DEF.match(line):
+            if COLON_FORM.match(line):
                 bad.append(f"{rel}:{i + 1}")
     assert not bad, bad
