@@ -34,18 +34,11 @@ PROTOCOL = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "K
 #: each entry says whose (drop it once that file is clean). The scan fails on
 #: any other file.
 PENDING = {
-    "torch": "mucudnn/torch/ (the torch room's owner converts it)",
-    "backends/cudnn_graph.py": "the cudnn-graph backend's owner",
+    "torch": "mucudnn/torch/ (the torch room's owner)",
     "_cudnn/loader.py": "the loader's owner",
     "optimizer/cache_files.py": "the benchmark cache's owner",
     "optimizer/cache_tools.py": "the benchmark cache's owner",
     "optimizer/cache_entries.py": "the benchmark cache's owner (BadEntry derives from ValueError only)",
-    "dtypes.py": "the dtypes room's owner (bfloat16 on first use in progress)",
-    "cuda/__init__.py": "the dtypes room's owner (bfloat16 on first use in progress)",
-    "__init__.py": "the package's owner (module __getattr__)",
-    "__main__.py": "the command line's owner (converted, waiting on its other edits)",
-    "bench.py": "the command line's owner (converted, waiting on its other edits)",
-    "optimizer/benchmark.py": "the command line's owner (converted, waiting on its other edits)",
 }
 
 
