@@ -723,3 +723,12 @@ def test_cache_path_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch):
     # without the slash, an existing folder is still refused, naming it
     with pytest.raises(CacheFileError, match="is a directory"):
         BenchmarkCache(folder).get(BE, P, Direction.FORWARD)
+
+
+def test_entries_without_results_are_measured_again(tmp_path):
+    """An imported entry listing no configuration at every size would leave no plan."""
+    path = tmp_path / "c.sqlite"
+    _seed_every_size(path, [])
+    conv, y, ref = _run_forward(path, workspace_limit=None)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    assert all(mb.algo in set(NumpyAlgo) for mb in conv.plans[Direction.FORWARD].micro_batches)
