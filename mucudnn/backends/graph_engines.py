@@ -31,22 +31,18 @@ log = logging.getLogger("mucudnn")
 # Note [knob search]
 # ~~~~~~~~~~~~~~~~~~
 # Heuristics name a few dozen engine configs, each an engine with one setting
-# of its knobs (tile sizes, split-K, swizzle, ...). Under a tight workspace cap
-# the best of those can be far behind what the same engines reach with other
-# knob values. ``search="knobs"`` adds, for every engine of the operation graph
-# that the problem's numerics allow, the settings around each config
-# heuristics named for it (or around its defaults): each knob moved alone
-# through up to ``knob_values`` of the values its range allows (a coordinate
-# neighbourhood, not the full product, which runs to millions). Each setting's
-# engine config is finalized and its workspace read before any plan is built,
-# so configs over the cap and settings cuDNN refuses cost microseconds.
-# Runtime-compiled engines keep only the configs heuristics named (each new
-# setting would be a new compilation). Added configs are ordered by their
-# engine's best heuristics rank, at most ``max_configs`` of those fitting the
-# cap are timed per find(), and the backend is named "cudnn-graph+knobs", so
-# its measurements and plans never mix with heuristics-only ones. It costs
-# several times the optimisation time for gains on a few kernels
-# (docs/BENCHMARKS.md, "Knob search"): an option, not the default.
+# of its knobs (tile sizes, split-K, ...); under a tight workspace cap the best
+# of those can be far behind what the same engines reach with other values.
+# ``search="knobs"`` adds, for every engine the problem's numerics allow, the
+# settings around each config heuristics named for it (or its defaults): each
+# knob moved alone through up to ``knob_values`` of its allowed values (a
+# coordinate neighbourhood; the full product runs to millions). Each setting's
+# workspace is read from its engine config before any plan is built, so
+# settings over the cap or refused cost microseconds; runtime-compiled engines
+# keep only heuristics' configs (each setting would compile anew). At most
+# ``max_configs`` added configs, by their engine's best rank, are timed per
+# find(), under the name "cudnn-graph+knobs" so that measurements never mix.
+# Its gains and costs: docs/BENCHMARKS.md, "Knob search" (an option, not the default).
 
 
 class GraphEngines(GraphPlans):
