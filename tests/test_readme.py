@@ -13,7 +13,8 @@ only when the README says why, in a comment on the line before it:
 A fenced block in any other language than bash or python (or text, which is
 not run) fails the test, so no README command goes untested by accident.
 Without a GPU the quick start runs on the NumPy backend at its CPU batch
-(about 15 s on two cores); nothing else here takes more than a few seconds.
+(about 3 min on two cores with its empty cache); nothing else here takes more
+than a few seconds.
 """
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+"""docs/BENCHMARKS.md's and README.md's result tables are exactly what
+tools/results_page.py writes from docs/results/: a hand-edited number fails here."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from tool_support import load_tool
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+rp = load_tool("results_page")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return rp.load_results(ROOT / "docs" / "results")
+
+
+@pytest.mark.parametrize("page", rp.PAGES)
+def test_committed_tables_are_generated(page, results):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert "<!-- generated: " in text
+    assert rp.render(text, results) == text, (
+        f"{page}: its tables differ from docs/results; run python tools/results_page.py")
+
+
+def test_a_hand_edited_number_is_put_back(results):
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    block = text.split("<!-- generated: kernels -->", 1)[1].split("<!-- end generated -->")[0]
+    row = next(line for line in block.splitlines() if line.startswith("| AlexNet"))
+    cells = row.split("|")
+    cells[3] = " 1.00 "  # the 64 MiB time
+    edited = text.replace(row, "|".join(cells), 1)
+    assert edited != text
+    assert rp.render(edited, results) == text
+
+
+def test_every_section_has_its_table():
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    names = [m.group(2) for m in rp.BLOCK.finditer(text)]
+    assert names == ["kernels", "training", "cold-start", "call-overhead", "zoo", "search-parity"]
+    assert len(text.splitlines()) <= 700
+    assert "Not measured: no two-GPU machine was available" in text
+
+
+def test_unknown_table_is_an_error():
+    with pytest.raises(ValueError, match="no table named 'nope'"):
+        rp.render("<!-- generated: nope -->\n<!-- end generated -->", [])
+
+
+def test_zoo_and_search_parity_render_when_present(tmp_path):
+    zoo = {"environment": {"torch": "2.11.0", "gpu": "GPU X", "cudnn": 91900, "git_commit": "abc1234def",
+                           "date": "2026-12-03T10:00:00+00:00"},
+           "options": {"workspace": 64 << 20, "batch": 32},
+           "results": [{"model": "mobilenet_v2", "precision": "fp32cl", "errors": {},
+                        "steps": {"eager": {"native_ms": 10.0, "converted_ms": 12.0, "ratio": 1.2}}},
+                       {"model": "resnet50", "precision": "fp32cl", "errors": {"graph": "OOM"},
+                        "steps": {"eager": {"native_ms": 20.0, "converted_ms": 20.0, "ratio": 1.0}}}],
+           "skipped": []}
+    parity = {"options": {"find": "FindOptions()", "batch": 64},
+              "models": {"mobilenet_v2": {"convs": 35, "kernels": 105, "held": 101}}}
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
+    (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(parity))
+    res = rp.load_results(tmp_path)
+    z = rp.zoo(res)
+    assert "| fp32 channels-last | eager | 2 | 1.095 | 1 | mobilenet_v2 1.200 |" in z
+    assert "failed stage: resnet50" in z and "commit abc1234def" in z and "cuDNN 9.19.0" in z
+    assert "| mobilenet_v2 | 35 | 105 | 101 | [1] |" in rp.search_parity(res)
+    head = rp.headline(res)
+    assert "fp32 channels-last eager: 1.095x over 2 models [1]" in head
+    assert "not measured" in head  # no frontier or training results in this folder
+
+
+def test_newest_is_by_date_then_session_and_call():
+    names = ["2026-12-02-h200-s14-call8-a.json", "2026-12-01-h200-zz.json",
+             "2026-12-02-h200-s14-call10-a.json", "2026-12-02-h200-merged.json.gz",
+             "2026-12-01-h200-s7-call1-b.json", "2026-12-01-h200-zz-final.json"]
+    assert sorted(names, key=rp.newness) == [
+        "2026-12-01-h200-zz.json", "2026-12-01-h200-zz-final.json",
+        "2026-12-01-h200-s7-call1-b.json", "2026-12-02-h200-merged.json.gz",
+        "2026-12-02-h200-s14-call8-a.json", "2026-12-02-h200-s14-call10-a.json"]
