@@ -25,7 +25,7 @@ from mucudnn.errors import InvalidTypeError, InvalidValueError, UnsupportedConfi
 from mucudnn.optimizer import (BenchmarkCache, benchmark, benchmark_many, check_devices,
                                optimize, optimize_kernels, optimize_network)
 from mucudnn.optimizer.api import plan_jointly
-from mucudnn.optimizer import spread
+from mucudnn.optimizer import options, spread
 from mucudnn.optimizer.spread import run as spread_run
 from mucudnn.problem import ConvProblem, Direction
 from spread_support import LOG, MEET, DeviceFake, Failing, FakeBackend, named_by_device
@@ -104,8 +104,7 @@ def test_other_arguments_are_checked_before_any_work():
 
 
 def test_a_gpu_backend_name_checks_the_ordinals_first(monkeypatch):
-    import mucudnn.optimizer.spread as spread
-    monkeypatch.setattr(spread, "device_count", lambda: 2)
+    monkeypatch.setattr(options, "device_count", lambda: 2)
     with pytest.raises(InvalidValueError, match=r"has 2 CUDA devices \(ordinals 0..1\)"):
         benchmark_many([(LAYERS["a"], "forward")], "powerOfTwo", 1 << 20, "cudnn-graph",
                        devices=[0, 2])
@@ -330,7 +329,7 @@ def test_cli_names_a_device_this_machine_lacks(monkeypatch, capsys):
     the optimizer (check_ordinals), reported as the --devices argument's error
     before any device work."""
     monkeypatch.setattr(cli, "device_count", lambda: 2)
-    monkeypatch.setattr(spread, "device_count", lambda: 2)
+    monkeypatch.setattr(options, "device_count", lambda: 2)
     with pytest.raises(SystemExit) as e:
         cli.main(["optimize", "--net", "alexnet", "--backend", "cudnn-graph", "--batch", "2",
                   "--layers", "conv5", "--devices", "0,2", "--no-progress"])

@@ -13,20 +13,21 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
 
 from ..errors import InvalidValueError
 from ..problem import ConvProblem, Direction, Plan
 from ..units import format_bytes, parse_bytes
-from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_cache
 from .dp import optimize_wr, pareto_front
 from .ilp import optimize_wd
-from .policies import DEFAULT_POLICY, Policy, batch_sizes, normalize_policy
-from .spread import check_devices
-from .spread import run as spread_run
+from .options import PlanOptions, plan_options
+from .policies import DEFAULT_POLICY, Policy, batch_sizes
+from .spread import Perf, SpreadResult, measure
+from .types import BackendLike, CacheLike, DevicesLike, PolicyLike
 
-__all__ = ["optimize", "optimize_kernels", "optimize_network", "plan_jointly",
-           "DEFAULT_WORKSPACE_LIMIT"]
+__all__ = ["optimize", "optimize_kernels", "optimize_network", "plan_jointly", "plan_kernels",
+           "Planned", "DEFAULT_WORKSPACE_LIMIT"]
 
 log = logging.getLogger("mucudnn")
 
@@ -98,10 +99,10 @@ def _wr_plan(problem: ConvProblem, direction: Direction, perf: Mapping[int, list
 
 
 def optimize(problem: ConvProblem, direction: "Direction | str",
-             workspace_limit: int = DEFAULT_WORKSPACE_LIMIT, policy: Policy = DEFAULT_POLICY,
-             backend: Any = None, cache: Any = None, *, benchmark_cap: int | None = None,
-             retime: int = 0, progress: "bool | None" = None,
-             deterministic: bool = False, devices: Any = None) -> Plan:
+             workspace_limit: int = DEFAULT_WORKSPACE_LIMIT, policy: PolicyLike = DEFAULT_POLICY,
+             backend: BackendLike = None, cache: CacheLike = None, *,
+             benchmark_cap: int | None = None, retime: int = 0, progress: "bool | None" = None,
+             deterministic: bool = False, devices: DevicesLike = None) -> Plan:
     """The fastest micro-batch plan for ``problem`` in ``direction`` under a
     per-kernel ``workspace_limit`` (bytes).
 
@@ -122,36 +123,12 @@ def optimize(problem: ConvProblem, direction: "Direction | str",
     pruning]) and each depends on the last, so this process benchmarks them
     all on ``devices[0]``.
     """
-    policy = normalize_policy(policy)  # a one-shot iterable is read once
     direction = Direction.parse(direction)
-    check_deterministic(deterministic)
     limit = _check_bytes("workspace_limit", workspace_limit)
-    cap = max(limit, _check_bytes("benchmark_cap", benchmark_cap or 0))
-    sizes = batch_sizes(policy, problem.batch)  # validate the policy before any work
-    if devices is not None:
-        devs = check_devices(devices)
-        t0 = time.perf_counter()
-        if cap == limit:  # pruned: the sizes depend on each other (Note [size pruning])
-            res = spread_run([(problem, direction)], policy, cap, backend, cache,
-                             devices=devs[:1], retime=retime, prune_sizes=True,
-                             deterministic=deterministic, progress=progress)
-            perf = res.perfs[0]
-        else:  # every size, each its own task: the same cache entries as benchmark()'s
-            res = spread_run([(problem.with_batch(s), direction) for s in sizes], "undivided",
-                             cap, backend, cache, devices=devs, retime=retime,
-                             deterministic=deterministic, progress=progress)
-            perf = {s: r[s] for s, r in zip(sizes, res.perfs)}
-        assert res.identity is not None
-        return _wr_plan(problem, direction, perf, limit, policy, deterministic,
-                        time.perf_counter() - t0, res.identity[0])
-    be = resolve_backend(backend)
-    t0 = time.perf_counter()
-    # See Note [size pruning]: WR under this cap needs only the sizes that can win.
-    perf = benchmark(be, problem, direction, policy, cap, cache=resolve_cache(cache),
-                     retime=retime, progress=progress, prune_sizes=cap == limit,
-                     deterministic=deterministic, fit_limit=limit)
-    return _wr_plan(problem, direction, perf, limit, policy, deterministic,
-                    time.perf_counter() - t0, be.name)
+    options = plan_options(policy, backend, cache, deterministic=deterministic, retime=retime,
+                           progress=progress, devices=devices)
+    return plan_kernels({0: (problem, direction)}, options, workspace_limit=limit,
+                        benchmark_cap=benchmark_cap, split_sizes=True).plans[0]
 
 
 K = TypeVar("K", bound=Hashable)
@@ -159,10 +136,10 @@ K = TypeVar("K", bound=Hashable)
 
 def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
                      workspace_limit: int = DEFAULT_WORKSPACE_LIMIT,
-                     policy: Policy = DEFAULT_POLICY, backend: Any = None, cache: Any = None, *,
-                     benchmark_cap: int | None = None, retime: int = 0,
-                     progress: "bool | None" = None, deterministic: bool = False,
-                     devices: Any = None) -> dict[K, Plan]:
+                     policy: PolicyLike = DEFAULT_POLICY, backend: BackendLike = None,
+                     cache: CacheLike = None, *, benchmark_cap: int | None = None,
+                     retime: int = 0, progress: "bool | None" = None,
+                     deterministic: bool = False, devices: DevicesLike = None) -> dict[K, Plan]:
     """:func:`optimize` for many kernels, each under its own ``workspace_limit``
     (WR): ``{key: (problem, direction)}`` -> ``{key: Plan}``, each Plan the one
     ``optimize(problem, direction, ...)`` gives; a repeated (problem,
@@ -175,46 +152,20 @@ def optimize_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
     [benchmarking on several devices]); ``backend`` is then a name, None or a
     factory. Arguments otherwise as :func:`optimize`.
     """
-    policy = normalize_policy(policy)  # a one-shot iterable is read once
-    check_deterministic(deterministic)
     limit = _check_bytes("workspace_limit", workspace_limit)
-    cap = max(limit, _check_bytes("benchmark_cap", benchmark_cap or 0))
-    items = {name: (p, Direction.parse(d)) for name, (p, d) in kernels.items()}
-    for p, _ in items.values():
-        batch_sizes(policy, p.batch)
-    out: dict[K, Plan] = {}
-    memo: dict[tuple[ConvProblem, Direction], Plan] = {}
-    if devices is None:
-        be = resolve_backend(backend)
-        store = resolve_cache(cache)
-        for name, (p, d) in items.items():
-            if (p, d) not in memo:
-                memo[p, d] = optimize(p, d, limit, policy, be, store, benchmark_cap=benchmark_cap,
-                                      retime=retime, progress=progress,
-                                      deterministic=deterministic)
-            out[name] = memo[p, d]
-        return out
-    # See Note [size pruning]: as optimize(), WR under this cap needs only the sizes that can win.
-    # (spread_run checks ``devices`` before any work.)
-    res = spread_run(list(items.values()), policy, cap, backend, cache, devices=devices,
-                     retime=retime, prune_sizes=cap == limit, deterministic=deterministic,
-                     progress=progress)
-    for (name, (p, d)), perf, secs in zip(items.items(), res.perfs, res.seconds):
-        if (p, d) not in memo:
-            assert res.identity is not None
-            memo[p, d] = _wr_plan(p, d, perf, limit, policy, deterministic, secs,
-                                  res.identity[0])
-        out[name] = memo[p, d]
-    return out
+    options = plan_options(policy, backend, cache, deterministic=deterministic, retime=retime,
+                           progress=progress, devices=devices)
+    return plan_kernels(kernels, options, workspace_limit=limit,
+                        benchmark_cap=benchmark_cap).plans
 
 
 def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, ConvProblem]]",
                      total_workspace: int,
                      directions: "Iterable[Direction | str] | None" = None,
-                     policy: Policy = DEFAULT_POLICY, backend: Any = None, cache: Any = None, *,
-                     retime: int = 0, progress: "bool | None" = None,
-                     deterministic: bool = False,
-                     devices: Any = None) -> dict[tuple[Any, Direction], Plan]:
+                     policy: PolicyLike = DEFAULT_POLICY, backend: BackendLike = None,
+                     cache: CacheLike = None, *, retime: int = 0,
+                     progress: "bool | None" = None, deterministic: bool = False,
+                     devices: DevicesLike = None) -> dict[tuple[Any, Direction], Plan]:
     """One plan per (layer, direction) sharing one workspace budget (WD).
 
     ``problems`` maps a layer name to its ConvProblem; ``directions`` defaults
@@ -240,72 +191,127 @@ def optimize_network(problems: "Mapping[Any, ConvProblem] | Iterable[tuple[Any, 
 
 
 def plan_jointly(kernels: Mapping[K, tuple[ConvProblem, Direction]], total_workspace: int,
-                 policy: Policy = DEFAULT_POLICY, backend: Any = None, cache: Any = None, *,
-                 retime: int = 0, progress: "bool | None" = None,
-                 deterministic: bool = False, devices: Any = None) -> dict[K, Plan]:
+                 policy: PolicyLike = DEFAULT_POLICY, backend: BackendLike = None,
+                 cache: CacheLike = None, *, retime: int = 0, progress: "bool | None" = None,
+                 deterministic: bool = False, devices: DevicesLike = None) -> dict[K, Plan]:
     """WD over named kernels: ``{key: (problem, direction)}`` -> ``{key: Plan}``,
     the plans' workspaces summing to at most ``total_workspace`` bytes with the
     least total time (see :func:`optimize_network`, which calls this;
     ``deterministic`` and ``devices`` as there)."""
-    policy = normalize_policy(policy)  # a one-shot iterable is read once
-    check_deterministic(deterministic)
     total = _check_bytes("total_workspace", total_workspace)
-    for p, _ in kernels.values():
-        batch_sizes(policy, p.batch)
-    # See Note [benchmarking on several devices]: with devices, every distinct
-    # kernel is measured first, spread over the devices; the fronts and WD
-    # below are then made from those tables exactly as from benchmark()'s.
+    options = plan_options(policy, backend, cache, deterministic=deterministic, retime=retime,
+                           progress=progress, devices=devices)
+    return plan_kernels(kernels, options, total_workspace=total).plans
+
+
+@dataclass(frozen=True)
+class Planned(Generic[K]):
+    """What :func:`plan_kernels` gives: a Plan per key, the measurements it was
+    solved from per key (a repeated kernel shares its dict), and who measured
+    them (backend name, device name, library version; None without kernels)."""
+
+    plans: dict[K, Plan]
+    perfs: dict[K, Perf]
+    identity: "tuple[str, str, str] | None"
+
+
+def plan_kernels(kernels: Mapping[K, tuple[ConvProblem, "Direction | str"]],
+                 options: PlanOptions, *, workspace_limit: int | None = None,
+                 total_workspace: int | None = None, benchmark_cap: int | None = None,
+                 fit_limit: int | None = None,
+                 on_size: "Callable[[int, list, bool], None] | None" = None,
+                 split_sizes: bool = False) -> Planned[K]:
+    """The one planning path: measure ``kernels`` (each distinct (problem,
+    direction) once, in this process or over ``options.devices``: one branch,
+    :func:`.spread.measure`), then solve WR (each kernel under
+    ``workspace_limit``) or, with ``total_workspace``, WD (one budget for all;
+    a repeated kernel shares its measurements and front, each occurrence gets
+    its own plan).
+
+    The cap is the limit (or budget), raised to ``benchmark_cap``; WR under
+    its own limit prunes sizes (Note [size pruning]). ``fit_limit``: the
+    limit ``"fitted"`` stretches configurations to (WR: ``workspace_limit``;
+    WD: the cap). ``on_size`` as :func:`~.benchmark.benchmark` (sizes measured
+    in this process). ``split_sizes``: a single kernel spread over devices,
+    unpruned, is measured size by size, each size its own task
+    (:func:`optimize`'s rule). :func:`optimize`, :func:`optimize_kernels`,
+    :func:`plan_jointly` and :func:`mucudnn.bench.run_network` all plan here.
+    """
+    items = {name: (p, Direction.parse(d)) for name, (p, d) in kernels.items()}
+    wd = total_workspace is not None
+    budget = (_check_bytes("total_workspace", total_workspace) if wd else
+              _check_bytes("workspace_limit", DEFAULT_WORKSPACE_LIMIT if workspace_limit is None
+                           else workspace_limit))
+    cap = max(budget, _check_bytes("benchmark_cap", benchmark_cap or 0))
+    for p, _ in items.values():
+        batch_sizes(options.policy, p.batch)  # validate the policy before any work
+    prune = not wd and cap == budget
+    fit = fit_limit if fit_limit is not None else (None if wd else budget)
     t_all = time.perf_counter()
-    measured: dict[tuple[ConvProblem, Direction], tuple[Any, float]] | None = None
-    if devices is not None:  # spread_run checks ``devices`` before any work
-        tasks = list(dict.fromkeys((p, Direction.parse(d)) for p, d in kernels.values()))
-        res = spread_run(tasks, policy, total, backend, cache, devices=devices, retime=retime,
-                         progress=progress, deterministic=deterministic)
-        measured = {t: (perf, s) for t, perf, s in zip(tasks, res.perfs, res.seconds)}
-        backend_name = res.identity[0] if res.identity is not None else ""
+    res = _measure(list(items.values()), options, cap, prune, fit, on_size, split_sizes)
+    name = res.identity[0] if res.identity is not None else options.backend_name
+    perfs = {k: perf for k, perf in zip(items, res.perfs)}
+    seconds = dict(zip(items, res.seconds))
+    if wd:
+        plans = _wd_plans(items, perfs, seconds, budget, options, name, t_all)
     else:
-        be = resolve_backend(backend)
-        store = resolve_cache(cache)
-        backend_name = be.name
-    fronts: dict[Any, list[Plan]] = {}
-    perfs: dict[Any, Any] = {}
-    times: dict[Any, tuple[float, float]] = {}
-    # Note: a network repeats layers (ResNet-50: 159 kernels, 60 distinct); a
-    # repeated (problem, direction) shares the first occurrence's benchmark and
-    # front (plans are immutable) and costs nothing more.
-    seen: dict[tuple[ConvProblem, Direction], tuple[Any, list[Plan]]] = {}
-    for name, (p, d) in kernels.items():
-        d = Direction.parse(d)
+        plans = {}
+        memo: dict[tuple[ConvProblem, Direction], Plan] = {}
+        for k, (p, d) in items.items():
+            if (p, d) not in memo:
+                memo[p, d] = _wr_plan(p, d, perfs[k], budget, options.policy,
+                                      options.deterministic, seconds[k], name)
+            plans[k] = memo[p, d]
+    return Planned(plans, perfs, res.identity)
+
+
+def _measure(tasks: list[tuple[ConvProblem, Direction]], options: PlanOptions, cap: int,
+             prune: bool, fit: int | None, on_size: Any, split_sizes: bool) -> SpreadResult:
+    """:func:`.spread.measure`; with ``split_sizes``, one unpruned kernel over
+    several devices goes size by size (every size its own task: the same
+    cache entries as benchmark()'s)."""
+    if split_sizes and options.devices is not None and not prune and len(set(tasks)) == 1:
+        (p, d) = tasks[0]
+        sizes = batch_sizes(options.policy, p.batch)
         t0 = time.perf_counter()
+        res = measure([(p.with_batch(s), d) for s in sizes],
+                      dataclasses.replace(options, policy="undivided"), cap)
+        perf = {s: r[s] for s, r in zip(sizes, res.perfs)}
+        return SpreadResult([perf] * len(tasks), [time.perf_counter() - t0] +
+                            [0.0] * (len(tasks) - 1), res.identity)
+    return measure(tasks, options, cap, prune_sizes=prune, fit_limit=fit, on_size=on_size)
+
+
+def _wd_plans(items: Mapping[K, tuple[ConvProblem, Direction]], perfs: Mapping[K, Perf],
+              seconds: Mapping[K, float], total: int, options: PlanOptions, backend_name: str,
+              t_all: float) -> dict[K, Plan]:
+    """WD over measured kernels: one front per kernel, a repeated (problem,
+    direction) sharing the first occurrence's (plans are immutable), then
+    :func:`optimize_wd`."""
+    fronts: dict[Any, list[Plan]] = {}
+    times: dict[Any, tuple[float, float]] = {}
+    seen: dict[tuple[ConvProblem, Direction], list[Plan]] = {}
+    for k, (p, d) in items.items():
+        t1 = time.perf_counter()
         if (p, d) not in seen:
-            if measured is None:
-                perf = benchmark(be, p, d, policy, total, cache=store, retime=retime,
-                                 progress=progress, deterministic=deterministic)
-                t1 = time.perf_counter()
-            else:  # measured in a worker, in this many seconds
-                perf, bench_s = measured[p, d]
-                t1 = time.perf_counter()
-                t0 = t1 - bench_s
-            seen[(p, d)] = (perf, _solve(pareto_front, deterministic, perf, p.batch, policy,
-                                         quantum=p.batch_quantum()))
-        else:
-            t1 = t0
-        perfs[name], fronts[name] = seen[(p, d)]
-        times[name] = (t1 - t0, time.perf_counter() - t1)
+            seen[p, d] = _solve(pareto_front, options.deterministic, perfs[k], p.batch,
+                                options.policy, quantum=p.batch_quantum())
+        fronts[k] = seen[p, d]
+        times[k] = (seconds[k], time.perf_counter() - t1)
     t0 = time.perf_counter()
-    chosen = _solve(optimize_wd, deterministic, fronts, total)
+    chosen = _solve(optimize_wd, options.deterministic, fronts, total)
     wd_s = time.perf_counter() - t0
-    out: dict[Any, Plan] = {}
-    for name, plan in chosen.items():
-        p, d = kernels[name]
-        b, s = times[name]
-        plan = dataclasses.replace(plan, problem=p, direction=Direction.parse(d),
+    out: dict[K, Plan] = {}
+    for k, plan in chosen.items():
+        p, d = items[k]
+        b, s = times[k]
+        plan = dataclasses.replace(plan, problem=p, direction=d,
                                    extra={**plan.extra, "benchmark_s": b, "solve_s": s,
-                                          "front_size": len(fronts[name]),
+                                          "front_size": len(fronts[k]),
                                           "backend": backend_name})
-        label = " ".join(str(v) for v in name) if isinstance(name, tuple) else str(name)
-        _log_plan(label, plan, perfs[name], plan.workspace_limit, b, s)
-        out[name] = plan
+        label = " ".join(str(v) for v in k) if isinstance(k, tuple) else str(k)
+        _log_plan(label, plan, perfs[k], plan.workspace_limit, b, s)
+        out[k] = plan
     used = sum(p.workspace_bytes for p in out.values())
     fastest = sum(f[-1].time_ms for f in fronts.values())
     log.info("network: %d kernels, predicted %.3f ms (%.3f ms with unlimited workspace); "

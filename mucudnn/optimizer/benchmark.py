@@ -19,11 +19,12 @@ from typing import Any, Callable, Iterable, Mapping
 from tqdm.auto import tqdm
 
 from ..backends import Backend, get_backend
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
-from ..units import parse_count
 from .cache import BenchmarkCache, resolve
-from .policies import DEFAULT_POLICY, Policy, batch_sizes, fitted_sizes, normalize_policy
+from .options import PlanOptions, check_byte_count, check_deterministic, plan_options
+from .types import BackendLike, CacheLike, PolicyLike
+from .policies import DEFAULT_POLICY, batch_sizes, fitted_sizes
 
 __all__ = ["benchmark", "resolve_cache", "resolve_backend", "deterministic_only",
            "is_deterministic", "check_deterministic"]
@@ -107,14 +108,6 @@ def deterministic_only(results: Iterable[AlgoPerf]) -> list[AlgoPerf]:
     return [a for a in results if is_deterministic(a)]
 
 
-def check_deterministic(value: Any) -> bool:
-    """A ``deterministic`` argument: True or False; InvalidTypeError (a TypeError)
-    naming it otherwise."""
-    if not isinstance(value, bool):
-        raise InvalidTypeError(f"deterministic: expected True or False, got {value!r}")
-    return value
-
-
 def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
     """The sizes (below ``smallest``, from ``sizes``) that complete ``batch`` once
     it is cut into pieces of ``smallest``: a greedy decomposition of the rest.
@@ -145,13 +138,6 @@ def _remainder_sizes(batch: int, smallest: int, sizes: list[int]) -> list[int]:
 # results to that size's entry (they fit any cap). Other backends' find()
 # reports such configs itself. Where each size is its own benchmark (several
 # devices with a ``benchmark_cap`` over the limit), each size makes its own.
-
-
-def check_byte_count(name: str, value: Any) -> int:
-    """An int >= 0 of bytes; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 0:
-        raise InvalidValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
-    return int(value)
 
 
 def _fitted_sizes(out: Mapping[int, list[AlgoPerf]], problem: ConvProblem, limit: int,
@@ -269,11 +255,15 @@ def _retime(backend: Any, problem: ConvProblem, direction: Direction, cap: int,
     return sorted(out, key=lambda r: r.time_ms)
 
 
-def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
-              policy: Policy = DEFAULT_POLICY, workspace_cap: int = 64 << 20,
-              cache: Any = None, retime: int = 0, progress: "bool | None" = None, *,
+#: ``on_size(size, results, from_cache)``, called per size benchmark() measures.
+OnSize = Callable[[int, list[AlgoPerf], bool], None]
+
+
+def benchmark(backend: BackendLike, problem: ConvProblem, direction: "Direction | str",
+              policy: PolicyLike = DEFAULT_POLICY, workspace_cap: int = 64 << 20,
+              cache: CacheLike = None, retime: int = 0, progress: "bool | None" = None, *,
               repeats: int = 4, prune_sizes: bool = False,
-              on_size: Callable[[int, list[AlgoPerf], bool], None] | None = None,
+              on_size: OnSize | None = None,
               deterministic: bool = False,
               fit_limit: int | None = None) -> dict[int, list[AlgoPerf]]:
     """Find results for every micro-batch size of ``policy``: ``{size: [AlgoPerf, ...]}``.
@@ -301,14 +291,27 @@ def benchmark(backend: Any, problem: ConvProblem, direction: "Direction | str",
     to (Note [fitted sizes]; default ``workspace_cap``): the plan's limit
     where the benchmark runs under a larger cap.
     """
-    policy = normalize_policy(policy)  # a one-shot iterable is read once
+    opts = plan_options(policy, backend, cache, deterministic=deterministic, retime=retime,
+                        progress=progress)
+    return measure_kernel(opts, problem, direction, workspace_cap, repeats=repeats,
+                          prune_sizes=prune_sizes, on_size=on_size, fit_limit=fit_limit)
+
+
+def measure_kernel(options: PlanOptions, problem: ConvProblem, direction: "Direction | str",
+                   workspace_cap: int, *, repeats: int = 4, prune_sizes: bool = False,
+                   on_size: OnSize | None = None,
+                   fit_limit: int | None = None) -> dict[int, list[AlgoPerf]]:
+    """:func:`benchmark` with checked ``options`` (in this process: ``options.backend``)."""
     direction = Direction.parse(direction)
-    be = resolve_backend(backend)
-    store = resolve_cache(cache)
+    be = options.backend
+    if be is None:
+        raise InvalidValueError("measure_kernel: options with devices= benchmark through "
+                                "spread.measure")
+    store = options.cache
+    policy, deterministic, retime = options.policy, options.deterministic, options.retime
+    progress = options.progress
     cap = check_byte_count("workspace_cap", workspace_cap)
     fit = cap if fit_limit is None else min(cap, check_byte_count("fit_limit", fit_limit))
-    check_deterministic(deterministic)
-    retime = parse_count(retime, "retime")  # exactly: 2.5 is refused, not run as 2
     sizes = batch_sizes(policy, problem.batch)
     bar = None
     if progress is not False and (progress or len(sizes) > PROGRESS_MIN_SIZES):

@@ -20,14 +20,11 @@ command line's ``--devices`` go through it.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
 import multiprocessing
-import os
-import pickle
 import time
 from collections import deque
-from collections.abc import Sequence
 from concurrent.futures import (FIRST_COMPLETED, Future, ProcessPoolExecutor,
                                 ThreadPoolExecutor, wait)
 from dataclasses import dataclass, field
@@ -35,14 +32,14 @@ from typing import Any, Iterable, NamedTuple
 
 from tqdm.auto import tqdm
 
-from ..backends import (DEFAULT_GPU_BACKEND, CudnnBackend, CudnnGraphBackend, NumpyBackend,
-                        available_backends, get_backend)
-from ..cuda import device_count, require_device, set_device
+from ..backends import get_backend
+from ..cuda import set_device
 from ..errors import InvalidTypeError, InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
-from .benchmark import (PROGRESS_MIN_SIZES, benchmark, check_byte_count, check_deterministic,
-                        resolve_backend, resolve_cache)
-from .policies import Policy, batch_sizes, normalize_policy
+from .benchmark import PROGRESS_MIN_SIZES, OnSize, measure_kernel, resolve_backend
+from .options import PlanOptions, check_byte_count, check_devices, plan_options
+from .policies import Policy, batch_sizes
+from .types import BackendLike, CacheLike, DevicesLike, PolicyLike
 
 __all__ = ["benchmark_many", "check_devices"]
 
@@ -105,118 +102,11 @@ class SpreadResult:
 
 
 # -- checking arguments ----------------------------------------------------------------------------
-def check_devices(devices: Any) -> tuple[int, ...]:
-    """A ``devices`` argument: a non-empty sequence of distinct CUDA device
-    ordinals (ints >= 0), returned as a tuple; InvalidTypeError (a TypeError)
-    or InvalidValueError (a ValueError) naming ``devices`` otherwise.
-
-    >>> check_devices([0, 1])
-    (0, 1)
-    >>> check_devices("0,1")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    mucudnn.errors.InvalidTypeError: devices: expected a sequence of CUDA device ordinals ...
-    """
-    want = "a sequence of CUDA device ordinals such as [0, 1]"
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
-        raise InvalidTypeError(f"devices: expected {want}, got {devices!r} "
-                               f"({type(devices).__name__})")
-    out = []
-    for d in devices:
-        if isinstance(d, bool) or not hasattr(d, "__index__"):
-            raise InvalidTypeError(f"devices: expected {want}, got the entry {d!r} "
-                                   f"({type(d).__name__})")
-        if int(d) < 0:
-            raise InvalidValueError(f"devices: expected ordinals >= 0, got {int(d)}")
-        out.append(int(d))
-    if not out:
-        raise InvalidValueError(f"devices: expected {want}, got an empty sequence")
-    twice = sorted({d for d in out if out.count(d) > 1})
-    if twice:
-        raise InvalidValueError(f"devices: each device once, got {out} "
-                                f"(repeated: {', '.join(map(str, twice))})")
-    return tuple(out)
-
-
-def _default_backend_name() -> str:
-    """``MUCUDNN_BACKEND`` if set, else the default GPU backend, as get_backend()
-    would pick on a GPU, without touching the device."""
-    env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
-    if env:
-        if env not in available_backends():
-            raise InvalidValueError(f"MUCUDNN_BACKEND: expected one of {available_backends()}, "
-                                    f"got {env!r}")
-        return env
-    return DEFAULT_GPU_BACKEND
-
-
-def _factory_target(spec: Any) -> Any:
-    while isinstance(spec, functools.partial):
-        spec = spec.func
-    return spec
-
-
-def _backend_spec(backend: Any) -> tuple[Any, bool, bool]:
-    """(what the workers build their backend from, whether it is a host backend
-    (built without a device), whether it is one of the library's GPU backends
-    (whose ordinals are checked here; another factory checks its own)).
-    Note [benchmarking on several devices]."""
-    if backend is None:
-        backend = _default_backend_name()
-    if isinstance(backend, str):
-        key = backend.lower()
-        if key not in available_backends():
-            raise InvalidValueError(f"backend: expected one of {available_backends()}, "
-                                    f"got {backend!r}")
-        host = key == NumpyBackend.name
-        return key, host, not host
-    target = _factory_target(backend)
-    if not isinstance(target, type) and hasattr(backend, "find"):
-        raise InvalidTypeError(
-            f"backend: with devices=, each worker process builds its own backend, so pass a "
-            f"backend name, None, or a picklable factory called as factory(device=i) (a "
-            f"Backend class, or functools.partial(CudnnGraphBackend, find_top_k=4)); got the "
-            f"instance {backend!r}")
-    if not callable(backend):
-        raise InvalidTypeError(f"backend: expected a backend name, None or a factory "
-                               f"(callable as factory(device=i)), got {backend!r}")
-    try:
-        pickle.dumps(backend)
-    except Exception as exc:
-        raise InvalidTypeError(
-            f"backend: with devices=, the factory goes to worker processes and must be "
-            f"picklable (a module-level class or function, or functools.partial of one), "
-            f"got {backend!r}: {exc}") from None
-    if isinstance(target, type):
-        # the library's GPU backends: their ordinals can be checked here
-        return backend, bool(getattr(target, "is_host", False)), \
-            issubclass(target, (CudnnBackend, CudnnGraphBackend))
-    return backend, False, False
-
-
-def check_ordinals(devices: tuple[int, ...]) -> None:
-    """InvalidValueError naming ``devices`` where one is not a CUDA device of
-    this machine (NoDeviceError where there is none)."""
-    n = device_count()
-    if n == 0:
-        require_device()  # NoDeviceError, with the runtime's reason
-    bad = [d for d in devices if d >= n]
-    if bad:
-        raise InvalidValueError(f"devices: this machine has {n} CUDA device"
-                                f"{'s' if n != 1 else ''} (ordinals 0..{n - 1}), got {list(devices)}")
-
-
-def _check_common(policy: Any, cap: Any, retime: Any, deterministic: Any,
-                  tasks: list[tuple[ConvProblem, Direction]]) -> int:
-    check_deterministic(deterministic)
-    cap = check_byte_count("workspace_cap", cap)
-    if isinstance(retime, bool) or not hasattr(retime, "__index__") or int(retime) < 0:
-        raise InvalidValueError(f"retime: expected an int >= 0, got {retime!r}")
+def _check_tasks(policy: Policy, tasks: list[tuple[ConvProblem, Direction]]) -> None:
     for p, _d in tasks:
         if not isinstance(p, ConvProblem):
             raise InvalidTypeError(f"tasks: expected (ConvProblem, Direction) pairs, got {p!r}")
         batch_sizes(policy, p.batch)
-    return cap
 
 
 # -- the worker process ----------------------------------------------------------------------------
@@ -254,9 +144,9 @@ def _work(task: _Task, state: "dict[str, Any] | None" = None) -> _Done:
         startup = time.time() - w["t_spawn"]
     be = w["backend"]
     t0 = time.perf_counter()
-    perf = benchmark(be, task.problem, task.direction, w["policy"], w["cap"], cache=w["cache"],
-                     retime=w["retime"], progress=False, prune_sizes=w["prune_sizes"],
-                     deterministic=w["deterministic"])
+    opts = dataclasses.replace(w["options"], backend=be, devices=None, progress=False)
+    perf = measure_kernel(opts, task.problem, task.direction, w["cap"],
+                          prune_sizes=w["prune_sizes"], fit_limit=w["fit_limit"])
     return _Done(task.number, perf, time.perf_counter() - t0, startup, w["device"],
                  (str(be.name), str(be.device_name), str(be.version)))
 
@@ -291,39 +181,49 @@ def _mismatch(devices: tuple[int, ...], seen: dict[int, Identity]) -> InvalidVal
         "devices of one model, with one cuDNN version")
 
 
-def run(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy, cap: int,
-        backend: Any = None, cache: Any = None, *, devices: Any = None, retime: int = 0,
-        prune_sizes: bool = False, deterministic: bool = False,
+def run(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: PolicyLike, cap: int,
+        backend: BackendLike = None, cache: CacheLike = None, *, devices: DevicesLike = None,
+        retime: int = 0, prune_sizes: bool = False, deterministic: bool = False,
         progress: "bool | None" = None) -> SpreadResult:
     """:func:`benchmark_many` with the times per task and the workers' identity
     (what :mod:`.api` and :mod:`mucudnn.bench` need to label their plans)."""
-    policy = normalize_policy(policy)  # a one-shot iterable is read once
+    opts = plan_options(policy, backend, cache, deterministic=deterministic, retime=retime,
+                        progress=progress, devices=devices)
+    return measure(tasks, opts, cap, prune_sizes=prune_sizes)
+
+
+def measure(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], options: PlanOptions,
+            cap: int, *, prune_sizes: bool = False, fit_limit: int | None = None,
+            on_size: OnSize | None = None) -> SpreadResult:
+    """Benchmark ``tasks`` with checked ``options``: in this process through
+    ``options.backend``, or spread over ``options.devices`` (the one place
+    that chooses; Note [benchmarking on several devices]). ``cap``,
+    ``prune_sizes`` and ``fit_limit`` as :func:`~.benchmark.benchmark` takes
+    them; ``on_size`` is called per size measured in this process (not by
+    the workers)."""
     distinct, where = _distinct(tasks)
-    cap = _check_common(policy, cap, retime, deterministic, distinct)
-    if devices is None:
-        be = resolve_backend(backend)
-        store = resolve_cache(cache)
+    cap = check_byte_count("workspace_cap", cap)
+    fit = None if fit_limit is None else check_byte_count("fit_limit", fit_limit)
+    _check_tasks(options.policy, distinct)
+    if options.devices is None:
+        be = options.backend
+        assert be is not None
         perfs: list[Perf] = []
         secs: list[float] = []
         for p, d in distinct:
             t0 = time.perf_counter()
-            perfs.append(benchmark(be, p, d, policy, cap, cache=store, retime=retime,
-                                   progress=progress, prune_sizes=prune_sizes,
-                                   deterministic=deterministic))
+            perfs.append(measure_kernel(options, p, d, cap, prune_sizes=prune_sizes,
+                                        fit_limit=fit, on_size=on_size))
             secs.append(time.perf_counter() - t0)
         return _in_task_order(perfs, secs, where, (be.name, be.device_name, be.version))
-    devs = check_devices(devices)
-    spec, host, gpu = _backend_spec(backend)
-    if gpu:
-        check_ordinals(devs)
-    store = resolve_cache(cache)
     if not distinct:
         return SpreadResult([], [], None)
+    store = options.cache
     if store.enabled:
         store.read_only  # noqa: B018 (opens the file, and creates its schema, once, here)
-    settings = dict(policy=policy, cap=cap, cache=store, retime=int(retime),
-                    prune_sizes=bool(prune_sizes), deterministic=deterministic)
-    return _spread(distinct, where, devs, spec, host, gpu, settings, progress)
+    settings = dict(options=options, cap=cap, prune_sizes=bool(prune_sizes), fit_limit=fit)
+    return _spread(distinct, where, options.devices, options.spec, options.host, options.gpu,
+                   settings, options.progress)
 
 
 def _in_task_order(perfs: list[Perf], secs: list[float], where: list[int],
@@ -423,8 +323,9 @@ def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
                           {d: b[2] for d, b in busy.items()})
 
 
-def benchmark_many(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: Policy,
-                   cap: int, backend: Any = None, cache: Any = None, *, devices: Any = None,
+def benchmark_many(tasks: Iterable[tuple[ConvProblem, "Direction | str"]], policy: PolicyLike,
+                   cap: int, backend: BackendLike = None, cache: CacheLike = None, *,
+                   devices: DevicesLike = None,
                    retime: int = 0, prune_sizes: bool = False, deterministic: bool = False,
                    progress: "bool | None" = None) -> list[Perf]:
     """Find results for many ``(problem, direction)`` tasks: one
