@@ -107,6 +107,7 @@ def test_summary_lines(zb):
                   "over 2 models", "geometric mean converted/native, amp graph: 1.000 over 1 models"]
 
 
+@pytest.mark.slow
 def test_tiny_end_to_end(zb, tmp_path, capsys):
     out = tmp_path / "zoo.json"
     assert zb.main(TINY + ["--grad-check", "--rounds", "2", "--steps", "2",
@@ -139,6 +140,7 @@ def test_tiny_end_to_end(zb, tmp_path, capsys):
     assert "| tiny | fp32cl | eager |" in text and "geometric mean converted/native" in text
 
 
+@pytest.mark.slow
 def test_failed_stage_recorded(zb, tmp_path, monkeypatch, capsys):
     import torch
 
@@ -175,3 +177,16 @@ def test_cold_processes(zb, tmp_path):
         c = r["cold"][side]
         assert 0 < c["second_step_s"] and 0 < c["first_step_s"] < c["process_s"]
         assert 0 < c["build_s"] < c["process_s"]
+
+
+def test_isolated_models(zb, tmp_path):
+    """--isolate: each model and precision in a child process (Note [isolated
+    models]); a child that does not finish is recorded, and the run goes on."""
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--isolate", "--rounds", "1", "--steps", "1",
+                           "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["model"] == "tiny" and r["errors"] == {} and r["steps"]["eager"]["ratio"] > 0
+    assert zb.main(TINY + ["--isolate", "--timeout", "0.01", "--json", str(out)]) == 1
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["errors"] == {"process": "isolated process timed out after 0 s"} and not r["steps"]

@@ -64,6 +64,7 @@ from torch import nn
 
 import train_bench as tb  # tools/, beside this script: training state, timing, rounds
 import grad_error  # tools/: the relative error against float64
+import mucudnn
 import mucudnn.torch as mt
 
 torchvision = tb.torchvision
@@ -166,7 +167,7 @@ class ZooJob(tb.TrainJob):
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+                                 epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
     ap.add_argument("--models", nargs="+", default=["resnet50"], metavar="NAME",
                     help="torchvision classification or segmentation models, or tiny")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
@@ -197,6 +198,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="start no new model or precision after this many seconds")
     ap.add_argument("--json", default=None, help="write all numbers here (after every model)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap.add_argument("--isolate", action="store_true",
+                    help="each model and precision in a process of its own (Note [isolated "
+                         "models])")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds allowed for each --isolate process (default 600)")
     ap.add_argument("--cold-child", choices=SIDES, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     classification, segmentation = zoo_names()
@@ -342,10 +348,18 @@ def cold_child(args: argparse.Namespace) -> int:
     return 0
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child running this script: PYTHONPATH
+    leads to the mucudnn this process imported (installed or not)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mucudnn.__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: str) -> dict:
     """:func:`cold_child` in a fresh process; its numbers and the process's wall seconds."""
     with tempfile.TemporaryDirectory(prefix="zoo-cold-") as tmp:
-        env = dict(os.environ, MUCUDNN_CACHE=os.path.join(tmp, "cache.sqlite"))
+        env = child_env(MUCUDNN_CACHE=os.path.join(tmp, "cache.sqlite"))
         cmd = [sys.executable, os.path.abspath(__file__), "--cold-child", side,
                "--models", spec.name, "--precisions", precision, "--device", args.device,
                "--batch", str(args.batch), "--size", str(spec.size),
@@ -553,7 +567,42 @@ def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
                 f"{g['converted']['all']:.2e}")
 
 
+# Note [isolated models]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# A crash in native code (a segmentation fault in a convolution library) ends
+# the process, and with it every model after the one that crashed. With
+# --isolate each model and precision runs in a child process (this script,
+# the same options, that one model and precision, its own --json), whose
+# output goes to this process's; the child saves its JSON before and after
+# every stage, so what it measured before dying is kept, and its exit status
+# is recorded as an error. A child costs a process start and CUDA's
+# initialisation (a few seconds) per model and precision.
+def run_isolated(argv: Sequence[str], args: argparse.Namespace, name: str,
+                 precision: str) -> dict:
+    """One model and precision in a child process (Note [isolated models])."""
+    with tempfile.TemporaryDirectory(prefix="zoo-model-") as tmp:
+        out = os.path.join(tmp, "model.json")
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--models", name,
+               "--precisions", precision, "--json", out, "--no-progress", "--max-seconds", "inf"]
+        cmd.remove("--isolate")  # spelled out: the parser takes no abbreviations
+        try:
+            rc = subprocess.run(cmd, env=child_env(), timeout=args.timeout,
+                                stdout=subprocess.DEVNULL).returncode
+            status = f"exited {rc}" if rc not in (0, 1) else None
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {args.timeout:.0f} s"
+        try:
+            with open(out, encoding="utf-8") as f:
+                entry = json.load(f)["results"][0]
+        except (OSError, ValueError, IndexError, KeyError):
+            entry = {"model": name, "precision": precision, "steps": {}, "errors": {}}
+    if status is not None:
+        entry.setdefault("errors", {})["process"] = f"isolated process {status}"
+    return entry
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.cold_child:
         return cold_child(args)
@@ -588,9 +637,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if bar is not None:
             bar.set_description(f"{name} {precision}")
         t0 = time.perf_counter()
-        entry: dict[str, Any] = {"model": name, "precision": precision}
-        report["results"].append(entry)
-        run_model(args, entry, device, log, save)
+        if args.isolate:
+            entry = run_isolated(argv, args, name, precision)
+            report["results"].append(entry)
+        else:
+            entry = {"model": name, "precision": precision}
+            report["results"].append(entry)
+            run_model(args, entry, device, log, save)
         entry["seconds"] = time.perf_counter() - t0
         log(f"{name} {precision}: took {entry['seconds']:.1f} s")
         save()
