@@ -89,6 +89,7 @@ conv_for = functools.partial(convolution_for, backend="numpy")
 
 # -- properties -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @settings(max_examples=max(300, settings.default.max_examples))
 @given(st.data())
 def test_forced_plans_equal_unsplit_and_reference(data):

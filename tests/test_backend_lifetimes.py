@@ -114,6 +114,7 @@ def _check_one_off(n: int) -> None:
 needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
+@pytest.mark.slow
 @needs_proc
 def test_one_off_backends_leave_nothing_behind():
     _check_one_off(500)

@@ -39,6 +39,7 @@ def test_time_interleaved_needs_a_function():
         time_interleaved([], None)
 
 
+@pytest.mark.slow
 def test_run_network_times_plan_undivided_and_unlimited_together(monkeypatch):
     """Each kernel's three plans go to one interleaved timing, in the order
     plan, undivided, unlimited, and each time lands in its own field."""

@@ -99,6 +99,7 @@ def test_info_of_a_file_that_is_not_a_cache(capsys, tmp_path):
     assert rc == 2 and "does not exist" in err
 
 
+@pytest.mark.slow
 def test_export_one_backend_serves_another_machine(capsys, tmp_path, monkeypatch, h200):
     monkeypatch.setenv("MUCUDNN_CACHE", str(h200))
     out = tmp_path / "cudnn-h200.sqlite.gz"
@@ -146,6 +147,7 @@ class _Machine:
         return [AlgoPerf(0, 100.0 * problem.batch, 0)]
 
 
+@pytest.mark.slow
 def test_import_into_the_current_cache(capsys, tmp_path, monkeypatch, h200):
     live = tmp_path / "live.sqlite"
     monkeypatch.setenv("MUCUDNN_CACHE", str(live))
@@ -189,6 +191,7 @@ def test_import_into_a_read_only_cache_is_refused(capsys, tmp_path, monkeypatch,
     assert _run(capsys, "import", str(incoming))[0] == 2
 
 
+@pytest.mark.slow
 def test_merge(capsys, tmp_path, h200):
     a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
     _fill(a, A, [1, 2, 3])
@@ -221,6 +224,7 @@ def test_merge_refuses_a_file_that_is_not_a_cache(capsys, tmp_path):
     assert not (tmp_path / "o.sqlite.gz").exists()
 
 
+@pytest.mark.slow
 def test_cache_subcommand_as_a_program(tmp_path, h200):
     r = subprocess.run([sys.executable, "-m", "mucudnn", "cache", "info", str(H200)],
                        capture_output=True, text=True, timeout=120)
@@ -264,6 +268,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow
 def test_info_on_a_locked_cache_says_what_it_waits_for_and_gives_up_soon(tmp_path):
     live = tmp_path / "live.sqlite"
     _fill(live, A, [1])
@@ -318,6 +323,7 @@ def test_rows_with_null_key_columns_are_rejected_and_counted(capsys, tmp_path, m
     assert not any(k[3].startswith(("null", "blob")) or "None" in k for k in keys)
 
 
+@pytest.mark.slow
 def test_gzipped_cache_larger_than_the_bound_is_refused(tmp_path, monkeypatch):
     from mucudnn.optimizer import cache_files
     live = tmp_path / "live.sqlite"

@@ -476,6 +476,7 @@ _good_dict = st.fixed_dictionaries({
                        st.lists(st.one_of(_good_dict, _json), max_size=3)),
        cap=st.one_of(st.integers(-5, 1 << 62), st.text(max_size=5), st.floats(allow_nan=False),
                      st.binary(max_size=4)))
+@pytest.mark.slow
 def test_any_stored_value_reads_back_valid_or_not_at_all(value, cap):
     with tempfile.TemporaryDirectory() as d:
         path = pathlib.Path(d) / "c.sqlite"
@@ -555,6 +556,7 @@ def _writer(path: str, worker: int, n: int) -> None:
     cache.close()
 
 
+@pytest.mark.slow
 def test_concurrent_writers_lose_nothing(tmp_path):
     path = str(tmp_path / "shared.sqlite")
     n, workers = 12, 4
@@ -582,6 +584,7 @@ def _killed_writer(path: str, conn) -> None:
         i += 1
 
 
+@pytest.mark.slow
 def test_sigkill_during_writes_keeps_every_committed_entry(tmp_path):
     path = str(tmp_path / "c.sqlite")
     ctx = multiprocessing.get_context("spawn")

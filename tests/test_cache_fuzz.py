@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import mucudnn as mu
@@ -143,6 +144,7 @@ def _check_plan(conv, limit) -> None:
 @SLOW
 @given(rows=_rows(), cut=st.one_of(st.none(), st.none(), st.integers(1, 99)),
        limit=st.sampled_from([None, 0, 1 << 10, 64 << 20]), gz=st.booleans())
+@pytest.mark.slow
 def test_hostile_cache_gives_a_correct_plan_or_a_mucudnn_error(rows, cut, limit, gz):
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "c.sqlite"
@@ -172,6 +174,7 @@ def test_hostile_cache_gives_a_correct_plan_or_a_mucudnn_error(rows, cut, limit,
             event(f"ran (attempt {attempt}, {len(rec)} warnings)")
 
 
+@pytest.mark.slow
 @SLOW
 @given(rows=_rows(), cut=st.one_of(st.none(), st.none(), st.integers(1, 99)))
 def test_hostile_cache_import_keeps_only_valid_entries(rows, cut):

@@ -19,6 +19,7 @@ def test_parse_size():
             parse_size(bad)
 
 
+@pytest.mark.slow
 def test_bench_numpy_table_and_json(tmp_path, tmp_cache, capsys):
     out = tmp_path / "r.json"
     rc = main(["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "3",
@@ -39,6 +40,7 @@ def test_bench_numpy_table_and_json(tmp_path, tmp_cache, capsys):
     assert data["optimize_warm_s"] < data["optimize_cold_s"]
 
 
+@pytest.mark.slow
 def test_bench_wd_mode(tmp_cache, capsys):
     rc = main(["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "2",
                "--layers", "conv4,conv5", "--mode", "wd", "--total-workspace", "2MiB",
@@ -47,6 +49,7 @@ def test_bench_wd_mode(tmp_cache, capsys):
     assert "2.0 MiB total (WD)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_optimize_json(tmp_path, tmp_cache, capsys):
     out = tmp_path / "plans.json"
     rc = main(["optimize", "--net", "resnet18", "--backend", "numpy", "--batch", "4",
@@ -60,6 +63,7 @@ def test_optimize_json(tmp_path, tmp_cache, capsys):
         assert p["problem"]["x_shape"] == [4, 512, 7, 7]
 
 
+@pytest.mark.slow
 def test_plot_pngs(tmp_path, tmp_cache):
     pytest.importorskip("matplotlib")
     rc = main(["plot", "--net", "alexnet", "--backend", "numpy", "--batch", "2",
@@ -102,6 +106,7 @@ def test_parser_names_every_backend():
     assert list(BACKENDS) == mucudnn.available_backends()
 
 
+@pytest.mark.slow
 def test_bench_says_which_cache_and_when_it_answered_everything(tmp_cache, capsys):
     argv = ["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "2", "--layers",
             "conv5", "--directions", "forward", "--repeat", "1", "--no-progress"]

@@ -98,6 +98,7 @@ def test_a_smaller_batch_is_kept_and_an_explicit_numpy_backend_is_not_capped(
     assert fake_run[-1]["batch"] == 16
 
 
+@pytest.mark.slow
 def test_numpy_bench_says_its_speedups_are_no_guide(tmp_cache, capsys):
     rc = cli.main(["bench", "--net", "alexnet", "--backend", "numpy", "--batch", "2",
                    "--layers", "conv5", "--directions", "forward", "--repeat", "1",

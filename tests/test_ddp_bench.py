@@ -17,6 +17,7 @@ pytest.importorskip("torch", reason="tools/ddp_bench.py needs PyTorch")
 TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "ddp_bench.py"
 
 
+@pytest.mark.slow
 def test_two_ranks_on_the_cpu(tmp_path):
     out = tmp_path / "ddp.json"
     env = dict(os.environ, MUCUDNN_BACKEND="numpy", OMP_NUM_THREADS="1")

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import mucudnn as mu
 from mucudnn.caches import LRU, live_caches
@@ -60,6 +61,7 @@ def test_lru_evicts_and_releases():
     assert dropped == ["a", "c", "b", "d"] and len(c) == 0
 
 
+@pytest.mark.slow
 def test_ten_thousand_problems_grow_rss_by_less_than_50_mb():
     """Every distinct problem through Convolution on the NumPy backend (cache off):
     plans, bindings and pools are bounded, so memory does not grow with the count."""

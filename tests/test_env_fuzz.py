@@ -79,6 +79,7 @@ def _hostile(root):
 
 
 # -- MUCUDNN_CACHE and XDG_CACHE_HOME ------------------------------------------------------------
+@pytest.mark.slow
 @FIXTURES_OK
 @given(data=st.data())
 def test_mucudnn_cache_values(sandbox, monkeypatch, data):
@@ -231,6 +232,7 @@ def libraries(sandbox):
             sub, real]
 
 
+@pytest.mark.slow
 @FIXTURES_OK
 @given(data=st.data())
 def test_mucudnn_cudnn_library_values_never_abort(sandbox, libraries, data):

@@ -217,6 +217,7 @@ def test_plot_only_merges_reports(fr, tmp_path):
         fr.load([str(bad)])
 
 
+@pytest.mark.slow
 def test_smoke_run_on_numpy_backend(fr, tmp_path, capsys):
     """The measuring path end to end (one small layer, NumPy backend, no PyTorch): the JSON it
     writes is what --plot-only reads."""

@@ -28,6 +28,7 @@ def test_doctests(ge):
     assert result.attempted > 0 and result.failed == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32strict", "fp32cl"])
 def test_smoke_run_on_cpu(ge, tmp_path, capsys, precision):
     out = tmp_path / "g.json"

@@ -89,6 +89,7 @@ def test_rooms_reachable_as_attributes():
     assert mucudnn.cuda.BFLOAT16.itemsize == 2
 
 
+@pytest.mark.slow
 def test_without_cuda_bindings_the_cpu_works_and_gpu_use_names_the_install():
     # cuda-bindings is the cudnn extra's: its absence hides every GPU, and the first
     # GPU use says what to install (a NoDeviceError and a MissingDependencyError)

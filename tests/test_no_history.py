@@ -12,6 +12,8 @@ import io
 import pathlib
 import tokenize
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "mucudnn").rglob("*.py"))
 
@@ -33,6 +35,7 @@ def test_sources_are_found():
     assert len(SOURCES) > 40
 
 
+@pytest.mark.slow
 def test_no_session_in_comments_or_docstrings():
     hits = [f"{p.relative_to(ROOT)}:{line}" for p in SOURCES for line, s in _prose(p)
             if "session" in s.lower()]

@@ -103,6 +103,7 @@ def _execute(path, *statements):
     con.close()
 
 
+@pytest.mark.slow
 def test_four_processes_lose_nothing(tmp_path):
     path = str(tmp_path / "shared.sqlite")
     probs = [ConvProblem((6, c, 5, 5), (2, c, 3, 3)) for c in range(1, 13)]

@@ -60,6 +60,7 @@ def _round_trip(path):
     return plans
 
 
+@pytest.mark.slow
 def test_numpy_round_trip(numpy_plans):
     plans = _round_trip(numpy_plans)
     assert set(plans) == {(l, d) for l in ("conv4", "conv5")
@@ -75,6 +76,7 @@ def test_numpy_round_trip(numpy_plans):
         mu.load_plans(json.loads(text)) == plans
 
 
+@pytest.mark.slow
 def test_loaded_plans_run_in_a_convolution(numpy_plans):
     plans = mu.load_plans(numpy_plans, "alexnet", batch=4)
     conv5 = {d: p for (layer, d), p in plans.items() if layer == "conv5"}

@@ -146,6 +146,7 @@ def test_in_process_path_is_benchmark_per_distinct_task(tmp_path):
     assert got[0] is got[-3]   # "a_again" forward is "a" forward
 
 
+@pytest.mark.slow
 def test_plans_on_two_workers_are_the_plans_of_one_process(tmp_path, caplog):
     """With a deterministic backend every entry point plans exactly as without
     devices: the measurements are the same, only where they are made differs."""
@@ -200,6 +201,7 @@ def test_one_kernel_on_devices(tmp_path, monkeypatch, benchmark_cap):
         assert len({pid for pid, _k, _d in lines}) == 1
 
 
+@pytest.mark.slow
 def test_each_distinct_kernel_is_benchmarked_once_into_the_one_cache(tmp_path, monkeypatch):
     log, meet = tmp_path / "finds.log", tmp_path / "meet"
     meet.mkdir()
@@ -278,6 +280,7 @@ def test_cli_parses_devices(capsys):
         cli.main(["plot", *base, "--devices", "0"])   # plot benchmarks in this process
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["wr", "wd"])
 def test_cli_optimize_on_devices_plans_as_without(tmp_path, tmp_cache, capsys, mode):
     """The first run fills the cache; the run with --devices reads the same

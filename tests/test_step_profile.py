@@ -79,6 +79,7 @@ def test_diff_rows_rank_kernels_by_their_difference(sp):
     assert len(rows) == 4
 
 
+@pytest.mark.slow
 def test_smoke_run_lists_every_convolution_in_step_order(sp, tmp_path, capsys):
     out = tmp_path / "p.json"
     assert sp.main(["--device", "cpu", "--model", "tiny", "--execution", "eager", "--steps", "2",

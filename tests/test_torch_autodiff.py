@@ -113,6 +113,7 @@ def test_gradient_penalty_matches_native(xs, ws, kw):
             _close(g, r)
 
 
+@pytest.mark.slow
 def test_gradcheck_and_gradgradcheck_float64():
     x = _randn(2, 2, 5, 4).requires_grad_()
     w = _randn(4, 1, 3, 2, seed=1).requires_grad_()
@@ -190,6 +191,7 @@ def test_workspace_limit_of_another_type_is_refused_after_the_int_was_accepted(b
             mt.conv2d(x, w, workspace_limit=bad)
 
 
+@pytest.mark.slow
 def test_one_off_backend_instances_are_not_kept():
     """See Note [backend tokens]: a registry that lives as long as its backends."""
     x, w = _randn(1, 1, 3, 3), _randn(1, 1, 2, 2)

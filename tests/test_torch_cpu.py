@@ -120,6 +120,7 @@ def _inputs_float64(case):
     return x, w, b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _CASES, ids=_IDS)
 def test_gradcheck_float64(case):
     x, w, b = _inputs_float64(case)
@@ -132,6 +133,7 @@ def test_gradcheck_float64(case):
 
 @pytest.mark.parametrize("case", [c for c in _CASES if not isinstance(c["padding"], str)],
                          ids=[i for i, c in zip(_IDS, _CASES) if not isinstance(c["padding"], str)])
+@pytest.mark.slow
 def test_gradcheck_float64_custom_op(case):
     """The op torch.compile calls (explicit padding: 'same'/'valid' are resolved above it)."""
     x, w, b = _inputs_float64(case)
@@ -261,6 +263,7 @@ def _check_against_native(cfg, nd):
         _close(mine.bias.grad, ref.bias.grad)
 
 
+@pytest.mark.slow
 @given(conv_configs())
 def test_conv2d_module_matches_nn_conv2d(cfg):
     _check_against_native(cfg, 2)
@@ -717,6 +720,7 @@ def _compile_matches_eager(backend, steps=2, model=None):
             _close(p.grad, q.grad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_torch_compile_matches_eager(backend):
     _compile_matches_eager(backend)
@@ -764,6 +768,7 @@ def test_torch_compile_default_backend():
     _compile_matches_eager("inductor", steps=1, model=tiny)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_opcheck_custom_ops(channels_last):
     g = torch.Generator().manual_seed(6)

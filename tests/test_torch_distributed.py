@@ -24,6 +24,7 @@ def _run(tmp_path, case: str, world: int = 2) -> list[dict]:
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
+@pytest.mark.slow
 def test_each_kernel_is_benchmarked_once_and_every_rank_plans_the_same(tmp_path):
     a, b = _run(tmp_path, "spread")
     assert a["kernels"] == b["kernels"] == 9           # 3 distinct convs x 3 directions
@@ -42,6 +43,7 @@ def test_each_kernel_is_benchmarked_once_and_every_rank_plans_the_same(tmp_path)
         assert r["grad"] == pytest.approx(r["ref_grad"], rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_src_benchmarks_everything(tmp_path):
     a, b = _run(tmp_path, "src")
     assert len(a["measured"]) == 9 and b["measured"] == [] and b["found"] == []
@@ -50,6 +52,7 @@ def test_src_benchmarks_everything(tmp_path):
     assert b["finds"] == 0 and b["new_entries"] == 0
 
 
+@pytest.mark.slow
 def test_ranks_on_different_devices_are_an_error_naming_them(tmp_path):
     a, b = _run(tmp_path, "mismatch")
     for r in (a, b):
@@ -57,6 +60,7 @@ def test_ranks_on_different_devices_are_an_error_naming_them(tmp_path):
         assert "rank 0: numpy" in r["error"] and "rank 1: numpy another CPU" in r["error"]
 
 
+@pytest.mark.slow
 def test_ranks_that_meet_other_convolutions_are_an_error(tmp_path):
     a, b = _run(tmp_path, "shapes")
     for r in (a, b):

@@ -132,6 +132,7 @@ def test_outputs_match_native(case, dtype):
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * scale)
 
 
+@pytest.mark.slow
 @given(cases())
 def test_gradients_match_native(case):
     got, want = [], []
@@ -145,6 +146,7 @@ def test_gradients_match_native(case):
         _close(a, b)
 
 
+@pytest.mark.slow
 @given(cases())
 def test_forward_ad_matches_native(case):
     primals = tuple(t for t in case.tensors() if t is not None)
@@ -160,6 +162,7 @@ def test_forward_ad_matches_native(case):
     _close(got[1], want[1])
 
 
+@pytest.mark.slow
 @given(cases())
 def test_double_backward_matches_native(case):
     got, want = [], []

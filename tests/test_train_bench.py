@@ -79,6 +79,7 @@ def test_loss_tracking(tb):
     assert math.isclose(t["max_rel_diff"], 5e-4) and t["within_1e-3"]
 
 
+@pytest.mark.slow
 def test_smoke_run_on_cpu(tb, tmp_path, capsys):
     out = tmp_path / "res" / "bench.json"
     rc = tb.main(["--device", "cpu", "--models", "tiny", "--steps", "2", "--warmup", "1",
@@ -119,6 +120,7 @@ def test_doctests(tb):
     assert doctest.testmod(tb).failed == 0
 
 
+@pytest.mark.slow
 def test_strict_fp32_runs_with_tf32_off(tb, tmp_path):
     """fp32strict trains with TF32 off for convolutions and matmuls (the precision
     of the 30-step loss check); the converted model tracks native within 1e-3."""
@@ -137,6 +139,7 @@ def test_strict_fp32_runs_with_tf32_off(tb, tmp_path):
     assert t["precision"] == "fp32strict" and t["within_1e-3"]
 
 
+@pytest.mark.slow
 def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
     """See Note [loss noise floor]: ``native-heur`` trains PyTorch's own convolutions
     with cudnn.benchmark off and is reported against native like a converted
@@ -164,6 +167,7 @@ def test_native_heur_is_the_noise_floor_of_the_loss_check(tb, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
     """See Note [loss noise floor]: on CUDA native and native-heur are refused in one
     process (PyTorch's plan cache ignores cudnn.benchmark); native-heur then
@@ -190,6 +194,7 @@ def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
     assert t["max_rel_diff"] == 0.0 and t["steps_compared"] == 3  # same seed, same CPU conv
     assert "vs native (--reference's)" in capsys.readouterr().out
 
+@pytest.mark.slow
 def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
     """See Note [deterministic loss check]: --deterministic sets
     cudnn.deterministic for every mode (mucudnn.torch then plans deterministic
@@ -297,6 +302,7 @@ def test_time_rounds_sets_each_modes_flags_before_its_steps(tb):
     assert len(times) == 3 and all(len(r) == 3 and all(len(s) == 2 for s in r) for r in times)
 
 
+@pytest.mark.slow
 def test_interleaved_run_on_cpu(tb, tmp_path, capsys):
     """--interleave: after the runs, every mode's training state at once, the
     modes' steps in turn; medians and per-round ratios in the JSON and a table."""

@@ -199,8 +199,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="write all numbers here (after every model)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument("--isolate", action="store_true",
-                    help="each model and precision in a process of its own (Note [isolated "
-                         "models])")
+                    help="each model and precision in a process of its own "
+                         "(Note [isolated models])")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds allowed for each --isolate process (default 600)")
     ap.add_argument("--cold-child", choices=SIDES, default=None, help=argparse.SUPPRESS)
