@@ -31,11 +31,14 @@ logits with per-pixel cross-entropy on random labels; inception_v3 runs at
 299x299. A failed stage (out of memory, a capture that does not work for a
 model) is recorded and the rest goes on. Results go to ``--json`` after every
 model and precision; a markdown table with the geometric mean of the ratios
-per precision is printed last. Examples::
+per precision is printed last. ``--isolate`` runs each model and precision in
+a process of its own, so a crash in native code ends only that one. mucudnn
+must be importable (installed, or ``PYTHONPATH`` set to the checkout).
+Examples::
 
     python tools/zoo_bench.py --models resnet50 mobilenet_v2 --json docs/results/zoo.json
     python tools/zoo_bench.py --models efficientnet_b0 --precisions amp --execution eager graph
-    python tools/zoo_bench.py --models fcn_resnet50 convnext_tiny --cold --grad-check
+    python tools/zoo_bench.py --models fcn_resnet50 convnext_tiny --cold --grad-check --isolate
     python tools/zoo_bench.py --device cpu --models tiny --batch 2 --size 32   # smoke test
 """
 
