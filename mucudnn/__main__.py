@@ -394,13 +394,6 @@ def run_network(*args: Any, **kwargs: Any) -> Any:
     return run(*args, **kwargs)
 
 
-def optimize(*args: Any, **kwargs: Any) -> Any:
-    """:func:`mucudnn.optimizer.optimize`."""
-    from .optimizer import optimize as run
-
-    return run(*args, **kwargs)
-
-
 def optimize_kernels(*args: Any, **kwargs: Any) -> Any:
     """:func:`mucudnn.optimizer.optimize_kernels`."""
     from .optimizer import optimize_kernels as run
@@ -453,26 +446,16 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     dirs = args.directions
     progress = not args.no_progress
     devices = getattr(args, "devices", None)
+    # See Note [benchmarking on several devices]: devices= only where asked for.
+    more = {"devices": devices} if devices is not None else {}
     if args.mode == "wd":
         total = (args.total_workspace if args.total_workspace is not None
                  else args.workspace * len(probs) * len(dirs))
-        # See Note [benchmarking on several devices]: devices= only where asked for.
-        more = {"devices": devices} if devices is not None else {}
         plans = optimize_network(probs, total, dirs, policy=args.policy, backend=backend,
                                  progress=progress, **more)
-    elif devices is not None:
+    else:  # a repeated layer (same problem) shares its plan
         plans = optimize_kernels({(name, d): (p, d) for name, p in probs.items() for d in dirs},
-                                 args.workspace, args.policy, backend, progress=progress,
-                                 devices=devices)
-    else:
-        memo: dict = {}  # a repeated layer (same problem) shares its plan
-        plans = {}
-        for name, p in probs.items():
-            for d in dirs:
-                if (p, d) not in memo:
-                    memo[p, d] = optimize(p, d, args.workspace, args.policy, backend,
-                                          progress=progress)
-                plans[name, d] = memo[p, d]
+                                 args.workspace, args.policy, backend, progress=progress, **more)
     out = []
     for (name, d), plan in plans.items():
         out.append({"layer": name, "direction": str(d), **plan.to_dict()})

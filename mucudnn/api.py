@@ -453,6 +453,19 @@ class Convolution:
                 Stream.wrap(target).wait_event(ev)
 
 
+# Note [two torch warm paths]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# CUDA torch tensors have two warm paths, one per entry point: _TorchFast here
+# (a Convolution called with torch tensors) and _Warm in torch/engine.py
+# (mucudnn.torch's functions, modules and autograd). They stay two because
+# they start from different things: _TorchFast belongs to one Convolution and
+# direction, and only checks that the call matches what its full path
+# established; _Warm starts from a conv signature (strides, options, TF32,
+# determinism), finds or makes the Convolution, packs channels-last views,
+# allocates outputs and serves the backward's two directions (or PyTorch's own
+# call). Both end in Kernel.launch with exec.arrays.torch_workspace (Note
+# [torch workspace]), which stays in exec/: exec's torch Framework (the full
+# path) allocates from it too, and exec/ may not import api or torch/.
 class _TorchFast:
     """The warm path for CUDA torch tensors (installed after a full call succeeded).
 

@@ -35,10 +35,10 @@ from .exec import prepare
 from .networks import select as select_layers
 from .networks import unique_problems
 from .errors import InvalidValueError
-from .optimizer import (DEFAULT_POLICY, benchmark, check_devices, optimize_wd, optimize_wr,
-                        pareto_front)
+from .optimizer import DEFAULT_POLICY, PlanOptions, check_devices, optimize_wr, plan_options
+from .optimizer.api import Planned, plan_kernels
 from .optimizer.benchmark import PROGRESS_DELAY_S, resolve_cache
-from .optimizer.spread import run as spread_run
+from .optimizer.types import CacheLike, PolicyLike
 from .problem import ConvProblem, Direction, Plan
 
 log = logging.getLogger("mucudnn")
@@ -95,7 +95,7 @@ class NetworkResult:
     device: str
     version: str
     workspace_limit: int
-    policy: Any
+    policy: PolicyLike
     mode: str
     total_workspace: int | None
     kernels: list[KernelResult] = field(default_factory=list)
@@ -225,9 +225,9 @@ def single_call_plan(perf: dict[int, list], batch: int, limit: int | None) -> Pl
 # -- the harness ----------------------------------------------------------------
 def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "NCHW",
                 math_mode: str = "default", workspace_limit: int = 64 << 20,
-                policy: Any = DEFAULT_POLICY, mode: str = "wr",
+                policy: PolicyLike = DEFAULT_POLICY, mode: str = "wr",
                 total_workspace: int | None = None, backend: "str | Backend | None" = None,
-                repeat: int = 10, warmup: int = 3, cache: Any = None,
+                repeat: int = 10, warmup: int = 3, cache: CacheLike = None,
                 layers: Sequence[str] | None = None,
                 directions: Iterable["Direction | str"] | None = None,
                 progress: bool = True, time_alone: bool = True,
@@ -269,69 +269,53 @@ def run_network(net: str, batch: int, *, dtype: str = "float32", layout: str = "
                            total_workspace=total_workspace if mode == "wd" else None,
                            devices=list(devs) if devs is not None else None,
                            host=bool(getattr(be, "is_host", False)))
-    bar = _progress(len(kernels), progress and devs is None, f"{net}: benchmarking")
+    if mode == "wr":
+        keyed = {(layer, d): (p, d) for layer, _names, p, d in kernels}
+        budget: dict[str, Any] = {"workspace_limit": workspace_limit}
+    else:
+        # Note: a layer that occurs k times needs k segments; WD gets one
+        # kernel (and front) per occurrence, so repeated layers may take different plans.
+        keyed = {(n, d): (p, d) for _layer, names, p, d in kernels for n in names}
+        budget = {"total_workspace": total_workspace, "fit_limit": workspace_limit}
     misses = 0
 
     def count(_size: int, _found: list, from_cache: bool) -> None:
         nonlocal misses
         misses += not from_cache
 
-    def optimise(spread: bool = False) -> tuple[dict, dict]:
-        perfs, plans = {}, {}
-        if spread:
-            # See Note [benchmarking on several devices]: the workers measure under
-            # the key this process's backend reads back in the warm pass.
-            res = spread_run([(p, d) for _l, _n, p, d in kernels], policy,
-                             max(workspace_limit, UNLIMITED), backend if backend is not None
-                             else be.name, store, devices=devs, progress=progress)
-            here = (be.name, be.device_name, be.version)
-            if res.identity is not None and tuple(res.identity) != here:
-                raise InvalidValueError(
-                    f"devices: the workers on devices {list(devs or ())} measured with "
-                    f"{res.identity[0]} on {res.identity[1]} ({res.identity[2]}), but the "
-                    f"plans run here with {here[0]} on {here[1]} ({here[2]}): pass devices "
-                    "of the same model as the backend's")
-            for (layer, _names, _p, d), perf in zip(kernels, res.perfs):
-                perfs[layer, d] = perf
-        else:
-            for layer, _names, p, d in kernels:
-                perfs[layer, d] = benchmark(be, p, d, policy, max(workspace_limit, UNLIMITED),
-                                            cache=store, progress=False,
-                                            fit_limit=workspace_limit, on_size=count)
-                if bar is not None:
-                    bar.update(1)
-        if mode == "wr":
-            for layer, _names, p, d in kernels:
-                plans[layer, d] = optimize_wr(perfs[layer, d], batch, workspace_limit, policy,
-                                              quantum=p.batch_quantum())
-        else:
-            # Note: a layer that occurs k times needs k segments; WD gets one
-            # front per occurrence, so repeated layers may take different plans.
-            fronts = {}
-            for layer, names, p, d in kernels:
-                front = pareto_front(perfs[layer, d], batch, policy, quantum=p.batch_quantum())
-                for n in names:
-                    fronts[n, d] = front
-            assert total_workspace is not None
-            chosen = optimize_wd(fronts, total_workspace)
-            for layer, names, _p, d in kernels:
-                # the repeated layer's slowest chosen plan stands for all (conservative)
-                plans[layer, d] = max((chosen[n, d] for n in names), key=lambda q: q.time_ms)
-        return perfs, plans
+    def optimise(options: PlanOptions) -> Planned:
+        # the plans through the optimizer's one path; measured under the
+        # "unlimited" cap, so that the same tables give the undivided calls
+        return plan_kernels(keyed, options, benchmark_cap=max(workspace_limit, UNLIMITED),
+                            on_size=count, **budget)
 
     stored = len(store)
     t0 = time.perf_counter()
-    perfs, plans = optimise(spread=devs is not None)
+    # See Note [benchmarking on several devices]: the workers measure under
+    # the key this process's backend reads back in the warm pass.
+    planned = optimise(plan_options(
+        policy, be if devs is None else backend if backend is not None else be.name, store,
+        progress=None if progress else False, devices=devs))
     result.optimize_cold_s = time.perf_counter() - t0
+    here = (be.name, be.device_name, be.version)
+    if devs is not None and planned.identity is not None and tuple(planned.identity) != here:
+        ident = planned.identity
+        raise InvalidValueError(
+            f"devices: the workers on devices {list(devs)} measured with "
+            f"{ident[0]} on {ident[1]} ({ident[2]}), but the "
+            f"plans run here with {here[0]} on {here[1]} ({here[2]}): pass devices "
+            "of the same model as the backend's")
     if devs is None:
         # a find that on_size does not see (a zero-workspace find) still stores an entry
         result.cold_measured = misses if misses or len(store) == stored else None
-    if bar is not None:
-        bar.close()
-    bar = None
     t0 = time.perf_counter()
-    optimise()  # the same again, now answered from the cache
+    optimise(plan_options(policy, be, store, progress=False))  # again, answered from the cache
     result.optimize_warm_s = time.perf_counter() - t0
+    perfs = {(layer, d): planned.perfs[layer, d] for layer, _names, _p, d in kernels}
+    # a repeated layer's slowest chosen plan stands for all its rows (conservative)
+    plans = {(layer, d): max((planned.plans[n, d] for n in (names if mode == "wd" else [layer])),
+                             key=lambda q: q.time_ms)
+             for layer, names, _p, d in kernels}
 
     timer = make_interleaved_timer(be)
     tensors_cache = tensors if tensors is not None else {}

@@ -25,7 +25,7 @@ from mucudnn.errors import InvalidTypeError, InvalidValueError, UnsupportedConfi
 from mucudnn.optimizer import (BenchmarkCache, benchmark, benchmark_many, check_devices,
                                optimize, optimize_kernels, optimize_network)
 from mucudnn.optimizer.api import plan_jointly
-from mucudnn.optimizer import options, spread
+from mucudnn.optimizer import options
 from mucudnn.optimizer.spread import run as spread_run
 from mucudnn.problem import ConvProblem, Direction
 from spread_support import LOG, MEET, DeviceFake, Failing, FakeBackend, named_by_device

@@ -79,7 +79,6 @@ Caches (each a :class:`mucudnn.caches.LRU`; :func:`mucudnn.caches.clear_all` emp
 * ``torch.convolutions`` (:mod:`.engine`, :data:`MAX_CONVOLUTIONS` = 512): one
   :class:`mucudnn.Convolution` per packed x/w shape, dtype, layout, math mode,
   device, options and determinism; :func:`clear` empties it too.
-* ``torch.backends`` (:mod:`.engine`, 64): the backend of each (name, CUDA device).
 * ``torch.options`` (:mod:`.functional`, 64): checked ``workspace_limit``/``policy``/``backend``.
 * ``torch.native_choices`` (:mod:`.native`, 512): per convolution signature, whether
   each direction runs the plan or PyTorch's own call, with both times (Note [never

@@ -112,9 +112,6 @@ class PlanSource(Protocol):
 
 
 _CONVS: "LRU[tuple, Convolution]" = LRU("torch.convolutions", MAX_CONVOLUTIONS)
-#: (backend token, device index) -> Backend for CUDA devices: one backend (so
-#: one workspace pool) per device and name, whatever get_backend does with options.
-_BACKENDS: "LRU[tuple, Backend]" = LRU("torch.backends", 64)
 #: Backend instances given by the caller, by token, held weakly (Note [backend tokens]).
 _BACKEND_OBJECTS: "weakref.WeakValueDictionary[str, Backend]" = weakref.WeakValueDictionary()
 #: id(backend) -> (a weak reference to it, its token), for finding a live one's token.
@@ -211,10 +208,8 @@ def _backend_for(token: str, device: torch.device) -> Backend:
     if device.type != "cuda":
         raise TorchBridgeError(f"input: mucudnn runs CPU and CUDA tensors, got a tensor on {device}")
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (token, index)
-    be = _BACKENDS.get(key)
-    if be is not None:
-        return be
+    # get_backend keeps one backend (so one workspace pool) per (name, device):
+    # no memo of its own here.
     obj = _BACKEND_OBJECTS.get(token)
     if obj is not None:
         be = obj
@@ -229,7 +224,6 @@ def _backend_for(token: str, device: torch.device) -> Backend:
         raise TorchBridgeError(
             "backend: the 'numpy' backend takes CPU tensors, but the input is on "
             f"{device} (unset MUCUDNN_BACKEND=numpy or pass backend='cudnn-graph')")
-    _BACKENDS.put(key, be)
     return be
 
 
@@ -478,8 +472,9 @@ def forget(key: tuple) -> None:
 
 
 def clear(backends: bool = True) -> None:
-    """Forget every cached Convolution of mucudnn.torch (and, with ``backends``,
-    its per-device backends: the next call makes them again).
+    """Forget every cached Convolution of mucudnn.torch. ``backends`` is kept
+    for callers that pass it: the per-device backends are ``get_backend``'s
+    singletons (not a cache; docs/DESIGN.md, "Caches"), kept either way.
 
     >>> clear(); cached_convolutions()
     []
@@ -487,8 +482,6 @@ def clear(backends: bool = True) -> None:
     _CONVS.clear()
     _WARM.clear()
     _native.clear()
-    if backends:
-        _BACKENDS.clear()
 
 
 def cached_convolutions() -> list[Convolution]:
@@ -659,6 +652,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfi
 # CPU tensors and empty batches take the checked path. The eager autograd
 # Function looks its record up once, in the forward, and keeps it on ``ctx``
 # for the backward (run with the TF32 and determinism flags its forward saw).
+# Why this is not api._TorchFast: see Note [two torch warm paths] in mucudnn/api.py.
 _WARM: "LRU[tuple, _Warm]" = LRU("torch.warm_calls", MAX_CONVOLUTIONS)
 _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
     or (lambda: torch.backends.cudnn.allow_tf32)
