@@ -268,7 +268,9 @@ def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
     p = problem("2d-nchw", "float16", "default")
     found = {}
     for rule in ("all", "first", "none"):
-        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_rtc=rule) as b:
+        # the cuts apply after a kernel's first find (See Note [search parity])
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_rtc=rule,
+                               find_parity=False) as b:
             notes = {i.id: i.behavior_notes for i in b.engine_configs(p, direction)}
             got = b.find(p, direction, FIND_LIMIT)
             assert got
@@ -291,12 +293,13 @@ def test_find_skip_ratio_skips_configs_far_behind_at_a_larger_size(direction):
     p = ConvProblem((64, 64, 56, 56), (64, 64, 3, 3), padding=1)
     small = p.with_batch(32)
     # find_carry off: what it adds at the small size is its own test's
+    # parity off: the cuts apply to every find (See Note [search parity])
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=0,
-                           find_carry=False) as b:
+                           find_carry=False, find_parity=False) as b:
         plain = {r.algo: r for r in b.find(small, direction, FIND_LIMIT)}
         assert b.find_profile.far_cut == 0
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=0,
-                           find_skip_ratio=2.0, find_carry=False) as b:
+                           find_skip_ratio=2.0, find_carry=False, find_parity=False) as b:
         big = b.find(p, direction, FIND_LIMIT)
         best = min(r.time_ms for r in big)
         far = {r.algo for r in big if r.time_ms > 2.0 * best}
@@ -435,7 +438,7 @@ def test_find_cut_offs_keep_the_best_ranked(direction):
                            find_probe_ratio=None) as b:
         full = {r.algo for r in b.find(p, direction, 8 * MiB)}
     with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_top_k=2,
-                           find_probe_ratio=1.01) as b:
+                           find_probe_ratio=1.01, find_parity=False) as b:
         res = b.find(p, direction, 8 * MiB)
         prof = b.find_profile
         assert 1 <= len(res) <= 7 and {r.algo for r in res} <= full

@@ -8,9 +8,9 @@ the first eager call of each convolution signature on a GPU
 plan and PyTorch's own cuDNN call (``cudnn.benchmark``: PyTorch's fastest, as
 a native model runs it) in one harness: the same tensors, CUDA events on
 torch's current stream, alternated, medians. PyTorch's workspace is measured
-too: its call runs once inside a private ``torch.cuda.MemPool``, and what the
-pool reserved beyond the output is the workspace (rounded up to the
-allocator's blocks, so never understated). The direction then runs PyTorch's
+too: the caching allocator's peak during one call over what was allocated
+before it and the call's outputs (anything the call allocates counts; this
+resets ``torch.cuda``'s peak-memory statistics at those first calls only). The direction then runs PyTorch's
 call where that workspace fits the same limit (the WR limit, or a WD plan's
 own share) and its time is no more than the plan's; otherwise the plan.
 :func:`decide` is the rule. Each choice is kept (:data:`MAX_CHOICES`,
@@ -183,21 +183,21 @@ def _time(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
 
 def _workspace(fn: Callable[[], Any]) -> Optional[int]:
     """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
-    outputs, measured in a private pool (None where torch cannot say)."""
-    pool_type = getattr(torch.cuda, "MemPool", None)
-    use = getattr(torch.cuda, "use_mem_pool", None)
-    if pool_type is None or use is None:
-        return None
+    outputs: the allocator's peak during the call over what was allocated
+    before it and what the call returns (None where torch cannot say). It
+    resets torch's peak-memory statistics of the current device (See Note
+    [never slower than native])."""
     try:
-        pool = pool_type()
-        with use(pool):
-            out = fn()
         torch.cuda.current_stream().synchronize()
-        reserved = sum(int(s["total_size"]) for s in pool.snapshot())
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.current_stream().synchronize()
+        peak = torch.cuda.max_memory_allocated()
         kept = sum(int(t.untyped_storage().nbytes()) for t in _tensors(out))
         del out
-        return max(0, reserved - kept)
-    except (RuntimeError, AttributeError, KeyError, TypeError) as exc:
+        return max(0, peak - base - kept)
+    except (RuntimeError, AttributeError, TypeError) as exc:
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
         return None
 
