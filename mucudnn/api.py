@@ -95,6 +95,7 @@ from .exec.handle import HandleEngine
 from .exec.kernel import Kernel
 from .exec.workspace import WorkspacePool, pool_for
 from .optimizer.benchmark import check_deterministic
+from .optimizer.types import CacheLike, PolicyLike
 from .optimizer.planner import Planner, workspace_limit_bytes
 from .optimizer.policies import DEFAULT_POLICY, normalize_policy
 from .problem import ConvProblem, Direction, Plan
@@ -176,9 +177,9 @@ class Convolution:
                  stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
                  groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
                  math: str = "default", workspace_limit: Any = 64 << 20,
-                 policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None,
+                 policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None,
                  graph: bool = False, plans: Mapping[Any, Plan] | None = None,
-                 cache: Any = None, deterministic: bool = False) -> None:
+                 cache: CacheLike = None, deterministic: bool = False) -> None:
         self.problem = ConvProblem(x_shape, w_shape, stride=stride, padding=padding,
                                    dilation=dilation, groups=groups, dtype=dtype, layout=layout,
                                    math=math)
@@ -540,8 +541,8 @@ class MicroBatchHandle(HandleEngine):
     """
 
     def __init__(self, backend: "str | Backend | None" = None, *,
-                 workspace_limit: Any = 64 << 20, policy: Any = DEFAULT_POLICY,
-                 graph: bool = False, cache: Any = None, deterministic: bool = False) -> None:
+                 workspace_limit: Any = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
+                 graph: bool = False, cache: CacheLike = None, deterministic: bool = False) -> None:
         check_deterministic(deterministic)
         be = get_backend(backend)
         planner = Planner(be, workspace_limit, policy, cache, deterministic=deterministic)
@@ -641,7 +642,7 @@ def _convnd(nd: int, fn: str, x: Any, w: Any, *, stride: IntOrTuple, padding: In
 def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
-           policy: Any = DEFAULT_POLICY, backend: Any = None, alpha: float = 1.0,
+           policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None, alpha: float = 1.0,
            beta: float = 0.0, out: Any = None, graph: bool = False) -> Any:
     """2-D convolution (cross-correlation, as cuDNN and PyTorch), micro-batched.
 
@@ -663,7 +664,7 @@ def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
 def conv3d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCDHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
-           policy: Any = DEFAULT_POLICY, backend: Any = None, alpha: float = 1.0,
+           policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None, alpha: float = 1.0,
            beta: float = 0.0, out: Any = None, graph: bool = False) -> Any:
     """3-D convolution; as :func:`conv2d` with NCDHW/NDHWC shapes.
 
@@ -686,8 +687,8 @@ def _layout_for(layout: str | None, ndim: int) -> str:
 def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOrTuple = 1,
                        padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
                        layout: str | None = None, math: str = "default",
-                       workspace_limit: int | None = 64 << 20, policy: Any = DEFAULT_POLICY,
-                       backend: Any = None, alpha: float = 1.0, beta: float = 0.0,
+                       workspace_limit: int | None = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
+                       backend: "str | Backend | None" = None, alpha: float = 1.0, beta: float = 0.0,
                        out: Any = None, graph: bool = False) -> Any:
     """Gradient of the convolution with respect to its input: dx of shape ``x_shape``.
 
@@ -713,8 +714,8 @@ def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOr
 def conv_backward_filter(x: Any, dy: Any, w_shape: Sequence[int], *, stride: IntOrTuple = 1,
                          padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
                          layout: str | None = None, math: str = "default",
-                         workspace_limit: int | None = 64 << 20, policy: Any = DEFAULT_POLICY,
-                         backend: Any = None, alpha: float = 1.0, beta: float = 0.0,
+                         workspace_limit: int | None = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
+                         backend: "str | Backend | None" = None, alpha: float = 1.0, beta: float = 0.0,
                          out: Any = None, graph: bool = False) -> Any:
     """Gradient of the convolution with respect to its filter: dw of shape ``w_shape``.
 
