@@ -47,8 +47,9 @@ What runs where
   PyTorch's call where that fits the same limit and is no slower (Note
   [never slower than native] in :mod:`.native`; measuring PyTorch's
   workspace resets ``torch.cuda``'s peak-memory statistics during those
-  first calls; ``MUCUDNN_TORCH_NATIVE=0`` turns it off). ``print(mt.report(model))`` after the first step lists what
-  each layer runs, both times and PyTorch's workspace.
+  first calls; ``MUCUDNN_TORCH_NATIVE=0`` turns it off).
+  ``print(mt.report(model))`` after the first step lists what each layer
+  runs, both times and PyTorch's workspace.
 * CUDA graphs: after a warm-up step (which plans and allocates), a whole
   training step can be captured with ``torch.cuda.graph`` and replayed.
 * ``torch.backends.cudnn.deterministic = True`` or
