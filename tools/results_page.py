@@ -297,46 +297,77 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, vs)) / len(vs)) if vs else None
 
 
-def zoo_groups(doc: dict) -> dict[tuple[str, str], list[tuple[str, float]]]:
-    """{(precision, execution): [(model, converted/native)]}."""
-    out: dict[tuple[str, str], list[tuple[str, float]]] = {}
-    for e in doc["results"]:
-        for ex, st in (e.get("steps") or {}).items():
-            if st.get("ratio"):
-                out.setdefault((e["precision"], ex), []).append((e["model"], st["ratio"]))
-    return out
+def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
+    """(file, its document, result, execution, its step figures) of every zoo
+    result of the newest session's runs (the date and ``-sN-`` of the newest
+    zoo file), a later call's figures replacing an earlier one's of the same
+    model, precision and execution."""
+    docs = of_kind(results, "zoo")
+    session = newness(docs[-1][0])[:2]
+    picked: dict[tuple, tuple[str, dict, dict, str, dict]] = {}
+    for name, doc in docs:
+        if newness(name)[:2] != session:
+            continue
+        for e in doc["results"]:
+            for ex, st in (e.get("steps") or {}).items():
+                picked[e["model"], e["precision"], ex] = (name, doc, e, ex, st)
+    return list(picked.values())
 
 
 def zoo_source(name: str, doc: dict) -> str:
     env, o = doc["environment"], doc["options"]
     ws = o.get("workspace")
+    note = env.get("commit_note")
     return source_line(name, env.get("date"), env.get("gpu"), env.get("cudnn"), env.get("torch"),
                        env.get("git_commit"),
                        f"workspace_limit {ws // MIB if isinstance(ws, int) else ws} MiB, "
-                       f"policy {o.get('policy', 'default')}, batch {o.get('batch', NR)}")
+                       f"policy {o.get('policy', 'default')}, batch {o.get('batch', NR)}"
+                       + (f"; {note}" if note else ""))
+
+
+def _conv_ms(e: dict) -> str:
+    t = (e.get("report") or {}).get("totals")
+    if not t or not t.get("kernels"):
+        return "-"
+    return f"{t['ms']:.2f} vs {t['torch_ms']:.2f} ({t['torch_kernels']}/{t['kernels']})"
+
+
+def _pair(d: Any, key: str, fmt: str) -> str:
+    if not isinstance(d, dict) or not all(isinstance(d.get(s), dict) for s in ("native", "converted")):
+        return "-"
+    return f"{format(d['native'].get(key, float('nan')), fmt)} / " \
+           f"{format(d['converted'].get(key, float('nan')), fmt)}"
 
 
 def zoo(results: list[tuple[str, Any]]) -> str:
     if not of_kind(results, "zoo"):
         return finish([], [], Sources(), "zoo_bench.py")
-    name, doc = of_kind(results, "zoo")[-1]
+    src, per_model = Sources(), []
+    groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    steps = zoo_steps(results)
+    for name, doc, e, ex, st in steps:
+        cite = src.cite(name, zoo_source(name, doc))
+        if st.get("ratio"):
+            groups.setdefault((e["precision"], ex), []).append((e["model"], st["ratio"]))
+        per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
+                          "captured" if ex == "graph" else ex, num(st.get("native_ms")),
+                          num(st.get("converted_ms")), num(st.get("ratio"), ".3f"),
+                          _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
+                          _pair(e.get("grad"), "all", ".2e"), cite])
+    failed = sorted({e["model"] for _, _, e, _, _ in steps if e.get("errors")})
     rows = []
-    for (prec, ex), rs in zoo_groups(doc).items():
+    for (prec, ex), rs in groups.items():
         worst = max(rs, key=lambda r: r[1])
         rows.append([PRECISION_LABEL.get(prec, prec), "captured" if ex == "graph" else ex,
                      str(len(rs)), num(geomean([r for _, r in rs]), ".3f"),
-                     str(sum(r > 1.05 for _, r in rs)), f"{worst[0]} {worst[1]:.3f}"])
-    failed = sorted({e["model"] for e in doc["results"] if e.get("errors")})
-    per_model = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
-                  "captured" if ex == "graph" else ex, num(st.get("native_ms")),
-                  num(st.get("converted_ms")), num(st.get("ratio"), ".3f")]
-                 for e in doc["results"] for ex, st in (e.get("steps") or {}).items()]
+                     str(sum(r > 1.02 for _, r in rs)), f"{worst[0]} {worst[1]:.3f}"])
     return (table(["precision", "step", "models", "geometric mean converted/native",
-                   "models over 1.05", "slowest (ratio)"], rows)
+                   "models over 1.02", "slowest (ratio)"], rows)
             + f"\n\nModels with a failed stage: {', '.join(failed) or 'none'}.\n\n"
-            + table(["model", "precision", "step", "native ms", "converted ms", "converted/native"],
-                    per_model)
-            + f"\n\nSource: {zoo_source(name, doc)}\n")
+            + finish(["model", "precision", "step", "native ms", "converted ms", "converted/native",
+                      "conv ms: what runs vs PyTorch's (directions on PyTorch's own)",
+                      "first step s native / converted", "gradient error native / converted",
+                      "source"], per_model, src, "zoo_bench.py"))
 
 
 # -- search parity (tools/search_parity.py) ------------------------------------------------------
@@ -379,10 +410,16 @@ def headline(results: list[tuple[str, Any]]) -> str:
              + [train_cell(n, "fp32cl", ex) for n in NETS]
              for ex, lbl in (("eager", "eager"), ("graph", "captured"))]
     zoo_cell = "not measured yet"
-    for name, doc in of_kind(results, "zoo")[-1:]:
-        zoo_cell = "; ".join(f"{PRECISION_LABEL.get(p, p)} {ex}: {num(geomean([r for _, r in rs]), '.3f')}"
-                             f"x over {len(rs)} models" for (p, ex), rs in zoo_groups(doc).items())
-        zoo_cell += " " + src.cite(name, zoo_source(name, doc))
+    if of_kind(results, "zoo"):
+        groups: dict[tuple[str, str], list[float]] = {}
+        cites: dict[str, str] = {}
+        for name, doc, e, ex, st in zoo_steps(results):
+            cites.setdefault(name, src.cite(name, zoo_source(name, doc)))
+            if st.get("ratio"):
+                groups.setdefault((e["precision"], ex), []).append(st["ratio"])
+        zoo_cell = "; ".join(f"{PRECISION_LABEL.get(p, p)} {ex}: "
+                             f"{num(geomean(rs), '.3f')}x over {len(rs)} models"
+                             for (p, ex), rs in groups.items()) + " " + " ".join(cites.values())
     rows.append(["torchvision zoo, training step: geometric mean converted/native", zoo_cell,
                  "", "", ""])
     return (table(["claim (H200 unless the source says otherwise)"]

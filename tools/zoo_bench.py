@@ -472,13 +472,32 @@ def environment(device: torch.device) -> dict:
     env = tb.environment(device)
     env.update(cuda=torch.version.cuda,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    try:
-        env["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-            capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["git_commit"] = None
+    env["git_commit"] = source_commit()
     return env
+
+
+def source_commit() -> str | None:
+    """The commit of the tree this script runs from: ``$MUCUDNN_COMMIT`` where
+    set (a copy without its repository), else git's HEAD where this tree is
+    the top of a checkout, with ``+dirty`` for uncommitted changes to tracked
+    files; None otherwise (a copy inside another checkout must not report that
+    checkout's commit)."""
+    if os.environ.get("MUCUDNN_COMMIT"):
+        return os.environ["MUCUDNN_COMMIT"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if not top or os.path.realpath(top) != os.path.realpath(root):
+            return None
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + "+dirty" if dirty else head) or None
 
 
 def _mib(v: float | None) -> str:
