@@ -74,3 +74,14 @@ def tmp_cache(tmp_path, monkeypatch):
     path = tmp_path / "cache.sqlite"
     monkeypatch.setenv("MUCUDNN_CACHE", str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def cache_off():
+    """For a whole module: no benchmark cache (``MUCUDNN_CACHE=off``) and no
+    workspace cap from the environment (``MUCUDNN_WORKSPACE_LIMIT`` unset).
+    Modules take it with ``pytestmark = pytest.mark.usefixtures("cache_off")``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MUCUDNN_CACHE", "off")
+        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+        yield

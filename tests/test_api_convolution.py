@@ -28,10 +28,7 @@ NP = get_backend("numpy")
 ALGOS = (0, 1, 2)
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
-    monkeypatch.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 # -- strategies ------------------------------------------------------------------------------

@@ -23,9 +23,7 @@ from mucudnn.problem import MAX_DIM, MAX_TENSOR_BYTES, AlgoPerf, ConvProblem
 from mucudnn.units import UNITS, int_tuple, parse_bytes, parse_count
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 X = np.ones((1, 1, 3, 3), np.float32)

@@ -21,10 +21,7 @@ from mucudnn.exec.workspace import PoolOrphanedError, WorkspacePool, pool_for
 MiB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
-    monkeypatch.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def _live_numpy_backends() -> int:

@@ -71,9 +71,9 @@ def fake_run_network(net, batch, **kw):
                          total_workspace=kw["total_workspace"])
 
 
-def fake_optimize(p, d, limit, policy, backend, progress=True):
+def fake_optimize_kernels(kernels, limit, policy, backend, progress=True):
     assert type(limit) is int and limit >= 0
-    return _plan(p, Direction.parse(d), limit, policy)
+    return {key: _plan(p, Direction.parse(d), limit, policy) for key, (p, d) in kernels.items()}
 
 
 def fake_optimize_network(probs, total, dirs, policy, backend, progress=True):
@@ -98,7 +98,7 @@ def h200_cache(tmp_path_factory):
 def _check(argv, cache, folder):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cli, "run_network", fake_run_network)
-        mp.setattr(cli, "optimize", fake_optimize)
+        mp.setattr(cli, "optimize_kernels", fake_optimize_kernels)
         mp.setattr(cli, "optimize_network", fake_optimize_network)
         mp.setattr(cli, "plot_network", fake_plot_network)
         mp.setattr(cli, "device_count", lambda: 0)

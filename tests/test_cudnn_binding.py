@@ -131,6 +131,9 @@ def test_loader_tells_failed_to_load_from_not_found(monkeypatch, tmp_path):
     data[18:20] = (183).to_bytes(2, "little" if data[5] == 1 else "big")
     foreign = tmp_path / "libcudnn.so.9"
     foreign.write_bytes(bytes(data))
+    # a sub-library beside it, as in every cuDNN 9 installation, so that the
+    # checks made before loading pass (Note [cuDNN's sub-libraries])
+    (tmp_path / loader.REQUIRED_SUB_LIBRARY).write_bytes(b"")
     monkeypatch.setenv(loader.ENV_VAR, str(foreign))
     _hide_everything(monkeypatch)
     with pytest.raises(errors.CudnnLibraryNotFoundError) as info:

@@ -53,10 +53,7 @@ needs_versioned_numpy = pytest.mark.skipif(
     np.lib.NumpyVersion(np.__version__) < "2.1.0", reason="NumPy < 2.1 reads legacy capsules only")
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
-    monkeypatch.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 class DLPackOnly:

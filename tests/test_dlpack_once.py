@@ -36,9 +36,7 @@ class OneShot:
         return self._a.__dlpack_device__()
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 @given(st.integers(1, 3), st.integers(1, 4), st.integers(3, 7), st.integers(1, 3),

@@ -17,9 +17,7 @@ from mucudnn.problem import ConvProblem, Direction, MicroBatch, make_plan
 from reference import reference, rel_err
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 class BindingBackend(BackendBase):

@@ -21,9 +21,7 @@ def fr():
     return load_tool("frontier")
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def _point(limit, ms):

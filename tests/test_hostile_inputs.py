@@ -25,10 +25,7 @@ from reference import reference, rel_err
 NP = get_backend("numpy")
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
-    monkeypatch.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def _descs(p, dtypes=("float32", "float32", "float32"), **conv):

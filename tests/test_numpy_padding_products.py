@@ -22,9 +22,7 @@ from reference import reference
 BE = NumpyBackend(repeats=1)
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def run(p, direction, algo, x, w, y):

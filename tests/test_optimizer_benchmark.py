@@ -7,8 +7,10 @@ import dataclasses
 import functools
 import logging
 import statistics
+import sys
 
 import numpy as np
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -96,7 +98,10 @@ def test_retime_takes_the_median(cache):
     assert warm.calls == []
 
 
-def test_progress_bar(cache, capsys):
+def test_progress_bar(cache, capsys, monkeypatch):
+    # the bar shows once work has lasted PROGRESS_DELAY_S (a cached run draws none);
+    # with no delay it shows at once
+    monkeypatch.setattr(sys.modules["mucudnn.optimizer.benchmark"], "PROGRESS_DELAY_S", 0.0)
     be = CountingBackend()
     benchmark(be, P.with_batch(12), "fwd", "all", 10_000, cache=cache, progress=True)
     assert "mucudnn benchmark" in capsys.readouterr().err

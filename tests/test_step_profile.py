@@ -21,9 +21,7 @@ def sp():
     return load_tool("step_profile")
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def test_doctests(sp):

@@ -25,12 +25,7 @@ from mucudnn.torch import engine  # noqa: E402
 D = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_cache():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MUCUDNN_CACHE", "off")
-        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def _close(a, b):

@@ -19,12 +19,7 @@ from torch.nn.utils import parametrizations, parametrize  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_cache():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MUCUDNN_CACHE", "off")
-        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def _model():

@@ -35,12 +35,7 @@ from conv_support import AtomicNumpyBackend  # noqa: E402
 SMALL_LIMIT = 6 << 10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_cache():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MUCUDNN_CACHE", "off")
-        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def _close(a, b, rtol=1e-4, atol=1e-5):

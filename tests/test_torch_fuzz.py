@@ -30,12 +30,7 @@ import mucudnn.torch as mt  # noqa: E402
 D = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_cache():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MUCUDNN_CACHE", "off")
-        mp.delenv("MUCUDNN_WORKSPACE_LIMIT", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 @dataclasses.dataclass

@@ -20,9 +20,7 @@ def tb():
     return load_tool("train_bench")
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def test_parse_args_defaults_and_errors(tb):

@@ -22,9 +22,7 @@ def zb():
     return load_tool("zoo_bench")
 
 
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("MUCUDNN_CACHE", "off")
+pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def test_doctests(zb):
