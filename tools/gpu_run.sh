@@ -6,6 +6,8 @@
 #   NETS=vgg16 bash tools/gpu_run.sh train # tools/train_bench.py (PyTorch training, native vs mucudnn.torch)
 #   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
+#   ZOO_MODELS="mobilenet_v2 convnext_tiny" bash tools/gpu_run.sh zoo   # tools/zoo_bench.py
+#   PARITY_MODELS="mobilenet_v2" bash tools/gpu_run.sh parity           # tools/search_parity.py
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +58,19 @@ for stage in "$@"; do
       timeout "${OVERHEAD_TIMEOUT:-420}" python3 tools/bench_call_overhead.py ${OVERHEAD_ARGS:-} \
         --json "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1
       summary+=("overhead (rc $?):" "$(grep ' | ' "$OUT/overhead.txt")")
+      ;;
+    zoo)  # tools/zoo_bench.py: native vs converted on models nobody tuned for, one child per model
+      timeout "${ZOO_TIMEOUT:-560}" python3 tools/zoo_bench.py --isolate --no-progress \
+        --models ${ZOO_MODELS:-mobilenet_v2 efficientnet_b0 resnext50_32x4d regnet_y_1_6gf densenet121 inception_v3 convnext_tiny resnet18 resnet50 alexnet vgg16} \
+        --precisions ${ZOO_PRECISIONS:-fp32cl amp} --execution eager graph ${ZOO_ARGS:-} \
+        --max-seconds "${ZOO_MAX_S:-480}" --json "$OUT/zoo.json" > "$OUT/zoo.txt" 2> "$OUT/zoo.log"
+      summary+=("zoo (rc $?):" "$(grep -E '^\||geometric' "$OUT/zoo.txt")")
+      ;;
+    parity)  # tools/search_parity.py: PyTorch's kernels per layer among mucudnn's candidates
+      timeout "${PARITY_TIMEOUT:-400}" python3 tools/search_parity.py \
+        --models ${PARITY_MODELS:-mobilenet_v2} --max-seconds 300 --json "$OUT/parity.json" \
+        > "$OUT/parity.txt" 2> "$OUT/parity.log"
+      summary+=("parity (rc $?): $(grep -E 'held$' "$OUT/parity.txt" | tr '\n' ' ')")
       ;;
     cold)  # tools/cold_start.py: cold optimisation per network, with PyTorch's first iteration
       timeout "${COLD_TIMEOUT:-560}" python3 tools/cold_start.py --torch ${COLD_ARGS:-} \
