@@ -40,16 +40,19 @@ import operator
 import re
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Sequence, Union
+from typing import Any, Sequence, SupportsIndex, Union
 
 import numpy as np
 
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["parse_bytes", "format_bytes", "MAX_BYTES", "UNITS", "is_integer", "parse_count",
-           "int_tuple", "shape_tuple", "IntOrTuple"]
+           "int_tuple", "shape_tuple", "IntOrTuple", "ByteSize"]
 
 IntOrTuple = Union[int, Sequence[int]]
+#: What :func:`parse_bytes` accepts: an int (or anything with ``__index__``,
+#: such as a NumPy integer), a float, or a size string such as ``"64MiB"``.
+ByteSize = Union[SupportsIndex, float, str]
 #: Floats above this may not be the integer that was meant (2**53 + 1 has no float).
 _EXACT_FLOAT = 1 << 53
 

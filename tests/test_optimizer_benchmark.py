@@ -833,3 +833,33 @@ def test_fitted_sizes_a_backend_cannot_measure_are_left_out():
                      prune_sizes=True, progress=False)
     assert optimize_wr(perf, 256, cap, "fitted").time_ms == pytest.approx(
         optimize_wr(pow2, 256, cap, "powerOfTwo").time_ms)
+
+
+def test_the_planner_checks_its_options_once(cache, monkeypatch):
+    """The Planner resolves its arguments into one PlanOptions in its constructor;
+    plan, replan, plan_jointly and the zero-workspace last resort never check them
+    again (issue 35), and its PlanKey holds what it held before."""
+    # the package's names shadow its modules ``benchmark`` and ``api``: by sys.modules
+    opt_api, opt_bench, opt_planner = (sys.modules[f"mucudnn.optimizer.{m}"]
+                                       for m in ("api", "benchmark", "planner"))
+    be = ZeroOnceBackend()
+    planner = Planner(be, "10000", [16, 8], cache=cache, retime=1)
+    assert planner.options.backend is planner.backend and planner.cache is planner.options.cache
+    assert (planner.workspace_limit, planner.policy, planner.retime, planner.deterministic) \
+        == (10_000, (16, 8), 1, False)
+
+    def refuse(*a, **kw):
+        raise AssertionError("plan_options called again")
+
+    for mod in (opt_api, opt_bench, opt_planner):
+        monkeypatch.setattr(mod, "plan_options", refuse)
+    p = ConvProblem((32, 4, 6, 6), (4, 4, 3, 3), padding=1)
+    key = planner.key(p, "forward")
+    assert (key.backend, key.device, key.version, key.problem, key.direction) \
+        == (be.name, be.device_name, be.version, p, Direction.FORWARD)
+    assert (key.workspace_limit, key.policy, key.cache, key.retime, key.exclude, key.available,
+            key.deterministic) == (10_000, (16, 8), str(cache.path), 1, frozenset(), None, False)
+    assert planner.plan(p, Direction.FORWARD).problem == p
+    assert planner.replan(p, Direction.FORWARD, available=0).workspace_bytes == 0
+    plans = planner.plan_jointly({"a": (p, Direction.FORWARD)}, 5_000)
+    assert plans["a"].workspace_bytes <= 5_000

@@ -22,17 +22,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Hashable, Mapping, Union
 
 from ..backends import Backend
 from ..caches import LRU
-from ..errors import InvalidValueError, MucudnnError, UnsupportedConfigError
+from ..errors import MucudnnError, UnsupportedConfigError
 from ..problem import UNLIMITED_WORKSPACE, ConvProblem, Direction, MicroBatch, Plan, make_plan
-from ..units import parse_bytes
-from .api import DEFAULT_WORKSPACE_LIMIT, optimize, plan_jointly
-from .benchmark import benchmark, check_deterministic, resolve_backend, resolve_cache
+from ..units import ByteSize, parse_bytes
+from .api import DEFAULT_WORKSPACE_LIMIT, plan_kernels
+from .benchmark import measure_kernel
+from .cache import BenchmarkCache, resolve
 from .dp import optimize_wr
-from .policies import DEFAULT_POLICY, Policy, normalize_policy
+from .options import PlanOptions, plan_options
+from .policies import DEFAULT_POLICY
+from .types import BackendLike, CacheLike, PolicyLike
 
 __all__ = ["Planner", "PlanKey", "workspace_limit_bytes", "zero_workspace_plan", "PLAN_MEMO_SIZE",
            "config_faults"]
@@ -120,7 +123,7 @@ def config_faults(backend: Backend, plan: Plan) -> dict[int, str]:
     return faults
 
 
-def workspace_limit_bytes(value: Any, name: str = "workspace_limit") -> int | None:
+def workspace_limit_bytes(value: "ByteSize | None", name: str = "workspace_limit") -> int | None:
     """A workspace limit as bytes: None (unlimited), an int >= 0 or a size string
     (``"64MiB"``); TypeError / ValueError naming ``name`` otherwise."""
     if value is None:
@@ -128,28 +131,41 @@ def workspace_limit_bytes(value: Any, name: str = "workspace_limit") -> int | No
     return parse_bytes(value, name)
 
 
-def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: Backend,
-                        policy: Any = None, cache: Any = None,
-                        exclude: Collection[Any] = (), *, deterministic: bool = False) -> Plan:
+def zero_workspace_plan(problem: ConvProblem, direction: Direction, backend: BackendLike,
+                        policy: "PolicyLike | None" = None, cache: CacheLike = None,
+                        exclude: Collection[Hashable] = (), *,
+                        deterministic: bool = False) -> Plan:
     """One undivided call with the fastest measured algorithm needing no workspace
     (from the benchmark cache where it holds the full batch); a deterministic
     one with ``deterministic=True`` (Note [deterministic plans])."""
-    be = resolve_backend(backend)
+    options = plan_options("undivided", backend, cache, deterministic=deterministic,
+                           progress=False)
+    return _zero_workspace_plan(options, problem, direction, policy, exclude)
+
+
+def _zero_workspace_plan(options: PlanOptions, problem: ConvProblem, direction: Direction,
+                         policy: "PolicyLike | None", exclude: Collection[Hashable]) -> Plan:
+    """:func:`zero_workspace_plan` with checked ``options`` (their policy, retime
+    and progress are not used: the full batch is measured undivided, quietly,
+    without re-timing); ``policy`` is what the Plan records."""
+    be = options.backend
+    assert be is not None  # a Planner's options: no devices=
+    options = dataclasses.replace(options, policy="undivided", retime=0, progress=False)
     # See Note [one zero-workspace find per kernel]: for such a backend the cache's
     # entry for the full batch may hold none (they were found at a smaller
     # size); then they are found here, uncached
-    stores = (cache, False) if be.finds_zero_once else (cache,)
+    stores = ((options, dataclasses.replace(options, cache=resolve(False)))
+              if be.finds_zero_once else (options,))
     zero: list = []
-    for store in stores:
-        perf = benchmark(be, problem, direction, "undivided", 0, cache=store,
-                         progress=False, deterministic=deterministic)
+    for opts in stores:
+        perf = measure_kernel(opts, problem, direction, 0)
         zero = [a for a in perf.get(problem.batch, ()) if int(a.workspace_bytes) == 0]
         if zero:
             break
     zero = [a for a in zero if a.algo not in exclude]
     if not zero:
         det = ("; deterministic=True: the non-deterministic ones were left out"
-               if deterministic else "")
+               if options.deterministic else "")
         raise UnsupportedConfigError(
             f"no zero-workspace algorithm is left for {problem} {direction} on backend "
             f"{be.name} (excluded: {sorted(map(str, exclude))}{det})")
@@ -170,18 +186,46 @@ class Planner:
     deterministic only (Note [deterministic plans]).
     """
 
-    def __init__(self, backend: Any = None, workspace_limit: Any = DEFAULT_WORKSPACE_LIMIT,
-                 policy: Policy = DEFAULT_POLICY, cache: Any = None, retime: int = 0, *,
+    def __init__(self, backend: BackendLike = None,
+                 workspace_limit: "ByteSize | None" = DEFAULT_WORKSPACE_LIMIT,
+                 policy: PolicyLike = DEFAULT_POLICY, cache: CacheLike = None, retime: int = 0, *,
                  deterministic: bool = False) -> None:
-        self.deterministic = check_deterministic(deterministic)
         self.workspace_limit = workspace_limit_bytes(workspace_limit)
-        self.policy = normalize_policy(policy)  # a one-shot iterable is read once
-        self.backend = resolve_backend(backend)
-        self.cache = resolve_cache(cache)
-        if isinstance(retime, bool) or not isinstance(retime, int) or retime < 0:
-            raise InvalidValueError(f"retime: expected an int >= 0, got {retime!r}")
-        self.retime = retime
+        #: Every other argument, checked once (the policy normalised: a one-shot
+        #: iterable is read once); the plans of :meth:`plan` may show a progress
+        #: bar (as :func:`~.api.optimize`'s), re-plans and joint plans never do.
+        self.options: PlanOptions = plan_options(policy, backend, cache,
+                                                 deterministic=deterministic, retime=retime)
+        self._quiet = dataclasses.replace(self.options, progress=False)
+        be = self.options.backend
+        assert be is not None  # no devices=: the backend benchmarks in this process
+        self._backend: Backend = be
         self._cache_name = str(self.cache.path) if self.cache.enabled else "off"
+
+    @property
+    def backend(self) -> Backend:
+        """The complete Backend that plans are measured on."""
+        return self._backend
+
+    @property
+    def policy(self) -> Union[str, tuple[int, ...]]:
+        """The batch-size policy, normalised (a name or sizes sorted descending)."""
+        return self.options.policy
+
+    @property
+    def cache(self) -> BenchmarkCache:
+        """The benchmark cache (disabled for ``cache=False``)."""
+        return self.options.cache
+
+    @property
+    def retime(self) -> int:
+        """How many of each size's fastest configurations are re-timed on a cache miss."""
+        return self.options.retime
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether plans use deterministic configurations only."""
+        return self.options.deterministic
 
     def __repr__(self) -> str:
         det = ", deterministic=True" if self.deterministic else ""
@@ -191,7 +235,8 @@ class Planner:
     def _limit(self) -> int:
         return UNLIMITED_WORKSPACE if self.workspace_limit is None else self.workspace_limit
 
-    def key(self, problem: ConvProblem, direction: Direction, exclude: Collection[Any] = (),
+    def key(self, problem: ConvProblem, direction: "Direction | str",
+            exclude: Collection[Hashable] = (),
             available: int | None = None) -> PlanKey:
         be = self.backend
         # See Note [candidate sets in keys]: the backend's name for this problem
@@ -206,9 +251,9 @@ class Planner:
         key = self.key(problem, direction)
         plan = _PLANS.get(key)
         if plan is None:
-            plan = self._checked(lambda: optimize(
-                problem, key.direction, self._limit(), self.policy, self.backend,
-                cache=self.cache, retime=self.retime, deterministic=self.deterministic))
+            plan = self._checked(lambda: plan_kernels(
+                {0: (problem, key.direction)}, self.options, workspace_limit=self._limit(),
+                split_sizes=True).plans[0])
             _PLANS.put(key, plan)
         return plan
 
@@ -241,7 +286,7 @@ class Planner:
         return plan
 
     def replan(self, problem: ConvProblem, direction: Direction, available: int,
-               exclude: Collection[Any] = ()) -> Plan:
+               exclude: Collection[Hashable] = ()) -> Plan:
         """The fastest plan within ``available`` bytes (and the limit) using no
         configuration in ``exclude``; a zero-workspace plan as the last resort."""
         direction = Direction.parse(direction)
@@ -255,11 +300,9 @@ class Planner:
         return plan
 
     def _replan(self, problem: ConvProblem, direction: Direction, available: int,
-                exclude: Collection[Any]) -> Plan:
+                exclude: Collection[Hashable]) -> Plan:
         cap = min(self._limit(), available)
-        perf = benchmark(self.backend, problem, direction, self.policy, self._limit(),
-                         cache=self.cache, retime=self.retime, progress=False,
-                         deterministic=self.deterministic)
+        perf = measure_kernel(self._quiet, problem, direction, self._limit())
         if exclude:
             perf = {s: [a for a in v if a.algo not in exclude] for s, v in perf.items()}
         try:
@@ -269,8 +312,7 @@ class Planner:
         except ValueError as exc:
             log.info("mucudnn: no WR plan under %d bytes for %s %s (%s); using a "
                      "zero-workspace plan", cap, problem, direction, exc)
-            return zero_workspace_plan(problem, direction, self.backend, self.policy,
-                                       self.cache, exclude, deterministic=self.deterministic)
+            return _zero_workspace_plan(self._quiet, problem, direction, self.policy, exclude)
 
     def plan_jointly(self, kernels: Mapping[str, tuple[ConvProblem, Direction]],
                      total_workspace: int) -> dict[str, Plan]:
@@ -278,9 +320,7 @@ class Planner:
         (made again once if a plan came from entries the backend cannot run,
         Note [entries the backend cannot run])."""
         def make() -> dict[str, Plan]:
-            return plan_jointly(kernels, total_workspace, self.policy, self.backend,
-                                self.cache, retime=self.retime, progress=False,
-                                deterministic=self.deterministic)
+            return plan_kernels(kernels, self._quiet, total_workspace=total_workspace).plans
 
         done: dict[ConvProblem, set[tuple[int, Direction]]] = {}
         plans = make()
