@@ -99,6 +99,8 @@ from .optimizer.types import CacheLike, PolicyLike
 from .optimizer.planner import Planner, workspace_limit_bytes
 from .optimizer.policies import DEFAULT_POLICY, normalize_policy
 from .problem import ConvProblem, Direction, Plan
+from .typing_aliases import ArrayLike, DTypeLike
+from .units import ByteSize
 
 __all__ = ["Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
            "conv_backward_filter", "clear_caches"]
@@ -175,10 +177,10 @@ class Convolution:
 
     def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], *,
                  stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
-                 groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
-                 math: str = "default", workspace_limit: Any = 64 << 20,
+                 groups: int = 1, dtype: DTypeLike = "float32", layout: str = "NCHW",
+                 math: str = "default", workspace_limit: "ByteSize | None" = 64 << 20,
                  policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None,
-                 graph: bool = False, plans: Mapping[Any, Plan] | None = None,
+                 graph: bool = False, plans: "Mapping[Direction, Plan] | Mapping[str, Plan] | None" = None,
                  cache: CacheLike = None, deterministic: bool = False) -> None:
         self.problem = ConvProblem(x_shape, w_shape, stride=stride, padding=padding,
                                    dilation=dilation, groups=groups, dtype=dtype, layout=layout,
@@ -254,7 +256,8 @@ class Convolution:
         return {d: k.plan for d, k in self._kernels.items() if k.planned}
 
     # -- the three directions ----------------------------------------------------------
-    def forward(self, x: Any, w: Any, y: Any = None, alpha: float = 1.0, beta: float = 0.0) -> Any:
+    def forward(self, x: ArrayLike, w: ArrayLike, y: ArrayLike = None, alpha: float = 1.0,
+                beta: float = 0.0) -> ArrayLike:
         """``y = alpha * conv(x, w) + beta * y``; returns y (see the module doc for kinds).
 
         >>> conv = Convolution((2, 1, 3, 3), (1, 1, 3, 3), backend="numpy", policy="undivided")
@@ -269,8 +272,8 @@ class Convolution:
                 return r
         return self._call(Direction.FORWARD, x, w, y, alpha, beta)
 
-    def backward_data(self, dy: Any, w: Any, dx: Any = None, alpha: float = 1.0,
-                      beta: float = 0.0) -> Any:
+    def backward_data(self, dy: ArrayLike, w: ArrayLike, dx: ArrayLike = None, alpha: float = 1.0,
+                      beta: float = 0.0) -> ArrayLike:
         """``dx = alpha * conv_backward_data(w, dy) + beta * dx``; returns dx."""
         fast = self._fast.get(Direction.BACKWARD_DATA)
         if fast is not None:
@@ -279,8 +282,8 @@ class Convolution:
                 return r
         return self._call(Direction.BACKWARD_DATA, dy, w, dx, alpha, beta)
 
-    def backward_filter(self, x: Any, dy: Any, dw: Any = None, alpha: float = 1.0,
-                        beta: float = 0.0) -> Any:
+    def backward_filter(self, x: ArrayLike, dy: ArrayLike, dw: ArrayLike = None, alpha: float = 1.0,
+                        beta: float = 0.0) -> ArrayLike:
         """``dw = alpha * sum_n conv_backward_filter(x_n, dy_n) + beta * dw``; returns dw.
 
         With ``beta = 0`` the prior dw is never read (it may hold NaN).
@@ -295,7 +298,7 @@ class Convolution:
     __call__ = forward
 
     # -- validation and dispatch (the full path) ---------------------------------------
-    def _validate(self, direction: Direction, a: Any, b: Any, out: Any, alpha: Any,
+    def _validate(self, direction: Direction, a: ArrayLike, b: ArrayLike, out: ArrayLike, alpha: Any,
                   beta: Any, given: "_Given" = (None, None, None)
                   ) -> tuple[list[ArrayInfo], ArrayInfo | None, float, float, str]:
         """Check every argument; return (input infos, output info, alpha, beta, mode).
@@ -381,8 +384,8 @@ class Convolution:
                                      "not alias an input")
         return infos, oinfo, alpha, beta, mode
 
-    def _call(self, direction: Direction, a: Any, b: Any, out: Any, alpha: Any,
-              beta: Any, given: "_Given" = (None, None, None)) -> Any:
+    def _call(self, direction: Direction, a: ArrayLike, b: ArrayLike, out: ArrayLike, alpha: Any,
+              beta: Any, given: "_Given" = (None, None, None)) -> ArrayLike:
         infos, oinfo, alpha, beta, mode = self._validate(direction, a, b, out, alpha, beta,
                                                          given)
         p = self.problem
@@ -480,7 +483,7 @@ class _TorchFast:
     __slots__ = ("launch", "sa", "sb", "so", "dtype", "dev", "tdev", "perm", "na", "nb", "no",
                  "empty", "stream_of", "ws")
 
-    def __init__(self, conv: Convolution, direction: Direction, like: Any) -> None:
+    def __init__(self, conv: Convolution, direction: Direction, like: ArrayLike) -> None:
         torch = sys.modules["torch"]
         p = conv.problem
         (_, r1), (_, r2), (_, ro) = _ARGS[direction]
@@ -496,7 +499,7 @@ class _TorchFast:
         self.stream_of = torch._C._cuda_getCurrentRawStream
         self.ws = torch_workspace(self.tdev)
 
-    def __call__(self, a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
+    def __call__(self, a: ArrayLike, b: ArrayLike, out: ArrayLike, alpha: Any, beta: Any) -> ArrayLike:
         dt, dev = self.dtype, self.dev
         try:
             if (a.dtype is not dt or b.dtype is not dt or a.shape != self.sa
@@ -541,7 +544,7 @@ class MicroBatchHandle(HandleEngine):
     """
 
     def __init__(self, backend: "str | Backend | None" = None, *,
-                 workspace_limit: Any = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
+                 workspace_limit: "ByteSize | None" = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
                  graph: bool = False, cache: CacheLike = None, deterministic: bool = False) -> None:
         check_deterministic(deterministic)
         be = get_backend(backend)
@@ -598,7 +601,8 @@ def _array_dtype(info: ArrayInfo | None) -> str:
 
 def _get_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any, padding: Any,
               dilation: Any, groups: int, dtype: str, layout: str, math: str,
-              workspace_limit: Any, policy: Any, backend: Backend, graph: bool) -> Convolution:
+              workspace_limit: "ByteSize | None", policy: PolicyLike, backend: Backend,
+              graph: bool) -> Convolution:
     be = backend
     p = ConvProblem(x_shape, w_shape, stride=stride, padding=padding, dilation=dilation,
                     groups=groups, dtype=dtype, layout=layout, math=math)
@@ -624,10 +628,10 @@ def _check_layout(layout: str, nd: int, fn: str) -> str:
     return lay
 
 
-def _convnd(nd: int, fn: str, x: Any, w: Any, *, stride: IntOrTuple, padding: IntOrTuple,
-            dilation: IntOrTuple, groups: int, layout: str, math: str,
-            workspace_limit: int | None, policy: Any, backend: Any, alpha: float, beta: float,
-            out: Any, graph: bool) -> Any:
+def _convnd(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple,
+            padding: IntOrTuple, dilation: IntOrTuple, groups: int, layout: str, math: str,
+            workspace_limit: int | None, policy: PolicyLike, backend: "str | Backend | None",
+            alpha: float, beta: float, out: ArrayLike, graph: bool) -> ArrayLike:
     lay = _check_layout(layout, nd, fn)
     be = get_backend(backend)
     given = _inspect_once(be, ("x", "w", "y"), (x, w, out))
@@ -639,11 +643,11 @@ def _convnd(nd: int, fn: str, x: Any, w: Any, *, stride: IntOrTuple, padding: In
     return conv._call(Direction.FORWARD, x, w, out, alpha, beta, given)
 
 
-def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
+def conv2d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
            policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None, alpha: float = 1.0,
-           beta: float = 0.0, out: Any = None, graph: bool = False) -> Any:
+           beta: float = 0.0, out: ArrayLike = None, graph: bool = False) -> ArrayLike:
     """2-D convolution (cross-correlation, as cuDNN and PyTorch), micro-batched.
 
     Shapes and dtype come from ``x`` (N, C, H, W) / (N, H, W, C) and ``w``
@@ -661,11 +665,11 @@ def conv2d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
                    policy=policy, backend=backend, alpha=alpha, beta=beta, out=out, graph=graph)
 
 
-def conv3d(x: Any, w: Any, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
+def conv3d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCDHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
            policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None, alpha: float = 1.0,
-           beta: float = 0.0, out: Any = None, graph: bool = False) -> Any:
+           beta: float = 0.0, out: ArrayLike = None, graph: bool = False) -> ArrayLike:
     """3-D convolution; as :func:`conv2d` with NCDHW/NDHWC shapes.
 
     >>> import numpy as np
@@ -684,12 +688,12 @@ def _layout_for(layout: str | None, ndim: int) -> str:
     return "NCHW" if ndim == 4 else "NCDHW"
 
 
-def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOrTuple = 1,
+def conv_backward_data(dy: ArrayLike, w: ArrayLike, x_shape: Sequence[int], *, stride: IntOrTuple = 1,
                        padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
                        layout: str | None = None, math: str = "default",
                        workspace_limit: int | None = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
                        backend: "str | Backend | None" = None, alpha: float = 1.0, beta: float = 0.0,
-                       out: Any = None, graph: bool = False) -> Any:
+                       out: ArrayLike = None, graph: bool = False) -> ArrayLike:
     """Gradient of the convolution with respect to its input: dx of shape ``x_shape``.
 
     ``layout`` defaults to NCHW (4-D w) or NCDHW (5-D w).
@@ -711,12 +715,12 @@ def conv_backward_data(dy: Any, w: Any, x_shape: Sequence[int], *, stride: IntOr
     return conv._call(Direction.BACKWARD_DATA, dy, w, out, alpha, beta, given)
 
 
-def conv_backward_filter(x: Any, dy: Any, w_shape: Sequence[int], *, stride: IntOrTuple = 1,
+def conv_backward_filter(x: ArrayLike, dy: ArrayLike, w_shape: Sequence[int], *, stride: IntOrTuple = 1,
                          padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
                          layout: str | None = None, math: str = "default",
                          workspace_limit: int | None = 64 << 20, policy: PolicyLike = DEFAULT_POLICY,
                          backend: "str | Backend | None" = None, alpha: float = 1.0, beta: float = 0.0,
-                         out: Any = None, graph: bool = False) -> Any:
+                         out: ArrayLike = None, graph: bool = False) -> ArrayLike:
     """Gradient of the convolution with respect to its filter: dw of shape ``w_shape``.
 
     >>> import numpy as np

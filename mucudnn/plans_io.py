@@ -38,7 +38,7 @@ import json
 import os
 from typing import Any, Mapping, Union
 
-from .backends import get_backend
+from .backends import Backend, get_backend
 from .errors import InvalidTypeError, InvalidValueError, MucudnnError
 from .networks import network
 from .problem import ConvProblem, Direction, Plan, PlanFormatError
@@ -71,7 +71,7 @@ class PlanFileNotFoundError(PlanFileError, FileNotFoundError):
 
 def load_plans(source: Source, problems: "Mapping[str, ConvProblem] | str | None" = None, *,
                batch: int | None = None, dtype: str = "float32", layout: str = "NCHW",
-               math: str = "default", backend: Any = None
+               math: str = "default", backend: "str | Backend | None" = None
                ) -> dict[tuple[str | None, Direction], Plan]:
     """Plans read from ``source``, as ``{(layer, Direction): Plan}`` in file order.
 

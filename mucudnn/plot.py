@@ -11,12 +11,13 @@ import os
 from typing import Any, Iterable, Sequence
 
 from ._optional import require
-from .backends import get_backend
+from .backends import Backend, get_backend
 from .bench import single_call_plan
 from .networks import select as select_layers
 from .networks import unique_problems
 from .optimizer import DEFAULT_POLICY, benchmark, optimize_wr, pareto_front
 from .optimizer.benchmark import resolve_cache
+from .optimizer.types import PolicyLike
 from .problem import Direction
 
 MIB = 1 << 20
@@ -30,7 +31,7 @@ def _pyplot() -> Any:
 
 
 def speedup_curve(perfs: dict, counts: dict, batch: int, limits: Sequence[int],
-                  policy: Any, quanta: "dict | None" = None) -> list[float]:
+                  policy: PolicyLike, quanta: "dict | None" = None) -> list[float]:
     """Predicted network speedup of WR over the best undivided calls, per limit.
 
     ``quanta`` maps a key of ``perfs`` to its ``ConvProblem.batch_quantum()``
@@ -49,8 +50,8 @@ def speedup_curve(perfs: dict, counts: dict, batch: int, limits: Sequence[int],
 
 
 def plot_network(net: str, batch: int, *, out_dir: str = ".", dtype: str = "float32",
-                 layout: str = "NCHW", math_mode: str = "default", policy: Any = DEFAULT_POLICY,
-                 backend: Any = None, workspace_limit: int = 64 << 20,
+                 layout: str = "NCHW", math_mode: str = "default", policy: PolicyLike = DEFAULT_POLICY,
+                 backend: "str | Backend | None" = None, workspace_limit: int = 64 << 20,
                  layers: Sequence[str] | None = None,
                  directions: Iterable["Direction | str"] | None = None,
                  progress: bool = True) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 from .dtypes import dtype_name
 from .errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
+from .typing_aliases import DTypeLike, PolicyLike
 from .units import format_bytes, int_tuple, is_integer, shape_tuple
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -159,7 +160,7 @@ class ConvProblem:
 
     def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], *,
                  stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
-                 groups: int = 1, dtype: Any = "float32", layout: str = "NCHW",
+                 groups: int = 1, dtype: DTypeLike = "float32", layout: str = "NCHW",
                  math: str = "default", compute_type: str | None = None) -> None:
         x = shape_tuple("x_shape", x_shape)
         w = shape_tuple("w_shape", w_shape)
@@ -418,7 +419,7 @@ class ConvProblem:
                 f"dtype={self.dtype!r}, layout={self.layout!r}, math={self.math!r})")
 
 
-def conv_dtype(dtype: Any, name: str = "dtype") -> str:
+def conv_dtype(dtype: DTypeLike, name: str = "dtype") -> str:
     """The name of a convolution data type (one of :data:`DTYPES`) from anything
     :func:`mucudnn.dtypes.dtype_name` reads; UnsupportedDtypeError naming ``name`` otherwise.
 
@@ -709,7 +710,7 @@ def _json_float(v: float) -> float | None:
 
 
 def make_plan(micro_batches: Iterable[MicroBatch], *, undivided_time_ms: float,
-              workspace_limit: int | None, policy: Any = None,
+              workspace_limit: int | None, policy: "PolicyLike | None" = None,
               problem: ConvProblem | None = None, direction: Direction | None = None) -> Plan:
     """Build a Plan from its micro-batches, deriving total time and workspace."""
     mbs = tuple(micro_batches)

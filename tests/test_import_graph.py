@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "mucudnn"
 #: Room -> level. A module may import rooms of a lower level only (and its own room).
 LEVELS = {
     "errors": 0, "_version": 0,
-    "units": 1, "caches": 1, "_optional": 1,
+    "units": 1, "caches": 1, "_optional": 1, "typing_aliases": 1,
     "dtypes": 2,
     "problem": 3,
     "networks": 4, "cuda": 4,

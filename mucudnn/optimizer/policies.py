@@ -16,6 +16,7 @@ import math
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from ..problem import AlgoPerf
+from ..typing_aliases import PolicyLike
 from ..errors import InvalidValueError
 
 #: The named policies (matched case-insensitively; "_" and "-" ignored).
@@ -25,7 +26,8 @@ POLICIES = ("all", "powerOfTwo", "fitted", "undivided")
 #: sizes and each kernel's fitted ones (Note [fitted sizes]).
 DEFAULT_POLICY = "fitted"
 
-Policy = Union[str, Iterable[int]]
+#: What ``policy=`` accepts (:data:`mucudnn.typing_aliases.PolicyLike`).
+Policy = PolicyLike
 
 #: The most micro-batch sizes one kernel may benchmark (Note [bounded size lists]).
 MAX_SIZES = 4096

@@ -7,9 +7,10 @@ values (a :class:`~.options.PlanOptions`)."""
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from ..backends import Backend
+from ..typing_aliases import PolicyLike
 from .cache import BenchmarkCache
 
 __all__ = ["BackendLike", "CacheLike", "DevicesLike", "PolicyLike"]
@@ -18,9 +19,6 @@ __all__ = ["BackendLike", "CacheLike", "DevicesLike", "PolicyLike"]
 #: name, a factory called as ``factory(device=i)`` (with ``devices=``), or None
 #: (the default backend).
 BackendLike = Union[Backend, str, Callable[..., Backend], None]
-#: A policy name ("fitted", "powerOfTwo", "all", "undivided", ...) or explicit
-#: micro-batch sizes.
-PolicyLike = Union[str, Iterable[int]]
 #: None (or True): the default benchmark cache; False or "off": none; a path;
 #: a BenchmarkCache.
 CacheLike = Union[BenchmarkCache, str, os.PathLike[str], bool, None]
