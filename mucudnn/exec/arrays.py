@@ -33,11 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import Backend
 from ..cuda import DeviceArray
 from ..cuda.dlpack import (DEVICE_NAMES, c_strides, import_capsule, kDLCPU, kDLCUDA, kDLCUDAHost,
                            kDLCUDAManaged)
 from ..errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError, WorkspaceUnavailable
 from ..problem import conv_dtype
+from ..typing_aliases import ArrayLike
 
 __all__ = ["ArrayInfo", "inspect_array", "shape_and_dtype", "framework_of", "Framework",
            "framework_for", "UNKNOWN_STREAM", "TorchWorkspace", "torch_workspace",
@@ -85,7 +87,7 @@ def _contiguous_cai(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool
     return all(s == w or n == 1 for s, w, n in zip(tuple(strides), want, shape))
 
 
-def framework_of(obj: Any) -> str:
+def framework_of(obj: ArrayLike) -> str:
     """Top-level module name of ``obj``'s type ("torch", "cupy", "numpy", ...)."""
     return type(obj).__module__.split(".", 1)[0]
 
@@ -173,7 +175,7 @@ def _is_dlpack(obj: Any) -> bool:
     return hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
 
 
-def inspect_array(name: str, obj: Any, *, stream: int | None = None) -> ArrayInfo:
+def inspect_array(name: str, obj: ArrayLike, *, stream: int | None = None) -> ArrayInfo:
     """Classify and describe an argument; TypeError naming it if it is no array.
 
     Checked in this order: NumPy arrays, DeviceArrays, torch tensors (CUDA
@@ -212,7 +214,7 @@ def inspect_array(name: str, obj: Any, *, stream: int | None = None) -> ArrayInf
         f"got {type(obj).__name__}")
 
 
-def shape_and_dtype(name: str, obj: Any) -> tuple[tuple[int, ...], str | None]:
+def shape_and_dtype(name: str, obj: ArrayLike) -> tuple[tuple[int, ...], str | None]:
     """Shape and dtype name of an argument, read without exporting a DLPack
     producer's capsule when it has ``shape`` and ``dtype`` attributes (the
     functional helpers size their Convolution with them; the call itself then
@@ -275,7 +277,8 @@ class Framework:
             return 0 if st == 1 else st  # the interface's 1 is the legacy stream, handle 0
         return UNKNOWN_STREAM
 
-    def empty(self, like: ArrayInfo, shape: tuple[int, ...], dtype: str, backend: Any) -> Any:
+    def empty(self, like: ArrayInfo, shape: tuple[int, ...], dtype: str,
+              backend: Backend) -> ArrayLike:
         """A new output of the producer's kind (a DeviceArray for the generic one)."""
         return backend.empty(shape, dtype)
 
@@ -284,7 +287,7 @@ class Framework:
         (the engine's pool for the stream)."""
         return None
 
-    def adopt(self, like: ArrayInfo, result: Any) -> Any:
+    def adopt(self, like: ArrayInfo, result: ArrayLike) -> ArrayLike:
         """A result allocated for the call, in the kind of ``like`` (the caller's
         first input); the generic producer's is the result itself."""
         return result
@@ -305,7 +308,8 @@ class _Torch(Framework):
         torch = sys.modules["torch"]
         return int(torch._C._cuda_getCurrentRawStream(info.device))
 
-    def empty(self, like: ArrayInfo, shape: tuple[int, ...], dtype: str, backend: Any) -> Any:
+    def empty(self, like: ArrayInfo, shape: tuple[int, ...], dtype: str,
+              backend: Backend) -> ArrayLike:
         torch = sys.modules["torch"]
         return torch.empty(shape, dtype=like.obj.dtype, device=like.obj.device)
 
@@ -438,7 +442,8 @@ class _Cupy(Framework):
         with info.obj.device:
             return int(cupy.cuda.get_current_stream().ptr)
 
-    def empty(self, like: ArrayInfo, shape: tuple[int, ...], dtype: str, backend: Any) -> Any:
+    def empty(self, like: ArrayInfo, shape: tuple[int, ...], dtype: str,
+              backend: Backend) -> ArrayLike:
         cupy = sys.modules["cupy"]
         with like.obj.device:
             return cupy.empty(shape, dtype=like.obj.dtype)
@@ -469,7 +474,7 @@ class _DLPack(Framework):
     def stream(self, info: ArrayInfo) -> int | None:
         return None
 
-    def adopt(self, like: ArrayInfo, result: Any) -> Any:
+    def adopt(self, like: ArrayInfo, result: ArrayLike) -> ArrayLike:
         """``result`` (a DeviceArray, or a NumPy array for host inputs) as the
         caller's kind: ``x.__array_namespace__().from_dlpack`` (JAX, NumPy 2,
         CuPy), else the producer's module's ``from_dlpack`` (torch), else as is."""

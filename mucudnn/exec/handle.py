@@ -45,6 +45,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
+from ..typing_aliases import AddressOrArray, DescriptorLike
 from ..problem import MATH_MODES, ConvProblem, Direction, Plan, conv_dtype, from_canonical, \
     packed_strides
 from .kernel import Kernel
@@ -205,8 +206,8 @@ def _math_of(v: Any) -> str:
                      f"{sorted(_MATH)} or {list(MATH_MODES)})")
 
 
-def problem_from_descriptors(x_desc: Any, w_desc: Any, conv_desc: Any,
-                             y_desc: Any = None) -> ConvProblem:
+def problem_from_descriptors(x_desc: DescriptorLike, w_desc: DescriptorLike, conv_desc: DescriptorLike,
+                             y_desc: DescriptorLike = None) -> ConvProblem:
     """Rebuild the ConvProblem that a cuDNN call's descriptors describe.
 
     ``x_desc``/``y_desc`` are tensor descriptors (dims in N, C, spatial order
@@ -307,12 +308,12 @@ class HandleEngine:
 
     # -- kernels -------------------------------------------------------------------------
     @staticmethod
-    def kernel_name(problem: ConvProblem, direction: Direction, layer_id: Any = None) -> str:
+    def kernel_name(problem: ConvProblem, direction: Direction, layer_id: object = None) -> str:
         d = Direction.parse(direction)
         return f"{layer_id}/{d.value}" if layer_id is not None else f"{problem.key()}/{d.value}"
 
     def register(self, problem: ConvProblem, direction: "Direction | str",
-                 layer_id: Any = None) -> Kernel:
+                 layer_id: object = None) -> Kernel:
         """The kernel for (problem, direction, layer_id), created on first sight."""
         d = Direction.parse(direction)
         name = self.kernel_name(problem, d, layer_id)
@@ -441,27 +442,33 @@ class HandleEngine:
         k.launch(addr["x"], addr["w"], addr["y"], float(alpha), float(beta), None, ws)
 
     # -- cuDNN's convolution calls ---------------------------------------------------------
-    def convolution_forward(self, alpha: float, x_desc: Any, x: Any, w_desc: Any, w: Any,
-                            conv_desc: Any, algo: Any, workspace: Any, workspace_size: int,
-                            beta: float, y_desc: Any, y: Any, *, layer_id: Any = None) -> None:
+    def convolution_forward(self, alpha: float, x_desc: DescriptorLike, x: AddressOrArray,
+                            w_desc: DescriptorLike, w: AddressOrArray, conv_desc: DescriptorLike,
+                            algo: object, workspace: "AddressOrArray | None", workspace_size: int,
+                            beta: float, y_desc: DescriptorLike, y: AddressOrArray, *,
+                            layer_id: object = None) -> None:
         """cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y (``algo`` ignored)."""
         p = problem_from_descriptors(x_desc, w_desc, conv_desc, y_desc)
         self._run(Direction.FORWARD, p, {"x": ("x", x), "w": ("w", w), "y": ("y", y)},
                   alpha, beta, workspace, workspace_size, layer_id)
 
-    def convolution_backward_data(self, alpha: float, w_desc: Any, w: Any, dy_desc: Any, dy: Any,
-                                  conv_desc: Any, algo: Any, workspace: Any, workspace_size: int,
-                                  beta: float, dx_desc: Any, dx: Any, *,
-                                  layer_id: Any = None) -> None:
+    def convolution_backward_data(self, alpha: float, w_desc: DescriptorLike, w: AddressOrArray,
+                                  dy_desc: DescriptorLike, dy: AddressOrArray,
+                                  conv_desc: DescriptorLike, algo: object,
+                                  workspace: "AddressOrArray | None", workspace_size: int,
+                                  beta: float, dx_desc: DescriptorLike, dx: AddressOrArray, *,
+                                  layer_id: object = None) -> None:
         """cudnnConvolutionBackwardData: dx = alpha * conv_bd(w, dy) + beta * dx (``algo`` ignored)."""
         p = problem_from_descriptors(dx_desc, w_desc, conv_desc, dy_desc)
         self._run(Direction.BACKWARD_DATA, p, {"x": ("dx", dx), "w": ("w", w), "y": ("dy", dy)},
                   alpha, beta, workspace, workspace_size, layer_id)
 
-    def convolution_backward_filter(self, alpha: float, x_desc: Any, x: Any, dy_desc: Any, dy: Any,
-                                    conv_desc: Any, algo: Any, workspace: Any,
-                                    workspace_size: int, beta: float, dw_desc: Any, dw: Any, *,
-                                    layer_id: Any = None) -> None:
+    def convolution_backward_filter(self, alpha: float, x_desc: DescriptorLike, x: AddressOrArray,
+                                    dy_desc: DescriptorLike, dy: AddressOrArray,
+                                    conv_desc: DescriptorLike, algo: object,
+                                    workspace: "AddressOrArray | None", workspace_size: int,
+                                    beta: float, dw_desc: DescriptorLike, dw: AddressOrArray, *,
+                                    layer_id: object = None) -> None:
         """cudnnConvolutionBackwardFilter: dw = alpha * sum_n conv_bf(x_n, dy_n) + beta * dw
         (``algo`` ignored; beta applies once, micro-batches accumulate)."""
         p = problem_from_descriptors(x_desc, dw_desc, conv_desc, dy_desc)
@@ -472,25 +479,28 @@ class HandleEngine:
     def _need(self, direction: Direction, p: ConvProblem, layer_id: Any) -> int:
         return self.register(p, direction, layer_id).plan.workspace_bytes
 
-    def get_convolution_forward_workspace_size(self, x_desc: Any, w_desc: Any, conv_desc: Any,
-                                               y_desc: Any, algo: Any = None, *,
-                                               layer_id: Any = None) -> int:
+    def get_convolution_forward_workspace_size(self, x_desc: DescriptorLike, w_desc: DescriptorLike,
+                                               conv_desc: DescriptorLike, y_desc: DescriptorLike,
+                                               algo: object = None, *,
+                                               layer_id: object = None) -> int:
         """The plan's workspace need in bytes (whatever ``algo`` says)."""
         p = problem_from_descriptors(x_desc, w_desc, conv_desc, y_desc)
         return self._need(Direction.FORWARD, p, layer_id)
 
-    def get_convolution_backward_data_workspace_size(self, w_desc: Any, dy_desc: Any,
-                                                     conv_desc: Any, dx_desc: Any,
-                                                     algo: Any = None, *,
-                                                     layer_id: Any = None) -> int:
+    def get_convolution_backward_data_workspace_size(self, w_desc: DescriptorLike,
+                                                     dy_desc: DescriptorLike,
+                                                     conv_desc: DescriptorLike,
+                                                     dx_desc: DescriptorLike, algo: object = None,
+                                                     *, layer_id: object = None) -> int:
         """The plan's workspace need in bytes (whatever ``algo`` says)."""
         p = problem_from_descriptors(dx_desc, w_desc, conv_desc, dy_desc)
         return self._need(Direction.BACKWARD_DATA, p, layer_id)
 
-    def get_convolution_backward_filter_workspace_size(self, x_desc: Any, dy_desc: Any,
-                                                       conv_desc: Any, dw_desc: Any,
-                                                       algo: Any = None, *,
-                                                       layer_id: Any = None) -> int:
+    def get_convolution_backward_filter_workspace_size(self, x_desc: DescriptorLike,
+                                                       dy_desc: DescriptorLike,
+                                                       conv_desc: DescriptorLike,
+                                                       dw_desc: DescriptorLike, algo: object = None,
+                                                       *, layer_id: object = None) -> int:
         """The plan's workspace need in bytes (whatever ``algo`` says)."""
         p = problem_from_descriptors(x_desc, dw_desc, conv_desc, dy_desc)
         return self._need(Direction.BACKWARD_FILTER, p, layer_id)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..backends.base import Backend, ConvTensors
 from ..caches import LRU
@@ -27,6 +27,7 @@ from ..cuda import is_capturing
 from ..errors import (InvalidValueError, MucudnnError, PlanningInCaptureError, UnsupportedConfigError,
                       WorkspaceUnavailable)
 from ..problem import ConvProblem, Direction, Plan
+from ..typing_aliases import AddressOrArray, ArrayLike
 from .graph import GraphCache
 from .planning import Planner
 from .runner import FULL_ALIGNMENT, BoundPlan, alignment_of, bind_plan, resolve_workspace
@@ -294,7 +295,8 @@ class Kernel:
             raise
 
     # -- running ----------------------------------------------------------------
-    def launch(self, x: Any, w: Any, y: Any, alpha: float = 1.0, beta: float = 0.0,
+    def launch(self, x: AddressOrArray, w: AddressOrArray, y: AddressOrArray,
+               alpha: float = 1.0, beta: float = 0.0,
                stream: Any = None, workspace: "WorkspaceAllocator | tuple[Any, int] | None" = None
                ) -> Plan:
         """Run the plan on whole-batch addresses ``x``, ``w``, ``y`` (forward
@@ -314,8 +316,10 @@ class Kernel:
                 return self._launch(x, w, y, alpha, beta, None, workspace, FULL_ALIGNMENT)
         if not (x | w | y) & 15:  # the usual case, without three calls
             return self._launch(x, w, y, alpha, beta, stream, workspace, FULL_ALIGNMENT)
+        # on a device backend the three are addresses (ints)
         return self._launch(x, w, y, alpha, beta, stream, workspace,
-                            (alignment_of(x), alignment_of(w), alignment_of(y)))
+                            (alignment_of(cast(int, x)), alignment_of(cast(int, w)),
+                             alignment_of(cast(int, y))))
 
     def _launch(self, x: Any, w: Any, y: Any, alpha: float, beta: float, stream: Any,
                 workspace: Any, aligns: tuple) -> Plan:
@@ -352,7 +356,7 @@ class Kernel:
         return bound.plan
 
     def run(self, tensors: ConvTensors, alpha: float = 1.0, beta: float = 0.0,
-            workspace: Any = None) -> Plan:
+            workspace: ArrayLike = None) -> Plan:
         """:meth:`launch` on arrays of the backend's kind (whole batch, forward
         naming), on the backend's home stream; ``workspace`` an array of the
         backend's kind (used when large enough) or None. Returns the plan that ran."""

@@ -26,6 +26,7 @@ from ..backends.base import Backend, ConvTensors, Launcher
 from ..problem import Direction, Plan
 from .views import check_micro_batches
 from ..errors import InvalidValueError
+from ..typing_aliases import ArrayLike
 
 __all__ = ["BoundPlan", "bind_plan", "execute", "prepare", "micro_batch_betas",
            "resolve_workspace", "nbytes_of", "FULL_ALIGNMENT",
@@ -50,7 +51,7 @@ def micro_batch_betas(direction: Direction, n: int, beta: float) -> list[float]:
     return [float(beta)] * n
 
 
-def nbytes_of(workspace: Any) -> int:
+def nbytes_of(workspace: ArrayLike) -> int:
     """Size in bytes of a workspace array (0 for None)."""
     if workspace is None:
         return 0
@@ -135,7 +136,7 @@ def _aligns(backend: Backend, addresses: tuple[Any, ...]) -> tuple[int, int, int
 
 
 def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1.0,
-            beta: float = 0.0, workspace: Any = None,
+            beta: float = 0.0, workspace: ArrayLike = None,
             direction: Direction | None = None) -> Callable[[], None]:
     """Check ``plan`` against ``tensors`` and ``workspace`` once; return a
     zero-argument launcher that issues every micro-batch, in order, on the
@@ -164,7 +165,7 @@ def prepare(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1
 
 
 def execute(plan: Plan, backend: Backend, tensors: ConvTensors, alpha: float = 1.0,
-            beta: float = 0.0, workspace: Any = None,
+            beta: float = 0.0, workspace: ArrayLike = None,
             direction: Direction | None = None) -> None:
     """Run every micro-batch of ``plan`` on ``backend``, in order, in place.
 

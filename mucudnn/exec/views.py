@@ -15,11 +15,11 @@ The filter is never sliced.
 
 from __future__ import annotations
 
-from typing import Any
 
 from ..backends.base import ConvTensors
 from ..problem import ConvProblem, Direction, MicroBatch
 from ..errors import InvalidValueError
+from ..typing_aliases import ArrayLike
 
 __all__ = ["batch_view", "micro_batch_tensors", "check_micro_batches", "BATCHED"]
 
@@ -31,7 +31,7 @@ BATCHED: dict[Direction, tuple[str, str]] = {
 }
 
 
-def batch_view(array: Any, offset: int, size: int) -> Any:
+def batch_view(array: ArrayLike, offset: int, size: int) -> ArrayLike:
     """Rows ``[offset, offset + size)`` of ``array`` along its leading (batch) axis.
 
     Works for anything with leading-axis slicing that returns views (NumPy
