@@ -217,13 +217,13 @@ def _blocked_reach(backend: Backend, problem: ConvProblem, direction: Direction,
     return None
 
 
-def resolve_backend(backend: Any) -> Backend:
+def resolve_backend(backend: "str | Backend | None") -> Backend:
     """A complete Backend from a Backend (or anything
     :func:`~mucudnn.backends.adapt` accepts), a name, or None (the default)."""
     return get_backend(backend)
 
 
-def resolve_cache(cache: Any) -> BenchmarkCache:
+def resolve_cache(cache: CacheLike) -> BenchmarkCache:
     """None -> the default cache (``MUCUDNN_CACHE``); False or "off" -> none; a path
     (str or os.PathLike) -> that file; a BenchmarkCache -> itself; anything else:
     :class:`~mucudnn.optimizer.cache.CacheArgumentError` (a TypeError) naming ``cache``."""

@@ -268,7 +268,7 @@ def _no_plan_message(perf: dict[int, list[AlgoPerf]], sizes: list[int], batch: i
 
 
 def _build_plan(split: list[int], choice: dict[int, AlgoPerf], undivided: float,
-                limit: int | None, policy: Any, quantum: int = 1) -> Plan:
+                limit: int | None, policy: Policy, quantum: int = 1) -> Plan:
     # Largest first, except that a size off the quantum (at most one: the
     # solver's last step) stays last, so that every offset is on the quantum.
     order = sorted((s for s in split if s % quantum == 0), reverse=True)

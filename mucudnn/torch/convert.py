@@ -75,6 +75,7 @@ from ..backends import Backend
 from ..caches import LRU
 from ..optimizer import DEFAULT_POLICY, optimize_network
 from ..problem import ConvProblem, Direction, Plan
+from ..typing_aliases import PolicyLike
 from . import engine
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
 from .modules import Conv2d, Conv3d, MucudnnConvMixin
@@ -102,7 +103,7 @@ class WDPlanner:
     ``model.mucudnn_planner``.
     """
 
-    def __init__(self, total_workspace: int, policy: Any, backend: str,
+    def __init__(self, total_workspace: int, policy: PolicyLike, backend: str,
                  token: "str | None" = None) -> None:
         self.total_workspace = int(total_workspace)
         self.policy = policy
@@ -253,7 +254,7 @@ def _convert_one(m: nn.Module) -> bool:
 
 
 def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-            policy: Any = DEFAULT_POLICY, mode: str = "wr",
+            policy: PolicyLike = DEFAULT_POLICY, mode: str = "wr",
             total_workspace: "int | None" = None,
             backend: "str | Backend | None" = None) -> nn.Module:
     """Make every ``nn.Conv2d``/``nn.Conv3d`` in ``module`` (itself included,

@@ -24,6 +24,7 @@ from ..backends import Backend
 from ..caches import LRU
 from ..errors import InvalidTypeError, InvalidValueError, MucudnnError
 from ..optimizer import DEFAULT_POLICY, batch_sizes
+from ..typing_aliases import PolicyLike
 from ..units import int_tuple
 from . import engine, ops
 from .engine import DTYPES, ConvConfig
@@ -58,7 +59,7 @@ _COMPILING = torch.compiler.is_compiling
 
 
 def options(workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-            policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> Options:
+            policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> Options:
     """Check and normalise the mucudnn options of a convolution.
 
     Checked results are cached (``torch.options``) by value *and type* of
@@ -258,7 +259,7 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
            stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
            groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-           policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
+           policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
     """2-D convolution as ``torch.nn.functional.conv2d``, micro-batched by mucudnn.
 
     ``input`` is ``(N, C, H, W)`` or unbatched ``(C, H, W)``; ``weight``
@@ -289,7 +290,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None
 def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
            stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
            groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-           policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
+           policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
     """3-D convolution as ``torch.nn.functional.conv3d`` (see :func:`conv2d`):
     ``input`` ``(N, C, D, H, W)`` or ``(C, D, H, W)``, ``weight`` ``(K, C/groups, T, R, S)``.
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
+from ..typing_aliases import PolicyLike
 from .functional import DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
 
 __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin"]
@@ -50,7 +51,7 @@ class MucudnnConvMixin:
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
                  padding_mode: str = "zeros", device: Any = None, dtype: Any = None, *,
                  workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
-                 policy: Any = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> None:
+                 policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> None:
         # torch's constructor, then ours (the mixin comes first in the bases)
         super().__init__(in_channels, out_channels, kernel_size, stride=stride,  # type: ignore[call-arg]
                          padding=padding, dilation=dilation, groups=groups, bias=bias,
