@@ -30,16 +30,9 @@ BUILTIN_EXCEPTIONS = frozenset(
 #: Exceptions the interpreter's protocols need bare (never argument errors).
 PROTOCOL = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt",
                       "SystemExit"})
-#: Files that may still raise builtin classes, owned by other work in progress;
-#: each entry says whose (drop it once that file is clean). The scan fails on
-#: any other file.
-PENDING = {
-    "torch": "mucudnn/torch/ (the torch room's owner)",
-    "_cudnn/loader.py": "the loader's owner",
-    "optimizer/cache_files.py": "the benchmark cache's owner",
-    "optimizer/cache_tools.py": "the benchmark cache's owner",
-    "optimizer/cache_entries.py": "the benchmark cache's owner (BadEntry derives from ValueError only)",
-}
+#: Files that may still raise builtin classes (none: every file of the
+#: library raises MucudnnError subclasses); an entry names whose work it is.
+PENDING: dict[str, str] = {}
 
 
 def _pending_key(rel: str) -> str:

@@ -76,6 +76,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
+from ..errors import MucudnnError
 from . import elf
 from .errors import CudnnLibraryNotFoundError, CudnnVersionError
 
@@ -133,6 +134,14 @@ class Loaded:
     version: int
 
 
+
+class _NoFile(MucudnnError, FileNotFoundError):
+    """A candidate path that names no file (internal: recorded as "not found")."""
+
+
+class _NotLoaded(MucudnnError, OSError):
+    """A candidate the system loader refused (internal: recorded as "failed to load")."""
+
 def soname_major(name: str) -> Optional[int]:
     """The major version a cuDNN library name claims: ``"libcudnn.so.9.19.0"`` -> 9,
     ``"cudnn64_9.dll"`` -> 9; None for any other name (``"libcudnn.so"``,
@@ -177,7 +186,7 @@ def _refuse_major(major: int, what: str) -> None:
 def _check_file(path: str) -> None:
     """The checks made before loading (see the module docstring)."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no such file: {path}")
+        raise _NoFile(f"no such file: {path}")
     if not os.path.isfile(path):
         raise _Refused(f"{path} is not a file", "identity", BEFORE)
     names = [os.path.basename(path)]
@@ -364,8 +373,8 @@ def _pathfinder() -> Iterator[tuple]:
         except Exception as exc:  # DynamicLibNotFoundError and friends
             if type(exc).__name__ in ("DynamicLibNotFoundError", "DynamicLibUnknownError",
                                       "DynamicLibNotAvailableError"):
-                raise FileNotFoundError(f"{type(exc).__name__}: {exc}") from None
-            raise OSError(f"{type(exc).__name__}: {exc}") from None
+                raise _NoFile(f"{type(exc).__name__}: {exc}") from None
+            raise _NotLoaded(f"{type(exc).__name__}: {exc}") from None
         return ctypes.CDLL(loaded.abs_path)
 
     yield ("cuda.pathfinder", 'load_nvidia_dynamic_lib("cudnn")', load)

@@ -30,6 +30,7 @@ import math
 import re
 from typing import Any, Iterable
 
+from ..errors import MucudnnError
 from ..problem import AlgoPerf
 from ..units import is_integer
 
@@ -54,7 +55,7 @@ _BRACKET = re.compile(r"[\[\]{}]")
 _FLAT = re.compile(r"\s*\[\s*(?:\{[^{}\[\]]*\}\s*,?\s*)*\]\s*")
 
 
-class BadEntry(ValueError):
+class BadEntry(MucudnnError, ValueError):
     """A stored entry that fails validation (internal: the cache drops the entry)."""
 
 

@@ -29,6 +29,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
+from ..errors import InvalidValueError, MucudnnError
+
 __all__ = ["SQLITE_MAGIC", "GZIP_MAGIC", "SCHEMA_VERSION", "META", "TABLE", "COLUMNS",
            "Schema", "read_schema", "create_tables", "connect_ro", "inspect_file",
            "file_kind", "gunzip_to", "create_fresh", "make_tempdir", "remove_tempdir",
@@ -50,7 +52,7 @@ PRIMARY_KEY = ("backend", "device", "version", "problem", "direction")
 MAX_GUNZIP = 1 << 30
 
 
-class GunzipTooLarge(ValueError):
+class GunzipTooLarge(MucudnnError, ValueError):
     """A gzipped cache larger than the bound, or than the free temporary space."""
 
 CREATE = (
@@ -252,7 +254,7 @@ def gunzip_to(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]",
             os.unlink(dst)
         raise
     except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
-        raise ValueError(f"not a readable gzip file ({type(exc).__name__}: {exc})") from None
+        raise InvalidValueError(f"not a readable gzip file ({type(exc).__name__}: {exc})") from None
 
 
 @contextlib.contextmanager

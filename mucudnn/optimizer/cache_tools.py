@@ -36,6 +36,7 @@ import sqlite3
 import tempfile
 from typing import Any, Iterable, Sequence
 
+from ..errors import InvalidValueError
 from . import cache_files as files
 from .cache import BenchmarkCache, CacheFileError, Entry, resolve
 
@@ -185,7 +186,7 @@ def merge(inputs: Sequence["str | os.PathLike[str]"], out: "str | os.PathLike[st
           force: bool = False) -> int:
     """Merge the caches ``inputs`` into the new file ``out``; returns its entry count."""
     if not inputs:
-        raise ValueError("inputs: expected one or more cache files, got none")
+        raise InvalidValueError("inputs: expected one or more cache files, got none")
     entries: list[Entry] = []
     for path in inputs:
         with contextlib.closing(open_input(path, "FILE")) as src:
