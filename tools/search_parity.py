@@ -34,20 +34,20 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+import zoo_bench  # the models as the zoo builds them (a sibling script)
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.find_options import FindOptions
 from mucudnn.problem import ConvProblem, Direction
 
 
-def model_convs(name: str, batch: int, size: int, dtype: torch.dtype) -> list[dict[str, Any]]:
-    """The distinct convolutions of torchvision model ``name`` on a
-    ``batch x 3 x size x size`` channels-last input (one forward pass)."""
-    import torchvision
-
-    kwargs: dict[str, Any] = {"weights": None}
-    if name in ("inception_v3", "googlenet"):
-        kwargs.update(aux_logits=False, init_weights=True)
-    model = torchvision.models.get_model(name, **kwargs).cuda().to(memory_format=torch.channels_last)
+def model_convs(name: str, batch: int, size: Optional[int], dtype: torch.dtype
+                ) -> list[dict[str, Any]]:
+    """The distinct convolutions of torchvision model ``name`` (built as
+    zoo_bench builds it, at its input size: ``size``, or the model's own) on a
+    channels-last batch (one forward pass)."""
+    spec = zoo_bench.model_spec(name, size)
+    model = zoo_bench.build_model(spec).cuda().to(memory_format=torch.channels_last)
+    size = spec.size
     seen: dict[tuple, dict[str, Any]] = {}
 
     def hook(module: nn.Module, args: tuple) -> None:
@@ -157,7 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", required=True)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--size", type=int, default=None,
+                    help="input size (default: the model's own, as zoo_bench.py uses it)")
     ap.add_argument("--precision", choices=["fp32cl", "amp"], default="fp32cl")
     ap.add_argument("--find", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="FindOptions fields of the search under test (default: the defaults)")
@@ -175,9 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[parity] out of time before {name}", file=sys.stderr)
             break
         backend = CudnnGraphBackend(find=opts)  # fresh: every kernel's first find
-        size = 299 if name == "inception_v3" else args.size
         dtype = torch.bfloat16 if args.precision == "amp" else torch.float32
-        convs = model_convs(name, args.batch, size, dtype)
+        convs = model_convs(name, args.batch, args.size, dtype)
         results = []
         for conv in convs:
             for d in Direction:
