@@ -37,6 +37,32 @@ def test_pytorch_runs_exactly_where_its_measured_workspace_fits_and_it_is_no_slo
     assert c.reason
 
 
+@given(plan=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
+       torch_=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
+       ws=st.lists(st.integers(0, 4 << 20), min_size=3, max_size=3),
+       host=st.one_of(st.none(), st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 5.0))))
+def test_a_layer_runs_pytorch_whole_where_the_plans_do_not_pay_their_host_cost(
+        plan, torch_, ws, host):
+    """See Note [host cost of a converted layer]."""
+    limit = 2 << 20
+    choices = {d: native.decide(d, p, t, w, limit) for d, p, t, w in zip(Direction, plan, torch_, ws)}
+    got = native.settle(choices, host)
+    eligible = host is not None and all(w <= limit for w in ws)
+    saving = sum(t - p for p, t, c in zip(plan, torch_, choices.values())
+                 if c.runs == native.MUCUDNN)
+    switched = eligible and 0 < saving <= host[0] - host[1]
+    if switched:
+        assert all(c.runs == native.TORCH for c in got.values())
+        assert all(got[d].reason == choices[d].reason for d in Direction
+                   if choices[d].runs == native.TORCH)
+        assert all("host" in got[d].reason for d in Direction if choices[d].runs == native.MUCUDNN)
+    else:
+        assert got == choices
+    for d in Direction:  # the measurements stay as measured
+        assert (got[d].plan_ms, got[d].torch_ms, got[d].torch_workspace) == (
+            choices[d].plan_ms, choices[d].torch_ms, choices[d].torch_workspace)
+
+
 def test_report_lists_the_records_of_each_converted_layer_and_totals():
     model = mt.convert(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
                                      nn.Conv2d(8, 8, 3, padding=1, groups=8)),
@@ -79,6 +105,7 @@ def test_a_converted_layer_computes_the_convolution_whichever_side_runs(monkeypa
     mt.clear()
     if force is not None:
         real = native.decide
+        monkeypatch.setattr(native, "settle", lambda choices, host: choices)
 
         def forced(d, plan_ms, torch_ms, ws, limit):
             c = real(d, plan_ms, torch_ms, ws, limit)
@@ -109,15 +136,63 @@ def test_a_converted_layer_computes_the_convolution_whichever_side_runs(monkeypa
     rep = mt.report(model)
     (layer,) = rep.layers
     assert set(layer.directions) == {"fwd", "bwd-data", "bwd-filter"}
-    for d in layer.directions.values():
-        assert d["plan_ms"] > 0 and d["torch_ms"] > 0
+    if force is None:
+        decided = {d: native.decide(d, v["plan_ms"], v["torch_ms"], v["torch_workspace"],
+                                    16 << 20) for d, v in zip(Direction, layer.directions.values())}
+        want = native.settle(decided, layer.host_ms)
+    for d, v in zip(Direction, layer.directions.values()):
+        assert v["plan_ms"] > 0 and v["torch_ms"] > 0
         if force is not None:
-            assert d["runs"] == force
+            assert v["runs"] == force
         else:
-            assert d["runs"] == native.decide(Direction.FORWARD, d["plan_ms"], d["torch_ms"],
-                                              d["torch_workspace"], 16 << 20).runs
-            if d["runs"] == native.TORCH:
-                assert d["torch_workspace"] <= 16 << 20
+            assert v["runs"] == want[d].runs
+            if v["runs"] == native.TORCH:
+                assert v["torch_workspace"] <= 16 << 20
+    if force is None and any(c.runs == native.MUCUDNN for c in decided.values()):
+        assert layer.host_ms is not None and min(layer.host_ms) > 0
+    mt.clear()
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_settled_module_runs_torch_nn_code_and_computes_the_convolution(monkeypatch, tmp_path):
+    """See Note [host cost of a converted layer]: once a module's signature is
+    settled on PyTorch's call, its calls run no mucudnn code; a new signature
+    (another batch) is compared again."""
+    from mucudnn.torch import engine
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    mt.clear()
+    monkeypatch.setattr(native, "settle", lambda choices, host: {
+        d: native.Choice(d, native.TORCH, c.plan_ms, c.torch_ms, c.torch_workspace, c.limit,
+                         "forced by the test") for d, c in choices.items()})
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    ref = nn.Conv2d(16, 32, 3, padding=1).cuda().double()
+    ref.load_state_dict(conv.state_dict())
+    model = mt.convert(nn.Sequential(conv), workspace_limit=16 << 20)
+    calls = []
+    real_warm = engine.warm_call
+    monkeypatch.setattr(engine, "warm_call", lambda *a: calls.append(1) or real_warm(*a))
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        for batch, entered in ((8, True), (8, False), (4, True)):
+            calls.clear()
+            x = torch.randn(batch, 16, 12, 12, device="cuda").to(
+                memory_format=torch.channels_last).requires_grad_(True)
+            y = model(x)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            assert bool(calls) == entered
+            x64 = x.detach().double().requires_grad_(True)
+            y64 = ref(x64)
+            y64.backward(dy.double())
+            assert _rel(y, y64) < 1e-5 and _rel(x.grad, x64.grad) < 1e-5
+            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
+            assert _rel(conv.bias.grad, ref.bias.grad) < 1e-5
+            conv.weight.grad = conv.bias.grad = ref.weight.grad = ref.bias.grad = None
+    assert len(conv._mu_torch[1]) == 2
+    mt.clear()  # forgets the verdicts: the next call compares again
+    calls.clear()
+    assert conv(x).shape == y.shape and calls and len(conv._mu_torch[1]) == 1
     mt.clear()
 
 

@@ -482,6 +482,12 @@ def clear(backends: bool = True) -> None:
     _CONVS.clear()
     _WARM.clear()
     _native.clear()
+    GENERATION[0] += 1  # modules' settled signatures lapse
+
+
+#: Counts :func:`clear` calls: a converted module's settled signatures (Note
+#: [host cost of a converted layer]) hold for the generation that settled them.
+GENERATION = [0]
 
 
 def cached_convolutions() -> list[Convolution]:
@@ -661,6 +667,7 @@ _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
 _STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CUR_DEVICE: Any = getattr(torch._C, "_cuda_getDevice", None)
 _EMPTY_LIKE = torch.empty_like
+_LAST = threading.local()
 
 
 def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | None":
@@ -676,12 +683,28 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | Non
     key = (x.shape, x.stride(), w.shape, w.stride(), x.dtype, x.get_device(), cfg, _TF32(),
            deterministic())
     warm = _WARM.peek(key)
+    _LAST.warm = warm
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
         warm = _Warm(x, w, _is_cl(x) or _is_cl(w), cfg, key)
-        _WARM.put(key, warm)
+        _WARM.put(key, warm)  # before calibrating: its host timing calls through it
+        if _native.enabled() and not torch.cuda.is_current_stream_capturing():
+            warm.calibrate(x, w, key)
+        _LAST.warm = warm
     return warm
+
+
+def last_warm() -> "_Warm | None":
+    """The warm record the calling thread's latest :func:`warm_call` returned
+    (None before any, or after :func:`forget_last`); a converted module reads
+    it after its call (Note [host cost of a converted layer])."""
+    return getattr(_LAST, "warm", None)
+
+
+def forget_last() -> None:
+    """Clear :func:`last_warm` for the calling thread."""
+    _LAST.warm = None
 
 
 class _Warm:
@@ -690,7 +713,7 @@ class _Warm:
     slower than native] in :mod:`.native`)."""
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
-                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native")
+                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "all_native")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple) -> None:
@@ -714,18 +737,25 @@ class _Warm:
         self.tf32 = bool(key[-2])
         #: per direction (forward, backward-data, backward-filter): PyTorch's call runs
         self.native = (False, False, False)
-        if _native.enabled() and not torch.cuda.is_current_stream_capturing():
-            with _device_ctx(self.index):
-                rec = _native.calibrate(
-                    key, conv, x.contiguous(memory_format=self.fmt),
-                    w.contiguous(memory_format=self.fmt), self.y_shape, cfg, self.fmt,
-                    {Direction.FORWARD: self.fwd, Direction.BACKWARD_DATA: self.bwd_data,
-                     Direction.BACKWARD_FILTER: self.bwd_filter},
-                    self.ws, lambda: _STREAM(self.index),
-                    None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                    self.tf32)
-            fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
-            self.native = (fwd, bd, bf)
+        #: every direction runs PyTorch's (Note [host cost of a converted layer])
+        self.all_native = False
+
+    def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple) -> None:
+        """Compare with PyTorch's own call (Note [never slower than native])."""
+        from .ops import apply  # ops builds on this module
+        cfg = self.cfg
+        with _device_ctx(self.index):
+            rec = _native.calibrate(
+                key, self.conv, x.contiguous(memory_format=self.fmt),
+                w.contiguous(memory_format=self.fmt), self.y_shape, cfg, self.fmt,
+                {Direction.FORWARD: self.fwd, Direction.BACKWARD_DATA: self.bwd_data,
+                 Direction.BACKWARD_FILTER: self.bwd_filter},
+                self.ws, lambda: _STREAM(self.index),
+                None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
+                self.tf32, lambda a, b: apply(a, b, None, cfg))
+        fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
+        self.native = (fwd, bd, bf)
+        self.all_native = fwd and bd and bf
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:

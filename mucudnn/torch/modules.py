@@ -29,9 +29,27 @@ from torch import nn
 from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
 from ..typing_aliases import PolicyLike
+from . import engine
 from .functional import DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
 
-__all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin"]
+__all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
+
+#: Input signatures a module remembers as settled on PyTorch's own call.
+MAX_SETTLED = 8
+_COMPILING = torch.compiler.is_compiling
+_UNSETTLED: "tuple[int, frozenset]" = (-1, frozenset())
+_AUTOCAST = torch.is_autocast_enabled
+_AUTOCAST_DTYPE = torch.get_autocast_dtype
+
+
+def _signature(x: torch.Tensor, w: torch.Tensor) -> tuple:
+    """What decides a converted module's verdict for a call: the operands'
+    shapes, strides, dtypes and device, autocast's state, and the TF32 and
+    determinism flags (as :func:`engine.warm_call`'s key)."""
+    dev = x.device.type
+    amp = _AUTOCAST(dev) and _AUTOCAST_DTYPE(dev)
+    return (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device, amp,
+            engine._TF32(), engine.deterministic())
 
 
 class MucudnnConvMixin:
@@ -44,6 +62,9 @@ class MucudnnConvMixin:
     backend: "str | Backend | None"
     _mu_options: Options
     _mu_plans: str
+    #: (engine generation, input signatures settled on PyTorch's own
+    #: convolution); Note [host cost of a converted layer]
+    _mu_torch: "tuple[int, frozenset]" = (-1, frozenset())
     #: set by :func:`mucudnn.torch.convert` (a later convert re-configures the module)
     _mu_converted: bool = False
 
@@ -69,9 +90,28 @@ class MucudnnConvMixin:
         self.backend = backend
         self._mu_options = opts
         self._mu_plans = plans
+        self._mu_torch = _UNSETTLED
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: "torch.Tensor | None") -> torch.Tensor:
+        # See Note [host cost of a converted layer]: a signature settled on
+        # PyTorch's own convolution runs torch.nn's code alone
+        gen, settled = self._mu_torch
+        if gen != engine.GENERATION[0]:  # engine.clear() forgot the verdicts
+            gen, settled = engine.GENERATION[0], frozenset()
+            self._mu_torch = (gen, settled)
+        if settled and engine.RECORDER is None and not _COMPILING():
+            if _signature(input, weight) in settled:
+                return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
+        engine.forget_last()
+        y = self._mu_forward(input, weight, bias)
+        warm = engine.last_warm()
+        if warm is not None and warm.all_native and len(settled) < MAX_SETTLED:
+            self._mu_torch = (gen, settled | {_signature(input, weight)})
+        return y
+
+    def _mu_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                    bias: "torch.Tensor | None") -> torch.Tensor:
         if self.padding_mode != "zeros":  # type: ignore[attr-defined]
             input = F.pad(input, self._reversed_padding_repeated_twice,  # type: ignore[attr-defined]
                           mode=self.padding_mode)  # type: ignore[attr-defined]
@@ -81,6 +121,12 @@ class MucudnnConvMixin:
         return _convnd(self._nd, input, weight, bias, self.stride,  # type: ignore[attr-defined]
                        padding, self.dilation, self.groups,  # type: ignore[attr-defined]
                        self._mu_options, self._mu_plans)
+
+    def __getstate__(self) -> dict:
+        # settled signatures are this process's measurements, not the model's
+        state: dict = dict(super().__getstate__())  # type: ignore[misc, call-overload]
+        state.pop("_mu_torch", None)
+        return state
 
     def _mu_repr(self) -> str:
         s = f", workspace_limit={self.workspace_limit}, policy={self.policy!r}"

@@ -17,7 +17,22 @@ own share) and its time is no more than the plan's; otherwise the plan.
 ``torch.native_choices``) and :func:`mucudnn.torch.report` prints them. Calls
 first made under CUDA-graph capture, on the CPU or with an empty batch are not
 calibrated (they run the plan), and ``MUCUDNN_TORCH_NATIVE=0`` turns the
-comparison off.
+comparison off. See Note [host cost of a converted layer] for the layer-level
+rule that follows the per-direction one.
+
+Note [host cost of a converted layer]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A converted layer's call passes through Python (the argument checks, the
+autograd Function, its backward node, the launchers) where a native one stays
+in C++: more host time per step. Where the step is bound by the host (small
+batches, fast GPUs), that time is the step's, whatever the GPU saves. So after
+the per-direction choices the first call also times, on the host, one forward
+and backward through the converted path and through ``torch.nn.functional``'s
+(synchronised before each, medians). Where PyTorch may run all three
+directions (its workspace fits) and the plans' GPU saving over PyTorch's calls
+is no more than that host cost, the whole layer runs PyTorch's own call
+(:func:`settle`), and a converted module whose every signature met is settled
+so calls ``torch.nn``'s own ``_conv_forward`` before any of mucudnn's code.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ import dataclasses
 import logging
 import os
 import statistics
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,8 +50,8 @@ import torch
 from ..caches import LRU
 from ..problem import Direction, Plan
 
-__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "enabled", "records", "calibrate",
-           "native_forward", "native_backward"]
+__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "enabled", "records",
+           "calibrate", "host_ms", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -43,6 +59,8 @@ log = logging.getLogger("mucudnn")
 MAX_CHOICES = 512
 #: Timed runs of each side per direction (medians; alternated).
 REPEAT = 5
+#: Host-timed forward-and-backward calls of each side (Note [host cost of a converted layer]).
+HOST_REPEAT = 5
 
 MUCUDNN = "mucudnn"
 TORCH = "torch"
@@ -78,6 +96,13 @@ class Record:
     channels_last: bool
     plans: dict[Direction, Plan]
     choices: dict[Direction, Choice]
+    #: host ms of one forward and backward: (converted, PyTorch's); None: not timed
+    host: Optional[tuple[float, float]] = None
+
+    @property
+    def all_torch(self) -> bool:
+        """Every direction runs PyTorch's own call."""
+        return all(c.runs == TORCH for c in self.choices.values())
 
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
@@ -123,6 +148,37 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
                       "PyTorch's call is no slower and fits the limit")
     return Choice(direction, MUCUDNN, plan_ms, torch_ms, torch_workspace, limit,
                   "the plan is faster")
+
+
+def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
+           ) -> dict[Direction, Choice]:
+    """See Note [host cost of a converted layer]: every direction PyTorch's
+    where its workspace fits in all three and the plans' GPU saving is no
+    more than the converted path's extra host time ``host[0] - host[1]``;
+    else ``choices`` unchanged.
+
+    >>> f = lambda d, p, t: decide(d, p, t, 0, None)
+    >>> c = {d: f(d, 0.10, 0.12) for d in Direction}
+    >>> [x.runs for x in settle(c, (0.30, 0.15)).values()]
+    ['torch', 'torch', 'torch']
+    >>> [x.runs for x in settle(c, (0.20, 0.15)).values()]
+    ['mucudnn', 'mucudnn', 'mucudnn']
+    """
+    if host is None or any(c.torch_ms is None or c.plan_ms is None or c.torch_workspace is None
+                           or (c.limit is not None and c.torch_workspace > c.limit)
+                           for c in choices.values()):
+        return choices
+    saving = 0.0
+    for c in choices.values():
+        if c.runs == MUCUDNN and c.torch_ms is not None and c.plan_ms is not None:
+            saving += c.torch_ms - c.plan_ms
+    extra = host[0] - host[1]
+    if saving <= 0 or saving > extra:
+        return choices
+    why = (f"the plans save {saving:.3f} ms of GPU time, less than the converted call's "
+           f"{extra:.3f} ms of extra host time")
+    return {d: dataclasses.replace(c, runs=TORCH, reason=why) if c.runs == MUCUDNN else c
+            for d, c in choices.items()}
 
 
 # -- PyTorch's own calls ---------------------------------------------------------------------------
@@ -181,6 +237,20 @@ def _time(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
     return [statistics.median(a.elapsed_time(b) for a, b in pairs) for pairs in events]
 
 
+def host_ms(fn: Callable[[], Any], repeat: int = HOST_REPEAT) -> float:
+    """Median host milliseconds of ``fn()`` issued on an idle stream (one
+    warm-up first): the time its launches take, not the GPU's."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        torch.cuda.current_stream().synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.current_stream().synchronize()
+    return statistics.median(times) * 1e3
+
+
 def _workspace(fn: Callable[[], Any]) -> Optional[int]:
     """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
     outputs: the allocator's peak during the call over what was allocated
@@ -210,11 +280,14 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
-              stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool) -> Record:
+              stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
+              step: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+              ) -> Record:
     """Time each direction's plan (``launch``: the kernels' launchers) and
     PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
     workspace, decide (Note [never slower than native]) and keep the record
-    under ``key``."""
+    under ``key``. ``step``: one forward and backward through the converted
+    path, host-timed against PyTorch's (Note [host cost of a converted layer])."""
     old = _RECORDS.peek(key)
     if old is not None and old.plans == conv.plans:
         return old
@@ -252,14 +325,46 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         plan = plans.get(d)
         cap = plan.workspace_bytes if (cfg.plans and plan is not None) else limit
         choices[d] = decide(d, timed[d][0], timed[d][1], timed[d][2], cap)
+    host = None
+    if step is not None and any(c.runs == MUCUDNN for c in choices.values()):
+        host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
+        choices = settle(choices, host)
     rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
-                 fmt is not torch.contiguous_format, plans, choices)
+                 fmt is not torch.contiguous_format, plans, choices, host)
     _RECORDS.put(key, rec)
     for c in choices.values():
         log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",
                  conv.problem.key(), c.direction.value, c.runs, _ms(c.plan_ms), _ms(c.torch_ms),
                  c.torch_workspace, c.reason)
     return rec
+
+
+_CONV = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d,
+         5: torch.nn.functional.conv3d}
+
+
+def _host_pair(step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
+               cfg: Any, deterministic: bool, tf32: bool) -> Optional[tuple[float, float]]:
+    """Host ms of one forward and backward: ``step(x, w)`` (the converted path)
+    and ``torch.nn.functional``'s convolution (Note [host cost of a converted
+    layer]); None where either fails."""
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    conv = _CONV[x.dim()]
+
+    def ours() -> Any:
+        return torch.autograd.grad(step(xr, wr), (xr, wr), dy)
+
+    def theirs() -> Any:
+        with _flags(deterministic, tf32):
+            y = conv(xr, wr, None, cfg.stride, cfg.padding, cfg.dilation, cfg.groups)
+            return torch.autograd.grad(y, (xr, wr), dy)
+
+    try:
+        with torch.enable_grad():
+            return host_ms(ours), host_ms(theirs)
+    except RuntimeError as exc:
+        log.info("mucudnn.torch: host cost not compared: %s", exc)
+        return None
 
 
 def _ms(v: Optional[float]) -> str:

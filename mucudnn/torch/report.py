@@ -42,6 +42,9 @@ class LayerReport:
     dtype: str
     channels_last: bool
     directions: dict[str, dict[str, Any]]
+    #: host ms of one forward and backward, (converted, PyTorch's); None: not timed
+    #: (Note [host cost of a converted layer])
+    host_ms: Optional[tuple[float, float]] = None
 
     @property
     def ms(self) -> float:
@@ -96,6 +99,9 @@ class Report:
             for dname, d in layer.directions.items():
                 rows.append(f"| {layer.name} | {x} | {dname} | {d['runs']} | {d['plan']} | "
                             f"{_ms(d['ms'])} | {_ms(d['torch_ms'])} | {_mib(d['torch_workspace'])} |")
+            if layer.host_ms is not None:
+                rows.append(f"| {layer.name} | {x} | host, fwd+bwd | | | {_ms(layer.host_ms[0])} | "
+                            f"{_ms(layer.host_ms[1])} | |")
         t = self.as_dict()["totals"]
         rows.append(f"| total | | | {t['torch_kernels']} of {t['kernels']} PyTorch's | | "
                     f"{_ms(t['ms'])} | {_ms(t['torch_ms'])} | |")
@@ -161,5 +167,5 @@ def report(model: nn.Module) -> Report:
             unmeasured.append(name)
         for r in found:
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
-                                      _directions(r)))
+                                      _directions(r), r.host))
     return Report(layers, unmeasured)
