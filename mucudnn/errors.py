@@ -13,7 +13,7 @@ the builtin it has always derived from (``ValueError``, ``MemoryError``,
     ├── UnsupportedDtypeError (TypeError, ValueError)
     ├── UnsupportedConfigError (ValueError) ├── PlanningInCaptureError (RuntimeError)
     ├── InvalidValueError (ValueError)      ├── InvalidTypeError (TypeError)
-    │   └── PlanFormatError (+ KeyError; problem.py, plans_io.py)
+    │   └── PlanFormatError (+ KeyError; problem/dict_form.py, plans_io.py)
     ├── InvalidIndexError (IndexError)      ├── MissingAttributeError (AttributeError)
     ├── UnsupportedOperationError (NotImplementedError: an object that cannot do what was asked)
     ├── MissingDependencyError (ImportError): an optional package, with its pip command

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mucudnn as mu
-from mucudnn.api import _CONVS
+from mucudnn.api.functional import _CONVS
 from mucudnn.backends.numpy import NumpyBackend
 from mucudnn.exec.workspace import PoolOrphanedError, WorkspacePool, pool_for
 

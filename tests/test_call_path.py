@@ -272,11 +272,11 @@ def test_convolution_notices_every_change(direction):
 def test_v2_interface_arrays_synchronise_around_the_call(monkeypatch):
     """An array whose producer stream is unknown (interface v2): the device is
     synchronised before, and the call's stream after."""
-    import mucudnn.api as api
+    import mucudnn.api.convolution as api_convolution
 
     be = PointerBackend()
     syncs = []
-    monkeypatch.setattr(api, "device_synchronize", lambda dev: syncs.append(("device", dev)))
+    monkeypatch.setattr(api_convolution, "device_synchronize", lambda dev: syncs.append(("device", dev)))
     be.synchronize = lambda: syncs.append(("backend",))
     conv = mu.Convolution(P.x_shape, P.w_shape, padding=1, backend=be, cache=False,
                           plans={Direction.FORWARD: _plan()})

@@ -36,7 +36,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mucudnn as mu  # noqa: E402
-import mucudnn.api as api  # noqa: E402
+import mucudnn.api.convolution as api_convolution  # noqa: E402
 import mucudnn.cuda.dlpack as dl  # noqa: E402
 import mucudnn.exec.kernel as exec_kernel  # noqa: E402
 from mucudnn.cuda import DeviceArray  # noqa: E402
@@ -608,7 +608,7 @@ def test_cuda_dlpack_arrays_run_zero_copy_and_are_released_after_the_work(direct
         for o in owners:
             o.close()
 
-    monkeypatch.setattr(api, "release_after", release_after)
+    monkeypatch.setattr(api_convolution, "release_after", release_after)
     monkeypatch.setattr(exec_kernel, "is_capturing", lambda stream: False)  # fake streams
     p = P
     conv = mu.Convolution(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding, backend=be,

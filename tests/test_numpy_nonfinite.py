@@ -6,9 +6,9 @@ Two independent expectations, both from the float64 reference (tests/reference.p
 
 - where an output is non-finite: exactly where one of its products has a
   non-finite operand, the padding's zeros included (0 * inf is NaN; Note
-  [padding products] in mucudnn/backends/numpy.py). The reference computes
-  that on operands whose finite values are 1 and the others NaN, where a
-  product is NaN exactly when one of its operands is;
+  [padding products] in mucudnn/backends/numpy_geometry.py). The reference
+  computes that on operands whose finite values are 1 and the others NaN,
+  where a product is NaN exactly when one of its operands is;
 - elsewhere: the float64 reference rounded to the output type: +-inf where it
   exceeds the type's range, else close to it.
 

@@ -1,8 +1,8 @@
 """The NumPy backend multiplies the padding like any input (issue 34, L9): with a
 NaN or inf weight, outputs whose window lies (wholly or partly) in the padding
 are NaN, as 0 * NaN and 0 * inf are, where they used to be finite (Note
-[padding products] in mucudnn/backends/numpy.py). Checked against the float64
-reference, which pads explicitly. (PyTorch is no reference here: on the CPU
+[padding products] in mucudnn/backends/numpy_geometry.py). Checked against the
+float64 reference, which pads explicitly. (PyTorch is no reference here: on the CPU
 some of its kernels multiply the padding and others skip it.)"""
 
 from __future__ import annotations

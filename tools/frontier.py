@@ -64,8 +64,9 @@ PRECISIONS: dict[str, dict[str, str]] = {
              "label": "fp32 NCHW (TF32 allowed)", "color": "C0"},
     "bf16cl": {"dtype": "bfloat16", "layout": "NHWC", "math": "default",
                "label": "bf16 channels-last", "color": "C3"},
-    # Note [fp32 transposes in workspace] (mucudnn/problem.py): the fp32 NCHW engines that
-    # win unlimited copy their operands to NHWC in their workspace; channels-last needs none.
+    # Note [fp32 transposes in workspace] (mucudnn/problem/layouts.py): the fp32 NCHW
+    # engines that win unlimited copy their operands to NHWC in their workspace;
+    # channels-last needs none.
     "fp32cl": {"dtype": "float32", "layout": "NHWC", "math": "default",
                "label": "fp32 channels-last (TF32 allowed)", "color": "C2"},
 }

@@ -17,7 +17,7 @@ momentum, it trains with each combination of
   ``fp32strict`` (TF32 off for convolutions and matmuls: the precision in
   which converted losses must track native ones within 1e-3 for 30 steps) and
   ``fp32cl`` (as ``fp32``, with a channels_last model and inputs: Note [fp32
-  transposes in workspace] in mucudnn/problem.py);
+  transposes in workspace] in mucudnn/problem/layouts.py);
 * execution: ``eager`` and ``graph`` (the whole training step captured with
   ``torch.cuda.graph`` after the warm-up steps and replayed);
 

@@ -7,7 +7,7 @@ least ``--min-batch``, this takes the fastest configuration and relates its
 workspace to the bytes of the call's operands (x, y and w together):
 
 * ``copies``: 0.85-1.25x the operands: the engine copies its operands into the
-  workspace (Note [fp32 transposes in workspace] in mucudnn/problem.py: on the
+  workspace (Note [fp32 transposes in workspace] in mucudnn/problem/layouts.py: on the
   H200 the fastest float32 NCHW engines copy x and y to NHWC and back);
 * ``small``: under 0.1x (scratch, split-K partial sums, nothing);
 * ``other``: anything else.

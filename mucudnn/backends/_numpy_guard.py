@@ -1,9 +1,10 @@
 """One function for every NumPy algorithm: no overflow before the result's own,
 and DIRECT's values wherever an output is NaN, infinite or about to be.
 
-:class:`Guarded` wraps an algorithm class of :mod:`mucudnn.backends.numpy`
-(``forward(p, x, w, ws)``, ``backward_data(p, w, dy, ws)``,
-``backward_filter(p, x, dy, ws)``: canonical arrays in, a fresh canonical array
+:class:`Guarded` wraps an algorithm class of the NumPy backend
+(:mod:`.numpy_direct`, :mod:`.numpy_im2col`, :mod:`.numpy_fft`:
+``forward(p, x, w, ws)``, ``backward_data(p, w, dy, ws)``,
+``backward_filter(p, x, dy, ws)``, canonical arrays in, a fresh canonical array
 in the compute type out) and gives it the same three methods. The Note below
 says what it does and why.
 
@@ -61,7 +62,7 @@ says what it does and why.
 #   finite or that large, where rounding decides whether it overflows on store. DIRECT is the
 #   definition: an output is NaN or +-inf as the IEEE sum of its products makes
 #   it, the padding's zeros included (an inf weight over the padding makes NaN;
-#   Note [padding products] in numpy.py).
+#   Note [padding products] in numpy_geometry.py).
 #   So the three algorithms put NaN, +inf and -inf at exactly the same places,
 #   with the same values there, and agree up to rounding everywhere else.
 #

@@ -2,7 +2,7 @@
 one place that adapts what a backend lacks.
 
 :class:`Backend` (a :class:`typing.Protocol`) lists every member ``exec/``,
-``optimizer/`` and ``api.py`` use. :class:`BackendBase` gives every optional
+``optimizer/`` and ``api/`` use. :class:`BackendBase` gives every optional
 member its default (a host backend: no device, no stream, no graphs,
 ``bind`` through ``run``); the library's backends derive from it, and
 :func:`adapt` wraps any other object that has the required members (name,

@@ -22,7 +22,7 @@ layout), and the data type, math type, group count, paddings, strides and
 dilations must be ones mucudnn supports; outputs must not overlap inputs.
 
 This class takes its :class:`~mucudnn.exec.planning.Planner` from the caller;
-:class:`mucudnn.MicroBatchHandle` (``api.py``) is the public one that builds
+:class:`mucudnn.MicroBatchHandle` (``api/handle.py``) is the public one that builds
 the optimizer's.
 
 Example (GPU; pointers as ints)::

@@ -43,7 +43,7 @@ log = logging.getLogger("mucudnn")
 MAX_REPLANS = 16
 
 #: ``alloc(nbytes) -> (keepalive, address, size)``: a per-call workspace from the
-#: caller's framework (see api.py); the keepalive lives until the launch returns.
+#: caller's framework (see mucudnn.api); the keepalive lives until the launch returns.
 WorkspaceAllocator = Callable[[int], tuple[Any, Any, int]]
 
 

@@ -3,7 +3,7 @@
 ``exec/`` never imports the optimizer. Whoever builds a
 :class:`~mucudnn.exec.kernel.Kernel` or a
 :class:`~mucudnn.exec.handle.MicroBatchHandle` hands it a :class:`Planner`
-(``api.py`` hands :class:`mucudnn.optimizer.Planner`), and every plan the
+(``api/`` hands :class:`mucudnn.optimizer.Planner`), and every plan the
 engine runs comes from it: the first plan, a re-plan when workspace runs out or
 a backend refuses a configuration at run time, and the joint (WD) plans of a
 handle. So ``optimizer/`` is the one owner of plan decisions and the engine

@@ -17,7 +17,7 @@ The engine issues each call on the caller's stream (Note [streams] in
 ``backends/_device.py``). Buffers are never shared between streams, so no
 event has to order two streams that once used the same bytes. Calls with
 PyTorch or CuPy arrays take their workspace from that framework's own
-allocator instead (stream-aware and CUDA-graph aware), see ``api.py``.
+allocator instead (stream-aware and CUDA-graph aware), see :mod:`mucudnn.api`.
 
 An allocation limit provokes the run-time fallback on purpose (tests, or to
 keep headroom for a framework): ``pool.limit_bytes = n`` (applies at once: a
