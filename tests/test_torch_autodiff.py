@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.backends.numpy import NumpyBackend  # noqa: E402
-from mucudnn.torch import engine  # noqa: E402
+from mucudnn.torch import tokens  # noqa: E402
 
 D = torch.float64
 
@@ -199,11 +199,11 @@ def test_one_off_backend_instances_are_not_kept():
         del be
     live = sum(r() is not None for r in refs)
     assert live <= mt.MAX_CONVOLUTIONS  # held by cached Convolutions only
-    assert len(engine._BACKEND_OBJECTS) <= mt.MAX_CONVOLUTIONS
+    assert len(tokens._BACKEND_OBJECTS) <= mt.MAX_CONVOLUTIONS
     mt.clear()
     gc.collect()
     assert sum(r() is not None for r in refs) == 0
-    assert len(engine._BACKEND_OBJECTS) == 0 and len(engine._BACKEND_TOKENS) == 0
+    assert len(tokens._BACKEND_OBJECTS) == 0 and len(tokens._BACKEND_TOKENS) == 0
     # a module keeps its backend (and so its token) alive
     be = NumpyBackend()
     conv = mt.Conv2d(1, 1, 2, backend=be).double()

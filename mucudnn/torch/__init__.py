@@ -103,12 +103,12 @@ import torch  # noqa: F401  (this package is the only room of mucudnn that impor
 
 from .convert import MODES, ConvertWarning, WDPlanner, convert
 from .distributed import SharedPlans, share_plans
-from .engine import (MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear,
-                     release_workspace, workspace_bytes)
+from .engine import MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv2d, conv3d
 from .modules import Conv2d, Conv3d
 from .ops import ConvFunction
 from .report import LayerReport, Report, report
+from .workspace import release_workspace, workspace_bytes
 
 __all__ = ["Conv2d", "Conv3d", "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
            "MAX_CONVOLUTIONS",

@@ -42,26 +42,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import uuid
-import weakref
-from typing import Any, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from ..api import Convolution
-from ..backends import Backend, available_backends, get_backend
 from ..caches import LRU
 from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
-from ..errors import InvalidTypeError, MucudnnError, UnsupportedDtypeError
-from ..exec.arrays import release_torch_workspaces, torch_workspace, torch_workspace_bytes
-from ..problem import ConvProblem, Direction, Plan
+from ..errors import UnsupportedDtypeError
+from ..exec.arrays import torch_workspace
+from ..backends import Backend
+from ..problem import ConvProblem, Direction
 from . import native as _native
+from .tokens import (PlanSource, TorchBridgeError, backend_for as _backend_for, backend_token,
+                     plan_source, register_plan_source)
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
            "channels_last", "convolution", "deterministic", "forward", "backward", "warm_call",
-           "key_deterministic", "output_shape", "register_plan_source", "release_workspace",
-           "workspace_bytes", "clear"]
+           "key_deterministic", "output_shape", "plan_source", "register_plan_source",
+           "TorchBridgeError",
+           "clear"]
 
 log = logging.getLogger("mucudnn")
 
@@ -97,134 +98,7 @@ class ConvConfig(NamedTuple):
     plans: str
 
 
-class PlanSource(Protocol):
-    """Where forced plans come from (``mucudnn.torch.convert``'s WD mode).
-
-    ``plans_for`` is called when a Convolution is built for ``layer``; it
-    returns the plans to install, or None (then the Convolution plans each
-    direction itself and the source may remember ``key`` to :func:`forget` it
-    once it has plans). ``key_deterministic(key)`` says whether the call asks
-    for deterministic plans.
-    """
-
-    def plans_for(self, layer: str, problem: ConvProblem, backend: Backend,
-                  key: tuple) -> "Mapping[Direction, Plan] | None": ...
-
-
 _CONVS: "LRU[tuple, Convolution]" = LRU("torch.convolutions", MAX_CONVOLUTIONS)
-#: Backend instances given by the caller, by token, held weakly (Note [backend tokens]).
-_BACKEND_OBJECTS: "weakref.WeakValueDictionary[str, Backend]" = weakref.WeakValueDictionary()
-#: id(backend) -> (a weak reference to it, its token), for finding a live one's token.
-_BACKEND_TOKENS: dict[int, tuple["weakref.ReferenceType[Backend]", str]] = {}
-_PLAN_SOURCES: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
-_LOCK = threading.Lock()
-_counter = [0]
-
-
-class TorchBridgeError(MucudnnError, ValueError):
-    """A tensor or option mucudnn.torch cannot run (wrong device kind for the backend)."""
-
-
-# -- options ----------------------------------------------------------------------------------
-# Note [backend tokens]
-# ~~~~~~~~~~~~~~~~~~~~~
-# A Backend instance passed as ``backend=`` is named by a token ``"@<n>"``
-# (ConvConfig and the cache keys hold strings), registered weakly: the token
-# lives exactly as long as the object. A module that was given the instance
-# holds it (so its token stays valid), a dropped one is collected with its
-# pools, and a token is never reused (a new object, even at a recycled
-# address, gets a new token). What holds a backend strongly is bounded: the
-# Convolutions of the LRUs here (emptied by :func:`clear`).
-def backend_token(backend: "str | Backend | None") -> str:
-    """The string form of a ``backend=`` argument ("" for the default).
-
-    Names are checked against :func:`mucudnn.available_backends`; a Backend
-    instance is registered (weakly) and named ``"@<n>"`` (Note [backend tokens]).
-
-    >>> backend_token(None), backend_token("NumPy")
-    ('', 'numpy')
-    """
-    if backend is None:
-        return ""
-    if isinstance(backend, str):
-        name = backend.strip().lower()
-        if name not in available_backends():
-            raise TorchBridgeError(f"backend: expected one of {available_backends()} or None, "
-                                   f"got {backend!r}")
-        return name
-    if isinstance(backend, Backend):
-        key = id(backend)
-        hit = _BACKEND_TOKENS.get(key)
-        if hit is not None and hit[0]() is backend:
-            return hit[1]
-        with _LOCK:
-            _counter[0] += 1
-            tok = f"@{_counter[0]}"
-            _BACKEND_OBJECTS[tok] = backend
-            _BACKEND_TOKENS[key] = (weakref.ref(backend, _forget_token(key, tok)), tok)
-            return tok
-    raise InvalidTypeError(f"backend: expected a backend name, a mucudnn Backend or None, "
-                           f"got {type(backend).__name__}")
-
-
-def _forget_token(key: int, tok: str) -> Any:
-    def forget(_ref: Any) -> None:  # the backend was collected
-        hit = _BACKEND_TOKENS.get(key)
-        if hit is not None and hit[1] == tok:
-            _BACKEND_TOKENS.pop(key, None)
-    return forget
-
-
-def register_plan_source(source: PlanSource, token: "str | None" = None) -> str:
-    """Register ``source`` (held weakly) and return its token for ``ConvConfig.plans``
-    (a new unique one, or ``token``: a source unpickled in another process keeps its name)."""
-    tok = token or f"src-{uuid.uuid4().hex[:16]}"
-    if ":" in tok:
-        raise TorchBridgeError(f"token: expected no ':' in a plan source token, got {tok!r}")
-    with _LOCK:
-        _PLAN_SOURCES[tok] = source
-    return tok
-
-
-def plan_source(token: str) -> "PlanSource | None":
-    """The plan source registered under ``token``, if it is alive."""
-    return _PLAN_SOURCES.get(token)
-
-
-def _backend_for(token: str, device: torch.device) -> Backend:
-    if token[:1] == "@" and token not in _BACKEND_OBJECTS:
-        raise TorchBridgeError(f"backend: the Backend instance named {token!r} was garbage "
-                               "collected (keep a reference to it while it is used; Note "
-                               "[backend tokens])")
-    if device.type == "cpu":
-        if token in ("", "numpy"):
-            return get_backend("numpy")
-        obj = _BACKEND_OBJECTS.get(token)
-        if obj is not None and obj.name == "numpy":
-            return obj
-        raise TorchBridgeError(
-            f"backend: {token if obj is None else obj.name!r} runs CUDA tensors, but the input "
-            "is a CPU tensor (CPU tensors run on the 'numpy' backend: backend=None or 'numpy')")
-    if device.type != "cuda":
-        raise TorchBridgeError(f"input: mucudnn runs CPU and CUDA tensors, got a tensor on {device}")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    # get_backend keeps one backend (so one workspace pool) per (name, device):
-    # no memo of its own here.
-    obj = _BACKEND_OBJECTS.get(token)
-    if obj is not None:
-        be = obj
-    else:
-        try:
-            be = get_backend(token or None, device=index)
-        except TypeError as exc:
-            raise TorchBridgeError(
-                f"backend: {token or 'the default backend'} cannot run on CUDA device {index} "
-                f"({exc}); pick a GPU backend ('cudnn-graph' or 'cudnn')") from exc
-    if be.name == "numpy":
-        raise TorchBridgeError(
-            "backend: the 'numpy' backend takes CPU tensors, but the input is on "
-            f"{device} (unset MUCUDNN_BACKEND=numpy or pass backend='cudnn-graph')")
-    return be
 
 
 def _policy(policy: str) -> Any:
@@ -380,7 +254,7 @@ def _make(key: tuple, xv: torch.Tensor, wv: torch.Tensor, layout: str, math: str
     plans = None
     if cfg.plans:
         tok, _, layer = cfg.plans.partition(":")
-        source = _PLAN_SOURCES.get(tok)
+        source = plan_source(tok)
         if source is None:
             raise TorchBridgeError(f"plans: no plan source {tok!r} (its model was deleted?)")
         plans = source.plans_for(layer, problem, be, key)
@@ -502,56 +376,6 @@ def cached_convolutions() -> list[Convolution]:
     return _CONVS.values()
 
 
-def workspace_bytes(device: "torch.device | str | int | None" = None) -> int:
-    """Bytes of workspace held now between calls (on ``device`` only, when
-    given): the buffers kept in torch's caching allocator for calls on CUDA
-    tensors (Note [torch workspace] in mucudnn/exec/arrays.py), plus the
-    backends' own pools (cudaMalloc, outside torch; see the package docstring).
-
-    >>> workspace_bytes("cpu") >= 0
-    True
-    """
-    dev = None if device is None else torch.device(device)
-    if dev is not None and dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    pools: dict[int, Any] = {}
-    for conv in _CONVS.values():
-        be_dev = getattr(conv.backend, "device", None)
-        if dev is not None:
-            if dev.type == "cpu" and conv.backend.name != "numpy":
-                continue
-            if dev.type == "cuda" and (conv.backend.name == "numpy" or be_dev != dev.index):
-                continue
-        pool = conv.pool
-        pools[id(pool)] = pool
-    kept = 0 if dev is not None and dev.type == "cpu" else \
-        torch_workspace_bytes(None if dev is None else dev.index)
-    return kept + sum(int(p.size) for p in pools.values())
-
-
-def release_workspace() -> int:
-    """Free the workspace kept between calls: the buffers kept in torch's
-    caching allocator (back to torch's cache) and the pools mucudnn.torch's
-    Convolutions use (they grow again on the next call); returns the bytes
-    freed. Waits for the GPU first. Captured CUDA graphs that used a pool must
-    be deleted first (captures take torch's workspace from their own pool).
-
-    >>> release_workspace() >= 0
-    True
-    """
-    pools: dict[int, Any] = {}
-    for conv in _CONVS.values():
-        pools[id(conv.pool)] = conv.pool
-    on_gpu = torch_workspace_bytes() or any(c.backend.name != "numpy" for c in _CONVS.values())
-    if on_gpu and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    freed = release_torch_workspaces()
-    for pool in pools.values():
-        freed += int(pool.size)
-        pool.release()
-    return freed
-
-
 # -- the three directions ------------------------------------------------------------------------
 def _run(method: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     if out.device.type == "cpu":
@@ -658,7 +482,8 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfi
 # CPU tensors and empty batches take the checked path. The eager autograd
 # Function looks its record up once, in the forward, and keeps it on ``ctx``
 # for the backward (run with the TF32 and determinism flags its forward saw).
-# Why this is not api._TorchFast: see Note [two torch warm paths] in mucudnn/api.py.
+# Why this is not api.torch_fast.TorchFast: see Note [two torch warm paths] in
+# mucudnn/api/torch_fast.py.
 _WARM: "LRU[tuple, _Warm]" = LRU("torch.warm_calls", MAX_CONVOLUTIONS)
 _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
     or (lambda: torch.backends.cudnn.allow_tf32)
@@ -668,15 +493,19 @@ _STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CUR_DEVICE: Any = getattr(torch._C, "_cuda_getDevice", None)
 _EMPTY_LIKE = torch.empty_like
 _LAST = threading.local()
+#: A converted forward through the caller's path, ``step(x, w, cfg) -> y``.
+HostStep = Callable[[torch.Tensor, torch.Tensor, ConvConfig], torch.Tensor]
 
 
-def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | None":
+def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
+              step: "HostStep | None" = None) -> "_Warm | None":
     """The warm record of this call's signature (made on first use; Note [the
     warm torch path]); None where the checked path must run (CPU tensors, an
     empty batch). Its ``forward(x, w, bias)`` and ``backward(dy, x, w,
     need_x, need_w, need_bias)`` are :func:`forward`'s and :func:`backward`'s
     for tensors of this signature; the autograd Function keeps the forward's
-    record for its backward."""
+    record for its backward. ``step(x, w, cfg)``: the caller's converted call,
+    host-timed once per signature (Note [host cost of a converted layer])."""
     if not x.is_cuda:
         return None
     # the strides stand for the memory format: the layout follows from them
@@ -688,10 +517,12 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> "_Warm | Non
         if x.shape[0] == 0 or _STREAM is None:
             return None
         warm = _Warm(x, w, _is_cl(x) or _is_cl(w), cfg, key)
-        _WARM.put(key, warm)  # before calibrating: its host timing calls through it
+        _WARM.put(key, warm)  # before calibrating: the host timing calls through it
         if _native.enabled() and not torch.cuda.is_current_stream_capturing():
-            warm.calibrate(x, w, key)
+            warm.calibrate(x, w, key, step)
         _LAST.warm = warm
+    elif step is not None and warm.host_pending and not torch.cuda.is_current_stream_capturing():
+        warm.calibrate(x, w, key, step)  # first met where the host cost was not timed
     return warm
 
 
@@ -713,7 +544,8 @@ class _Warm:
     slower than native] in :mod:`.native`)."""
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
-                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "all_native")
+                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "all_native",
+                 "host_pending")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple) -> None:
@@ -739,11 +571,15 @@ class _Warm:
         self.native = (False, False, False)
         #: every direction runs PyTorch's (Note [host cost of a converted layer])
         self.all_native = False
+        #: compared without the host timing (a first call outside autograd)
+        self.host_pending = False
 
-    def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple) -> None:
-        """Compare with PyTorch's own call (Note [never slower than native])."""
-        from .ops import apply  # ops builds on this module
+    def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,
+                  step: "HostStep | None") -> None:
+        """Compare with PyTorch's own call (Note [never slower than native]);
+        with ``step``, also on the host (Note [host cost of a converted layer])."""
         cfg = self.cfg
+        self.host_pending = step is None
         with _device_ctx(self.index):
             rec = _native.calibrate(
                 key, self.conv, x.contiguous(memory_format=self.fmt),
@@ -752,7 +588,7 @@ class _Warm:
                  Direction.BACKWARD_FILTER: self.bwd_filter},
                 self.ws, lambda: _STREAM(self.index),
                 None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                self.tf32, lambda a, b: apply(a, b, None, cfg))
+                self.tf32, None if step is None else (lambda a, b: step(a, b, cfg)))
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         self.all_native = fwd and bd and bf

@@ -57,7 +57,7 @@ class ConvFunction(torch.autograd.Function):
                 cfg: ConvConfig) -> Tensor:
         ctx.cfg = cfg
         ctx.save_for_backward(x, w)
-        warm = ctx.warm = engine.warm_call(x, w, cfg)
+        warm = ctx.warm = engine.warm_call(x, w, cfg, _host_step)
         if warm is not None:
             return warm.forward(x, w, bias)
         return engine.forward(x, w, bias, cfg)
@@ -73,6 +73,12 @@ class ConvFunction(torch.autograd.Function):
             if not _IS_BATCHED(dy):
                 raise
             return _batched_backward(ctx, dy)  # Note [legacy batched gradients]
+
+
+def _host_step(x: Tensor, w: Tensor, cfg: ConvConfig) -> Tensor:
+    """A converted forward through this path, for the host timing (Note [host
+    cost of a converted layer])."""
+    return apply(x, w, None, cfg)
 
 
 _GRAD_ENABLED = torch.is_grad_enabled
