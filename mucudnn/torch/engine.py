@@ -512,7 +512,6 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
     key = (x.shape, x.stride(), w.shape, w.stride(), x.dtype, x.get_device(), cfg, _TF32(),
            deterministic())
     warm = _WARM.peek(key)
-    _LAST.warm = warm
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
@@ -520,16 +519,17 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
         if _native.enabled() and not torch.cuda.is_current_stream_capturing():
             warm.calibrate(x, w, key, step)
-        _LAST.warm = warm
     elif step is not None and warm.host_pending and not torch.cuda.is_current_stream_capturing():
         warm.calibrate(x, w, key, step)  # first met where the host cost was not timed
+    _LAST.warm = warm
     return warm
 
 
 def last_warm() -> "_Warm | None":
     """The warm record the calling thread's latest :func:`warm_call` returned
-    (None before any, or after :func:`forget_last`); a converted module reads
-    it after its call (Note [host cost of a converted layer])."""
+    (None before any, and after :func:`forget_last` until a call returns one);
+    a converted module reads it after its call (Note [host cost of a converted
+    layer])."""
     return getattr(_LAST, "warm", None)
 
 
@@ -588,7 +588,7 @@ class _Warm:
                  Direction.BACKWARD_FILTER: self.bwd_filter},
                 self.ws, lambda: _STREAM(self.index),
                 None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                self.tf32, None if step is None else (lambda a, b: step(a, b, cfg)))
+                self.tf32, step)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         self.all_native = fwd and bd and bf

@@ -64,7 +64,7 @@ class MucudnnConvMixin:
     _mu_plans: str
     #: (engine generation, input signatures settled on PyTorch's own
     #: convolution); Note [host cost of a converted layer]
-    _mu_torch: "tuple[int, frozenset]" = (-1, frozenset())
+    _mu_torch: "tuple[int, frozenset]" = _UNSETTLED
     #: set by :func:`mucudnn.torch.convert` (a later convert re-configures the module)
     _mu_converted: bool = False
 

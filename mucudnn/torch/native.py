@@ -99,11 +99,6 @@ class Record:
     #: host ms of one forward and backward: (converted, PyTorch's); None: not timed
     host: Optional[tuple[float, float]] = None
 
-    @property
-    def all_torch(self) -> bool:
-        """Every direction runs PyTorch's own call."""
-        return all(c.runs == TORCH for c in self.choices.values())
-
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
 
@@ -281,13 +276,14 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
-              step: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+              step: Optional[Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]] = None
               ) -> Record:
     """Time each direction's plan (``launch``: the kernels' launchers) and
     PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
     workspace, decide (Note [never slower than native]) and keep the record
-    under ``key``. ``step``: one forward and backward through the converted
-    path, host-timed against PyTorch's (Note [host cost of a converted layer])."""
+    under ``key``. ``step(x, w, cfg)``: a forward through the converted path,
+    host-timed with its backward against PyTorch's (Note [host cost of a
+    converted layer])."""
     old = _RECORDS.peek(key)
     if old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
@@ -333,7 +329,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32)
     _RECORDS.put(key, rec)
-    for c in choices.values():
+    for c in rec.choices.values():
         log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",
                  conv.problem.key(), c.direction.value, c.runs, _ms(c.plan_ms), _ms(c.torch_ms),
                  c.torch_workspace, c.reason)
@@ -355,14 +351,14 @@ def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torc
 
 def _host_pair(step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
                cfg: Any, deterministic: bool, tf32: bool) -> Optional[tuple[float, float]]:
-    """Host ms of one forward and backward: ``step(x, w)`` (the converted path)
+    """Host ms of one forward and backward: ``step(x, w, cfg)`` (the converted path)
     and ``torch.nn.functional``'s convolution (Note [host cost of a converted
     layer]); None where either fails."""
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
     conv = _CONV[x.dim()]
 
     def ours() -> Any:
-        return torch.autograd.grad(step(xr, wr), (xr, wr), dy)
+        return torch.autograd.grad(step(xr, wr, cfg), (xr, wr), dy)
 
     def theirs() -> Any:
         with _flags(deterministic, tf32):
