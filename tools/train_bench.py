@@ -222,8 +222,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=_positive, default=None,
                     help="mini-batch size (default per model: %s)" % DEFAULT_BATCH)
     ap.add_argument("--steps", type=_positive, default=30, help="timed steps (default 30)")
-    ap.add_argument("--warmup", type=_positive, default=5,
-                    help="untimed steps first (planning, cudnn.benchmark; >= 3 before a capture)")
+    ap.add_argument("--warmup", type=_positive, default=12,
+                    help="untimed steps first (planning, cudnn.benchmark, the converted "
+                         "step trial; >= 3 before a capture; default 12)")
     ap.add_argument("--workspace", type=parse_size, default=64 << 20,
                     help="WR workspace limit per kernel (default 64MiB)")
     ap.add_argument("--total-workspace", type=parse_size, default=512 << 20,

@@ -76,7 +76,7 @@ from ..caches import LRU
 from ..optimizer import DEFAULT_POLICY, optimize_network
 from ..problem import ConvProblem, Direction, Plan
 from ..typing_aliases import PolicyLike
-from . import engine
+from . import engine, step_trial
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
 from .modules import Conv2d, Conv3d, MucudnnConvMixin
 
@@ -294,6 +294,7 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
     if planner is not None:
         planner = _reuse_planner(module, planner)
     _drop_planners(module)
+    trial = step_trial.install(module)  # Note [the whole-step trial]
     converted, native = 0, []
     for name, m in module.named_modules():
         if not _convert_one(m):
@@ -308,6 +309,7 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
         else:
             MucudnnConvMixin._mu_setup(mu, workspace_limit, policy, backend)
         mu._mu_converted = True
+        mu._mu_step = trial
         converted += 1
     if native:
         warnings.warn(f"mucudnn.torch.convert: left native (subclasses of nn.Conv2d/Conv3d "

@@ -362,6 +362,9 @@ def clear(backends: bool = True) -> None:
 #: Counts :func:`clear` calls: a converted module's settled signatures (Note
 #: [host cost of a converted layer]) hold for the generation that settled them.
 GENERATION = [0]
+#: Counts first calls compared with PyTorch's (Note [the whole-step trial] times
+#: only steps with none).
+CALIBRATIONS = [0]
 
 
 def cached_convolutions() -> list[Convolution]:
@@ -545,7 +548,7 @@ class _Warm:
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "all_native",
-                 "host_pending")
+                 "torch_fits", "host_pending")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple) -> None:
@@ -571,6 +574,9 @@ class _Warm:
         self.native = (False, False, False)
         #: every direction runs PyTorch's (Note [host cost of a converted layer])
         self.all_native = False
+        #: PyTorch's call was measured in every direction and its workspace fits the
+        #: limit (Note [the whole-step trial] may run it)
+        self.torch_fits = False
         #: compared without the host timing (a first call outside autograd)
         self.host_pending = False
 
@@ -580,6 +586,7 @@ class _Warm:
         with ``step``, also on the host (Note [host cost of a converted layer])."""
         cfg = self.cfg
         self.host_pending = step is None
+        CALIBRATIONS[0] += 1  # Note [the whole-step trial]: this step is not a steady one
         with _device_ctx(self.index):
             rec = _native.calibrate(
                 key, self.conv, x.contiguous(memory_format=self.fmt),
@@ -592,6 +599,7 @@ class _Warm:
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         self.all_native = fwd and bd and bf
+        self.torch_fits = _native.torch_fits(rec.choices)
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:

@@ -31,13 +31,15 @@ from ..optimizer import DEFAULT_POLICY
 from ..typing_aliases import PolicyLike
 from . import engine
 from .functional import DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
+from .step_trial import StepTrial
 
 __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
 
-#: Input signatures a module remembers as settled on PyTorch's own call.
+#: Input signatures a module remembers as settled on PyTorch's own call or as
+#: fitting its limit (every settled one fits).
 MAX_SETTLED = 8
 _COMPILING = torch.compiler.is_compiling
-_UNSETTLED: "tuple[int, frozenset]" = (-1, frozenset())
+_UNSETTLED: "tuple[int, frozenset, frozenset]" = (-1, frozenset(), frozenset())
 _AUTOCAST = torch.is_autocast_enabled
 _AUTOCAST_DTYPE = torch.get_autocast_dtype
 
@@ -46,7 +48,7 @@ def _signature(x: torch.Tensor, w: torch.Tensor) -> tuple:
     """What decides a converted module's verdict for a call: the operands'
     shapes, strides, dtypes and device, autocast's state, and the TF32 and
     determinism flags (as :func:`engine.warm_call`'s key)."""
-    dev = x.device.type
+    dev = "cuda" if x.is_cuda else x.device.type
     amp = _AUTOCAST(dev) and _AUTOCAST_DTYPE(dev)
     return (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device, amp,
             engine._TF32(), engine.deterministic())
@@ -63,8 +65,11 @@ class MucudnnConvMixin:
     _mu_options: Options
     _mu_plans: str
     #: (engine generation, input signatures settled on PyTorch's own
-    #: convolution); Note [host cost of a converted layer]
-    _mu_torch: "tuple[int, frozenset]" = _UNSETTLED
+    #: convolution, signatures whose PyTorch workspace fits the limit); Note
+    #: [host cost of a converted layer], Note [the whole-step trial]
+    _mu_torch: "tuple[int, frozenset, frozenset]" = _UNSETTLED
+    #: the model's step trial (set by :func:`mucudnn.torch.convert`)
+    _mu_step: "StepTrial | None" = None
     #: set by :func:`mucudnn.torch.convert` (a later convert re-configures the module)
     _mu_converted: bool = False
 
@@ -95,19 +100,29 @@ class MucudnnConvMixin:
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: "torch.Tensor | None") -> torch.Tensor:
         # See Note [host cost of a converted layer]: a signature settled on
-        # PyTorch's own convolution runs torch.nn's code alone
-        gen, settled = self._mu_torch
+        # PyTorch's own convolution runs torch.nn's code alone; so does one whose
+        # PyTorch workspace fits while the model's step trial runs PyTorch's
+        # (Note [the whole-step trial])
+        gen, settled, fits = self._mu_torch
         if gen != engine.GENERATION[0]:  # engine.clear() forgot the verdicts
-            gen, settled = engine.GENERATION[0], frozenset()
-            self._mu_torch = (gen, settled)
-        if settled and engine.RECORDER is None and not _COMPILING():
-            if _signature(input, weight) in settled:
+            gen, settled, fits = self._mu_torch = (engine.GENERATION[0], frozenset(), frozenset())
+        trial = self._mu_step
+        if (settled or (fits and trial is not None and trial.torch)) \
+                and engine.RECORDER is None and not _COMPILING():
+            sig = _signature(input, weight)
+            if sig in settled or (sig in fits and trial is not None and trial.torch):
                 return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
         warm = engine.last_warm()
-        if warm is not None and warm.all_native and len(settled) < MAX_SETTLED:
-            self._mu_torch = (gen, settled | {_signature(input, weight)})
+        if warm is not None and (warm.all_native or warm.torch_fits) \
+                and len(fits) < MAX_SETTLED:
+            sig = _signature(input, weight)
+            if warm.all_native:
+                settled = settled | {sig}
+            if warm.torch_fits:
+                fits = fits | {sig}
+            self._mu_torch = (gen, settled, fits)
         return y
 
     def _mu_forward(self, input: torch.Tensor, weight: torch.Tensor,
@@ -125,7 +140,7 @@ class MucudnnConvMixin:
     def __getstate__(self) -> dict:
         # settled signatures are this process's measurements, not the model's
         state: dict = dict(super().__getstate__())  # type: ignore[misc, call-overload]
-        state.pop("_mu_torch", None)
+        state.pop("_mu_torch", None)  # the step trial pickles empty (StepTrial.__getstate__)
         return state
 
     def _mu_repr(self) -> str:

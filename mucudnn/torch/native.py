@@ -50,8 +50,8 @@ import torch
 from ..caches import LRU
 from ..problem import Direction, Plan
 
-__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "enabled", "records",
-           "calibrate", "host_ms", "native_forward", "native_backward"]
+__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "torch_fits", "enabled",
+           "records", "calibrate", "host_ms", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -145,6 +145,20 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
                   "the plan is faster")
 
 
+def torch_fits(choices: dict[Direction, Choice]) -> bool:
+    """Whether PyTorch's call was timed in every direction of ``choices`` and its
+    measured workspace is within each one's limit.
+
+    >>> torch_fits({d: decide(d, 1.0, 2.0, 1 << 20, 64 << 20) for d in Direction})
+    True
+    >>> torch_fits({d: decide(d, 1.0, 2.0, None, 64 << 20) for d in Direction})
+    False
+    """
+    return len(choices) == len(Direction) and all(
+        c.torch_ms is not None and c.plan_ms is not None and c.torch_workspace is not None
+        and (c.limit is None or c.torch_workspace <= c.limit) for c in choices.values())
+
+
 def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
            ) -> dict[Direction, Choice]:
     """See Note [host cost of a converted layer]: every direction PyTorch's
@@ -159,9 +173,7 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     >>> [x.runs for x in settle(c, (0.20, 0.15)).values()]
     ['mucudnn', 'mucudnn', 'mucudnn']
     """
-    if host is None or any(c.torch_ms is None or c.plan_ms is None or c.torch_workspace is None
-                           or (c.limit is not None and c.torch_workspace > c.limit)
-                           for c in choices.values()):
+    if host is None or not torch_fits(choices):
         return choices
     saving = 0.0
     for c in choices.values():

@@ -17,6 +17,7 @@ would run. ``print(report(model))`` gives a table; ``as_dict()`` the data.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Any, Optional
 
 from torch import nn
@@ -25,6 +26,7 @@ from ..problem import Direction
 from . import native
 from .functional import options
 from .modules import MucudnnConvMixin
+from .step_trial import trial_of
 
 __all__ = ["Report", "LayerReport", "report"]
 
@@ -65,6 +67,9 @@ class Report:
 
     layers: list[LayerReport]
     unmeasured: list[str]
+    #: the model's step trial (Note [the whole-step trial]): the way kept
+    #: (``"plans"``, ``"torch"``, None while it runs) and its step times; None: no trial
+    step_trial: Optional[dict[str, Any]] = None
 
     @property
     def total_ms(self) -> float:
@@ -81,6 +86,7 @@ class Report:
             "layers": [dataclasses.asdict(layer) | {"ms": layer.ms, "torch_ms": layer.torch_ms}
                        for layer in self.layers],
             "unmeasured": list(self.unmeasured),
+            "step_trial": self.step_trial,
             "totals": {"ms": self.total_ms, "torch_ms": self.total_torch_ms,
                        "kernels": len(runs), "torch_kernels": runs.count(native.TORCH)},
         }
@@ -105,7 +111,20 @@ class Report:
         t = self.as_dict()["totals"]
         rows.append(f"| total | | | {t['torch_kernels']} of {t['kernels']} PyTorch's | | "
                     f"{_ms(t['ms'])} | {_ms(t['torch_ms'])} | |")
+        if self.step_trial is not None:
+            rows += ["", _trial_line(self.step_trial)]
         return "\n".join(rows)
+
+
+def _trial_line(trial: dict[str, Any]) -> str:
+    """One line on the step trial (Note [the whole-step trial])."""
+    med = {k: statistics.median(v) if v else None for k, v in trial["step_ms"].items()}
+    times = (f"median step {_ms(med['plans'])} ms with the plans, {_ms(med['torch'])} ms with "
+             "PyTorch's convolutions where they fit")
+    if trial["kept"] is None:
+        return f"step trial: running ({times})"
+    what = "the plans" if trial["kept"] == "plans" else "PyTorch's convolutions where they fit"
+    return f"step trial: kept {what} ({times})"
 
 
 def _ms(v: Optional[float]) -> str:
@@ -168,4 +187,5 @@ def report(model: nn.Module) -> Report:
         for r in found:
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
                                       _directions(r), r.host))
-    return Report(layers, unmeasured)
+    trials = [t for t in (trial_of(m) for m in model.modules()) if t is not None]
+    return Report(layers, unmeasured, trials[0].as_dict() if trials else None)

@@ -1,0 +1,191 @@
+"""See Note [the whole-step trial]: the trial's bookkeeping driven by a fake
+clock (CPU), and on a GPU (marker ``gpu``) a converted model whose trial keeps
+either way computes its convolutions against float64, with PyTorch's way
+entering no mucudnn code.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import statistics
+
+import pytest
+from hypothesis import given, strategies as st
+
+torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
+
+from torch import nn  # noqa: E402
+
+import mucudnn.torch as mt  # noqa: E402
+from mucudnn.torch import engine, step_trial  # noqa: E402
+from mucudnn.torch.step_trial import PLANS, TORCH, TRIAL_STEPS, StepTrial  # noqa: E402
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """A clock the test advances; synchronising and capture checks that do nothing."""
+    clock = Clock()
+    monkeypatch.setattr(step_trial.time, "perf_counter", clock)
+    monkeypatch.setattr(step_trial.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(step_trial.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(step_trial, "_CAPTURING", lambda: False)
+    monkeypatch.delenv("MUCUDNN_TORCH_NATIVE", raising=False)
+    return clock
+
+
+def _step(trial: StepTrial, module: nn.Module, clock: Clock, cost: dict[str, list[int]],
+          ran: list[tuple[str, float]]) -> None:
+    """One training step: the hook, then the way it chose takes its next cost,
+    in 1/1024 s (exact in binary floating point, so ties stay ties); ``ran``
+    gets the way and its milliseconds."""
+    trial(module, ())
+    way = TORCH if trial.torch else PLANS
+    k = cost[way][sum(w == way for w, _ in ran) % len(cost[way])]
+    ran.append((way, k * 1000 / 1024))
+    clock.now += k / 1024
+
+
+costs = st.lists(st.integers(1, 100), min_size=TRIAL_STEPS + 1, max_size=TRIAL_STEPS + 4)
+
+
+@given(plans=costs, torch_=costs)
+def test_the_trial_keeps_the_way_with_the_lower_median_of_its_timed_steps(plans, torch_):
+    with pytest.MonkeyPatch.context() as mp:
+        clock = Clock()
+        mp.setattr(step_trial.time, "perf_counter", clock)
+        mp.setattr(step_trial.torch.cuda, "is_available", lambda: True)
+        mp.setattr(step_trial.torch.cuda, "synchronize", lambda: None)
+        mp.setattr(step_trial, "_CAPTURING", lambda: False)
+        mp.delenv("MUCUDNN_TORCH_NATIVE", raising=False)
+        trial, module = StepTrial(), nn.Linear(1, 1)
+        ran: list[tuple[str, float]] = []
+        for _ in range(4 * (TRIAL_STEPS + 2)):
+            _step(trial, module, clock, {PLANS: plans, TORCH: torch_}, ran)
+        assert trial.kept in (PLANS, TORCH)
+        # each way's first step is a warm-up
+        timed = {way: [ms for w, ms in ran if w == way][1:1 + TRIAL_STEPS]
+                 for way in (PLANS, TORCH)}
+        assert trial.step_ms == timed
+        lower = statistics.median(timed[PLANS]) < statistics.median(timed[TORCH])
+        assert trial.kept == (PLANS if lower else TORCH)
+        assert trial.torch == (trial.kept == TORCH)
+        # the ways alternate until the decision, and the kept one runs after it
+        decided = 2 * (TRIAL_STEPS + 1)
+        assert [w for w, _ in ran[:decided]] == [TORCH, PLANS] * (TRIAL_STEPS + 1)
+        assert {w for w, _ in ran[decided:]} == {trial.kept}
+
+
+def test_steps_that_compare_layers_or_do_not_train_are_not_timed(fake_device):
+    trial, module = StepTrial(), nn.Linear(1, 1)
+    ran: list[tuple[str, float]] = []
+    cost = {PLANS: [1024], TORCH: [512]}
+    _step(trial, module, fake_device, cost, ran)
+    _step(trial, module, fake_device, cost, ran)
+    engine.CALIBRATIONS[0] += 1  # a layer met a new signature in this step
+    _step(trial, module, fake_device, cost, ran)
+    assert trial.torch is False and trial._start is None  # back to the plans, untimed
+    module.eval()
+    _step(trial, module, fake_device, cost, ran)
+    module.train()
+    with torch.no_grad():
+        _step(trial, module, fake_device, cost, ran)
+    assert trial.step_ms == {PLANS: [], TORCH: []}
+    for _ in range(2 * (TRIAL_STEPS + 1) + 1):
+        _step(trial, module, fake_device, cost, ran)
+    assert trial.kept == TORCH and trial.step_ms[TORCH] == [500.0] * TRIAL_STEPS
+    assert trial.step_ms[PLANS] == [1000.0] * TRIAL_STEPS
+
+
+def test_a_tie_keeps_pytorch_and_clear_or_a_copy_starts_again(fake_device):
+    trial, module = StepTrial(), nn.Linear(1, 1)
+    ran: list[tuple[str, float]] = []
+    for _ in range(2 * (TRIAL_STEPS + 1) + 1):
+        _step(trial, module, fake_device, {PLANS: [7], TORCH: [7]}, ran)
+    assert trial.kept == TORCH
+    for copied in (copy.deepcopy(trial), pickle.loads(pickle.dumps(trial))):
+        assert copied.kept is None and copied.step_ms == {PLANS: [], TORCH: []}
+    engine.clear()
+    trial(module, ())
+    assert trial.kept is None
+
+
+def test_the_trial_is_off_with_the_native_comparison(fake_device, monkeypatch):
+    monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "0")
+    trial, module = StepTrial(), nn.Linear(1, 1)
+    ran: list[tuple[str, float]] = []
+    for _ in range(4 * (TRIAL_STEPS + 2)):
+        _step(trial, module, fake_device, {PLANS: [1], TORCH: [2]}, ran)
+    assert trial.kept is None and {w for w, _ in ran} == {PLANS}
+
+
+def test_convert_hooks_one_trial_shared_by_its_layers_and_the_report_shows_it():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.Conv2d(4, 4, 1)))
+    mt.convert(model)
+    mt.convert(model, workspace_limit=1 << 20)  # again: one trial still
+    trials = [h for m in model.modules() for h in m._forward_pre_hooks.values()
+              if isinstance(h, StepTrial)]
+    assert len(trials) == 1 and step_trial.trial_of(model) is trials[0]
+    assert model[0]._mu_step is trials[0] and model[1][0]._mu_step is trials[0]
+    rep = mt.report(model)
+    assert rep.as_dict()["step_trial"] == {"kept": None, "torch": False,
+                                           "step_ms": {PLANS: [], TORCH: []}}
+    copied = pickle.loads(pickle.dumps(model))
+    assert copied[0]._mu_step is step_trial.trial_of(copied)
+    assert mt.report(nn.Linear(1, 1)).step_trial is None
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("kept", [PLANS, TORCH])
+def test_a_trained_model_keeps_a_way_and_computes_its_convolutions(monkeypatch, tmp_path, kept):
+    """Training steps run the trial to its end; with PyTorch's way kept, the
+    layers whose PyTorch workspace fits run torch.nn's code alone (no warm
+    call); either way outputs and gradients match float64."""
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    mt.clear()
+    monkeypatch.setattr(StepTrial, "decide", staticmethod(lambda step_ms: kept))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 8, 1, groups=2)).cuda().to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model).double()
+    mt.convert(model, workspace_limit=64 << 20)
+    trial = step_trial.trial_of(model)
+    calls = []
+    real_warm = engine.warm_call
+    monkeypatch.setattr(engine, "warm_call", lambda *a: calls.append(1) or real_warm(*a))
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        for _ in range(3 * (TRIAL_STEPS + 2)):
+            calls.clear()
+            x = torch.randn(4, 8, 10, 10, device="cuda").to(memory_format=torch.channels_last)
+            model.zero_grad()
+            ref.zero_grad()
+            y = model(x)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            y64 = ref(x.double())
+            y64.backward(dy.double())
+            assert _rel(y, y64) < 1e-5
+            for p, p64 in zip(model.parameters(), ref.parameters()):
+                assert _rel(p.grad, p64.grad) < 1e-5
+    assert trial.kept == kept
+    convs = [m for m in model.modules() if isinstance(m, mt.Conv2d)]
+    if kept == TORCH:
+        assert all(m._mu_torch[2] for m in convs)  # small layers: PyTorch's workspace fits
+    entered = [m for m in convs if not m._mu_torch[1] and not (kept == TORCH and m._mu_torch[2])]
+    assert bool(calls) == bool(entered)
+    mt.clear()
