@@ -40,22 +40,29 @@ def test_pytorch_runs_exactly_where_its_measured_workspace_fits_and_it_is_no_slo
 @given(plan=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
        torch_=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
        ws=st.lists(st.integers(0, 4 << 20), min_size=3, max_size=3),
-       host=st.one_of(st.none(), st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 5.0))))
+       host=st.one_of(st.none(), st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 5.0))),
+       need_dx=st.booleans())
 def test_a_layer_runs_pytorch_whole_where_the_plans_do_not_pay_their_host_cost(
-        plan, torch_, ws, host):
-    """See Note [host cost of a converted layer]."""
+        plan, torch_, ws, host, need_dx):
+    """See Note [host cost of a converted layer]: only the directions a step
+    runs count (backward-data where the input needs its gradient)."""
     limit = 2 << 20
     choices = {d: native.decide(d, p, t, w, limit) for d, p, t, w in zip(Direction, plan, torch_, ws)}
-    got = native.settle(choices, host)
-    eligible = host is not None and all(w <= limit for w in ws)
-    saving = sum(t - p for p, t, c in zip(plan, torch_, choices.values())
-                 if c.runs == native.MUCUDNN)
+    got = native.settle(choices, host, need_dx)
+    runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
+    fit = {d: w <= limit for d, w in zip(Direction, ws)}
+    eligible = host is not None and all(fit[d] for d in runs)
+    saving = sum(t - p for d, p, t in zip(Direction, plan, torch_)
+                 if d in runs and choices[d].runs == native.MUCUDNN)
     switched = eligible and 0 < saving <= host[0] - host[1]
     if switched:
-        assert all(c.runs == native.TORCH for c in got.values())
+        assert all(got[d].runs == native.TORCH for d in runs)
+        assert all(got[d].runs == (native.TORCH if fit[d] else choices[d].runs)
+                   for d in Direction if d not in runs)
         assert all(got[d].reason == choices[d].reason for d in Direction
                    if choices[d].runs == native.TORCH)
-        assert all("host" in got[d].reason for d in Direction if choices[d].runs == native.MUCUDNN)
+        assert all("host" in got[d].reason for d in Direction
+                   if choices[d].runs == native.MUCUDNN and fit[d])
     else:
         assert got == choices
     for d in Direction:  # the measurements stay as measured

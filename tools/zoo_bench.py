@@ -181,12 +181,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="image side (default 224; 32 for tiny; inception_v3 always 299)")
     ap.add_argument("--workspace", type=tb.parse_size, default=64 << 20,
                     help="the converted side's workspace limit per kernel (default 64MiB)")
-    ap.add_argument("--warmup", type=tb._positive, default=12,
-                    help="untimed steps per side first (>= 3 before a capture; default 12: "
+    ap.add_argument("--warmup", type=tb._positive, default=16,
+                    help="untimed steps per side first (>= 3 before a capture; default 16: "
                          "the converted side's step trial ends within them)")
-    ap.add_argument("--rounds", type=tb._positive, default=4, help="timed rounds (default 4)")
-    ap.add_argument("--steps", type=tb._positive, default=3,
-                    help="timed steps per side and round (default 3)")
+    ap.add_argument("--rounds", type=tb._positive, default=8, help="timed rounds (default 8)")
+    ap.add_argument("--steps", type=tb._positive, default=5,
+                    help="timed steps per side and round (default 5)")
     ap.add_argument("--cold", action="store_true",
                     help="first-step seconds of each side in a fresh process (Note [cold steps])")
     ap.add_argument("--cold-timeout", type=float, default=300.0,

@@ -548,7 +548,7 @@ class _Warm:
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "all_native",
-                 "torch_fits", "host_pending")
+                 "fits", "host_pending")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple) -> None:
@@ -574,9 +574,9 @@ class _Warm:
         self.native = (False, False, False)
         #: every direction runs PyTorch's (Note [host cost of a converted layer])
         self.all_native = False
-        #: PyTorch's call was measured in every direction and its workspace fits the
+        #: per direction: PyTorch's call was measured and its workspace fits the
         #: limit (Note [the whole-step trial] may run it)
-        self.torch_fits = False
+        self.fits = (False, False, False)
         #: compared without the host timing (a first call outside autograd)
         self.host_pending = False
 
@@ -595,11 +595,11 @@ class _Warm:
                  Direction.BACKWARD_FILTER: self.bwd_filter},
                 self.ws, lambda: _STREAM(self.index),
                 None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                self.tf32, step)
+                self.tf32, step, x.requires_grad)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         self.all_native = fwd and bd and bf
-        self.torch_fits = _native.torch_fits(rec.choices)
+        self.fits = tuple(_native.fits(rec.choices[d]) for d in Direction)
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:

@@ -46,12 +46,13 @@ _AUTOCAST_DTYPE = torch.get_autocast_dtype
 
 def _signature(x: torch.Tensor, w: torch.Tensor) -> tuple:
     """What decides a converted module's verdict for a call: the operands'
-    shapes, strides, dtypes and device, autocast's state, and the TF32 and
+    shapes, strides, dtypes and device, autocast's state, whether the input
+    needs its gradient (backward-data runs), and the TF32 and
     determinism flags (as :func:`engine.warm_call`'s key)."""
     dev = "cuda" if x.is_cuda else x.device.type
     amp = _AUTOCAST(dev) and _AUTOCAST_DTYPE(dev)
     return (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device, amp,
-            engine._TF32(), engine.deterministic())
+            x.requires_grad, engine._TF32(), engine.deterministic())
 
 
 class MucudnnConvMixin:
@@ -115,14 +116,15 @@ class MucudnnConvMixin:
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
         warm = engine.last_warm()
-        if warm is not None and (warm.all_native or warm.torch_fits) \
-                and len(fits) < MAX_SETTLED:
-            sig = _signature(input, weight)
-            if warm.all_native:
-                settled = settled | {sig}
-            if warm.torch_fits:
-                fits = fits | {sig}
-            self._mu_torch = (gen, settled, fits)
+        if warm is not None and len(fits) < MAX_SETTLED:
+            # the directions a training step runs: backward-data where the input needs it
+            need_dx = input.requires_grad
+            fit, nat = warm.fits, warm.native
+            if fit[0] and fit[2] and (fit[1] or not need_dx):
+                sig = _signature(input, weight)
+                if nat[0] and nat[2] and (nat[1] or not need_dx):
+                    settled = settled | {sig}
+                self._mu_torch = (gen, settled, fits | {sig})
         return y
 
     def _mu_forward(self, input: torch.Tensor, weight: torch.Tensor,

@@ -28,9 +28,11 @@ in C++: more host time per step. Where the step is bound by the host (small
 batches, fast GPUs), that time is the step's, whatever the GPU saves. So after
 the per-direction choices the first call also times, on the host, one forward
 and backward through the converted path and through ``torch.nn.functional``'s
-(synchronised before each, medians). Where PyTorch may run all three
-directions (its workspace fits) and the plans' GPU saving over PyTorch's calls
-is no more than that host cost, the whole layer runs PyTorch's own call
+(synchronised before each, medians). Only the directions a step runs count:
+backward-data where the call's input needs its gradient (a network's first
+layer does not run it). Where PyTorch may run all of them (its workspace fits)
+and the plans' GPU saving over PyTorch's calls there is no more than that host
+cost, the whole layer runs PyTorch's own call
 (:func:`settle`), and a converted module whose every signature met is settled
 so calls ``torch.nn``'s own ``_conv_forward`` before any of mucudnn's code.
 """
@@ -50,7 +52,7 @@ import torch
 from ..caches import LRU
 from ..problem import Direction, Plan
 
-__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "torch_fits", "enabled",
+__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "enabled",
            "records", "calibrate", "host_ms", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
@@ -145,26 +147,34 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
                   "the plan is faster")
 
 
-def torch_fits(choices: dict[Direction, Choice]) -> bool:
-    """Whether PyTorch's call was timed in every direction of ``choices`` and its
-    measured workspace is within each one's limit.
+def fits(choice: Choice) -> bool:
+    """Whether PyTorch's call was timed for ``choice`` and its measured workspace
+    is within the choice's limit.
 
-    >>> torch_fits({d: decide(d, 1.0, 2.0, 1 << 20, 64 << 20) for d in Direction})
+    >>> fits(decide(Direction.FORWARD, 1.0, 2.0, 1 << 20, 64 << 20))
     True
-    >>> torch_fits({d: decide(d, 1.0, 2.0, None, 64 << 20) for d in Direction})
+    >>> fits(decide(Direction.FORWARD, 1.0, 2.0, None, 64 << 20))
     False
     """
-    return len(choices) == len(Direction) and all(
-        c.torch_ms is not None and c.plan_ms is not None and c.torch_workspace is not None
-        and (c.limit is None or c.torch_workspace <= c.limit) for c in choices.values())
+    return (choice.torch_ms is not None and choice.plan_ms is not None
+            and choice.torch_workspace is not None
+            and (choice.limit is None or choice.torch_workspace <= choice.limit))
 
 
-def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
-           ) -> dict[Direction, Choice]:
-    """See Note [host cost of a converted layer]: every direction PyTorch's
-    where its workspace fits in all three and the plans' GPU saving is no
-    more than the converted path's extra host time ``host[0] - host[1]``;
-    else ``choices`` unchanged.
+def _run(choices: dict[Direction, Choice], need_dx: bool) -> list[Choice]:
+    """The choices of the directions a training step runs: backward-data only
+    where the input needs its gradient."""
+    return [c for d, c in choices.items() if need_dx or d is not Direction.BACKWARD_DATA]
+
+
+def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]],
+           need_dx: bool = True) -> dict[Direction, Choice]:
+    """See Note [host cost of a converted layer]: PyTorch's call in every
+    direction that runs (backward-data only with ``need_dx``) where its
+    workspace fits in all of them and the plans' GPU saving there is no more
+    than the converted path's extra host time ``host[0] - host[1]``; else
+    ``choices`` unchanged. A direction that does not run keeps its choice
+    where PyTorch's workspace does not fit it.
 
     >>> f = lambda d, p, t: decide(d, p, t, 0, None)
     >>> c = {d: f(d, 0.10, 0.12) for d in Direction}
@@ -172,11 +182,15 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     ['torch', 'torch', 'torch']
     >>> [x.runs for x in settle(c, (0.20, 0.15)).values()]
     ['mucudnn', 'mucudnn', 'mucudnn']
+    >>> c[Direction.BACKWARD_DATA] = f(Direction.BACKWARD_DATA, 0.10, 0.20)
+    >>> [x.runs for x in settle(c, (0.20, 0.15), need_dx=False).values()]
+    ['torch', 'torch', 'torch']
     """
-    if host is None or not torch_fits(choices):
+    run = _run(choices, need_dx)
+    if host is None or not all(fits(c) for c in run):
         return choices
     saving = 0.0
-    for c in choices.values():
+    for c in run:
         if c.runs == MUCUDNN and c.torch_ms is not None and c.plan_ms is not None:
             saving += c.torch_ms - c.plan_ms
     extra = host[0] - host[1]
@@ -184,8 +198,8 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
         return choices
     why = (f"the plans save {saving:.3f} ms of GPU time, less than the converted call's "
            f"{extra:.3f} ms of extra host time")
-    return {d: dataclasses.replace(c, runs=TORCH, reason=why) if c.runs == MUCUDNN else c
-            for d, c in choices.items()}
+    return {d: dataclasses.replace(c, runs=TORCH, reason=why)
+            if c.runs == MUCUDNN and fits(c) else c for d, c in choices.items()}
 
 
 # -- PyTorch's own calls ---------------------------------------------------------------------------
@@ -288,19 +302,19 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
-              step: Optional[Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]] = None
-              ) -> Record:
+              step: Optional[Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]] = None,
+              need_dx: bool = True) -> Record:
     """Time each direction's plan (``launch``: the kernels' launchers) and
     PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
     workspace, decide (Note [never slower than native]) and keep the record
     under ``key``. ``step(x, w, cfg)``: a forward through the converted path,
     host-timed with its backward against PyTorch's (Note [host cost of a
-    converted layer])."""
+    converted layer]; ``need_dx``: whether the call's input needs its gradient)."""
     old = _RECORDS.peek(key)
     if old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
             dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
-            _settle_host(old, step, x, w, dy, cfg, deterministic, tf32)
+            _settle_host(old, step, x, w, dy, cfg, deterministic, tf32, need_dx)
         return old
     # x and w are the call's own operands (read only); outputs are scratch
     y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
@@ -339,7 +353,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                  fmt is not torch.contiguous_format, plans, choices)
     if step is not None:
-        _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32)
+        _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx)
     _RECORDS.put(key, rec)
     for c in rec.choices.values():
         log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",
@@ -353,12 +367,13 @@ _CONV = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d,
 
 
 def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor,
-                 dy: torch.Tensor, cfg: Any, deterministic: bool, tf32: bool) -> None:
+                 dy: torch.Tensor, cfg: Any, deterministic: bool, tf32: bool,
+                 need_dx: bool) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
     if any(c.runs == MUCUDNN for c in rec.choices.values()):
         rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
-        rec.choices = settle(rec.choices, rec.host)
+        rec.choices = settle(rec.choices, rec.host, need_dx)
 
 
 def _host_pair(step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,

@@ -15,8 +15,9 @@ pre-hook on the converted root module, shared by its converted layers). Once a
 training step (module in training mode, gradients enabled) has passed in which
 no layer met a new signature, the trial alternates the next steps between two
 ways of running: the plans as the per-layer rules chose them, and PyTorch's own
-convolution in every layer whose PyTorch workspace fits the limit in all three
-directions (the others keep their plans, so the limit holds either way). The
+convolution in every layer whose PyTorch workspace fits the limit in each
+direction the step runs (backward-data only where the layer's input needs its
+gradient); the others keep their plans, so the limit holds either way. The
 hook synchronises the device at each step's start and times from one start to
 the next: forward, backward, optimizer and data, as the user's loop runs them.
 The first step of each way is a warm-up; after :data:`TRIAL_STEPS` more of
