@@ -599,7 +599,8 @@ class _Warm:
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         self.all_native = fwd and bd and bf
-        self.fits = tuple(_native.fits(rec.choices[d]) for d in Direction)
+        fit = [_native.fits(rec.choices[d]) for d in Direction]
+        self.fits = (fit[0], fit[1], fit[2])
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:
