@@ -92,8 +92,14 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
     assert d["totals"] == {"ms": pytest.approx(2.5), "torch_ms": pytest.approx(3.0),
                            "kernels": 3, "torch_kernels": 1}
     assert "over the limit" in d["layers"][0]["directions"]["bwd-filter"]["reason"]
+    # the limit's cost: bwd-filter's PyTorch workspace (2 MiB) is over 1 MiB; its plan
+    # takes 1.0 ms against PyTorch's 0.5
+    assert d["over_limit"] == {"kernels": 1, "ms": pytest.approx(0.5),
+                               "largest_torch_workspace": 2 << 20}
     text = str(rep)
     assert "| 2 | 4x8x6x6 cl | fwd | torch | PyTorch's own |" in text
+    assert "over the limit in 1 kernel(s); their plans take +0.500 ms" in text
+    assert "a limit of 2.0 MiB would admit" in text
     mt.clear()
     assert mt.report(model).layers == []
 

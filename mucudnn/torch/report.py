@@ -5,7 +5,10 @@ After a model's first training step (the step that plans and compares, Note
 layer and direction whether mucudnn's plan or PyTorch's own convolution runs,
 the plan (micro-batches and workspace), the time of each in one harness and
 PyTorch's workspace, with totals of what runs and of what native PyTorch
-would run. ``print(report(model))`` gives a table; ``as_dict()`` the data.
+would run, and what the limit costs: the kernels whose PyTorch workspace is
+over it, the time their plans add and the limit that would admit them; and
+the model's step trial (Note [the whole-step trial]). ``print(report(model))``
+gives a table; ``as_dict()`` the data.
 
 >>> import torch
 >>> from torch import nn
@@ -81,7 +84,11 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
-        runs = [d["runs"] for layer in self.layers for d in layer.directions.values()]
+        dirs = [d for layer in self.layers for d in layer.directions.values()]
+        runs = [d["runs"] for d in dirs]
+        # what the limit costs: kernels whose PyTorch workspace is over it
+        over = [d for d in dirs if d["torch_workspace"] is not None and d["limit"] is not None
+                and d["torch_workspace"] > d["limit"]]
         return {
             "layers": [dataclasses.asdict(layer) | {"ms": layer.ms, "torch_ms": layer.torch_ms}
                        for layer in self.layers],
@@ -89,6 +96,12 @@ class Report:
             "step_trial": self.step_trial,
             "totals": {"ms": self.total_ms, "torch_ms": self.total_torch_ms,
                        "kernels": len(runs), "torch_kernels": runs.count(native.TORCH)},
+            "over_limit": {
+                "kernels": len(over),
+                "ms": sum(d["plan_ms"] - d["torch_ms"] for d in over
+                          if d["plan_ms"] is not None and d["torch_ms"] is not None),
+                "largest_torch_workspace": max((d["torch_workspace"] for d in over),
+                                               default=None)},
         }
 
     def __str__(self) -> str:
@@ -111,6 +124,11 @@ class Report:
         t = self.as_dict()["totals"]
         rows.append(f"| total | | | {t['torch_kernels']} of {t['kernels']} PyTorch's | | "
                     f"{_ms(t['ms'])} | {_ms(t['torch_ms'])} | |")
+        over = self.as_dict()["over_limit"]
+        if over["kernels"]:
+            rows += ["", f"PyTorch's workspace is over the limit in {over['kernels']} kernel(s); "
+                         f"their plans take {over['ms']:+.3f} ms against PyTorch's calls, which "
+                         f"a limit of {_mib(over['largest_torch_workspace'])} would admit."]
         if self.step_trial is not None:
             rows += ["", _trial_line(self.step_trial)]
         return "\n".join(rows)
