@@ -100,6 +100,16 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
     assert "| 2 | 4x8x6x6 cl | fwd | torch | PyTorch's own |" in text
     assert "over the limit in 1 kernel(s); their plans take +0.500 ms" in text
     assert "a limit of 2.0 MiB would admit" in text
+    # a first layer (input without gradient) runs no backward-data in a step: it is
+    # listed, but neither totalled nor counted against the limit
+    native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                              {}, choices, need_dx=False))
+    rep = mt.report(model)
+    d = rep.as_dict()
+    assert d["totals"] == {"ms": pytest.approx(1.5), "torch_ms": pytest.approx(1.0),
+                           "kernels": 2, "torch_kernels": 1}
+    assert d["over_limit"]["kernels"] == 1 and rep.layers[0].ms == pytest.approx(1.5)
+    assert "| bwd-data (not in a step) | mucudnn |" in str(rep)
     mt.clear()
     assert mt.report(model).layers == []
 

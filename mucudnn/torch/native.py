@@ -100,6 +100,8 @@ class Record:
     choices: dict[Direction, Choice]
     #: host ms of one forward and backward: (converted, PyTorch's); None: not timed
     host: Optional[tuple[float, float]] = None
+    #: the first call's input needed its gradient: a training step runs backward-data
+    need_dx: bool = True
 
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
@@ -351,7 +353,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         cap = plan.workspace_bytes if (cfg.plans and plan is not None) else limit
         choices[d] = decide(d, timed[d][0], timed[d][1], timed[d][2], cap)
     rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
-                 fmt is not torch.contiguous_format, plans, choices)
+                 fmt is not torch.contiguous_format, plans, choices, need_dx=need_dx)
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx)
     _RECORDS.put(key, rec)

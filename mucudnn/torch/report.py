@@ -53,14 +53,16 @@ class LayerReport:
 
     @property
     def ms(self) -> float:
-        """Milliseconds of what runs, summed over the measured directions."""
-        return sum(d["ms"] for d in self.directions.values() if d["ms"] is not None)
+        """Milliseconds of what runs, summed over the measured directions a
+        training step runs (backward-data only where the input needs its gradient)."""
+        return sum(d["ms"] for d in self.directions.values()
+                   if d["ms"] is not None and d["in_step"])
 
     @property
     def torch_ms(self) -> float:
         """Milliseconds native PyTorch takes for the same directions."""
         return sum(d["torch_ms"] for d in self.directions.values()
-                   if d["torch_ms"] is not None)
+                   if d["torch_ms"] is not None and d["in_step"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
-        dirs = [d for layer in self.layers for d in layer.directions.values()]
+        dirs = [d for layer in self.layers for d in layer.directions.values() if d["in_step"]]
         runs = [d["runs"] for d in dirs]
         # what the limit costs: kernels whose PyTorch workspace is over it
         over = [d for d in dirs if d["torch_workspace"] is not None and d["limit"] is not None
@@ -116,6 +118,7 @@ class Report:
         for layer in self.layers:
             x = "x".join(str(v) for v in layer.x_shape) + (" cl" if layer.channels_last else "")
             for dname, d in layer.directions.items():
+                dname += "" if d["in_step"] else " (not in a step)"
                 rows.append(f"| {layer.name} | {x} | {dname} | {d['runs']} | {d['plan']} | "
                             f"{_ms(d['ms'])} | {_ms(d['torch_ms'])} | {_mib(d['torch_workspace'])} |")
             if layer.host_ms is not None:
@@ -179,6 +182,8 @@ def _directions(rec: native.Record) -> dict[str, dict[str, Any]]:
             "plan_workspace": None if plan is None else plan.workspace_bytes,
             "limit": c.limit,
             "reason": c.reason,
+            # a training step runs backward-data only where the input needs its gradient
+            "in_step": rec.need_dx or d is not Direction.BACKWARD_DATA,
         }
     return out
 
