@@ -156,3 +156,26 @@ def test_conv_subclasses_left_native_are_named_in_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mt.convert(nn.Sequential(nn.Conv2d(1, 1, 1), nn.ConvTranspose2d(1, 1, 1)))
+
+
+def test_a_converted_model_on_meta_tensors_runs_torch_and_the_functional_form_names_the_device():
+    """Shape inference and deferred initialisation run on ``meta`` tensors, where
+    mucudnn does not run: a converted module runs torch's own convolution there
+    (forward and backward); ``mt.conv2d`` says which device it cannot take."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    mt.convert(model)
+    y = model(torch.empty(2, 3, 8, 8, device="meta"))
+    assert y.shape == (2, 2, 8, 8) and y.is_meta
+    y.sum().backward()
+    assert model[0].weight.grad.shape == model[0].weight.shape
+    model.to_empty(device="cpu")  # deferred initialisation: then mucudnn's path
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    x = torch.randn(2, 3, 8, 8)
+    ref = F.conv2d(F.relu(F.conv2d(x, model[0].weight, model[0].bias, padding=1)),
+                   model[2].weight, model[2].bias)
+    assert torch.allclose(model(x), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(mt.TorchValueError, match=r"^input: .*meta"):
+        mt.conv2d(torch.empty(1, 3, 8, 8, device="meta"), torch.empty(4, 3, 3, 3, device="meta"))

@@ -168,6 +168,10 @@ def _same_padding(nd: int, weight: torch.Tensor, stride: tuple[int, ...],
     return tuple(left), pad
 
 
+#: The device types mucudnn runs on (a converted module on any other runs torch's own).
+_DEVICE_TYPES = ("cuda", "cpu")
+
+
 def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
             dilation: Any, groups: Any, opts: Options, plans: str = "") -> torch.Tensor:
     if not isinstance(input, torch.Tensor):
@@ -222,6 +226,9 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
                               f"weight on {weight.device}"
                               + ("" if bias is None else f", bias on {bias.device}"))
     dev = device.type
+    if dev not in _DEVICE_TYPES:
+        raise TorchValueError(f"input: mucudnn runs convolutions on CUDA and CPU tensors, got a "
+                              f"tensor on {device}")
     if torch.is_autocast_enabled(dev):  # as autocast treats native convolutions
         dt = torch.get_autocast_dtype(dev)
         input, weight = _cast(input, dt), _cast(weight, dt)

@@ -8,7 +8,9 @@ They are subclasses with the same constructor (plus keyword-only
 with that mode, then a convolution without padding. As native convolutions,
 they honour ``torch.backends.cudnn.deterministic`` and
 ``torch.use_deterministic_algorithms(True)`` at every call: deterministic
-plans only (see :func:`mucudnn.torch.conv2d`).
+plans only (see :func:`mucudnn.torch.conv2d`). On a device mucudnn does not
+run on (``meta`` tensors for shape inference or deferred initialisation, or
+any device but CUDA and the CPU) they run torch's own convolution.
 
 >>> import torch
 >>> conv = Conv2d(3, 8, 3, padding=1, workspace_limit=16 << 20)
@@ -30,7 +32,7 @@ from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
 from ..typing_aliases import PolicyLike
 from . import engine
-from .functional import DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
+from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
 from .step_trial import StepTrial
 
 __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
@@ -104,6 +106,10 @@ class MucudnnConvMixin:
         # PyTorch's own convolution runs torch.nn's code alone; so does one whose
         # PyTorch workspace fits while the model's step trial runs PyTorch's
         # (Note [the whole-step trial])
+        if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
+            # meta tensors (shape inference, deferred initialisation) and devices
+            # mucudnn does not run on: PyTorch's own convolution, as before converting
+            return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         gen, settled, fits = self._mu_torch
         if gen != engine.GENERATION[0]:  # engine.clear() forgot the verdicts
             gen, settled, fits = self._mu_torch = (engine.GENERATION[0], frozenset(), frozenset())
