@@ -72,6 +72,12 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     head = rp.headline(res)
     assert "fp32 channels-last eager: 1.095x over 2 models [1]" in head
     assert "not measured" in head  # no frontier or training results in this folder
+    # an A/A run (zoo_bench --control) measures the harness: never a result on the page
+    control = dict(zoo, options={**zoo["options"], "control": True},
+                   results=[dict(zoo["results"][0], model="densenet121")])
+    (tmp_path / "2026-12-04-x-zoo-control.json").write_text(json.dumps(control))
+    z = rp.zoo(rp.load_results(tmp_path))
+    assert "densenet121" not in z and "mobilenet_v2 1.200" in z
 
 
 def test_newest_is_by_date_then_session_and_call():

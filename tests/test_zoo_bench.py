@@ -36,6 +36,7 @@ def test_parse_args_defaults_and_errors(zb):
     assert (a.batch, a.size, a.workspace, a.warmup, a.rounds, a.steps) == (64, None, 64 << 20,
                                                                           16, 8, 5)
     assert not a.cold and not a.grad_check and a.grad_batch == 8 and a.cold_child is None
+    assert not a.control
     a = zb.parse_args(TINY + ["--workspace", "8MiB", "--rounds", "2", "--grad-check"])
     assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
     for bad in (["--models", "lenet"], ["--precisions", "amp"], ["--execution", "graph"],
@@ -188,3 +189,16 @@ def test_isolated_models(zb, tmp_path):
     assert zb.main(TINY + ["--isolate", "--timeout", "0.01", "--json", str(out)]) == 1
     (r,) = json.loads(out.read_text())["results"]
     assert r["errors"] == {"process": "isolated process timed out after 0 s"} and not r["steps"]
+
+
+@pytest.mark.slow
+def test_a_control_run_builds_two_native_sides(zb, tmp_path, monkeypatch):
+    """See Note [control runs]: no model is converted and no report is made."""
+    converted = []
+    monkeypatch.setattr(zb.mt, "convert", lambda *a, **k: converted.append(1))
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--control", "--rounds", "1", "--steps", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (r,) = report["results"]
+    assert not converted and "report" not in r and report["options"]["control"] is True
+    assert r["steps"]["eager"]["ratio"] > 0

@@ -73,7 +73,8 @@ def kind(doc: Any) -> str | None:
     if "host_us" in doc:
         return "overhead"
     if {"results", "options", "environment"} <= doc.keys():
-        return "zoo"
+        # an A/A run (zoo_bench --control) measures the harness, not mucudnn
+        return None if (doc["options"] or {}).get("control") else "zoo"
     if {"models", "options"} <= doc.keys() and isinstance(doc["models"], dict):
         return "parity"
     return None

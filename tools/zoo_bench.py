@@ -26,6 +26,9 @@ Measured per model and precision:
 * the converted model's ``mucudnn.torch.report`` (which layers run mucudnn's
   plans), where the installed mucudnn has one.
 
+With ``--control`` the converted side is a second native model (Note [control
+runs]): the ratio then measures the harness, not mucudnn.
+
 segmentation models (fcn_*, deeplabv3_*, lraspp_*) train on their ``out``
 logits with per-pixel cross-entropy on random labels; inception_v3 runs at
 299x299. A failed stage (out of memory, a capture that does not work for a
@@ -150,7 +153,7 @@ class ZooJob(tb.TrainJob):
         model = build_model(spec)
         model.load_state_dict(init_state)
         self.model = model.to(device).to(memory_format=torch.channels_last)
-        if side == "converted":
+        if side == "converted" and not args.control:  # Note [control runs]
             mt.convert(self.model, workspace_limit=args.workspace)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         b, s = args.batch, spec.size
@@ -187,6 +190,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=tb._positive, default=8, help="timed rounds (default 8)")
     ap.add_argument("--steps", type=tb._positive, default=5,
                     help="timed steps per side and round (default 5)")
+    ap.add_argument("--control", action="store_true",
+                    help="an A/A run: the 'converted' side is a second native model (Note "
+                         "[control runs]); its JSON is not a result tools/results_page.py shows")
     ap.add_argument("--cold", action="store_true",
                     help="first-step seconds of each side in a fresh process (Note [cold steps])")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
@@ -253,6 +259,14 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
             "ratio": statistics.median(ratios), "round_ratios": ratios, "step_ms": step_ms}
 
 
+# Note [control runs]
+# ~~~~~~~~~~~~~~~~~~~
+# The two sides are built one after the other and time their steps in turns,
+# so the harness itself may favour one (allocator state, order, what the other
+# side left cached). With --control the "converted" side is a second native
+# model built exactly as the first: its ratio is the harness's bias and noise
+# for that model, against which a converted/native ratio is read.
+#
 # See Note [the whole-step trial] (mucudnn/torch/step_trial.py) for --warmup's default.
 #
 # Note [memory per side]
@@ -288,7 +302,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             job.warm_up(args.warmup)
             tb._sync(device)
             log(f"  {execution} {side}: built and warmed up in {time.perf_counter() - t0:.1f} s")
-            if side == "converted" and "report" not in entry:
+            if side == "converted" and "report" not in entry and not args.control:
                 add_report(job.model, entry, log)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
