@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
 from mucudnn.torch import native  # noqa: E402
@@ -243,3 +244,88 @@ def test_pytorch_workspace_is_measured_not_understated():
     ws = native._workspace(call)
     assert ws is not None and ws >= peak_ws
     assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)
+
+
+@given(torch_ms=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
+       ws=st.lists(st.one_of(st.none(), st.integers(0, 4 << 20)), min_size=3, max_size=3),
+       limit=st.one_of(st.none(), st.integers(0, 4 << 20)), need_dx=st.booleans(),
+       fails=st.one_of(st.none(), st.sampled_from(list(Direction))))
+def test_pytorch_first_runs_it_exactly_where_every_direction_a_step_runs_fits(
+        torch_ms, ws, limit, need_dx, fails):
+    """See Note [plans only over the limit]."""
+    calls = {d: (lambda d=d: d) for d in Direction}
+    by = dict(zip(Direction, zip(torch_ms, ws)))
+
+    def time_ms(fn):
+        if fn() is fails:
+            raise RuntimeError("cuDNN: no algorithm")
+        return by[fn()][0]
+
+    got = native.torch_first(calls, limit, need_dx, time_ms, lambda fn: by[fn()][1])
+    runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
+    ok = fails not in runs and all(by[d][1] is not None and (limit is None or by[d][1] <= limit)
+                                   for d in runs)
+    if not ok:
+        assert got is None
+        return
+    assert list(got) == list(Direction)
+    for d in Direction:
+        c = got[d]
+        if d in runs:
+            assert (c.runs, c.torch_ms, c.torch_workspace, c.plan_ms) == (
+                native.TORCH, by[d][0], by[d][1], None)
+            assert native.fits(c)
+        else:  # backward-data of an input without gradient: planned if ever used
+            assert c.runs == native.MUCUDNN and c.torch_ms is None and not native.fits(c)
+
+
+def test_the_search_setting_is_checked(monkeypatch):
+    monkeypatch.delenv("MUCUDNN_TORCH_SEARCH", raising=False)
+    assert native.search() == "all"
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", " Over-Limit ")
+    assert native.search() == "over-limit"
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "some")
+    with pytest.raises(mucudnn.MucudnnError, match="^MUCUDNN_TORCH_SEARCH: expected") as info:
+        native.search()
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("limit", [0, 64 << 20])
+def test_pytorch_first_plans_only_layers_over_the_limit_and_computes_the_convolution(
+        monkeypatch, tmp_path, limit):
+    """See Note [plans only over the limit]: a layer whose PyTorch workspace fits
+    runs PyTorch's call with no plan searched, one over the limit is planned;
+    either way the results match float64."""
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "over-limit")
+    mt.clear()
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 64, 5, padding=2).cuda().to(memory_format=torch.channels_last)
+    ref = nn.Conv2d(32, 64, 5, padding=2).cuda().double()
+    ref.load_state_dict(conv.state_dict())
+    model = mt.convert(nn.Sequential(conv), workspace_limit=limit)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        for _ in range(2):
+            x = torch.randn(16, 32, 24, 24, device="cuda").to(memory_format=torch.channels_last)
+            x.requires_grad_(True)
+            y = model(x)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            x64 = x.detach().double().requires_grad_(True)
+            y64 = ref(x64)
+            y64.backward(dy.double())
+            assert _rel(y, y64) < 1e-5 and _rel(x.grad, x64.grad) < 1e-5
+            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
+            conv.weight.grad = ref.weight.grad = None
+            conv.bias.grad = ref.bias.grad = None
+    (rec,) = native.records()
+    fit = all(c.torch_workspace is not None and c.torch_workspace <= limit
+              for c in rec.choices.values())
+    if rec.plans == {}:
+        assert fit and all(c.runs == native.TORCH and c.plan_ms is None
+                           for c in rec.choices.values())
+    else:  # over the limit somewhere: planned and compared as without the setting
+        assert all(c.plan_ms is not None for c in rec.choices.values())
+    mt.clear()

@@ -35,6 +35,20 @@ and the plans' GPU saving over PyTorch's calls there is no more than that host
 cost, the whole layer runs PyTorch's own call
 (:func:`settle`), and a converted module whose every signature met is settled
 so calls ``torch.nn``'s own ``_conv_forward`` before any of mucudnn's code.
+
+Note [plans only over the limit]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Searching plans for every convolution is the cold cost of a converted model:
+several micro-batch sizes, three directions, each timed. Where PyTorch's own
+call fits the limit its fastest algorithm is already known to cuDNN's
+benchmark, and a plan's GPU saving there often does not pay for the converted
+path's host cost. With ``MUCUDNN_TORCH_SEARCH=over-limit`` the first call of a
+signature (WR mode) times PyTorch's call and measures its workspace first, in
+the directions a training step runs; where that fits the limit in all of them
+the layer runs PyTorch's call and no plan is searched, so its first call costs
+about what a native one does under ``cudnn.benchmark``. A layer over the limit
+in any direction is planned and compared as in Note [never slower than
+native]. The default, ``all``, searches every convolution.
 """
 
 from __future__ import annotations
@@ -50,10 +64,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..caches import LRU
+from ..errors import InvalidValueError
 from ..problem import Direction, Plan
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "enabled",
-           "records", "calibrate", "host_ms", "native_forward", "native_backward"]
+           "search", "torch_first", "SEARCHES", "records", "calibrate", "host_ms",
+           "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -113,6 +129,58 @@ def enabled() -> bool:
         "0", "off", "false", "no")
 
 
+#: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
+SEARCHES = ("all", "over-limit")
+
+
+def search() -> str:
+    """``MUCUDNN_TORCH_SEARCH``: ``"all"`` (the default) or ``"over-limit"``.
+
+    >>> search() in SEARCHES
+    True
+    """
+    v = os.environ.get("MUCUDNN_TORCH_SEARCH", "all").strip().lower() or "all"
+    if v not in SEARCHES:
+        raise InvalidValueError(f"MUCUDNN_TORCH_SEARCH: expected one of {list(SEARCHES)}, got {v!r}")
+    return v
+
+
+def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int], need_dx: bool,
+                time_ms: Callable[[Callable[[], Any]], float],
+                workspace: Callable[[Callable[[], Any]], Optional[int]]
+                ) -> Optional[dict[Direction, Choice]]:
+    """See Note [plans only over the limit]: PyTorch's call in every direction a
+    step runs (``theirs``; backward-data with ``need_dx``), timed by
+    ``time_ms`` and measured by ``workspace``, where each fits ``limit``; None
+    where one does not (or cannot be measured): the layer is then planned.
+
+    >>> calls = {d: (lambda: None) for d in Direction}
+    >>> c = torch_first(calls, 8 << 20, False, lambda fn: 0.5, lambda fn: 1 << 20)
+    >>> [x.runs for x in c.values()]
+    ['torch', 'mucudnn', 'torch']
+    >>> torch_first(calls, 8 << 20, True, lambda fn: 0.5, lambda fn: 9 << 20) is None
+    True
+    """
+    choices: dict[Direction, Choice] = {}
+    for d in Direction:
+        if d is Direction.BACKWARD_DATA and not need_dx:
+            choices[d] = Choice(d, MUCUDNN, None, None, None, limit,
+                                "not run by a training step (the input needs no gradient); "
+                                "planned at its first use")
+            continue
+        try:
+            t, ws = time_ms(theirs[d]), workspace(theirs[d])
+        except RuntimeError as exc:
+            log.info("mucudnn.torch: PyTorch's own %s not measured: %s", d.value, exc)
+            return None
+        if ws is None or (limit is not None and ws > limit):
+            return None
+        choices[d] = Choice(d, TORCH, None, t, ws, limit,
+                            "PyTorch's call fits the limit; no plan searched "
+                            "(MUCUDNN_TORCH_SEARCH=over-limit)")
+    return choices
+
+
 def records() -> list[Record]:
     """The kept records, least recently made first."""
     return _RECORDS.values()
@@ -151,15 +219,15 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
 
 def fits(choice: Choice) -> bool:
     """Whether PyTorch's call was timed for ``choice`` and its measured workspace
-    is within the choice's limit.
+    is within the choice's limit (the plan may not have been searched: Note
+    [plans only over the limit]).
 
     >>> fits(decide(Direction.FORWARD, 1.0, 2.0, 1 << 20, 64 << 20))
     True
     >>> fits(decide(Direction.FORWARD, 1.0, 2.0, None, 64 << 20))
     False
     """
-    return (choice.torch_ms is not None and choice.plan_ms is not None
-            and choice.torch_workspace is not None
+    return (choice.torch_ms is not None and choice.torch_workspace is not None
             and (choice.limit is None or choice.torch_workspace <= choice.limit))
 
 
@@ -322,6 +390,22 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     dy = torch.randn_like(y)
     dx, dw = torch.empty_like(x), torch.empty_like(w)
+    theirs = {
+        Direction.FORWARD: lambda: native_forward(x, w, cfg, deterministic, tf32),
+        Direction.BACKWARD_DATA: lambda: native_backward(dy, x, w, cfg, True, False,
+                                                         deterministic, tf32)[0],
+        Direction.BACKWARD_FILTER: lambda: native_backward(dy, x, w, cfg, False, True,
+                                                           deterministic, tf32)[1],
+    }
+    if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
+        first = torch_first(theirs, limit, need_dx, lambda fn: _time([fn])[0], _workspace)
+        if first is not None:
+            rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
+                         fmt is not torch.contiguous_format, {}, first, need_dx=need_dx)
+            _RECORDS.put(key, rec)
+            log.info("mucudnn.torch: %s runs PyTorch's call (it fits the limit; no plan "
+                     "searched)", conv.problem.key())
+            return rec
     fwd, bd, bf = (launch[d] for d in Direction)
     ours = {
         Direction.FORWARD: lambda: fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0,
@@ -330,13 +414,6 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
                                             stream(), ws),
         Direction.BACKWARD_FILTER: lambda: bf(x.data_ptr(), dw.data_ptr(), dy.data_ptr(), 1.0,
                                               0.0, stream(), ws),
-    }
-    theirs = {
-        Direction.FORWARD: lambda: native_forward(x, w, cfg, deterministic, tf32),
-        Direction.BACKWARD_DATA: lambda: native_backward(dy, x, w, cfg, True, False,
-                                                         deterministic, tf32)[0],
-        Direction.BACKWARD_FILTER: lambda: native_backward(dy, x, w, cfg, False, True,
-                                                           deterministic, tf32)[1],
     }
     timed: dict[Direction, tuple[Optional[float], Optional[float], Optional[int]]] = {}
     for d in Direction:
@@ -373,7 +450,7 @@ def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torc
                  need_dx: bool) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
-    if any(c.runs == MUCUDNN for c in rec.choices.values()):
+    if any(c.runs == MUCUDNN for c in _run(rec.choices, need_dx)):
         rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
         rec.choices = settle(rec.choices, rec.host, need_dx)
 
