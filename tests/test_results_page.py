@@ -72,6 +72,10 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     head = rp.headline(res)
     assert "fp32 channels-last eager: 1.095x over 2 models [1]" in head
     assert "not measured" in head  # no frontier or training results in this folder
+    # the settings a converted layer follows are named with the source
+    zoo["environment"]["settings"] = {"MUCUDNN_TORCH_SEARCH": "over-limit"}
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
+    assert "batch 32, MUCUDNN_TORCH_SEARCH=over-limit" in rp.zoo(rp.load_results(tmp_path))
     # an A/A run (zoo_bench --control) measures the harness: never a result on the page
     control = dict(zoo, options={**zoo["options"], "control": True},
                    results=[dict(zoo["results"][0], model="densenet121")])

@@ -113,7 +113,7 @@ def test_tiny_end_to_end(zb, tmp_path, capsys):
                            "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     env = report["environment"]
-    for key in ("torch", "mucudnn", "cuda", "date", "git_commit", "device"):
+    for key in ("torch", "mucudnn", "cuda", "date", "git_commit", "device", "settings"):
         assert key in env
     assert report["options"]["models"] == ["tiny"] and report["skipped"] == []
     (r,) = report["results"]

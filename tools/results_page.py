@@ -319,11 +319,12 @@ def zoo_source(name: str, doc: dict) -> str:
     env, o = doc["environment"], doc["options"]
     ws = o.get("workspace")
     note = env.get("commit_note")
+    settings = "".join(f", {k}={v}" for k, v in sorted((env.get("settings") or {}).items()))
     return source_line(name, env.get("date"), env.get("gpu"), env.get("cudnn"), env.get("torch"),
                        env.get("git_commit"),
                        f"workspace_limit {ws // MIB if isinstance(ws, int) else ws} MiB, "
                        f"policy {o.get('policy', 'default')}, batch {o.get('batch', NR)}"
-                       + (f"; {note}" if note else ""))
+                       + settings + (f"; {note}" if note else ""))
 
 
 def _conv_ms(e: dict) -> str:

@@ -490,6 +490,9 @@ def environment(device: torch.device) -> dict:
     env.update(cuda=torch.version.cuda,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     env["git_commit"] = source_commit()
+    # the settings that change what a converted layer does (mucudnn/torch/native.py)
+    env["settings"] = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE", "MUCUDNN_TORCH_SEARCH")
+                       if k in os.environ}
     return env
 
 
