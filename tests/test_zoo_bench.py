@@ -34,7 +34,7 @@ def test_parse_args_defaults_and_errors(zb):
     a = zb.parse_args(["--device", "cpu", "--models", "tiny"])
     assert a.precisions == ["fp32cl"] and a.execution == ["eager"]  # the CPU's only ones
     assert (a.batch, a.size, a.workspace, a.warmup, a.rounds, a.steps) == (64, None, 64 << 20,
-                                                                          16, 8, 5)
+                                                                          16, 16, 5)
     assert not a.cold and not a.grad_check and a.grad_batch == 8 and a.cold_child is None
     assert not a.control
     a = zb.parse_args(TINY + ["--workspace", "8MiB", "--rounds", "2", "--grad-check"])
