@@ -119,6 +119,26 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref).norm() / ref.norm())
 
 
+def _two_calls_match_float64(model: nn.Module, conv: nn.Module, ref: nn.Module,
+                             x_shape: tuple) -> None:
+    """Two training calls of ``model`` (the first compares, the second runs the
+    choice): output and gradients against ``ref``, ``conv``'s float64 twin."""
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        for _ in range(2):
+            x = torch.randn(x_shape, device="cuda").to(memory_format=torch.channels_last)
+            x.requires_grad_(True)
+            y = model(x)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            x64 = x.detach().double().requires_grad_(True)
+            y64 = ref(x64)
+            y64.backward(dy.double())
+            assert _rel(y, y64) < 1e-5 and _rel(x.grad, x64.grad) < 1e-5
+            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
+            conv.weight.grad = ref.weight.grad = None
+            conv.bias.grad = ref.bias.grad = None
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("force", [None, native.TORCH, native.MUCUDNN])
@@ -142,21 +162,7 @@ def test_a_converted_layer_computes_the_convolution_whichever_side_runs(monkeypa
     ref = nn.Conv2d(32, 64, 3, padding=1, groups=groups).cuda().double()
     ref.load_state_dict(conv.state_dict())
     model = mt.convert(nn.Sequential(conv), workspace_limit=16 << 20)
-    with torch.backends.cudnn.flags(allow_tf32=False):
-        for _ in range(2):  # the first call compares, the second runs the choice
-            x = torch.randn(8, 32, 20, 20, device="cuda").to(memory_format=torch.channels_last)
-            x.requires_grad_(True)
-            y = model(x)
-            dy = torch.randn_like(y)
-            y.backward(dy)
-            x64 = x.detach().double().requires_grad_(True)
-            y64 = ref(x64)
-            y64.backward(dy.double())
-            assert _rel(y, y64) < 1e-5
-            assert _rel(x.grad, x64.grad) < 1e-5
-            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
-            conv.weight.grad = None
-            ref.weight.grad = None
+    _two_calls_match_float64(model, conv, ref, (8, 32, 20, 20))
     rep = mt.report(model)
     (layer,) = rep.layers
     assert set(layer.directions) == {"fwd", "bwd-data", "bwd-filter"}
@@ -306,20 +312,7 @@ def test_pytorch_first_plans_only_layers_over_the_limit_and_computes_the_convolu
     ref = nn.Conv2d(32, 64, 5, padding=2).cuda().double()
     ref.load_state_dict(conv.state_dict())
     model = mt.convert(nn.Sequential(conv), workspace_limit=limit)
-    with torch.backends.cudnn.flags(allow_tf32=False):
-        for _ in range(2):
-            x = torch.randn(16, 32, 24, 24, device="cuda").to(memory_format=torch.channels_last)
-            x.requires_grad_(True)
-            y = model(x)
-            dy = torch.randn_like(y)
-            y.backward(dy)
-            x64 = x.detach().double().requires_grad_(True)
-            y64 = ref(x64)
-            y64.backward(dy.double())
-            assert _rel(y, y64) < 1e-5 and _rel(x.grad, x64.grad) < 1e-5
-            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
-            conv.weight.grad = ref.weight.grad = None
-            conv.bias.grad = ref.bias.grad = None
+    _two_calls_match_float64(model, conv, ref, (16, 32, 24, 24))
     (rec,) = native.records()
     fit = all(c.torch_workspace is not None and c.torch_workspace <= limit
               for c in rec.choices.values())

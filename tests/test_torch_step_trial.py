@@ -32,16 +32,20 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def fake_device(monkeypatch):
+def _fake_device(mp: pytest.MonkeyPatch) -> Clock:
     """A clock the test advances; synchronising and capture checks that do nothing."""
     clock = Clock()
-    monkeypatch.setattr(step_trial.time, "perf_counter", clock)
-    monkeypatch.setattr(step_trial.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(step_trial.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(step_trial, "_CAPTURING", lambda: False)
-    monkeypatch.delenv("MUCUDNN_TORCH_NATIVE", raising=False)
+    mp.setattr(step_trial.time, "perf_counter", clock)
+    mp.setattr(step_trial.torch.cuda, "is_available", lambda: True)
+    mp.setattr(step_trial.torch.cuda, "synchronize", lambda: None)
+    mp.setattr(step_trial, "_CAPTURING", lambda: False)
+    mp.delenv("MUCUDNN_TORCH_NATIVE", raising=False)
     return clock
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    return _fake_device(monkeypatch)
 
 
 def _step(trial: StepTrial, module: nn.Module, clock: Clock, cost: dict[str, list[int]],
@@ -62,12 +66,7 @@ costs = st.lists(st.integers(1, 100), min_size=TRIAL_STEPS + 1, max_size=TRIAL_S
 @given(plans=costs, torch_=costs)
 def test_the_trial_keeps_the_way_with_the_lower_median_of_its_timed_steps(plans, torch_):
     with pytest.MonkeyPatch.context() as mp:
-        clock = Clock()
-        mp.setattr(step_trial.time, "perf_counter", clock)
-        mp.setattr(step_trial.torch.cuda, "is_available", lambda: True)
-        mp.setattr(step_trial.torch.cuda, "synchronize", lambda: None)
-        mp.setattr(step_trial, "_CAPTURING", lambda: False)
-        mp.delenv("MUCUDNN_TORCH_NATIVE", raising=False)
+        clock = _fake_device(mp)
         trial, module = StepTrial(), nn.Linear(1, 1)
         ran: list[tuple[str, float]] = []
         for _ in range(4 * (TRIAL_STEPS + 2)):
