@@ -30,8 +30,9 @@ from torch import nn
 
 from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
+from ..problem import Direction
 from ..typing_aliases import PolicyLike
-from . import engine
+from . import engine, native
 from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
 from .step_trial import StepTrial
 
@@ -114,21 +115,20 @@ class MucudnnConvMixin:
         if gen != engine.GENERATION[0]:  # engine.clear() forgot the verdicts
             gen, settled, fits = self._mu_torch = (engine.GENERATION[0], frozenset(), frozenset())
         trial = self._mu_step
-        if (settled or (fits and trial is not None and trial.torch)) \
-                and engine.RECORDER is None and not _COMPILING():
+        torch_way = bool(fits) and trial is not None and trial.torch
+        if (settled or torch_way) and engine.RECORDER is None and not _COMPILING():
             sig = _signature(input, weight)
-            if sig in settled or (sig in fits and trial is not None and trial.torch):
+            if sig in settled or (torch_way and sig in fits):
                 return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
         warm = engine.last_warm()
         if warm is not None and len(fits) < MAX_SETTLED:
-            # the directions a training step runs: backward-data where the input needs it
-            need_dx = input.requires_grad
-            fit, nat = warm.fits, warm.native
-            if fit[0] and fit[2] and (fit[1] or not need_dx):
+            # over the directions a training step runs (native.in_step)
+            run = [i for i, d in enumerate(Direction) if native.in_step(d, input.requires_grad)]
+            if all(warm.fits[i] for i in run):
                 sig = _signature(input, weight)
-                if nat[0] and nat[2] and (nat[1] or not need_dx):
+                if all(warm.native[i] for i in run):
                     settled = settled | {sig}
                 self._mu_torch = (gen, settled, fits | {sig})
         return y

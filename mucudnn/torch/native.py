@@ -67,7 +67,7 @@ from ..caches import LRU
 from ..errors import InvalidValueError
 from ..problem import Direction, Plan
 
-__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "enabled",
+__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
            "search", "torch_first", "SEARCHES", "records", "calibrate", "host_ms",
            "native_forward", "native_backward"]
 
@@ -163,7 +163,7 @@ def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int]
     """
     choices: dict[Direction, Choice] = {}
     for d in Direction:
-        if d is Direction.BACKWARD_DATA and not need_dx:
+        if not in_step(d, need_dx):
             choices[d] = Choice(d, MUCUDNN, None, None, None, limit,
                                 "not run by a training step (the input needs no gradient); "
                                 "planned at its first use")
@@ -231,10 +231,19 @@ def fits(choice: Choice) -> bool:
             and (choice.limit is None or choice.torch_workspace <= choice.limit))
 
 
+def in_step(direction: Direction, need_dx: bool) -> bool:
+    """Whether a training step runs ``direction``: backward-data only where the
+    input needs its gradient (``need_dx``).
+
+    >>> in_step(Direction.BACKWARD_DATA, False), in_step(Direction.BACKWARD_FILTER, False)
+    (False, True)
+    """
+    return need_dx or direction is not Direction.BACKWARD_DATA
+
+
 def _run(choices: dict[Direction, Choice], need_dx: bool) -> list[Choice]:
-    """The choices of the directions a training step runs: backward-data only
-    where the input needs its gradient."""
-    return [c for d, c in choices.items() if need_dx or d is not Direction.BACKWARD_DATA]
+    """The choices of the directions a training step runs (:func:`in_step`)."""
+    return [c for d, c in choices.items() if in_step(d, need_dx)]
 
 
 def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]],

@@ -124,10 +124,11 @@ class Report:
             if layer.host_ms is not None:
                 rows.append(f"| {layer.name} | {x} | host, fwd+bwd | | | {_ms(layer.host_ms[0])} | "
                             f"{_ms(layer.host_ms[1])} | |")
-        t = self.as_dict()["totals"]
+        data = self.as_dict()
+        t = data["totals"]
         rows.append(f"| total | | | {t['torch_kernels']} of {t['kernels']} PyTorch's | | "
                     f"{_ms(t['ms'])} | {_ms(t['torch_ms'])} | |")
-        over = self.as_dict()["over_limit"]
+        over = data["over_limit"]
         if over["kernels"]:
             rows += ["", f"PyTorch's workspace is over the limit in {over['kernels']} kernel(s); "
                          f"their plans take {over['ms']:+.3f} ms against PyTorch's calls, which "
@@ -182,8 +183,7 @@ def _directions(rec: native.Record) -> dict[str, dict[str, Any]]:
             "plan_workspace": None if plan is None else plan.workspace_bytes,
             "limit": c.limit,
             "reason": c.reason,
-            # a training step runs backward-data only where the input needs its gradient
-            "in_step": rec.need_dx or d is not Direction.BACKWARD_DATA,
+            "in_step": native.in_step(d, rec.need_dx),
         }
     return out
 
