@@ -188,8 +188,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="untimed steps per side first (>= 3 before a capture; default 16: "
                          "the converted side's step trial ends within them)")
     ap.add_argument("--rounds", type=tb._positive, default=16,
-                    help="timed rounds (default 16: host-bound steps vary by up to 15%% round to "
-                         "round)")
+                    help="timed rounds (default 16: host-bound steps vary round to round)")
     ap.add_argument("--steps", type=tb._positive, default=5,
                     help="timed steps per side and round (default 5)")
     ap.add_argument("--control", action="store_true",
