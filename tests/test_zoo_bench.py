@@ -36,12 +36,12 @@ def test_parse_args_defaults_and_errors(zb):
     assert (a.batch, a.size, a.workspace, a.warmup, a.rounds, a.steps) == (64, None, 64 << 20,
                                                                           16, 16, 5)
     assert not a.cold and not a.grad_check and a.grad_batch == 8 and a.cold_child is None
-    assert not a.control
+    assert not a.control and not a.no_steps
     a = zb.parse_args(TINY + ["--workspace", "8MiB", "--rounds", "2", "--grad-check"])
     assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
     for bad in (["--models", "lenet"], ["--precisions", "amp"], ["--execution", "graph"],
                 ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
-                ["--rounds", "0"], ["--cold-child", "both"]):
+                ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"]):
         with pytest.raises(SystemExit):
             zb.parse_args(TINY + bad)
 
@@ -167,11 +167,12 @@ def test_max_seconds_skips(zb, tmp_path):
 
 @pytest.mark.slow
 def test_cold_processes(zb, tmp_path):
-    """Each side's first step in a fresh process (this script, --cold-child)."""
+    """Each side's first step in a fresh process (this script, --cold-child);
+    --no-steps measures nothing else."""
     out = tmp_path / "zoo.json"
-    assert zb.main(TINY + ["--cold", "--rounds", "1", "--steps", "1", "--json", str(out)]) == 0
+    assert zb.main(TINY + ["--cold", "--no-steps", "--json", str(out)]) == 0
     (r,) = json.loads(out.read_text())["results"]
-    assert r["errors"] == {}
+    assert r["errors"] == {} and r["steps"] == {}
     for side in ("native", "converted"):
         c = r["cold"][side]
         assert 0 < c["second_step_s"] and 0 < c["first_step_s"] < c["process_s"]
