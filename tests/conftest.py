@@ -26,6 +26,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Converted layers search plans for every convolution here, so the tests of the
+# plan path exercise plans; tests of the default, PyTorch-first search set it
+# themselves (Note [plans only over the limit], mucudnn/torch/native.py).
+os.environ.setdefault("MUCUDNN_TORCH_SEARCH", "all")
+
 DATA = pathlib.Path(__file__).parent / "data"
 
 

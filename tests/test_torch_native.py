@@ -122,8 +122,11 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 def _two_calls_match_float64(model: nn.Module, conv: nn.Module, ref: nn.Module,
                              x_shape: tuple) -> None:
     """Two training calls of ``model`` (the first compares, the second runs the
-    choice): output and gradients against ``ref``, ``conv``'s float64 twin."""
-    with torch.backends.cudnn.flags(allow_tf32=False):
+    choice) under a native model's cuDNN flags, TF32 off: output and gradients
+    against ``ref``, ``conv``'s float64 twin, within the error of PyTorch's own
+    cuDNN call there (cudnn.benchmark may pick an FFT or Winograd algorithm,
+    whose float32 error is well above 1e-5), or 1e-5 where that is less."""
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
         for _ in range(2):
             x = torch.randn(x_shape, device="cuda").to(memory_format=torch.channels_last)
             x.requires_grad_(True)
@@ -133,8 +136,15 @@ def _two_calls_match_float64(model: nn.Module, conv: nn.Module, ref: nn.Module,
             x64 = x.detach().double().requires_grad_(True)
             y64 = ref(x64)
             y64.backward(dy.double())
-            assert _rel(y, y64) < 1e-5 and _rel(x.grad, x64.grad) < 1e-5
-            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
+            # PyTorch's own call on the same operands: the error a native model has
+            xn = x.detach().clone().requires_grad_(True)
+            wn = conv.weight.detach().clone().requires_grad_(True)
+            yn = F.conv2d(xn, wn, conv.bias.detach(), conv.stride, conv.padding, conv.dilation,
+                          conv.groups)
+            yn.backward(dy)
+            for got, theirs, want in ((y, yn, y64), (x.grad, xn.grad, x64.grad),
+                                      (conv.weight.grad, wn.grad, ref.weight.grad)):
+                assert _rel(got, want) <= max(1e-5, 1.5 * _rel(theirs, want))
             conv.weight.grad = ref.weight.grad = None
             conv.bias.grad = ref.bias.grad = None
 
@@ -287,7 +297,7 @@ def test_pytorch_first_runs_it_exactly_where_every_direction_a_step_runs_fits(
 
 def test_the_search_setting_is_checked(monkeypatch):
     monkeypatch.delenv("MUCUDNN_TORCH_SEARCH", raising=False)
-    assert native.search() == "all"
+    assert native.search() == "over-limit"
     monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", " Over-Limit ")
     assert native.search() == "over-limit"
     monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "some")

@@ -72,6 +72,7 @@ import train_bench as tb  # tools/, beside this script: training state, timing, 
 import grad_error  # tools/: the relative error against float64
 import mucudnn
 import mucudnn.torch as mt
+from mucudnn.torch import native as mt_native
 
 torchvision = tb.torchvision
 tqdm = tb.tqdm
@@ -495,9 +496,10 @@ def environment(device: torch.device) -> dict:
     env.update(cuda=torch.version.cuda,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     env["git_commit"] = source_commit()
-    # the settings that change what a converted layer does (mucudnn/torch/native.py)
-    env["settings"] = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE", "MUCUDNN_TORCH_SEARCH")
-                       if k in os.environ}
+    # the settings that change what a converted layer does (mucudnn/torch/native.py): the
+    # comparison switch where set, and the search always (its default is part of the result)
+    env["settings"] = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
+    env["settings"]["MUCUDNN_TORCH_SEARCH"] = mt_native.search()
     return env
 
 

@@ -41,14 +41,17 @@ Note [plans only over the limit]
 Searching plans for every convolution is the cold cost of a converted model:
 several micro-batch sizes, three directions, each timed. Where PyTorch's own
 call fits the limit its fastest algorithm is already known to cuDNN's
-benchmark, and a plan's GPU saving there often does not pay for the converted
-path's host cost. With ``MUCUDNN_TORCH_SEARCH=over-limit`` the first call of a
-signature (WR mode) times PyTorch's call and measures its workspace first, in
-the directions a training step runs; where that fits the limit in all of them
-the layer runs PyTorch's call and no plan is searched, so its first call costs
-about what a native one does under ``cudnn.benchmark``. A layer over the limit
-in any direction is planned and compared as in Note [never slower than
-native]. The default, ``all``, searches every convolution.
+benchmark, and a plan's GPU saving there seldom pays for the converted path's
+host cost: the whole-step trial (Note [the whole-step trial]) kept PyTorch's
+way on most models once every layer had been planned. So by default
+(``MUCUDNN_TORCH_SEARCH=over-limit``) the first call of a signature (WR mode)
+times PyTorch's call and measures its workspace first, in the directions a
+training step runs; where that fits the limit in all of them the layer runs
+PyTorch's call and no plan is searched, so its first call costs about what a
+native one does under ``cudnn.benchmark``. A layer over the limit in any
+direction is planned and compared as in Note [never slower than native].
+``MUCUDNN_TORCH_SEARCH=all`` searches every convolution (plans may still beat
+PyTorch's call where it fits, at the first step's cost).
 """
 
 from __future__ import annotations
@@ -134,12 +137,13 @@ SEARCHES = ("all", "over-limit")
 
 
 def search() -> str:
-    """``MUCUDNN_TORCH_SEARCH``: ``"all"`` (the default) or ``"over-limit"``.
+    """``MUCUDNN_TORCH_SEARCH``: ``"over-limit"`` (the default) or ``"all"``
+    (Note [plans only over the limit]).
 
     >>> search() in SEARCHES
     True
     """
-    v = os.environ.get("MUCUDNN_TORCH_SEARCH", "all").strip().lower() or "all"
+    v = os.environ.get("MUCUDNN_TORCH_SEARCH", "over-limit").strip().lower() or "over-limit"
     if v not in SEARCHES:
         raise InvalidValueError(f"MUCUDNN_TORCH_SEARCH: expected one of {list(SEARCHES)}, got {v!r}")
     return v
