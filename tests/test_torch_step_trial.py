@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
 from torch import nn  # noqa: E402
 
 import mucudnn.torch as mt  # noqa: E402
-from mucudnn.torch import engine, step_trial  # noqa: E402
+from mucudnn.torch import engine, native, step_trial  # noqa: E402
 from mucudnn.torch.step_trial import PLANS, TORCH, TRIAL_STEPS, StepTrial  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
@@ -60,6 +60,26 @@ def _step(trial: StepTrial, module: nn.Module, clock: Clock, cost: dict[str, lis
     clock.now += k / 1024
 
 
+def _differing() -> nn.Module:
+    """A model one of whose layers runs a plan where PyTorch's call fits (its
+    ``_mu_torch`` as a converted layer keeps it), so the two ways differ."""
+    m = nn.Sequential(nn.Linear(1, 1))
+    m[0]._mu_torch = (0, frozenset(), frozenset({"signature"}))
+    return m
+
+
+def test_the_trial_keeps_pytorch_untimed_where_the_ways_are_one(fake_device):
+    """No layer that fits keeps a plan (settled, or nothing fits): no step is
+    timed and PyTorch's way is kept at once."""
+    for state in (None, (0, frozenset({"s"}), frozenset({"s"})), (0, frozenset(), frozenset())):
+        model = nn.Sequential(nn.Linear(1, 1))
+        if state is not None:
+            model[0]._mu_torch = state
+        trial = StepTrial()
+        trial(model, ())
+        assert (trial.kept, trial.torch, trial.step_ms) == (TORCH, True, {PLANS: [], TORCH: []})
+
+
 costs = st.lists(st.integers(1, 100), min_size=TRIAL_STEPS + 1, max_size=TRIAL_STEPS + 4)
 
 
@@ -67,7 +87,7 @@ costs = st.lists(st.integers(1, 100), min_size=TRIAL_STEPS + 1, max_size=TRIAL_S
 def test_the_trial_keeps_the_way_with_the_lower_median_of_its_timed_steps(plans, torch_):
     with pytest.MonkeyPatch.context() as mp:
         clock = _fake_device(mp)
-        trial, module = StepTrial(), nn.Linear(1, 1)
+        trial, module = StepTrial(), _differing()
         ran: list[tuple[str, float]] = []
         for _ in range(4 * (TRIAL_STEPS + 2)):
             _step(trial, module, clock, {PLANS: plans, TORCH: torch_}, ran)
@@ -86,7 +106,7 @@ def test_the_trial_keeps_the_way_with_the_lower_median_of_its_timed_steps(plans,
 
 
 def test_steps_that_compare_layers_or_do_not_train_are_not_timed(fake_device):
-    trial, module = StepTrial(), nn.Linear(1, 1)
+    trial, module = StepTrial(), _differing()
     ran: list[tuple[str, float]] = []
     cost = {PLANS: [1024], TORCH: [512]}
     _step(trial, module, fake_device, cost, ran)
@@ -107,7 +127,7 @@ def test_steps_that_compare_layers_or_do_not_train_are_not_timed(fake_device):
 
 
 def test_a_tie_keeps_pytorch_and_clear_or_a_copy_starts_again(fake_device):
-    trial, module = StepTrial(), nn.Linear(1, 1)
+    trial, module = StepTrial(), _differing()
     ran: list[tuple[str, float]] = []
     for _ in range(2 * (TRIAL_STEPS + 1) + 1):
         _step(trial, module, fake_device, {PLANS: [7], TORCH: [7]}, ran)
@@ -121,7 +141,7 @@ def test_a_tie_keeps_pytorch_and_clear_or_a_copy_starts_again(fake_device):
 
 def test_the_trial_is_off_with_the_native_comparison(fake_device, monkeypatch):
     monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "0")
-    trial, module = StepTrial(), nn.Linear(1, 1)
+    trial, module = StepTrial(), _differing()
     ran: list[tuple[str, float]] = []
     for _ in range(4 * (TRIAL_STEPS + 2)):
         _step(trial, module, fake_device, {PLANS: [1], TORCH: [2]}, ran)
@@ -158,6 +178,10 @@ def test_a_trained_model_keeps_a_way_and_computes_its_convolutions(monkeypatch, 
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
     mt.clear()
     monkeypatch.setattr(StepTrial, "decide", staticmethod(lambda step_ms: kept))
+    # every layer keeps its plans per layer, so the two ways differ and the trial runs
+    monkeypatch.setattr(native, "settle", lambda choices, host, need_dx=True: choices)
+    monkeypatch.setattr(native, "decide", lambda d, plan_ms, torch_ms, ws, limit: native.Choice(
+        d, native.MUCUDNN, plan_ms, torch_ms, ws, limit, "forced by the test"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
                           nn.Conv2d(16, 8, 1, groups=2)).cuda().to(memory_format=torch.channels_last)

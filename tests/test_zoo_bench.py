@@ -173,6 +173,7 @@ def test_cold_processes(zb, tmp_path):
     assert zb.main(TINY + ["--cold", "--no-steps", "--json", str(out)]) == 0
     (r,) = json.loads(out.read_text())["results"]
     assert r["errors"] == {} and r["steps"] == {}
+    assert r["cold_primer"]["first_step_s"] > 0  # Note [cold steps]: run first, kept apart
     for side in ("native", "converted"):
         c = r["cold"][side]
         assert 0 < c["second_step_s"] and 0 < c["first_step_s"] < c["process_s"]

@@ -22,6 +22,10 @@ hook synchronises the device at each step's start and times from one start to
 the next: forward, backward, optimizer and data, as the user's loop runs them.
 The first step of each way is a warm-up; after :data:`TRIAL_STEPS` more of
 each, the way with the lower median step time is kept, PyTorch's on a tie.
+Where the two ways would run the same (no layer whose PyTorch workspace fits
+keeps a plan: under the default search, Note [plans only over the limit],
+only layers over the limit are planned), nothing is timed and PyTorch's way
+is kept at once: a comparison of identical steps would decide on noise.
 
 A new signature met later (another batch size) is compared per layer as
 before and then runs the kept way; :func:`mucudnn.torch.clear` starts the trial
@@ -111,6 +115,11 @@ class StepTrial:
             self.torch = False
             self._seen = {PLANS: 0, TORCH: 0}  # new signatures: each way warms up again
             return
+        if self._start is None and not any(self.step_ms.values()) and not _ways_differ(module):
+            self.kept, self.torch = TORCH, True  # nothing to compare: the ways are one
+            log.info("mucudnn.torch: the step trial keeps torch (no layer that fits the limit "
+                     "runs a plan)")
+            return
         torch.cuda.synchronize()
         now = time.perf_counter()
         if self._start is not None:
@@ -133,6 +142,17 @@ class StepTrial:
         """The trial's state as JSON-ready data."""
         return {"kept": self.kept, "torch": self.torch,
                 "step_ms": {k: list(v) for k, v in self.step_ms.items()}}
+
+
+def _ways_differ(module: nn.Module) -> bool:
+    """Whether some converted layer in ``module`` runs a plan for a signature
+    whose PyTorch workspace fits the limit (``_mu_torch``: settled, fitting; see
+    :class:`~mucudnn.torch.modules.MucudnnConvMixin`), so that PyTorch's way differs."""
+    for m in module.modules():
+        state = getattr(m, "_mu_torch", None)
+        if state is not None and state[2] - state[1]:
+            return True
+    return False
 
 
 def trial_of(module: nn.Module) -> Optional[StepTrial]:
