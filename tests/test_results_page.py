@@ -41,7 +41,8 @@ def test_a_hand_edited_number_is_put_back(results):
 def test_every_section_has_its_table():
     text = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
     names = [m.group(2) for m in rp.BLOCK.finditer(text)]
-    assert names == ["kernels", "training", "cold-start", "call-overhead", "zoo", "search-parity"]
+    assert names == ["kernels", "training", "cold-start", "call-overhead", "zoo", "zoo-cold",
+                     "search-parity"]
     assert len(text.splitlines()) <= 700
     assert "Not measured: no two-GPU machine was available" in text
 
@@ -82,6 +83,29 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     (tmp_path / "2026-12-04-x-zoo-control.json").write_text(json.dumps(control))
     z = rp.zoo(rp.load_results(tmp_path))
     assert "densenet121" not in z and "mobilenet_v2 1.200" in z
+
+
+def test_zoo_cold_table(tmp_path):
+    """Cold first steps (zoo_bench --cold, --no-steps too) with the search in force and
+    whether a primer ran first; an entry without both sides is not a row."""
+    assert rp.zoo_cold([]).startswith("Not measured yet")
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234", "settings": {"MUCUDNN_TORCH_SEARCH": "over-limit"}}
+    cold = {s: {"first_step_s": v, "second_step_s": 0.02} for s, v in
+            (("native", 2.3), ("converted", 6.45))}
+    doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+           "results": [{"model": "resnet18", "precision": "fp32cl", "steps": {}, "cold": cold,
+                        "cold_primer": {"first_step_s": 9.9}},
+                       {"model": "vgg16", "precision": "amp", "steps": {}, "cold": cold},
+                       {"model": "alexnet", "precision": "amp", "steps": {},
+                        "cold": {"native": cold["native"]}}],
+           "skipped": []}
+    (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
+    t = rp.zoo_cold(rp.load_results(tmp_path))
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | yes | [1] |" in t
+    assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | none (native ran first) " \
+           "| [1] |" in t
+    assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
 
 
 def test_newest_is_by_date_then_session_and_call():

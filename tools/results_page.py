@@ -341,6 +341,31 @@ def _pair(d: Any, key: str, fmt: str) -> str:
            f"{format(d['converted'].get(key, float('nan')), fmt)}"
 
 
+def zoo_cold(results: list[tuple[str, Any]]) -> str:
+    """First training steps from a cold cache (Note [cold steps] in
+    tools/zoo_bench.py) in the newest session's zoo runs, with the search in
+    force and whether a primer ran first."""
+    docs = of_kind(results, "zoo")
+    src, rows = Sources(), []
+    session = newness(docs[-1][0])[:2] if docs else None
+    for name, doc in docs:
+        if newness(name)[:2] != session:
+            continue
+        search = (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)
+        for e in doc["results"]:
+            cold = e.get("cold") or {}
+            if not all(isinstance(cold.get(s), dict) for s in ("native", "converted")):
+                continue
+            primer = e.get("cold_primer")
+            rows.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]), search,
+                         num(cold["native"].get("first_step_s"), ".1f"),
+                         num(cold["converted"].get("first_step_s"), ".1f"),
+                         "yes" if primer else "none (native ran first)",
+                         src.cite(name, zoo_source(name, doc))])
+    return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
+                   "first step s, converted", "primer", "source"], rows, src, "zoo_bench.py --cold")
+
+
 def zoo(results: list[tuple[str, Any]]) -> str:
     if not of_kind(results, "zoo"):
         return finish([], [], Sources(), "zoo_bench.py")
@@ -430,6 +455,7 @@ def headline(results: list[tuple[str, Any]]) -> str:
 
 TABLES: dict[str, Callable[[list[tuple[str, Any]]], str]] = {
     "headline": headline, "kernels": kernels, "training": training, "cold-start": cold_start,
+    "zoo-cold": zoo_cold,
     "call-overhead": call_overhead, "zoo": zoo, "search-parity": search_parity}
 
 
