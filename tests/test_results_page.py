@@ -73,6 +73,11 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     head = rp.headline(res)
     assert "fp32 channels-last eager: 1.095x over 2 models [1]" in head
     assert "not measured" in head  # no frontier or training results in this folder
+    # a row with a control side (zoo_bench --with-control) shows its A/A ratio
+    zoo["results"][0]["steps"]["eager"]["control_ratio"] = 0.987
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
+    assert "| 1.200 (A/A 0.987) |" in rp.zoo(rp.load_results(tmp_path))
+    del zoo["results"][0]["steps"]["eager"]["control_ratio"]
     # the settings a converted layer follows are named with the source
     zoo["environment"]["settings"] = {"MUCUDNN_TORCH_SEARCH": "over-limit"}
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))

@@ -193,6 +193,27 @@ def test_isolated_models(zb, tmp_path):
     assert r["errors"] == {"process": "isolated process timed out after 0 s"} and not r["steps"]
 
 
+def test_with_control_times_a_second_native_side_in_the_same_rounds(zb, tmp_path, monkeypatch):
+    """--with-control: a third side, never converted, timed in the rounds; each
+    row carries its A/A ratio (Note [control runs])."""
+    converted = []
+    real = zb.mt.convert
+    monkeypatch.setattr(zb.mt, "convert", lambda m, **k: converted.append(1) or real(m, **k))
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--with-control", "--rounds", "2", "--steps", "1", "--warmup", "1",
+                           "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    st = r["steps"]["eager"]
+    assert converted == [1] and set(st["step_ms"]) == {"native", "converted", "control"}
+    assert set(st["memory"]) == {"native", "converted", "control"}
+    rounds = {s: [sorted(v)[len(v) // 2] for v in st["step_ms"][s]] for s in st["step_ms"]}
+    assert st["control_round_ratios"] == [c / n for c, n in zip(rounds["control"],
+                                                                 rounds["native"])]
+    assert zb._ratio(st) == f"{st['ratio']:.3f} (A/A {st['control_ratio']:.3f})"
+    with pytest.raises(SystemExit):
+        zb.parse_args(TINY + ["--with-control", "--control"])
+
+
 @pytest.mark.slow
 def test_a_control_run_builds_two_native_sides(zb, tmp_path, monkeypatch):
     """See Note [control runs]: no model is converted and no report is made."""

@@ -378,7 +378,10 @@ def zoo(results: list[tuple[str, Any]]) -> str:
             groups.setdefault((e["precision"], ex), []).append((e["model"], st["ratio"]))
         per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
                           "captured" if ex == "graph" else ex, num(st.get("native_ms")),
-                          num(st.get("converted_ms")), num(st.get("ratio"), ".3f"),
+                          num(st.get("converted_ms")),
+                          num(st.get("ratio"), ".3f") + (
+                              f" (A/A {st['control_ratio']:.3f})"
+                              if st.get("control_ratio") is not None else ""),
                           _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
                           _pair(e.get("grad"), "all", ".2e"), cite])
     failed = sorted({e["model"] for _, _, e, _, _ in steps if e.get("errors")})

@@ -146,7 +146,7 @@ class ZooJob(tb.TrainJob):
     def __init__(self, args: argparse.Namespace, spec: ModelSpec, side: str, precision: str,
                  execution: str, init_state: dict, device: torch.device) -> None:
         # TrainJob's attributes, made for a zoo model (its own __init__ builds train_bench's)
-        self.mode = "native" if side == "native" else "wr"
+        self.mode = "wr" if side == "converted" else "native"
         self.precision, self.execution, self.device = precision, execution, device
         self.graphed, self.amp, self.deterministic = execution == "graph", precision == "amp", False
         self.num_classes = spec.num_classes
@@ -197,6 +197,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--control", action="store_true",
                     help="an A/A run: the 'converted' side is a second native model (Note "
                          "[control runs]); its JSON is not a result tools/results_page.py shows")
+    ap.add_argument("--with-control", action="store_true",
+                    help="a third side, a second native model timed in the same rounds: each "
+                         "row's A/A ratio beside converted/native (Note [control runs])")
     ap.add_argument("--cold", action="store_true",
                     help="first-step seconds of each side in a fresh process (Note [cold steps])")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
@@ -230,6 +233,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.precisions = list(PRECISIONS) if args.device == "cuda" else ["fp32cl"]
     if args.device == "cpu" and ("amp" in args.precisions or "graph" in args.execution):
         ap.error("--device cpu: runs fp32cl eager only (no autocast or CUDA graphs there)")
+    if args.with_control and args.control:
+        ap.error("--with-control: --control already times native against native")
     if args.no_steps and not (args.cold or args.grad_check):
         ap.error("--no-steps: give --cold or --grad-check (there is nothing else to measure)")
     if "graph" in args.execution and args.warmup < 3:
@@ -254,15 +259,27 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
     """Per side the median of all its step times (ms, per round), and the
     median over rounds of (converted's round median / native's).
 
+    With a ``control`` side (``--with-control``), the same for control / native.
+
     >>> s = step_stats({"native": [[10, 12], [20, 22]], "converted": [[11, 13], [21, 24]]})
     >>> s["native_ms"], s["converted_ms"], s["round_ratios"], round(s["ratio"], 4)
     (16.0, 17.0, [1.0909090909090908, 1.0714285714285714], 1.0812)
+    >>> step_stats({"native": [[10], [20]], "converted": [[11], [21]],
+    ...             "control": [[10], [19]]})["control_round_ratios"]
+    [1.0, 0.95]
     """
     st = tb.interleaved_stats(step_ms, "native")
     rounds = st["round_median_ms"]
-    ratios = [c / n for c, n in zip(rounds["converted"], rounds["native"])]
-    return {"native_ms": st["median_ms"]["native"], "converted_ms": st["median_ms"]["converted"],
-            "ratio": statistics.median(ratios), "round_ratios": ratios, "step_ms": step_ms}
+
+    def ratios(side: str) -> list[float]:
+        return [c / n for c, n in zip(rounds[side], rounds["native"])]
+    out = {"native_ms": st["median_ms"]["native"], "converted_ms": st["median_ms"]["converted"],
+           "ratio": statistics.median(ratios("converted")), "round_ratios": ratios("converted"),
+           "step_ms": step_ms}
+    if "control" in step_ms:
+        out.update(control_ratio=statistics.median(ratios("control")),
+                   control_round_ratios=ratios("control"))
+    return out
 
 
 # Note [control runs]
@@ -271,7 +288,9 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
 # so the harness itself may favour one (allocator state, order, what the other
 # side left cached). With --control the "converted" side is a second native
 # model built exactly as the first: its ratio is the harness's bias and noise
-# for that model, against which a converted/native ratio is read.
+# for that model, against which a converted/native ratio is read. With
+# --with-control that second native model is a third side in the same rounds,
+# so each row carries its own A/A ratio.
 #
 # See Note [the whole-step trial] (mucudnn/torch/step_trial.py) for --warmup's default.
 #
@@ -294,8 +313,9 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
     cuda = device.type == "cuda"
     out: dict[str, Any] = {"memory": {}}
     jobs: list[ZooJob] = []
+    sides = SIDES + ("control",) if args.with_control else SIDES
     try:
-        for side in SIDES:
+        for side in sides:
             if not jobs:
                 tb.cleanup(device)
             elif cuda:
@@ -319,7 +339,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
         times = tb.time_rounds(jobs, args.rounds, args.steps, device)
-        out.update(step_stats(dict(zip(SIDES, times))))
+        out.update(step_stats(dict(zip(sides, times))))
     finally:
         for job in jobs:
             job.release()
@@ -531,6 +551,12 @@ def source_commit() -> str | None:
     return (head + "+dirty" if dirty else head) or None
 
 
+def _ratio(st: dict) -> str:
+    """converted/native, with the A/A ratio where a control side ran."""
+    r = _num(st.get("ratio"), ".3f")
+    return r if st.get("control_ratio") is None else f"{r} (A/A {st['control_ratio']:.3f})"
+
+
 def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / 2**20:.0f}"
 
@@ -558,7 +584,7 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
                 ratios.setdefault((e["precision"], ex), []).append(st["ratio"])
             lines.append(
                 f"| {e['model']} | {e['precision']} | {ex} | {_num(st.get('native_ms'), '.2f')} | "
-                f"{_num(st.get('converted_ms'), '.2f')} | {_num(st.get('ratio'), '.3f')} | "
+                f"{_num(st.get('converted_ms'), '.2f')} | {_ratio(st)} | "
                 f"{peak} | {cold_s} | {grad_s} |")
     for (p, ex), rs in ratios.items():
         lines.append(f"geometric mean converted/native, {p} {ex}: {geomean(rs):.3f} "
