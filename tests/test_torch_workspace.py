@@ -33,6 +33,7 @@ class FakeCuda:
         monkeypatch.setattr(torch, "empty", self._empty)
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (123, 456))
         monkeypatch.setattr(arrays, "_TORCH_WORKSPACES", {})
+        monkeypatch.setattr(arrays, "_TRANSIENT_WORKSPACES", {})
 
     def _stream(self, index: int) -> int:
         assert index == 0
@@ -98,6 +99,22 @@ def test_capture_takes_a_fresh_buffer_per_launch_and_keeps_none(cuda):
     assert kept not in (p1, p2) and ws.held_bytes == MiB
     cuda.capturing = False
     assert ws(100)[1] == kept
+
+
+def test_a_transient_allocator_gives_each_launch_its_own_block_and_keeps_none(cuda):
+    """See Note [transient workspace in a training step]: exactly the need, held
+    by the launch alone; nothing kept, counted or released afterwards."""
+    ws = arrays.torch_workspace(torch.device("cuda", 0), keep=False)
+    assert ws is arrays.torch_workspace(torch.device("cuda:0"), keep=False)
+    assert ws is not arrays.torch_workspace(torch.device("cuda", 0)) and not ws.keep
+    keep1, p1, n1 = ws(1000)
+    keep2, p2, n2 = ws(1000)
+    assert keep1 is not None and keep2 is not None and (n1, n2) == (1000, 1000) and p1 != p2
+    assert cuda.allocations == [1000, 1000] and ws.held_bytes == 0
+    assert arrays.torch_workspace_bytes() == 0 and ws.release() == 0
+    cuda.budget = 10
+    with pytest.raises(WorkspaceUnavailable, match="torch could not allocate 11 bytes"):
+        ws(11)
 
 
 def test_out_of_memory_tries_the_exact_need_then_names_it(cuda):

@@ -333,17 +333,33 @@ class _Torch(Framework):
 # (``mucudnn.torch.release_workspace``). During capture every launch takes a
 # fresh buffer from the graph's pool: a kept buffer must not be baked into a
 # graph that outlives it.
+#
+# Note [transient workspace in a training step]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A kept buffer is live for the whole training step, so it adds its size to
+# the step's peak (activations and gradients at the start of the backward
+# pass); PyTorch's own convolutions take their workspace from the caching
+# allocator per call and give it back after, so only what runs at the peak
+# counts there. mucudnn.torch's converted layers run inside such steps and
+# hold a model to native's peak, so they take workspace the way PyTorch does:
+# ``TorchWorkspace(device, keep=False)`` gives every launch a fresh block of
+# exactly the bytes it needs, dropped once the launch is enqueued (the
+# allocator reuses it in stream order, as it does PyTorch's). The cost, a few
+# microseconds of host time per launch, falls only on layers that run plans.
 class TorchWorkspace:
     """Workspace allocator (``alloc(nbytes) -> (keepalive, address, size)``)
     from torch's caching allocator on one CUDA device, one buffer kept per
-    stream (Note [torch workspace]); :meth:`release` frees what it holds."""
+    stream (Note [torch workspace]); :meth:`release` frees what it holds. With
+    ``keep=False`` every launch gets a block of its own and nothing is kept
+    (Note [transient workspace in a training step])."""
 
-    __slots__ = ("device", "index", "_bufs", "_retired", "_lock", "_stream", "_capturing",
-                 "_empty", "_uint8", "_oom", "_mem_get_info")
+    __slots__ = ("device", "index", "keep", "_bufs", "_retired", "_lock", "_stream",
+                 "_capturing", "_empty", "_uint8", "_oom", "_mem_get_info")
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, keep: bool = True) -> None:
         torch = sys.modules["torch"]
         self.device = device
+        self.keep = keep
         self.index = int(device.index) if device.index is not None else \
             int(torch.cuda.current_device())
         self._bufs: dict[int, tuple[Any, int, int]] = {}
@@ -356,7 +372,7 @@ class TorchWorkspace:
         self._mem_get_info = torch.cuda.mem_get_info
 
     def __call__(self, nbytes: int) -> tuple[Any, int, int]:
-        if self._capturing():  # the current device's stream: the caller's (Kernel)
+        if not self.keep or self._capturing():  # the current device's stream: the caller's
             t = self._allocate(nbytes, nbytes)
             return t, t.data_ptr(), nbytes
         buf = self._bufs.get(self._stream(self.index))
@@ -406,18 +422,21 @@ class TorchWorkspace:
 
 
 _TORCH_WORKSPACES: dict[tuple[str, int], TorchWorkspace] = {}
+_TRANSIENT_WORKSPACES: dict[tuple[str, int], TorchWorkspace] = {}
 
 
-def torch_workspace(device: Any) -> TorchWorkspace:
+def torch_workspace(device: Any, keep: bool = True) -> TorchWorkspace:
     """The workspace allocator of CUDA ``device`` (a ``torch.device``), one per
     device (Note [torch workspace]): stream-ordered, CUDA-graph aware, counted in
-    ``torch.cuda.memory_allocated``."""
+    ``torch.cuda.memory_allocated``. ``keep=False``: the one that keeps nothing
+    between launches (Note [transient workspace in a training step])."""
     torch = sys.modules["torch"]
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (device.type, int(index))
-    ws = _TORCH_WORKSPACES.get(key)
+    table = _TORCH_WORKSPACES if keep else _TRANSIENT_WORKSPACES
+    ws = table.get(key)
     if ws is None:
-        ws = _TORCH_WORKSPACES.setdefault(key, TorchWorkspace(torch.device(device.type, index)))
+        ws = table.setdefault(key, TorchWorkspace(torch.device(device.type, index), keep))
     return ws
 
 

@@ -62,11 +62,13 @@ What runs where
 Where the workspace comes from
 ------------------------------
 As for PyTorch's own convolutions: from PyTorch's caching allocator, on
-torch's current stream (``mucudnn.Convolution`` does this for every call with
-CUDA torch tensors). One buffer per device and stream is kept between calls
-and shared by every convolution there, grown in powers of two to the largest
-need seen (Note [torch workspace] in :mod:`mucudnn.exec.arrays`: a fresh
-allocation per launch cost measurable host time). It is counted in
+torch's current stream, a block per launch of exactly the bytes the plan needs,
+given back once the launch is enqueued, so that only what runs at a step's
+peak counts in it (Note [transient workspace in a training step] in
+:mod:`mucudnn.exec.arrays`). ``mucudnn.Convolution`` called with CUDA torch
+tensors instead keeps one buffer per device and stream between calls, grown in
+powers of two to the largest need seen (Note [torch workspace]: a fresh
+allocation per launch costs host time). Either is counted in
 ``torch.cuda.memory_allocated``, so in ``max_memory_allocated`` peaks and
 under ``set_per_process_memory_fraction``; CUDA-graph capture takes a fresh
 one per launch from the graph's private pool. Each plan's need is at most

@@ -564,7 +564,8 @@ class _Warm:
                                           cfg.dilation))
         self.fmt = _CL[nd] if cl else torch.contiguous_format
         self.index = x.get_device()
-        self.ws = torch_workspace(dev)
+        # See Note [transient workspace in a training step] (mucudnn/exec/arrays.py)
+        self.ws = torch_workspace(dev, keep=False)
         self.bias_view = _BIAS_VIEW[nd]
         self.sum_dims = [0] + list(range(2, nd))
         self.cfg = cfg
