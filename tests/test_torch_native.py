@@ -266,9 +266,11 @@ def test_pytorch_workspace_is_measured_not_understated():
        ws=st.lists(st.one_of(st.none(), st.integers(0, 4 << 20)), min_size=3, max_size=3),
        limit=st.one_of(st.none(), st.integers(0, 4 << 20)), need_dx=st.booleans(),
        fails=st.one_of(st.none(), st.sampled_from(list(Direction))))
-def test_pytorch_first_runs_it_exactly_where_every_direction_a_step_runs_fits(
+def test_pytorch_first_runs_it_exactly_where_a_direction_fits_and_plans_the_rest(
         torch_ms, ws, limit, need_dx, fails):
-    """See Note [plans only over the limit]."""
+    """See Note [plans only over the limit]: per direction a step runs, PyTorch's
+    call where its measured workspace fits, else a plan to search; the whole
+    layer is planned only where PyTorch cannot run a direction."""
     calls = {d: (lambda d=d: d) for d in Direction}
     by = dict(zip(Direction, zip(torch_ms, ws)))
 
@@ -279,18 +281,21 @@ def test_pytorch_first_runs_it_exactly_where_every_direction_a_step_runs_fits(
 
     got = native.torch_first(calls, limit, need_dx, time_ms, lambda fn: by[fn()][1])
     runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
-    ok = fails not in runs and all(by[d][1] is not None and (limit is None or by[d][1] <= limit)
-                                   for d in runs)
-    if not ok:
+    if fails in runs:
         assert got is None
         return
-    assert list(got) == list(Direction)
+    assert got is not None and list(got) == list(Direction)
+    fit = [d for d in runs if by[d][1] is not None and (limit is None or by[d][1] <= limit)]
+    assert native.to_plan(got, need_dx) == [d for d in runs if d not in fit]
     for d in Direction:
         c = got[d]
-        if d in runs:
-            assert (c.runs, c.torch_ms, c.torch_workspace, c.plan_ms) == (
-                native.TORCH, by[d][0], by[d][1], None)
+        assert c.plan_ms is None  # nothing planned yet
+        if d in fit:
+            assert (c.runs, c.torch_ms, c.torch_workspace) == (native.TORCH, by[d][0], by[d][1])
             assert native.fits(c)
+        elif d in runs:  # over the limit, or not measured: to be planned
+            assert (c.runs, c.torch_ms, c.torch_workspace) == (native.MUCUDNN, by[d][0], by[d][1])
+            assert not native.fits(c)
         else:  # backward-data of an input without gradient: planned if ever used
             assert c.runs == native.MUCUDNN and c.torch_ms is None and not native.fits(c)
 
@@ -324,11 +329,9 @@ def test_pytorch_first_plans_only_layers_over_the_limit_and_computes_the_convolu
     model = mt.convert(nn.Sequential(conv), workspace_limit=limit)
     _two_calls_match_float64(model, conv, ref, (16, 32, 24, 24))
     (rec,) = native.records()
-    fit = all(c.torch_workspace is not None and c.torch_workspace <= limit
-              for c in rec.choices.values())
-    if rec.plans == {}:
-        assert fit and all(c.runs == native.TORCH and c.plan_ms is None
-                           for c in rec.choices.values())
-    else:  # over the limit somewhere: planned and compared as without the setting
-        assert all(c.plan_ms is not None for c in rec.choices.values())
+    for d, c in rec.choices.items():
+        if native.fits(c):  # PyTorch's call, no plan searched for this direction
+            assert c.runs == native.TORCH and c.plan_ms is None and d not in rec.plans
+        else:  # over the limit: planned and compared as without the setting
+            assert c.runs == native.MUCUDNN and c.plan_ms is not None and d in rec.plans
     mt.clear()

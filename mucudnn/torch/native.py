@@ -46,12 +46,15 @@ host cost: the whole-step trial (Note [the whole-step trial]) kept PyTorch's
 way on most models once every layer had been planned. So by default
 (``MUCUDNN_TORCH_SEARCH=over-limit``) the first call of a signature (WR mode)
 times PyTorch's call and measures its workspace first, in the directions a
-training step runs; where that fits the limit in all of them the layer runs
-PyTorch's call and no plan is searched, so its first call costs about what a
-native one does under ``cudnn.benchmark``. A layer over the limit in any
-direction is planned and compared as in Note [never slower than native].
-``MUCUDNN_TORCH_SEARCH=all`` searches every convolution (plans may still beat
-PyTorch's call where it fits, at the first step's cost).
+training step runs; each direction where that fits the limit runs PyTorch's
+call and no plan is searched for it, so a layer that fits everywhere costs
+about what a native one does under ``cudnn.benchmark`` at its first call. Only
+the directions over the limit are planned and compared as in Note [never
+slower than native] (a first layer's backward-filter, say, while its forward
+runs PyTorch's call); a layer is planned whole only where PyTorch cannot run
+one of its directions. ``MUCUDNN_TORCH_SEARCH=all`` searches every direction
+of every convolution (plans may still beat PyTorch's call where it fits, at
+the first step's cost).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from ..errors import InvalidValueError
 from ..problem import Direction, Plan
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
-           "search", "torch_first", "SEARCHES", "records", "calibrate", "host_ms",
+           "search", "torch_first", "to_plan", "SEARCHES", "records", "calibrate", "host_ms",
            "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
@@ -155,15 +158,20 @@ def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int]
                 ) -> Optional[dict[Direction, Choice]]:
     """See Note [plans only over the limit]: PyTorch's call in every direction a
     step runs (``theirs``; backward-data with ``need_dx``), timed by
-    ``time_ms`` and measured by ``workspace``, where each fits ``limit``; None
-    where one does not (or cannot be measured): the layer is then planned.
+    ``time_ms`` and measured by ``workspace``. A direction whose workspace fits
+    ``limit`` runs PyTorch's call, no plan searched; one over it (or whose
+    workspace cannot be measured) is to be planned (:func:`to_plan`), and a
+    direction a step does not run is planned at its first use. None where
+    PyTorch cannot run a direction: the layer is then planned and compared whole.
 
-    >>> calls = {d: (lambda: None) for d in Direction}
+    >>> calls = {d: (lambda d=d: d) for d in Direction}
     >>> c = torch_first(calls, 8 << 20, False, lambda fn: 0.5, lambda fn: 1 << 20)
-    >>> [x.runs for x in c.values()]
-    ['torch', 'mucudnn', 'torch']
-    >>> torch_first(calls, 8 << 20, True, lambda fn: 0.5, lambda fn: 9 << 20) is None
-    True
+    >>> [x.runs for x in c.values()], to_plan(c, False)
+    (['torch', 'mucudnn', 'torch'], [])
+    >>> big = lambda fn: 9 << 20 if fn() is Direction.BACKWARD_FILTER else 0
+    >>> c = torch_first(calls, 8 << 20, True, lambda fn: 0.5, big)
+    >>> [x.runs for x in c.values()], [d.value for d in to_plan(c, True)]
+    (['torch', 'torch', 'mucudnn'], ['backward_filter'])
     """
     choices: dict[Direction, Choice] = {}
     for d in Direction:
@@ -178,11 +186,19 @@ def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int]
             log.info("mucudnn.torch: PyTorch's own %s not measured: %s", d.value, exc)
             return None
         if ws is None or (limit is not None and ws > limit):
-            return None
-        choices[d] = Choice(d, TORCH, None, t, ws, limit,
-                            "PyTorch's call fits the limit; no plan searched "
-                            "(MUCUDNN_TORCH_SEARCH=over-limit)")
+            choices[d] = Choice(d, MUCUDNN, None, t, ws, limit,
+                                "PyTorch's workspace is over the limit (or not measured): "
+                                "to be planned")
+        else:
+            choices[d] = Choice(d, TORCH, None, t, ws, limit,
+                                "PyTorch's call fits the limit; no plan searched")
     return choices
+
+
+def to_plan(choices: dict[Direction, Choice], need_dx: bool) -> list[Direction]:
+    """The directions of :func:`torch_first`'s ``choices`` that a step runs and
+    PyTorch's call does not fit: the ones to plan and compare."""
+    return [d for d, c in choices.items() if in_step(d, need_dx) and c.runs == MUCUDNN]
 
 
 def records() -> list[Record]:
@@ -410,16 +426,19 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         Direction.BACKWARD_FILTER: lambda: native_backward(dy, x, w, cfg, False, True,
                                                            deterministic, tf32)[1],
     }
+    first = None
     if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
         # timed once after its warm-up: the time is reported, not compared
         first = torch_first(theirs, limit, need_dx, lambda fn: _time([fn], 1)[0], _workspace)
-        if first is not None:
+        if first is not None and not to_plan(first, need_dx):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                          fmt is not torch.contiguous_format, {}, first, need_dx=need_dx)
             _RECORDS.put(key, rec)
             log.info("mucudnn.torch: %s runs PyTorch's call (it fits the limit; no plan "
                      "searched)", conv.problem.key())
             return rec
+    # every direction, or only those over the limit (the others keep PyTorch's call)
+    planned = list(Direction) if first is None else to_plan(first, need_dx)
     fwd, bd, bf = (launch[d] for d in Direction)
     ours = {
         Direction.FORWARD: lambda: fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0,
@@ -430,16 +449,21 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
                                               0.0, stream(), ws),
     }
     timed: dict[Direction, tuple[Optional[float], Optional[float], Optional[int]]] = {}
-    for d in Direction:
+    for d in planned:
         try:
             plan_ms, torch_ms = _time([ours[d], theirs[d]])
-            timed[d] = (plan_ms, torch_ms, _workspace(theirs[d]))
+            timed[d] = (plan_ms, torch_ms,
+                        _workspace(theirs[d]) if first is None else first[d].torch_workspace)
         except RuntimeError as exc:  # PyTorch cannot run it (or runs out of memory)
             log.info("mucudnn.torch: PyTorch's own %s not compared: %s", d.value, exc)
             timed[d] = (None, None, None)
     plans = dict(conv.plans)  # made by the first launches above
     choices = {}
     for d in Direction:
+        if d not in planned:
+            assert first is not None
+            choices[d] = first[d]
+            continue
         plan = plans.get(d)
         cap = plan.workspace_bytes if (cfg.plans and plan is not None) else limit
         choices[d] = decide(d, timed[d][0], timed[d][1], timed[d][2], cap)
@@ -464,7 +488,9 @@ def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torc
                  need_dx: bool) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
-    if any(c.runs == MUCUDNN for c in _run(rec.choices, need_dx)):
+    run = _run(rec.choices, need_dx)
+    # only where settle could move the layer: a plan runs, and PyTorch's call fits everywhere
+    if any(c.runs == MUCUDNN for c in run) and all(fits(c) for c in run):
         rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
         rec.choices = settle(rec.choices, rec.host, need_dx)
 
