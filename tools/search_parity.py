@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-import zoo_bench  # the models as the zoo builds them (a sibling script)
+import zoo_models  # the models as the zoo builds them (tools/, beside this script)
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.find_options import FindOptions
 from mucudnn.problem import ConvProblem, Direction
@@ -45,8 +45,8 @@ def model_convs(name: str, batch: int, size: Optional[int], dtype: torch.dtype
     """The distinct convolutions of torchvision model ``name`` (built as
     zoo_bench builds it, at its input size: ``size``, or the model's own) on a
     channels-last batch (one forward pass)."""
-    spec = zoo_bench.model_spec(name, size)
-    model = zoo_bench.build_model(spec).cuda().to(memory_format=torch.channels_last)
+    spec = zoo_models.model_spec(name, size)
+    model = zoo_models.build_model(spec).cuda().to(memory_format=torch.channels_last)
     size = spec.size
     seen: dict[tuple, dict[str, Any]] = {}
 

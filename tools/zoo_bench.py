@@ -62,7 +62,7 @@ import tempfile
 import time
 import traceback
 import types
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,8 @@ from torch import nn
 
 import train_bench as tb  # tools/, beside this script: training state, timing, rounds
 import grad_error  # tools/: the relative error against float64
+from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
+    ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
 import mucudnn
 import mucudnn.torch as mt
 from mucudnn.torch import native as mt_native
@@ -85,59 +87,7 @@ MEMORY_STEPS = 2
 COLD_PREFIX = "ZOO_COLD "
 
 
-# -- models ---------------------------------------------------------------------------------------
-class ModelSpec(NamedTuple):
-    name: str
-    task: str  # "classification" or "segmentation"
-    num_classes: int
-    size: int
-
-
-def zoo_names() -> tuple[list[str], list[str]]:
-    """torchvision's classification and segmentation model names (none without it)."""
-    if torchvision is None:
-        return [], []
-    tm = torchvision.models
-    return tm.list_models(module=tm), tm.list_models(module=tm.segmentation)
-
-
-def model_spec(name: str, size: int | None) -> ModelSpec:
-    """``name``'s task, classes and input size: ``size`` (default 224; 32 for
-    tiny), but 299 for inception_v3 (its design size)."""
-    if name == "inception_v3":
-        size = 299
-    if name == "tiny":
-        return ModelSpec(name, "classification", tb.NUM_CLASSES, size or 32)
-    task = "segmentation" if name in zoo_names()[1] else "classification"
-    return ModelSpec(name, task, 21 if task == "segmentation" else 1000, size or 224)
-
-
-class SegmentationLogits(nn.Module):
-    """A torchvision segmentation model's ``out`` logits (its forward returns a dict)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)["out"]
-
-
-def build_model(spec: ModelSpec) -> nn.Module:
-    """The untrained model (random weights from torch's global generator)."""
-    if spec.name == "tiny":
-        return tb.TinyCNN(spec.num_classes)
-    if torchvision is None:
-        raise RuntimeError(f"model {spec.name!r} needs torchvision")
-    kwargs: dict[str, Any] = {"weights": None}
-    if spec.name in ("inception_v3", "googlenet"):
-        kwargs.update(aux_logits=False, init_weights=True)
-    if spec.task == "segmentation":
-        return SegmentationLogits(torchvision.models.get_model(spec.name, weights_backbone=None,
-                                                               **kwargs))
-    return torchvision.models.get_model(spec.name, **kwargs)
-
-
+# -- models: tools/zoo_models.py ---------------------------------------------------------------
 class ZooJob(tb.TrainJob):
     """train_bench's training state (warm-up, capture, timed steps, release) for
     any zoo model: a side's model and optimizer, static inputs and labels
