@@ -74,8 +74,8 @@ from ..errors import InvalidValueError
 from ..problem import Direction, Plan
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
-           "search", "torch_first", "to_plan", "SEARCHES", "records", "calibrate", "host_ms",
-           "native_forward", "native_backward"]
+           "search", "torch_first", "to_plan", "within_limit", "SEARCHES", "records", "calibrate",
+           "host_ms", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -185,7 +185,7 @@ def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int]
         except RuntimeError as exc:
             log.info("mucudnn.torch: PyTorch's own %s not measured: %s", d.value, exc)
             return None
-        if ws is None or (limit is not None and ws > limit):
+        if not within_limit(ws, limit):
             choices[d] = Choice(d, MUCUDNN, None, t, ws, limit,
                                 "PyTorch's workspace is over the limit (or not measured): "
                                 "to be planned")
@@ -227,7 +227,7 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
     if torch_workspace is None:
         return Choice(direction, MUCUDNN, plan_ms, torch_ms, None, limit,
                       "PyTorch's workspace could not be measured")
-    if limit is not None and torch_workspace > limit:
+    if limit is not None and torch_workspace > limit:  # torch_workspace is measured here
         return Choice(direction, MUCUDNN, plan_ms, torch_ms, torch_workspace, limit,
                       f"PyTorch's workspace {mib(torch_workspace)} is over the limit {mib(limit)}")
     if torch_ms <= plan_ms:
@@ -235,6 +235,16 @@ def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[fl
                       "PyTorch's call is no slower and fits the limit")
     return Choice(direction, MUCUDNN, plan_ms, torch_ms, torch_workspace, limit,
                   "the plan is faster")
+
+
+def within_limit(workspace: Optional[int], limit: Optional[int]) -> bool:
+    """Whether a measured ``workspace`` is within ``limit`` (None: no limit); an
+    unmeasured one (None) is not.
+
+    >>> within_limit(1 << 20, 1 << 20), within_limit(1 << 20, None), within_limit(None, None)
+    (True, True, False)
+    """
+    return workspace is not None and (limit is None or workspace <= limit)
 
 
 def fits(choice: Choice) -> bool:
@@ -247,8 +257,7 @@ def fits(choice: Choice) -> bool:
     >>> fits(decide(Direction.FORWARD, 1.0, 2.0, None, 64 << 20))
     False
     """
-    return (choice.torch_ms is not None and choice.torch_workspace is not None
-            and (choice.limit is None or choice.torch_workspace <= choice.limit))
+    return choice.torch_ms is not None and within_limit(choice.torch_workspace, choice.limit)
 
 
 def in_step(direction: Direction, need_dx: bool) -> bool:

@@ -89,8 +89,8 @@ class Report:
         dirs = [d for layer in self.layers for d in layer.directions.values() if d["in_step"]]
         runs = [d["runs"] for d in dirs]
         # what the limit costs: kernels whose PyTorch workspace is over it
-        over = [d for d in dirs if d["torch_workspace"] is not None and d["limit"] is not None
-                and d["torch_workspace"] > d["limit"]]
+        over = [d for d in dirs if d["torch_workspace"] is not None
+                and not native.within_limit(d["torch_workspace"], d["limit"])]
         return {
             "layers": [dataclasses.asdict(layer) | {"ms": layer.ms, "torch_ms": layer.torch_ms}
                        for layer in self.layers],
