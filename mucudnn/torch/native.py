@@ -275,6 +275,13 @@ def _run(choices: dict[Direction, Choice], need_dx: bool) -> list[Choice]:
     return [c for d, c in choices.items() if in_step(d, need_dx)]
 
 
+def _may_settle(run: list[Choice]) -> bool:
+    """Whether :func:`settle` could move a layer whose running directions have
+    the choices ``run`` to PyTorch's call: a plan runs, and PyTorch's call fits
+    in all of them."""
+    return any(c.runs == MUCUDNN for c in run) and all(fits(c) for c in run)
+
+
 def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]],
            need_dx: bool = True) -> dict[Direction, Choice]:
     """See Note [host cost of a converted layer]: PyTorch's call in every
@@ -295,7 +302,7 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     ['torch', 'torch', 'torch']
     """
     run = _run(choices, need_dx)
-    if host is None or not all(fits(c) for c in run):
+    if host is None or not _may_settle(run):
         return choices
     saving = 0.0
     for c in run:
@@ -497,9 +504,7 @@ def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torc
                  need_dx: bool) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
-    run = _run(rec.choices, need_dx)
-    # only where settle could move the layer: a plan runs, and PyTorch's call fits everywhere
-    if any(c.runs == MUCUDNN for c in run) and all(fits(c) for c in run):
+    if _may_settle(_run(rec.choices, need_dx)):  # else the host timing could change nothing
         rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
         rec.choices = settle(rec.choices, rec.host, need_dx)
 
