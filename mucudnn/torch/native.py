@@ -42,8 +42,8 @@ Searching plans for every convolution is the cold cost of a converted model:
 several micro-batch sizes, three directions, each timed. Where PyTorch's own
 call fits the limit its fastest algorithm is already known to cuDNN's
 benchmark, and a plan's GPU saving there seldom pays for the converted path's
-host cost: the whole-step trial (Note [the whole-step trial]) kept PyTorch's
-way on most models once every layer had been planned. So by default
+host cost (which the whole-step trial, Note [the whole-step trial], weighs
+only after every layer was planned). So by default
 (``MUCUDNN_TORCH_SEARCH=over-limit``) the first call of a signature (WR mode)
 times PyTorch's call and measures its workspace first, in the directions a
 training step runs; each direction where that fits the limit runs PyTorch's
