@@ -298,17 +298,22 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, vs)) / len(vs)) if vs else None
 
 
+def newest_session(docs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The documents of the newest session among ``docs`` (the date and ``-sN-``
+    of the newest file's name), in their order."""
+    if not docs:
+        return []
+    session = newness(docs[-1][0])[:2]
+    return [(name, doc) for name, doc in docs if newness(name)[:2] == session]
+
+
 def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
     """(file, its document, result, execution, its step figures) of every zoo
     result of the newest session's runs (the date and ``-sN-`` of the newest
     zoo file), a later call's figures replacing an earlier one's of the same
     model, precision and execution."""
-    docs = of_kind(results, "zoo")
-    session = newness(docs[-1][0])[:2]
     picked: dict[tuple, tuple[str, dict, dict, str, dict]] = {}
-    for name, doc in docs:
-        if newness(name)[:2] != session:
-            continue
+    for name, doc in newest_session(of_kind(results, "zoo")):
         for e in doc["results"]:
             for ex, st in (e.get("steps") or {}).items():
                 picked[e["model"], e["precision"], ex] = (name, doc, e, ex, st)
@@ -345,12 +350,8 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_bench.py) in the newest session's zoo runs, with the search in
     force and whether a primer ran first."""
-    docs = of_kind(results, "zoo")
     src, rows = Sources(), []
-    session = newness(docs[-1][0])[:2] if docs else None
-    for name, doc in docs:
-        if newness(name)[:2] != session:
-            continue
+    for name, doc in newest_session(of_kind(results, "zoo")):
         search = (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)
         for e in doc["results"]:
             cold = e.get("cold") or {}
