@@ -64,20 +64,41 @@ def _differing() -> nn.Module:
     """A model one of whose layers runs a plan where PyTorch's call fits (its
     ``_mu_torch`` as a converted layer keeps it), so the two ways differ."""
     m = nn.Sequential(nn.Linear(1, 1))
-    m[0]._mu_torch = (0, frozenset(), frozenset({"signature"}))
+    m[0]._mu_torch = (engine.GENERATION[0], frozenset(), frozenset({"signature"}))
     return m
 
 
 def test_the_trial_keeps_pytorch_untimed_where_the_ways_are_one(fake_device):
     """No layer that fits keeps a plan (settled, or nothing fits): no step is
     timed and PyTorch's way is kept at once."""
-    for state in (None, (0, frozenset({"s"}), frozenset({"s"})), (0, frozenset(), frozenset())):
+    gen = engine.GENERATION[0]
+    for state in (None, (gen, frozenset({"s"}), frozenset({"s"})), (gen, frozenset(), frozenset())):
         model = nn.Sequential(nn.Linear(1, 1))
         if state is not None:
             model[0]._mu_torch = state
         trial = StepTrial()
         trial(model, ())
         assert (trial.kept, trial.torch, trial.step_ms) == (TORCH, True, {PLANS: [], TORCH: []})
+
+
+def test_the_trial_waits_for_every_converted_layer_to_run_before_calling_the_ways_one(
+        fake_device):
+    """A converted layer that has not run since the last clear decides what it
+    runs at its first call: until it has, the trial does not keep PyTorch's way
+    untimed, and once it has run a plan where PyTorch's call fits, the ways
+    are compared."""
+    cost = {PLANS: [1024], TORCH: [512]}
+    gen = engine.GENERATION[0]
+    for stale in (-1, gen - 1):  # never run (modules._UNSETTLED); run before a clear
+        trial, module, ran = StepTrial(), nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)), []
+        module[0]._mu_torch = (gen, frozenset({"s"}), frozenset({"s"}))
+        module[1]._mu_torch = (stale, frozenset(), frozenset())
+        _step(trial, module, fake_device, cost, ran)
+        assert trial.kept is None and trial._start is not None
+        module[1]._mu_torch = (gen, frozenset(), frozenset({"t"}))  # its first call kept a plan
+        for _ in range(2 * (TRIAL_STEPS + 1) + 1):
+            _step(trial, module, fake_device, cost, ran)
+        assert trial.kept == TORCH and len(trial.step_ms[PLANS]) == TRIAL_STEPS
 
 
 costs = st.lists(st.integers(1, 100), min_size=TRIAL_STEPS + 1, max_size=TRIAL_STEPS + 4)

@@ -25,7 +25,9 @@ each, the way with the lower median step time is kept, PyTorch's on a tie.
 Where the two ways would run the same (no layer whose PyTorch workspace fits
 keeps a plan: under the default search, Note [plans only over the limit],
 only layers over the limit are planned), nothing is timed and PyTorch's way
-is kept at once: a comparison of identical steps would decide on noise.
+is kept at once: a comparison of identical steps would decide on noise. That
+is known only once every converted layer has run (its first call decides what
+it runs); until then the trial goes on as above.
 
 A new signature met later (another batch size) is compared per layer as
 before and then runs the kept way; :func:`mucudnn.torch.clear` starts the trial
@@ -115,7 +117,8 @@ class StepTrial:
             self.torch = False
             self._seen = {PLANS: 0, TORCH: 0}  # new signatures: each way warms up again
             return
-        if self._start is None and not any(self.step_ms.values()) and not _ways_differ(module):
+        if self._start is None and not any(self.step_ms.values()) \
+                and _ways_differ(module) is False:
             self.kept, self.torch = TORCH, True  # nothing to compare: the ways are one
             log.info("mucudnn.torch: the step trial keeps torch (no layer that fits the limit "
                      "runs a plan)")
@@ -144,15 +147,21 @@ class StepTrial:
                 "step_ms": {k: list(v) for k, v in self.step_ms.items()}}
 
 
-def _ways_differ(module: nn.Module) -> bool:
+def _ways_differ(module: nn.Module) -> Optional[bool]:
     """Whether some converted layer in ``module`` runs a plan for a signature
     whose PyTorch workspace fits the limit (``_mu_torch``: settled, fitting; see
-    :class:`~mucudnn.torch.modules.MucudnnConvMixin`), so that PyTorch's way differs."""
+    :class:`~mucudnn.torch.modules.MucudnnConvMixin`), so that PyTorch's way
+    differs; None while some converted layer has not run since the engine's
+    last clear (its first call decides what it runs, so nothing is known yet)."""
+    differ = False
     for m in module.modules():
         state = getattr(m, "_mu_torch", None)
-        if state is not None and state[2] - state[1]:
-            return True
-    return False
+        if state is None:
+            continue
+        if state[0] != engine.GENERATION[0]:
+            return None
+        differ = differ or bool(state[2] - state[1])
+    return differ
 
 
 def trial_of(module: nn.Module) -> Optional[StepTrial]:
