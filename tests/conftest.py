@@ -64,6 +64,30 @@ needs_cudnn = pytest.mark.skipif(not HAVE_CUDNN, reason="no libcudnn loads here 
                                  "cudnn extra: pip install \"mucudnn[cudnn]\")")
 
 
+def _cudnn_transforms() -> bool:
+    """Whether cuDNN's tensor transform descriptors can be set here. From cuDNN
+    9.28 setting one loads the runtime-compiled engines, which link the CUDA
+    driver library (as every backend finalize does: mucudnn/_cudnn/backend_api.py),
+    so without a GPU it fails with CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED. Any
+    other failure, or one on a GPU machine, is left to the tests to show."""
+    if not HAVE_CUDNN:
+        return False
+    from mucudnn._cudnn.descriptors import TensorTransformDescriptor
+    from mucudnn._cudnn.enums import Status
+    from mucudnn._cudnn.errors import CudnnError
+    try:
+        TensorTransformDescriptor([0, 0, 0, 0], [0, 0, 1, 1], [2, 2]).close()
+    except CudnnError as exc:
+        return HAVE_GPU or exc.status != Status.SUBLIBRARY_LOADING_FAILED
+    return True
+
+
+#: Tests that set tensor transform descriptors (folded convolutions).
+needs_cudnn_transforms = pytest.mark.skipif(
+    not _cudnn_transforms(), reason="no libcudnn here, or one whose transform descriptors need "
+    "the CUDA driver (cuDNN 9.28 and later without a GPU)")
+
+
 def pytest_collection_modifyitems(config, items):
     if HAVE_GPU:
         return

@@ -24,7 +24,7 @@ from mucudnn.backends.fold_cudnn import FoldTransforms
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import AlgoPerf, MicroBatch, Plan, packed_strides
-from conftest import needs_cudnn
+from conftest import needs_cudnn_transforms
 from conv_support import composition, convolution_for, run_direction
 from reference import reference, rel_err
 
@@ -225,7 +225,7 @@ def test_a_convolution_plans_and_runs_folded_configurations(d, tmp_path, monkeyp
     assert rel_err(got, reference(p, d, x, w, y, 0.5, 0.25)) < 1e-5
 
 
-@needs_cudnn
+@needs_cudnn_transforms
 @settings(max_examples=40, deadline=None)
 @given(p=foldable(), dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
        size=st.integers(1, 5))
@@ -251,7 +251,7 @@ def test_cudnn_transforms_fold_to_the_inner_problem_and_back(p, dtype, size):
         tf.close()
 
 
-@needs_cudnn
+@needs_cudnn_transforms
 def test_transform_descriptor_reads_back_and_computes_the_folded_shape():
     before = live_descriptor_counts()["transform"]
     with TensorTransformDescriptor([0, 0, 0, 0], [0, 0, 1, 1], [4, 4]) as t:

@@ -797,7 +797,12 @@ def test_ci_installs_what_readme_says_with_the_torch_extra():
     installs = [block.split("```", 1)[0].strip() for block in section.split("```bash")[1:]]
     install = 'python -m pip install -e ".[test,cudnn,plot,torch]"'
     assert install in installs
-    assert install in ci.splitlines()
+    lines = ci.splitlines()
+    assert install in lines
+    # PyTorch's CPU build goes in first, as README says, so the extra adds no CUDA build.
+    cpu_torch = 'python -m pip install "torch==2.13.0+cpu" "nvidia-cudnn-cu13==9.24.0.43"'
+    assert cpu_torch in lines and lines.index(cpu_torch) < lines.index(install)
+    assert "torch==2.13.0+cpu" in section and "nvidia-cudnn-cu13==9.24.0.43" in section
 
 
 @pytest.mark.parametrize("name", ["", ".engine", ".ops", ".functional", ".modules", ".convert",
