@@ -70,6 +70,14 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     assert "| fp32 channels-last | eager | 2 | 1.095 | 1 | mobilenet_v2 1.200 |" in z  # over 1.02
     assert "failed stage: resnet50" in z and "commit abc1234def" in z and "cuDNN 9.19.0" in z
     assert "| mobilenet_v2 | 35 | 105 | 101 | [1] |" in rp.search_parity(res)
+    parity["models"]["mobilenet_v2"] |= {"complete": False, "convs_checked": 12, "kernels": 36,
+                                         "held": 30}
+    (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(parity))
+    assert "| mobilenet_v2 | 12 of 35 (cut short) | 36 | 30 | [1] |" in \
+        rp.search_parity(rp.load_results(tmp_path))
+    (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(
+        parity | {"models": {"mobilenet_v2": {"convs": 35, "kernels": 105, "held": 101}}}))
+    res = rp.load_results(tmp_path)
     head = rp.headline(res)
     assert "fp32 channels-last eager: 1.095x over 2 models [1]" in head
     assert "not measured" in head  # no frontier or training results in this folder

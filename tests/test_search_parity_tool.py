@@ -27,3 +27,40 @@ def test_a_channels_last_convolution_in_torch_shapes_is_its_nhwc_problem():
     assert p == ConvProblem((8, 56, 56, 32), (32, 3, 3, 1), stride=2, padding=1, groups=32,
                             dtype="bfloat16", layout="NHWC")
     assert p.output_shape == (8, 28, 28, 32)
+
+
+def test_a_model_cut_short_keeps_the_convolutions_checked_and_says_so():
+    """check_model asks for time before each convolution and reports after each
+    one: a run out of time keeps its rows, counts only what it checked and is
+    marked incomplete; a failing check is a row, not the end of the model."""
+    from mucudnn.problem import Direction
+
+    convs = [{"layer": f"c{i}"} for i in range(4)]
+    held = {("c0", "forward"), ("c0", "backward_data"), ("c1", "backward_filter")}
+
+    def check_one(conv, d, precision, backend):
+        if (conv["layer"], d.value) == ("c1", "forward"):
+            raise RuntimeError("no such engine")
+        return {"layer": conv["layer"], "direction": d.value, "torch_kernels": ["k"],
+                "held": (conv["layer"], d.value) in held, "missing": []}
+
+    asked, seen = [], []
+
+    def out_of_time():
+        asked.append(1)
+        return len(asked) > 2  # time for two convolutions
+
+    entry = search_parity.check_model("m", convs, "fp32cl", None, out_of_time,
+                                      lambda e: seen.append((e["convs_checked"], e["held"])),
+                                      check_one=check_one)
+    assert (entry["convs"], entry["convs_checked"], entry["complete"]) == (4, 2, False)
+    assert entry["kernels"] == 2 * len(Direction) and entry["held"] == 3
+    assert seen == [(1, 2), (2, 3)]
+    (err,) = [r for r in entry["results"] if "error" in r]
+    assert (err["layer"], err["direction"], err["held"]) == ("c1", "forward", False)
+    assert "RuntimeError: no such engine" in err["error"]
+    rows = search_parity.rows_of("m", entry)
+    assert len(rows) == 6 and "| m | c1 | forward | NO |" in rows[3]
+    whole = search_parity.check_model("m", convs[:1], "fp32cl", None, lambda: False,
+                                      check_one=check_one)
+    assert whole["complete"] and whole["convs_checked"] == 1

@@ -70,7 +70,7 @@ for stage in "$@"; do
       timeout "${PARITY_TIMEOUT:-400}" python3 tools/search_parity.py \
         --models ${PARITY_MODELS:-mobilenet_v2} --max-seconds 300 --json "$OUT/parity.json" \
         > "$OUT/parity.txt" 2> "$OUT/parity.log"
-      summary+=("parity (rc $?): $(grep -E 'held$' "$OUT/parity.txt" | tr '\n' ' ')")
+      summary+=("parity (rc $?): $(grep -E '^[a-z0-9_]+: [0-9]+ of [0-9]+ held' "$OUT/parity.txt" | tr '\n' ' ')")
       ;;
     cold)  # tools/cold_start.py: cold optimisation per network, with PyTorch's first iteration
       timeout "${COLD_TIMEOUT:-560}" python3 tools/cold_start.py --torch ${COLD_ARGS:-} \

@@ -402,6 +402,14 @@ def zoo(results: list[tuple[str, Any]]) -> str:
 
 
 # -- search parity (tools/search_parity.py) ------------------------------------------------------
+def _convs_checked(model: dict) -> str:
+    """A parity row's distinct convolutions; of a run cut short by its time
+    limit, how many of them it checked."""
+    if model.get("complete", True):
+        return str(model.get("convs", "-"))
+    return f"{model.get('convs_checked', '-')} of {model.get('convs', '-')} (cut short)"
+
+
 def search_parity(results: list[tuple[str, Any]]) -> str:
     src, rows = Sources(), []
     for name, doc in of_kind(results, "parity")[-1:]:
@@ -409,8 +417,8 @@ def search_parity(results: list[tuple[str, Any]]) -> str:
         cite = src.cite(name, source_line(name, defaults=(
             f"find options {o.get('find', NR)}, precision {o.get('precision', NR)}, "
             f"batch {o.get('batch', NR)}")))
-        rows = [[m, str(v.get("convs", "-")), str(v.get("kernels", "-")), str(v.get("held", "-")),
-                 cite] for m, v in doc["models"].items()]
+        rows = [[m, _convs_checked(v), str(v.get("kernels", "-")), str(v.get("held", "-")), cite]
+                for m, v in doc["models"].items()]
     return finish(["model", "distinct convolutions", "convolution directions",
                    "held (PyTorch's kernels among mucudnn's candidates)", "source"],
                   rows, src, "search_parity.py")

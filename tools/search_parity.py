@@ -152,6 +152,51 @@ def parse_find(items: Sequence[str]) -> FindOptions:
     return FindOptions.from_kwargs(**kwargs)
 
 
+def check_model(name: str, convs: list[dict[str, Any]], precision: str,
+                backend: CudnnGraphBackend, out_of_time: Callable[[], bool],
+                on_conv: Callable[[dict[str, Any]], None] = lambda entry: None,
+                check_one: Callable[..., dict[str, Any]] = check) -> dict[str, Any]:
+    """Every direction of each of ``convs`` (``check_one``, :func:`check`), the
+    model's entry of the report. ``out_of_time()`` is asked before each
+    convolution; once it says so the entry stops there with ``complete`` false
+    (its counts are those of the convolutions checked). ``on_conv(entry)``
+    after each convolution, so a run cut short keeps what it found."""
+    entry: dict[str, Any] = {"convs": len(convs), "convs_checked": 0, "kernels": 0, "held": 0,
+                             "complete": True, "results": []}
+    for conv in convs:
+        if out_of_time():
+            entry["complete"] = False
+            print(f"[parity] {name}: out of time after {entry['convs_checked']} of "
+                  f"{len(convs)} convolutions", file=sys.stderr)
+            break
+        for d in Direction:
+            try:
+                r = check_one(conv, d, precision, backend)
+            except Exception as exc:  # keep going: one layer's failure is a row
+                r = {"layer": conv["layer"], "direction": d.value, "held": False,
+                     "error": f"{type(exc).__name__}: {exc}", "torch_kernels": [],
+                     "missing": []}
+            entry["results"].append(r)
+        entry["convs_checked"] += 1
+        entry["kernels"] = len(entry["results"])
+        entry["held"] = sum(bool(r["held"]) for r in entry["results"])
+        on_conv(entry)
+    return entry
+
+
+def rows_of(name: str, entry: dict[str, Any]) -> list[str]:
+    """The table rows of one model's entry."""
+    return [f"| {name} | {r['layer']} | {r['direction']} | {'yes' if r['held'] else 'NO'} | "
+            f"{'; '.join(sorted(set(r['torch_kernels'])))[:160]} | "
+            f"{'; '.join(r['missing'])[:160] or r.get('error', '')} |" for r in entry["results"]]
+
+
+def _write(path: Optional[str], out: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,46 +208,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--find", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="FindOptions fields of the search under test (default: the defaults)")
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="stop starting new models after this many seconds")
-    ap.add_argument("--json", default=None)
+                    help="start no new convolution after this many seconds (a model cut short "
+                         "is kept, marked incomplete)")
+    ap.add_argument("--json", default=None, help="the report, rewritten after each convolution")
     args = ap.parse_args(argv)
     opts = parse_find(args.find)
     start = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return args.max_seconds is not None and time.perf_counter() - start > args.max_seconds
+
     out: dict[str, Any] = {"options": vars(args) | {"find": str(opts)}, "models": {}}
     rows = ["| model | conv | direction | held | PyTorch's kernels | missing |",
             "|---|---|---|---|---|---|"]
     for name in args.models:
-        if args.max_seconds is not None and time.perf_counter() - start > args.max_seconds:
+        if out_of_time():
             print(f"[parity] out of time before {name}", file=sys.stderr)
             break
         backend = CudnnGraphBackend(find=opts)  # fresh: every kernel's first find
         dtype = torch.bfloat16 if args.precision == "amp" else torch.float32
         convs = model_convs(name, args.batch, args.size, dtype)
-        results = []
-        for conv in convs:
-            for d in Direction:
-                try:
-                    r = check(conv, d, args.precision, backend)
-                except Exception as exc:  # keep going: one layer's failure is a row
-                    r = {"layer": conv["layer"], "direction": d.value, "held": False,
-                         "error": f"{type(exc).__name__}: {exc}", "torch_kernels": [],
-                         "missing": []}
-                results.append(r)
-                rows.append(f"| {name} | {r['layer']} | {d.value} | {'yes' if r['held'] else 'NO'}"
-                            f" | {'; '.join(sorted(set(r['torch_kernels'])))[:160]} | "
-                            f"{'; '.join(r['missing'])[:160] or r.get('error', '')} |")
-        held = sum(r["held"] for r in results)
-        out["models"][name] = {"convs": len(convs), "kernels": len(results), "held": held,
-                               "find": backend.find_profile.as_dict(), "results": results}
-        print(f"[parity] {name}: {held} of {len(results)} kernels held "
-              f"({len(convs)} distinct convolutions)", file=sys.stderr)
+
+        def keep(entry: dict[str, Any], name: str = name,
+                 backend: CudnnGraphBackend = backend) -> None:
+            out["models"][name] = entry | {"find": backend.find_profile.as_dict()}
+            _write(args.json, out)
+
+        entry = check_model(name, convs, args.precision, backend, out_of_time, keep)
+        keep(entry)
+        rows += rows_of(name, entry)
+        print(f"[parity] {name}: {entry['held']} of {entry['kernels']} kernels held "
+              f"({entry['convs_checked']} of {len(convs)} distinct convolutions)", file=sys.stderr)
         backend.close()
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
     print("\n".join(rows))
     for name, m in out["models"].items():
-        print(f"{name}: {m['held']} of {m['kernels']} held")
+        print(f"{name}: {m['held']} of {m['kernels']} held"
+              + ("" if m["complete"] else f" (cut short: {m['convs_checked']} of {m['convs']} "
+                 "convolutions)"))
     return 0
 
 
