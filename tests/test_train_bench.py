@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 
 import pytest
 from tool_support import load_tool
@@ -18,6 +19,11 @@ pytest.importorskip("torch", reason="tools/train_bench.py needs PyTorch")
 @pytest.fixture(scope="module")
 def tb():
     return load_tool("train_bench")
+
+
+@pytest.fixture(scope="module")
+def ts(tb):
+    return sys.modules["train_steps"]  # the module train_bench imported
 
 
 pytestmark = pytest.mark.usefixtures("cache_off")
@@ -58,13 +64,13 @@ def test_search_largest_batch(tb):
     assert len(calls) == len(set(calls))  # no batch tried twice
 
 
-def test_is_oom(tb):
+def test_is_oom(ts, tb):
     import torch
 
-    assert tb.is_oom(MemoryError("x"))
-    assert tb.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert tb.is_oom(torch.cuda.OutOfMemoryError("x"))
-    assert not tb.is_oom(ValueError("bad shape"))
+    assert ts.is_oom(MemoryError("x"))
+    assert ts.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert ts.is_oom(torch.cuda.OutOfMemoryError("x"))
+    assert not ts.is_oom(ValueError("bad shape"))
 
 
 def test_loss_tracking(tb):
@@ -112,10 +118,12 @@ def test_max_seconds_skips_runs(tb, tmp_path):
     assert rc == 0 and report["runs"] == [] and len(report["skipped"]) == 2
 
 
-def test_doctests(tb):
+def test_doctests(tb, ts):
     import doctest
 
-    assert doctest.testmod(tb).failed == 0
+    for mod in (tb, ts):
+        result = doctest.testmod(mod)
+        assert result.failed == 0 and result.attempted > 0
 
 
 @pytest.mark.slow
@@ -193,7 +201,7 @@ def test_native_heur_runs_alone_against_a_reference(tb, tmp_path, capsys):
     assert "vs native (--reference's)" in capsys.readouterr().out
 
 @pytest.mark.slow
-def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
+def test_deterministic_runs_every_mode_deterministically(ts, tb, tmp_path, capsys):
     """See Note [deterministic loss check]: --deterministic sets
     cudnn.deterministic for every mode (mucudnn.torch then plans deterministic
     configurations only), and a native run is compared with --reference's
@@ -203,7 +211,7 @@ def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
     from mucudnn.torch import engine
 
     seen = []
-    original = tb.TrainJob.step
+    original = ts.TrainJob.step
 
     def spying_step(self):
         seen.append((self.mode, torch.backends.cudnn.deterministic, engine.deterministic()))
@@ -214,7 +222,7 @@ def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     before = torch.backends.cudnn.deterministic
     try:
-        tb.TrainJob.step = spying_step
+        ts.TrainJob.step = spying_step
         assert tb.main(common + ["--modes", "native", "wr", "--json", str(first)]) == 0
         assert tb.main(common + ["--modes", "native", "--reference", str(first),
                                  "--json", str(second)]) == 0
@@ -223,7 +231,7 @@ def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
                         "--batch", "2", "--precisions", "fp32", "--modes", "native"]) == 0
         assert torch.backends.cudnn.deterministic is False  # off without the flag
     finally:
-        tb.TrainJob.step = original
+        ts.TrainJob.step = original
         torch.backends.cudnn.deterministic = before
     assert {m for m, _, _ in seen} == {"native", "wr"}
     assert all(flag and asked for _, flag, asked in seen[:-1])
@@ -239,20 +247,20 @@ def test_deterministic_runs_every_mode_deterministically(tb, tmp_path, capsys):
     assert "losses tiny fp32 eager native vs native (--reference's): max rel diff 0.00e+00" in out
 
 
-def test_round_order_rotates(tb):
-    assert [tb.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
-    assert tb.round_order(1, 5) == [0]
+def test_round_order_rotates(ts, tb):
+    assert [ts.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert ts.round_order(1, 5) == [0]
     # every job comes first equally often over n rounds
-    assert sorted(tb.round_order(4, r)[0] for r in range(4)) == [0, 1, 2, 3]
+    assert sorted(ts.round_order(4, r)[0] for r in range(4)) == [0, 1, 2, 3]
 
 
-def test_interleaved_stats_by_hand(tb):
+def test_interleaved_stats_by_hand(ts, tb):
     """See Note [interleaved steps]: per-round medians, then the median over rounds
     of each mode's round median over the reference's, less one."""
     step_ms = {"native": [[10.0, 12.0, 11.0], [20.0, 19.0, 30.0], [8.0, 8.0, 12.0]],
                "wd": [[12.0, 11.5, 13.0], [19.0, 21.0, 20.0], [10.0, 9.0, 8.5]],
                "wr": [[9.0, 10.0, 11.0], [22.0, 24.0, 23.0], [8.8, 8.0, 9.0]]}
-    s = tb.interleaved_stats(step_ms, "native")
+    s = ts.interleaved_stats(step_ms, "native")
     # round medians: native 11, 20, 8; wd 12, 20, 9; wr 10, 23, 8.8
     assert s["round_median_ms"] == {"native": [11.0, 20.0, 8.0], "wd": [12.0, 20.0, 9.0],
                                     "wr": [10.0, 23.0, 8.8]}
@@ -263,19 +271,19 @@ def test_interleaved_stats_by_hand(tb):
     # the median of all nine steps (native's is 12, its round medians' 11)
     assert s["median_ms"] == {"native": 12.0, "wd": 12.0, "wr": 10.0}
     # without native, against the mode given, and the key says so
-    s = tb.interleaved_stats({m: step_ms[m] for m in ("wd", "wr")}, "wd")
+    s = ts.interleaved_stats({m: step_ms[m] for m in ("wd", "wr")}, "wd")
     assert "rel_vs_native" not in s and set(s["rel_vs_wd"]) == {"wr"}
     # wr/wd per round: 10/12-1 = -1/6, 23/20-1 = 0.15, 8.8/9-1 = -0.0222 -> -0.0222
     assert math.isclose(s["rel_vs_wd"]["wr"], 8.8 / 9 - 1)
 
 
-def test_time_rounds_sets_each_modes_flags_before_its_steps(tb):
+def test_time_rounds_sets_each_modes_flags_before_its_steps(ts, tb):
     import torch
 
     calls = []
 
     class FakeJob:
-        set_flags = tb.TrainJob.set_flags
+        set_flags = ts.TrainJob.set_flags
 
         def __init__(self, mode):
             self.mode, self.precision, self.deterministic = mode, "fp32strict", False
@@ -289,7 +297,7 @@ def test_time_rounds_sets_each_modes_flags_before_its_steps(tb):
     before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
               torch.backends.cuda.matmul.allow_tf32)
     try:
-        times = tb.time_rounds([FakeJob("native"), FakeJob("native-heur"), FakeJob("wr")], 3, 2,
+        times = ts.time_rounds([FakeJob("native"), FakeJob("native-heur"), FakeJob("wr")], 3, 2,
                                torch.device("cpu"))
     finally:
         (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,

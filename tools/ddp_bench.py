@@ -51,7 +51,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mucudnn.torch as mt
 from mucudnn.caches import clear_all
-from train_bench import IMAGE_SIZE, NUM_CLASSES, MODELS, build_model
+from train_bench import MODELS
+from train_steps import IMAGE_SIZE, NUM_CLASSES, build_model
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 
 
-import train_bench as tb  # models, precisions, argument parsers
+import train_bench as tb  # model names, batch sizes, argument parsers
+import train_steps as ts  # the models, the machine's description
 import mucudnn.torch as mt
 from mucudnn.torch import engine
 
@@ -153,28 +154,28 @@ def compare(args: argparse.Namespace, name: str, device: torch.device) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = tf32
     fmt = torch.channels_last if args.precision == "fp32cl" else torch.contiguous_format
     torch.manual_seed(args.seed)
-    base = tb.build_model(name).train()
+    base = ts.build_model(name).train()
     batch = args.batch or tb.DEFAULT_BATCH[name]
-    size = tb.IMAGE_SIZE.get(name, 224)
+    size = ts.IMAGE_SIZE.get(name, 224)
     gen = torch.Generator().manual_seed(args.seed + 1)
     x = torch.randn(batch, 3, size, size, generator=gen)
-    t = torch.randint(0, tb.NUM_CLASSES, (batch,), generator=gen)
+    t = torch.randint(0, ts.NUM_CLASSES, (batch,), generator=gen)
 
     ref_model = copy.deepcopy(base).double().to(device)
     loss64, g64 = _grads(ref_model, x.double().to(device), t.to(device))
     del ref_model
 
     xs = x.to(device).contiguous(memory_format=fmt)
-    ts = t.to(device)
+    targets = t.to(device)
     native = copy.deepcopy(base).to(device).to(memory_format=fmt)
-    loss_n, g_n = _grads(native, xs, ts)
+    loss_n, g_n = _grads(native, xs, targets)
     del native
     options: dict[str, Any] = {"workspace_limit": args.workspace}
     if args.policy is not None:
         options["policy"] = args.policy
     converted = mt.convert(copy.deepcopy(base).to(device).to(memory_format=fmt), **options)
     hooks = _record_inputs(converted)
-    loss_c, g_c = _grads(converted, xs, ts)
+    loss_c, g_c = _grads(converted, xs, targets)
     for h in hooks:
         h.remove()
     plans = _plans(converted)
@@ -230,7 +231,7 @@ def summary_lines(r: dict, top: int) -> Iterable[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    report: dict[str, Any] = {"environment": tb.environment(device),
+    report: dict[str, Any] = {"environment": ts.environment(device),
                               "args": {k: v for k, v in vars(args).items()}, "models": []}
     for name in args.models:
         r = compare(args, name, device)

@@ -42,7 +42,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
-import train_bench as tb  # the training steps themselves
+import train_bench as tb  # its arguments and defaults
+import train_steps as ts  # the training steps themselves
 
 # Note [step profile]
 # ~~~~~~~~~~~~~~~~~~~
@@ -98,9 +99,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, a
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--model", choices=tb.MODELS, default="resnet18")
-    ap.add_argument("--precision", choices=tb.PRECISIONS, default="fp32cl")
-    ap.add_argument("--execution", choices=tb.EXECUTIONS, default="graph")
-    ap.add_argument("--modes", nargs="+", choices=tb.MODES, default=["native", "wr"])
+    ap.add_argument("--precision", choices=ts.PRECISIONS, default="fp32cl")
+    ap.add_argument("--execution", choices=ts.EXECUTIONS, default="graph")
+    ap.add_argument("--modes", nargs="+", choices=ts.MODES, default=["native", "wr"])
     ap.add_argument("--batch", type=tb._positive, default=None)
     ap.add_argument("--warmup", type=tb._positive, default=5)
     ap.add_argument("--steps", type=tb._positive, default=5, help="profiled steps per mode")
@@ -162,7 +163,7 @@ def conv_calls(prof: Any, steps: int) -> list[dict]:
              "ms": e.device_time_total / 1e3} for e in last]
 
 
-def profile_job(job: tb.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
+def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
     """``steps`` profiled steps of ``job``: kernel ms by category, its conv calls
     (eager), and kernel ms by name."""
     job.set_flags()
@@ -171,7 +172,7 @@ def profile_job(job: tb.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
         for _ in range(steps):
             job.next_batch()
             job.step()
-        tb._sync(job.device)
+        ts.sync(job.device)
     kernels = kernel_events(prof)
     calls = [] if job.graphed else conv_calls(prof, steps)
     return by_category(kernels, steps), calls, by_name(kernels, steps)
@@ -213,16 +214,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, precision, execution = known.model, known.precision, known.execution
     batch = known.batch or tb.DEFAULT_BATCH[name]
     torch.manual_seed(args.seed)
-    init_state = {k: v.clone() for k, v in tb.build_model(name).state_dict().items()}
+    init_state = {k: v.clone() for k, v in ts.build_model(name).state_dict().items()}
     jobs = []
     for mode in known.modes:
-        jobs.append(tb.TrainJob(args, name, mode, precision, execution, batch, init_state,
+        jobs.append(ts.TrainJob(args, name, mode, precision, execution, batch, init_state,
                                 device))
         jobs[-1].warm_up(args.warmup)
-    times = tb.time_rounds(jobs, known.timed_rounds, known.steps, device)
+    times = ts.time_rounds(jobs, known.timed_rounds, known.steps, device)
     result: dict[str, Any] = {"model": name, "precision": precision, "execution": execution,
                               "batch": batch, "modes": known.modes, "steps": known.steps,
-                              "environment": tb.environment(device), "per_mode": {}}
+                              "environment": ts.environment(device), "per_mode": {}}
     cats, calls, names = {}, {}, {}
     for mode, job, t in zip(known.modes, jobs, times):
         cats[mode], calls[mode], names[mode] = profile_job(job, known.steps)

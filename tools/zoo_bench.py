@@ -68,7 +68,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import train_bench as tb  # tools/, beside this script: training state, timing, rounds
+import train_bench as tb  # tools/, beside this script: argument types, the progress bar
+import train_steps as ts  # training state, timing, rounds
 import grad_error  # tools/: the relative error against float64
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
@@ -76,7 +77,7 @@ import mucudnn
 import mucudnn.torch as mt
 from mucudnn.torch import native as mt_native
 
-torchvision = tb.torchvision
+torchvision = ts.torchvision
 tqdm = tb.tqdm
 
 SIDES = ("native", "converted")
@@ -88,7 +89,7 @@ COLD_PREFIX = "ZOO_COLD "
 
 
 # -- models: tools/zoo_models.py ---------------------------------------------------------------
-class ZooJob(tb.TrainJob):
+class ZooJob(ts.TrainJob):
     """train_bench's training state (warm-up, capture, timed steps, release) for
     any zoo model: a side's model and optimizer, static inputs and labels
     (per-pixel for segmentation), channels-last in both precisions."""
@@ -218,7 +219,7 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
     ...             "control": [[10], [19]]})["control_round_ratios"]
     [1.0, 0.95]
     """
-    st = tb.interleaved_stats(step_ms, "native")
+    st = ts.interleaved_stats(step_ms, "native")
     rounds = st["round_median_ms"]
 
     def ratios(side: str) -> list[float]:
@@ -267,34 +268,34 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
     try:
         for side in sides:
             if not jobs:
-                tb.cleanup(device)
+                ts.cleanup(device)
             elif cuda:
                 torch.cuda.empty_cache()
             base = torch.cuda.memory_allocated(device) if cuda else 0
-            free0 = tb._free_bytes(device)
+            free0 = ts.free_bytes(device)
             t0 = time.perf_counter()
             job = ZooJob(args, spec, side, precision, execution, init_state, device)
             jobs.append(job)
             job.warm_up(args.warmup)
-            tb._sync(device)
+            ts.sync(device)
             log(f"  {execution} {side}: built and warmed up in {time.perf_counter() - t0:.1f} s")
             if side == "converted" and "report" not in entry and not args.control:
                 add_report(job.model, entry, log)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            job.timed_steps(MEMORY_STEPS, tb.Timer(device))
-            tb._sync(device)
-            free1 = tb._free_bytes(device)
+            job.timed_steps(MEMORY_STEPS, ts.Timer(device))
+            ts.sync(device)
+            free1 = ts.free_bytes(device)
             out["memory"][side] = {
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
-        times = tb.time_rounds(jobs, args.rounds, args.steps, device)
+        times = ts.time_rounds(jobs, args.rounds, args.steps, device)
         out.update(step_stats(dict(zip(sides, times))))
     finally:
         for job in jobs:
             job.release()
         jobs.clear()
-        tb.cleanup(device)
+        ts.cleanup(device)
     return out
 
 
@@ -333,15 +334,15 @@ def cold_child(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     init_state = build_model(spec).state_dict()
     job = ZooJob(args, spec, args.cold_child, args.precisions[0], "eager", init_state, device)
-    tb._sync(device)
+    ts.sync(device)
     build_s = time.perf_counter() - t0
     seconds = []
     for _ in range(2):
         job.next_batch()
-        tb._sync(device)
+        ts.sync(device)
         t1 = time.perf_counter()
         job.step()
-        tb._sync(device)
+        ts.sync(device)
         seconds.append(time.perf_counter() - t1)
     print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
                                     "build_s": build_s}), flush=True)
@@ -444,21 +445,21 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
                       generator=gen).to(device)
     conv_keys = [f"{n}.weight" for n, m in base.named_modules()
                  if isinstance(m, (nn.Conv2d, nn.Conv3d))]
-    tb.cleanup(device)
+    ts.cleanup(device)
     g64 = _grads(copy.deepcopy(base).double().to(device), x.double().to(device), t, False)
-    tb.cleanup(device)
+    ts.cleanup(device)
     xs = x.to(device).contiguous(memory_format=torch.channels_last)
     out: dict[str, Any] = {"batch": b, "conv_layers": conv_keys}
     for side in SIDES:
         # the flags a ZooJob sets: cudnn.benchmark, TF32 per precision
-        tb.TrainJob.set_flags(types.SimpleNamespace(  # type: ignore[arg-type]
+        ts.TrainJob.set_flags(types.SimpleNamespace(  # type: ignore[arg-type]
             mode="native", precision=precision, deterministic=False))
         model = copy.deepcopy(base).to(device).to(memory_format=torch.channels_last)
         if side == "converted":
             mt.convert(model, workspace_limit=args.workspace)
         out[side] = grad_errors(_grads(model, xs, t, precision == "amp"), g64, conv_keys)
         del model
-        tb.cleanup(device)
+        ts.cleanup(device)
     n, c = out["native"]["all"], out["converted"]["all"]
     out["ratio"] = c / n if n else (math.inf if c else 1.0)
     return out
@@ -466,7 +467,7 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
 
 # -- the whole benchmark --------------------------------------------------------------------------
 def environment(device: torch.device) -> dict:
-    env = tb.environment(device)
+    env = ts.environment(device)
     env.update(cuda=torch.version.cuda,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     env["git_commit"] = source_commit()
@@ -562,10 +563,10 @@ def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
         except Exception as exc:  # noqa: BLE001 - recorded; the next stage runs
             errors[tag] = f"{type(exc).__name__}: {exc}"
             entry.setdefault("tracebacks", {})[tag] = traceback.format_exc()
-            if tb.is_oom(exc):
+            if ts.is_oom(exc):
                 entry.setdefault("oom", []).append(tag)
             log(f"  {tag} FAILED: {errors[tag][:300]}")
-            tb.cleanup(device)
+            ts.cleanup(device)
             return None
         finally:
             log(f"  {tag}: {time.perf_counter() - t0:.1f} s")

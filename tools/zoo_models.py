@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-import train_bench as tb  # tools/, beside this module: the tiny CNN, torchvision if present
+import train_steps as ts  # tools/, beside this module: the tiny CNN, torchvision if present
 
-torchvision = tb.torchvision
+torchvision = ts.torchvision
 
 
 class ModelSpec(NamedTuple):
@@ -39,7 +39,7 @@ def model_spec(name: str, size: int | None) -> ModelSpec:
     if name == "inception_v3":
         size = 299
     if name == "tiny":
-        return ModelSpec(name, "classification", tb.NUM_CLASSES, size or 32)
+        return ModelSpec(name, "classification", ts.NUM_CLASSES, size or 32)
     task = "segmentation" if name in zoo_names()[1] else "classification"
     return ModelSpec(name, task, 21 if task == "segmentation" else 1000, size or 224)
 
@@ -58,7 +58,7 @@ class SegmentationLogits(nn.Module):
 def build_model(spec: ModelSpec) -> nn.Module:
     """The untrained model (random weights from torch's global generator)."""
     if spec.name == "tiny":
-        return tb.TinyCNN(spec.num_classes)
+        return ts.TinyCNN(spec.num_classes)
     if torchvision is None:
         raise RuntimeError(f"model {spec.name!r} needs torchvision")
     kwargs: dict[str, Any] = {"weights": None}

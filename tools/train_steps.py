@@ -1,0 +1,305 @@
+"""The training steps the benchmark tools share.
+
+Models (torchvision's by name, ``tiny`` for CPU smoke tests), one mode's
+training state and step (:class:`TrainJob`: native, or converted by
+``mucudnn.torch.convert`` in WR or WD mode), per-step timers, rounds of
+interleaved steps (Note [interleaved steps] in train_bench.py) and the
+machine's description. ``train_bench.py``, ``zoo_bench.py``,
+``step_profile.py``, ``grad_error.py`` and ``ddp_bench.py`` build on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import statistics
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mucudnn
+import mucudnn.torch as mt
+
+try:  # only the torchvision models need it
+    import torchvision
+except ImportError:  # pragma: no cover - depends on the machine
+    torchvision = None
+
+MODES = ("native", "wr", "wd", "native-heur")
+#: modes that run PyTorch's own convolutions
+NATIVE_MODES = ("native", "native-heur")
+PRECISIONS = ("fp32", "amp", "fp32strict", "fp32cl")
+#: precisions whose model and inputs are channels_last
+CHANNELS_LAST = ("amp", "fp32cl")
+EXECUTIONS = ("eager", "graph")
+IMAGE_SIZE = {"tiny": 32}
+NUM_CLASSES = 1000
+
+
+class TinyCNN(nn.Module):
+    """A small CNN for CPU smoke tests (conv, BN, ReLU, pooling, a grouped conv)."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1, groups=2), nn.ReLU(),
+            nn.Conv2d(16, 16, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+def build_model(name: str, num_classes: int = NUM_CLASSES) -> nn.Module:
+    if name == "tiny":
+        return TinyCNN(num_classes)
+    if torchvision is None:
+        raise RuntimeError(f"model {name!r} needs torchvision (pip install torchvision)")
+    return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
+
+# -- one mode's training ---------------------------------------------------------------------
+class Timer:
+    """Per-step times: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def start(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, begin: Any) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((begin, e))
+        else:
+            self.marks.append((begin, time.perf_counter()))
+
+    def times_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in self.marks]
+        return [(b - a) * 1e3 for a, b in self.marks]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    return int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else None
+
+
+def cleanup(device: torch.device) -> None:
+    """Free what earlier runs held: mucudnn's workspace and Convolutions (plans
+    come back from the benchmark cache; backends and their handles are kept),
+    torch's cached blocks."""
+    gc.collect()
+    sync(device)
+    mt.release_workspace()
+    mt.clear(backends=False)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def prepare(args: argparse.Namespace, name: str, mode: str, precision: str,
+            init_state: dict, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = build_model(name)
+    model.load_state_dict(init_state)
+    model = model.to(device)
+    if precision in CHANNELS_LAST:
+        model = model.to(memory_format=torch.channels_last)
+    if mode == "wr":
+        mt.convert(model, workspace_limit=args.workspace, policy=args.policy,
+                   backend=args.backend)
+    elif mode == "wd":
+        mt.convert(model, mode="wd", total_workspace=args.total_workspace, policy=args.policy,
+                   backend=args.backend)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return model, opt
+
+
+class TrainJob:
+    """One mode's training state: its model and optimizer (from :func:`prepare`),
+    a static input batch refilled from its own generator before every step, and
+    the step itself, run eagerly or, for ``graph`` execution, replayed from a
+    ``torch.cuda.CUDAGraph`` captured after the warm-up (:meth:`warm_up`).
+
+    The backend flags of its mode and precision (:meth:`set_flags`) are set on
+    construction and by :meth:`warm_up`; code that interleaves several jobs
+    sets them again before each job's steps."""
+
+    def __init__(self, args: argparse.Namespace, name: str, mode: str, precision: str,
+                 execution: str, batch: int, init_state: dict, device: torch.device) -> None:
+        self.mode, self.precision, self.execution = mode, precision, execution
+        self.device = device
+        self.graphed = execution == "graph"
+        self.amp = precision == "amp"
+        self.deterministic = bool(getattr(args, "deterministic", False))
+        self.set_flags()
+        self.model, self.opt = prepare(args, name, mode, precision, init_state, device)
+        size = IMAGE_SIZE.get(name, 224)
+        fmt = torch.channels_last if precision in CHANNELS_LAST else torch.contiguous_format
+        self.x = torch.empty(batch, 3, size, size, device=device, memory_format=fmt)
+        self.t = torch.empty(batch, dtype=torch.long, device=device)
+        self.gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_loss: torch.Tensor | None = None
+
+    def set_flags(self) -> None:
+        """cudnn.benchmark per mode (Note [loss noise floor] in train_bench.py), TF32
+        per precision, cudnn.deterministic per ``--deterministic`` (Note
+        [deterministic loss check] there)."""
+        torch.backends.cudnn.benchmark = self.mode != "native-heur"
+        torch.backends.cudnn.deterministic = self.deterministic
+        tf32 = self.precision != "fp32strict"
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+    def next_batch(self) -> None:
+        self.x.normal_(generator=self.gen)
+        self.t.random_(0, NUM_CLASSES, generator=self.gen)
+
+    def _eager_step(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=not self.graphed)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp,
+                            cache_enabled=not self.graphed):
+            loss = F.cross_entropy(self.model(self.x), self.t)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def warm_up(self, steps: int) -> tuple[list[torch.Tensor], float | None]:
+        """``steps`` eager steps on fresh batches (on a side stream before a
+        capture), then the capture for ``graph`` execution. Returns the
+        warm-up losses and the seconds the first step took."""
+        self.set_flags()
+        losses: list[torch.Tensor] = []
+        first_step_s = None
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream(self.device) if self.graphed else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for i in range(steps):
+                self.next_batch()
+                losses.append(self._eager_step().detach().float())
+                if i == 0:
+                    sync(self.device)
+                    first_step_s = time.perf_counter() - t0
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.graphed:
+            self.opt.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self._eager_step()
+        return losses, first_step_s
+
+    def step(self) -> torch.Tensor:
+        """One training step on the current batch (:meth:`next_batch` first);
+        its loss."""
+        if self.graph is not None:
+            self.graph.replay()
+            assert self.static_loss is not None
+            return self.static_loss
+        return self._eager_step()
+
+    def timed_steps(self, steps: int, timer: Timer) -> list[torch.Tensor]:
+        """``steps`` steps on fresh batches, each timed by ``timer`` (the batch
+        refill outside the interval); their losses."""
+        losses = []
+        for _ in range(steps):
+            self.next_batch()
+            begin = timer.start()
+            loss = self.step()
+            timer.stop(begin)
+            losses.append(loss.detach().float().clone())
+        return losses
+
+    def release(self) -> None:
+        """Drop the graph, model, optimizer and tensors (for :func:`cleanup`)."""
+        self.graph = self.static_loss = None
+        self.model = self.opt = self.x = self.t = None  # type: ignore[assignment]
+
+
+# -- interleaved rounds (Note [interleaved steps] in train_bench.py) -----------------------------
+def round_order(n: int, round_index: int) -> list[int]:
+    """The order of ``n`` jobs in round ``round_index``: rotated by one each round.
+
+    >>> [round_order(3, r) for r in range(4)]
+    [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    """
+    k = round_index % n if n else 0
+    return list(range(k, n)) + list(range(k))
+
+
+def interleaved_stats(step_ms: Mapping[str, Sequence[Sequence[float]]],
+                      reference: str) -> dict[str, Any]:
+    """Each mode's median step time over all its steps and per round (from its
+    step times in ms, per round), and for every mode but ``reference`` the
+    median over rounds of (its round median / the reference's round median) - 1
+    (Note [interleaved steps] in train_bench.py), under the key ``rel_vs_<reference>``.
+
+    >>> s = interleaved_stats({"native": [[10, 12], [20, 22]], "wr": [[11, 13], [21, 24]]},
+    ...                       "native")
+    >>> s["round_median_ms"]["wr"], round(s["rel_vs_native"]["wr"], 4)
+    ([12.0, 22.5], 0.0812)
+    """
+    rounds = {m: [statistics.median(r) for r in per_round] for m, per_round in step_ms.items()}
+    ref = rounds[reference]
+    rel = {m: statistics.median(a / b - 1 for a, b in zip(med, ref))
+           for m, med in rounds.items() if m != reference}
+    return {"median_ms": {m: statistics.median(t for r in per_round for t in r)
+                          for m, per_round in step_ms.items()},
+            "round_median_ms": rounds, f"rel_vs_{reference}": rel}
+
+
+def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
+                device: torch.device) -> list[list[list[float]]]:
+    """``rounds`` rounds of ``steps`` timed steps of every job in turn, in
+    :func:`round_order`, each job's backend flags set before its steps; the step
+    times in ms, ``[job][round][step]``."""
+    timers = [[Timer(device) for _ in range(rounds)] for _ in jobs]
+    for r in range(rounds):
+        for j in round_order(len(jobs), r):
+            jobs[j].set_flags()
+            jobs[j].timed_steps(steps, timers[j][r])
+    return [[timer.times_ms() for timer in row] for row in timers]
+
+
+# -- the machine --------------------------------------------------------------------------------
+def is_oom(exc: BaseException) -> bool:
+    """True for out-of-memory errors from torch, CUDA or mucudnn (its workspace)."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "alloc_failed" in text or "cudaerrormemoryallocation" in text
+
+
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
+           "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
+           "python": sys.version.split()[0]}
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cudnn=torch.backends.cudnn.version(),
+                   total_memory=torch.cuda.get_device_properties(device).total_memory)
+    return env
