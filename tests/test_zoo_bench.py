@@ -46,12 +46,6 @@ def test_parse_args_defaults_and_errors(zb):
             zb.parse_args(TINY + bad)
 
 
-def test_geomean_by_hand(zb):
-    assert math.isclose(zb.geomean([1.1, 0.9, 1.0]), (1.1 * 0.9) ** (1 / 3))
-    assert math.isclose(zb.geomean([2.0, 8.0]), 4.0)
-    assert zb.geomean([]) is None and zb.geomean([None, 0.0, -1.0, math.inf]) is None
-
-
 def test_step_stats_by_hand(zb):
     step_ms = {"native": [[10.0, 10.0, 12.0], [20.0, 22.0, 21.0], [30.0, 30.0, 30.0]],
                "converted": [[11.0, 12.0, 13.0], [21.0, 20.0, 19.0], [36.0, 33.0, 33.0]]}
@@ -101,6 +95,10 @@ def test_summary_lines(zb):
     assert "| m | amp | eager | 10.00 | 11.00 | 1.100 | 3/4 | 1.2/- | 1.0e-03/2.0e-03 |" in lines
     assert "| m | amp | graph | 8.00 | 8.00 | 1.000 | -/- | 1.2/- | 1.0e-03/2.0e-03 |" in lines
     assert "| n | amp | eager | 10.00 | 10.00 | 0.900 | -/- | -/- | -/- |" in lines
+    # with six rounds or more, the ratio's interval (order statistics 1 and 6 of six)
+    e2["steps"]["eager"]["round_ratios"] = [0.93, 0.88, 0.90, 0.95, 0.86, 0.91]
+    assert "| n | amp | eager | 10.00 | 10.00 | 0.900 [0.860, 0.950] | -/- | -/- | -/- |" in \
+        zb.summary_lines([e2])
     gm = [ln for ln in lines if ln.startswith("geometric mean")]
     assert gm == [f"geometric mean converted/native, amp eager: {math.sqrt(1.1 * 0.9):.3f} "
                   "over 2 models", "geometric mean converted/native, amp graph: 1.000 over 1 models"]

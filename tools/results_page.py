@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import pathlib
 import re
 import sys
 from typing import Any, Callable
+
+from round_stats import geomean, median_interval  # tools/, beside this script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = ("docs/BENCHMARKS.md", "README.md")
@@ -293,11 +294,6 @@ def call_overhead(results: list[tuple[str, Any]]) -> str:
 
 
 # -- the zoo (tools/zoo_bench.py) ----------------------------------------------------------------
-def geomean(values: list[float]) -> float | None:
-    vs = [v for v in values if v and math.isfinite(v) and v > 0]
-    return math.exp(sum(map(math.log, vs)) / len(vs)) if vs else None
-
-
 def newest_session(docs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """The documents of the newest session among ``docs`` (the date and ``-sN-``
     of the newest file's name), in their order."""
@@ -367,6 +363,17 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
                    "first step s, converted", "primer", "source"], rows, src, "zoo_bench.py --cold")
 
 
+#: the zoo's target: converted step time at most this many times native's
+TARGET = 1.02
+
+
+def _interval(st: dict) -> str:
+    """`` [low, high]``: the interval of a zoo row's ratio over its rounds (Note
+    [interval of a median] in tools/round_stats.py); empty with too few rounds."""
+    iv = median_interval(st.get("round_ratios") or [])
+    return "" if iv is None else f" [{iv[0]:.3f}, {iv[1]:.3f}]"
+
+
 def zoo(results: list[tuple[str, Any]]) -> str:
     if not of_kind(results, "zoo"):
         return finish([], [], Sources(), "zoo_bench.py")
@@ -376,11 +383,13 @@ def zoo(results: list[tuple[str, Any]]) -> str:
     for name, doc, e, ex, st in steps:
         cite = src.cite(name, zoo_source(name, doc))
         if st.get("ratio"):
-            groups.setdefault((e["precision"], ex), []).append((e["model"], st["ratio"]))
+            iv = median_interval(st.get("round_ratios") or [])
+            groups.setdefault((e["precision"], ex), []).append(
+                (e["model"], st["ratio"], iv is not None and iv[0] > TARGET))
         per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
                           "captured" if ex == "graph" else ex, num(st.get("native_ms")),
                           num(st.get("converted_ms")),
-                          num(st.get("ratio"), ".3f") + (
+                          num(st.get("ratio"), ".3f") + _interval(st) + (
                               f" (A/A {st['control_ratio']:.3f})"
                               if st.get("control_ratio") is not None else ""),
                           _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
@@ -390,10 +399,11 @@ def zoo(results: list[tuple[str, Any]]) -> str:
     for (prec, ex), rs in groups.items():
         worst = max(rs, key=lambda r: r[1])
         rows.append([PRECISION_LABEL.get(prec, prec), "captured" if ex == "graph" else ex,
-                     str(len(rs)), num(geomean([r for _, r in rs]), ".3f"),
-                     str(sum(r > 1.02 for _, r in rs)), f"{worst[0]} {worst[1]:.3f}"])
+                     str(len(rs)), num(geomean([r for _, r, _ in rs]), ".3f"),
+                     f"{sum(r > TARGET for _, r, _ in rs)} ({sum(a for _, _, a in rs)})",
+                     f"{worst[0]} {worst[1]:.3f}"])
     return (table(["precision", "step", "models", "geometric mean converted/native",
-                   "models over 1.02", "slowest (ratio)"], rows)
+                   f"models over {TARGET} (interval wholly above)", "slowest (ratio)"], rows)
             + f"\n\nModels with a failed stage: {', '.join(failed) or 'none'}.\n\n"
             + finish(["model", "precision", "step", "native ms", "converted ms", "converted/native",
                       "conv ms: what runs vs PyTorch's (directions on PyTorch's own)",

@@ -70,6 +70,7 @@ from torch import nn
 
 import train_bench as tb  # tools/, beside this script: argument types, the progress bar
 import train_steps as ts  # training state, timing, rounds
+from round_stats import geomean, median_interval  # ratios over models, rounds
 import grad_error  # tools/: the relative error against float64
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
@@ -196,16 +197,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # -- step time and memory -------------------------------------------------------------------------
-def geomean(values: Sequence[float | None]) -> float | None:
-    """The geometric mean of the positive finite values (None when there are none).
-
-    >>> round(geomean([1.0, 4.0, None, math.nan]), 6)
-    2.0
-    """
-    vs = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-    return math.exp(sum(map(math.log, vs)) / len(vs)) if vs else None
-
-
 def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
     """Per side the median of all its step times (ms, per round), and the
     median over rounds of (converted's round median / native's).
@@ -503,8 +494,12 @@ def source_commit() -> str | None:
 
 
 def _ratio(st: dict) -> str:
-    """converted/native, with the A/A ratio where a control side ran."""
+    """converted/native with its interval over the rounds (Note [interval of a
+    median] in round_stats.py), and the A/A ratio where a control side ran."""
     r = _num(st.get("ratio"), ".3f")
+    iv = median_interval(st.get("round_ratios") or [])
+    if iv is not None:
+        r += f" [{iv[0]:.3f}, {iv[1]:.3f}]"
     return r if st.get("control_ratio") is None else f"{r} (A/A {st['control_ratio']:.3f})"
 
 

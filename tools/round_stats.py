@@ -1,0 +1,68 @@
+"""Statistics of interleaved rounds, for the benchmark tools and the results page.
+
+A benchmark that alternates two sides in rounds (Note [interleaved steps] in
+train_bench.py) reports per round the ratio of their median step times, and
+the median of those ratios. :func:`median_interval` says how well those
+rounds pin that median down; :func:`geomean` summarises ratios over models.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+__all__ = ["geomean", "median_interval", "CONFIDENCE"]
+
+#: the confidence of the intervals the tools report
+CONFIDENCE = 0.95
+
+
+def geomean(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The geometric mean of the positive finite values (None when there are none).
+
+    >>> round(geomean([1.0, 4.0, None, math.nan]), 6)
+    2.0
+    """
+    vs = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(map(math.log, vs)) / len(vs)) if vs else None
+
+
+# Note [interval of a median]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Round ratios of host-bound training steps spread by 10-30%, so a median of
+# a dozen rounds can sit a few percent from where more rounds would put it;
+# a ratio read against a 2% target needs its uncertainty beside it. The
+# interval is the distribution-free one for a median from order statistics:
+# each value falls below the population median with probability 1/2, so the
+# k-th smallest of n is below it with probability P(Bin(n, 1/2) >= k), and
+# [x(k), x(n+1-k)] holds it with probability 1 - 2 P(Bin(n, 1/2) <= k - 1),
+# whatever the distribution (no normality, no resampling: the same rounds
+# give the same interval). k is the largest whose coverage is at least the
+# confidence asked; below 6 rounds no 95% interval exists.
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE
+                    ) -> Optional[tuple[float, float, float]]:
+    """(low, high, coverage): the interval of order statistics that holds the
+    median of the population ``values`` are drawn from with probability
+    ``coverage`` >= ``confidence`` (Note [interval of a median]); None where
+    there are too few values for that confidence.
+
+    >>> median_interval([1.0, 1.1, 0.9, 1.05, 0.95, 1.2, 0.85, 1.0, 1.02, 0.98, 1.01, 0.99])
+    (0.95, 1.05, 0.961)
+    >>> median_interval([1.0, 1.1, 0.9, 1.05, 0.95]) is None
+    True
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence: expected a probability in (0, 1), got {confidence!r}")
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    tail = (1 - confidence) / 2
+    below = 0  # P(Bin(n, 1/2) <= k - 1), summed as k grows
+    k = 0
+    while k < n // 2:
+        p = below + math.comb(n, k) / 2 ** n
+        if p > tail:
+            break
+        below, k = p, k + 1
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k], round(1 - 2 * below, 3)
