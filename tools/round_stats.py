@@ -29,9 +29,10 @@ def geomean(values: Iterable[Optional[float]]) -> Optional[float]:
 
 # Note [interval of a median]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Round ratios of host-bound training steps spread by 10-30%, so a median of
-# a dozen rounds can sit a few percent from where more rounds would put it;
-# a ratio read against a 2% target needs its uncertainty beside it. The
+# Round ratios of host-bound training steps spread far more widely than the
+# zoo's 2% target, so a median of a dozen rounds can sit further from where
+# more rounds would put it than the target allows: a ratio read against the
+# target needs its uncertainty beside it. The
 # interval is the distribution-free one for a median from order statistics:
 # each value falls below the population median with probability 1/2, so the
 # k-th smallest of n is below it with probability P(Bin(n, 1/2) >= k), and
