@@ -169,6 +169,15 @@ def test_the_trial_is_off_with_the_native_comparison(fake_device, monkeypatch):
     assert trial.kept is None and {w for w, _ in ran} == {PLANS}
 
 
+def test_a_freshly_converted_models_first_step_does_not_end_its_trial(fake_device):
+    """The trial's hook runs before the first step's layers decide what they run,
+    so at that step it cannot know the ways are one: it keeps nothing."""
+    model = mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1)))
+    trial = step_trial.trial_of(model)
+    trial(model, ())
+    assert trial.kept is None and not any(trial.step_ms.values())
+
+
 def test_convert_hooks_one_trial_shared_by_its_layers_and_the_report_shows_it():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.Conv2d(4, 4, 1)))
     mt.convert(model)
