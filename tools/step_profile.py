@@ -3,7 +3,7 @@
 
 ``tools/train_bench.py`` times whole steps; this profiles them (Note [step
 profile]). For one model, precision and execution, it builds the training
-state of each mode (``train_bench.TrainJob``: same initial weights, same
+state of each mode (``train_steps.TrainJob``: same initial weights, same
 data), warms each up, and then, under ``torch.profiler``, runs ``--steps``
 steps of each mode. Per mode it reports
 
