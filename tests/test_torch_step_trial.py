@@ -178,6 +178,47 @@ def test_a_freshly_converted_models_first_step_does_not_end_its_trial(fake_devic
     assert trial.kept is None and not any(trial.step_ms.values())
 
 
+@pytest.mark.parametrize("plans_where_torch_fits", [False, True])
+def test_a_training_loop_through_converted_modules_reaches_the_trials_end(
+        fake_device, monkeypatch, plans_where_torch_fits):
+    """Real converted modules and the real hook, with each layer's first call
+    faked to what a GPU's calibration leaves (every direction fits; PyTorch's
+    call kept, or a plan kept): the first step calibrates, the second is not
+    timed, and then either the ways are one and PyTorch's is kept untimed, or
+    the trial times both ways and keeps one."""
+    import torch.nn.functional as F
+
+    from mucudnn.torch.modules import MucudnnConvMixin
+
+    met: set[int] = set()
+
+    def first_calls(self, input, weight, bias):
+        if id(self) not in met:  # what warm_call's calibration does at a first call
+            met.add(id(self))
+            engine.CALIBRATIONS[0] += 1
+        keep = not plans_where_torch_fits
+        engine._LAST.warm = type("Warm", (), {"fits": (True,) * 3, "native": (keep,) * 3})()
+        return F.conv2d(input, weight, bias, self.stride, self.padding)
+
+    monkeypatch.setattr(MucudnnConvMixin, "_mu_forward", first_calls)
+    model = mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1)))
+    trial = step_trial.trial_of(model)
+    x = torch.randn(2, 3, 6, 6)
+    for step in range(3):
+        model(x)
+        fake_device.now += 1.0
+        assert trial.kept is None or step == 2
+    if not plans_where_torch_fits:
+        assert trial.kept == TORCH and trial.torch and trial.step_ms == {PLANS: [], TORCH: []}
+        return
+    assert trial.kept is None
+    for _ in range(2 * (TRIAL_STEPS + 1)):
+        model(x)
+        fake_device.now += 1.0
+    assert trial.kept in (PLANS, TORCH)
+    assert [len(v) for v in trial.step_ms.values()] == [TRIAL_STEPS, TRIAL_STEPS]
+
+
 def test_convert_hooks_one_trial_shared_by_its_layers_and_the_report_shows_it():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.Conv2d(4, 4, 1)))
     mt.convert(model)
