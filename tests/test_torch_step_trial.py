@@ -201,6 +201,7 @@ def test_a_training_loop_through_converted_modules_reaches_the_trials_end(
         return F.conv2d(input, weight, bias, self.stride, self.padding)
 
     monkeypatch.setattr(MucudnnConvMixin, "_mu_forward", first_calls)
+    monkeypatch.setattr(engine._LAST, "warm", None, raising=False)  # restored afterwards
     model = mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1)))
     trial = step_trial.trial_of(model)
     x = torch.randn(2, 3, 6, 6)
