@@ -127,10 +127,29 @@ def test_zoo_cold_table(tmp_path):
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
     t = rp.zoo_cold(rp.load_results(tmp_path))
-    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | yes | [1] |" in t
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | yes | - | - | [1] |" in t
     assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | none (native ran first) " \
-           "| [1] |" in t
+           "| - | - | [1] |" in t
     assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
+
+
+def test_zoo_cold_table_shows_gradient_errors(tmp_path):
+    """zoo_bench --grad-check rows: each side's error against float64 and their
+    ratio (the target compares errors, not gradients); no cold figures needed."""
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234", "settings": {"MUCUDNN_TORCH_SEARCH": "over-limit"}}
+    grad = {"batch": 8, "native": {"all": 0.2, "conv_max": 0.3},
+            "converted": {"all": 0.25, "conv_max": 0.3}}
+    doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+           "results": [{"model": "densenet121", "precision": "fp32cl", "steps": {}, "grad": grad},
+                       {"model": "vgg16", "precision": "fp32cl", "steps": {},
+                        "grad": {"native": grad["native"]}}],
+           "skipped": []}
+    (tmp_path / "2026-12-03-h200-s1-call1-zoo-grad.json").write_text(json.dumps(doc))
+    t = rp.zoo_cold(rp.load_results(tmp_path))
+    assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | 2.00e-01 / 2.50e-01 " \
+           "| 1.25 | [1] |" in t
+    assert "vgg16" not in t
 
 
 def test_newest_is_by_date_then_session_and_call():

@@ -344,23 +344,33 @@ def _pair(d: Any, key: str, fmt: str) -> str:
 
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
-    tools/zoo_bench.py) in the newest session's zoo runs, with the search in
-    force and whether a primer ran first."""
+    tools/zoo_bench.py) and one step's gradient errors against float64 (Note
+    [gradient check]) in the newest session's zoo runs, with the search in force
+    and whether a primer ran first; a row needs both sides of one of the two."""
     src, rows = Sources(), []
     for name, doc in newest_session(of_kind(results, "zoo")):
         search = (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)
         for e in doc["results"]:
-            cold = e.get("cold") or {}
-            if not all(isinstance(cold.get(s), dict) for s in ("native", "converted")):
+            cold, grad = e.get("cold") or {}, e.get("grad") or {}
+            has_cold = all(isinstance(cold.get(s), dict) for s in ("native", "converted"))
+            has_grad = all(isinstance(grad.get(s), dict) for s in ("native", "converted"))
+            if not (has_cold or has_grad):
                 continue
-            primer = e.get("cold_primer")
+            primer = "-" if not has_cold else \
+                "yes" if e.get("cold_primer") else "none (native ran first)"
+            ratio = "-"
+            if has_grad and grad["native"].get("all"):
+                ratio = num(grad["converted"].get("all", float("nan")) / grad["native"]["all"],
+                            ".2f")
             rows.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]), search,
-                         num(cold["native"].get("first_step_s"), ".1f"),
-                         num(cold["converted"].get("first_step_s"), ".1f"),
-                         "yes" if primer else "none (native ran first)",
+                         num(cold["native"].get("first_step_s"), ".1f") if has_cold else "-",
+                         num(cold["converted"].get("first_step_s"), ".1f") if has_cold else "-",
+                         primer, _pair(grad, "all", ".2e"), ratio,
                          src.cite(name, zoo_source(name, doc))])
     return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
-                   "first step s, converted", "primer", "source"], rows, src, "zoo_bench.py --cold")
+                   "first step s, converted", "primer",
+                   "gradient error vs float64, native / converted", "converted / native error",
+                   "source"], rows, src, "zoo_bench.py --cold --grad-check")
 
 
 #: the zoo's target: converted step time at most this many times native's
