@@ -255,11 +255,94 @@ def test_pytorch_workspace_is_measured_not_understated():
     torch.cuda.reset_peak_memory_stats()
     y = call()
     torch.cuda.synchronize()
-    peak_ws = torch.cuda.max_memory_allocated() - base - y.untyped_storage().nbytes()
+    peak, held = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
     del y
+    # the output as the allocator counts it: See Note [outputs as the allocator counts them]
+    peak_ws = peak - base - (held - torch.cuda.memory_allocated())
     ws = native._workspace(call)
     assert ws is not None and ws >= peak_ws
     assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)
+
+
+def _block_bytes(nbytes: int) -> int:
+    """What torch's caching allocator counts for ``nbytes`` (default settings)."""
+    return 0 if nbytes == 0 else max(512, -(-nbytes // 512) * 512)
+
+
+class _Allocator:
+    """A stand-in for torch's caching allocator's statistics: blocks rounded up
+    to 512 bytes, as ``memory_allocated`` and ``max_memory_allocated`` count them."""
+
+    def __init__(self) -> None:
+        self.allocated = self.peak = 0
+
+    def block(self, nbytes: int) -> object:
+        size = _block_bytes(nbytes)
+        self.allocated += size
+        self.peak = max(self.peak, self.allocated)
+        alloc = self
+
+        class Block:
+            def __del__(self) -> None:
+                alloc.allocated -= size
+        return Block()
+
+    def install(self, monkeypatch) -> None:
+        stream = type("Stream", (), {"synchronize": lambda self: None})()
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: stream)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: self.allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: self.peak)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                            lambda *a: setattr(self, "peak", self.allocated))
+
+
+@given(ws=st.integers(0, 8 << 20), outputs=st.lists(st.integers(1, 1 << 20), min_size=1,
+                                                      max_size=3),
+       kept=st.integers(0, 1 << 20), before=st.integers(0, 1 << 20))
+def test_pytorch_workspace_is_the_peak_over_its_outputs_as_the_allocator_counts_them(
+        ws, outputs, kept, before):
+    """See Note [outputs as the allocator counts them]: a call that takes ``ws``
+    bytes of workspace, leaves ``kept`` bytes allocated beyond its outputs and
+    returns outputs of any byte counts measures as exactly the blocks of the
+    two, whatever the outputs' rounding (and what was allocated before)."""
+    mp = pytest.MonkeyPatch()
+    alloc = _Allocator()
+    alloc.install(mp)
+    held = [alloc.block(before)] if before else []
+    left = []
+
+    def call():
+        if kept:
+            left.append(alloc.block(kept))
+        scratch = alloc.block(ws) if ws else None
+        out = tuple(alloc.block(n) for n in outputs)
+        del scratch
+        return out
+
+    try:
+        got = native._workspace(call)
+    finally:
+        mp.undo()
+    assert got == _block_bytes(ws) + _block_bytes(kept)
+    # the outputs were freed; what was there before and what the call kept were not
+    assert alloc.allocated == _block_bytes(before) + _block_bytes(kept)
+    assert len(held) + len(left) == bool(before) + bool(kept)
+
+
+def test_a_call_that_meets_the_limit_exactly_fits_it(monkeypatch):
+    """bfloat16 AlexNet's first backward-filter: 64 MiB of workspace and a
+    46,464-byte gradient (in a 46,592-byte block) fit a 64 MiB limit."""
+    alloc = _Allocator()
+    alloc.install(monkeypatch)
+
+    def call():
+        scratch = alloc.block(64 << 20)
+        dw = alloc.block(64 * 3 * 11 * 11 * 2)
+        del scratch
+        return dw
+
+    got = native._workspace(call)
+    assert got == 64 << 20 and native.within_limit(got, 64 << 20)
 
 
 @given(torch_ms=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
