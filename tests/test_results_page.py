@@ -122,6 +122,9 @@ def test_zoo_cold_table(tmp_path):
            "results": [{"model": "resnet18", "precision": "fp32cl", "steps": {}, "cold": cold,
                         "cold_primer": {"first_step_s": 9.9}},
                        {"model": "vgg16", "precision": "amp", "steps": {}, "cold": cold},
+                       {"model": "convnext_tiny", "precision": "fp32cl", "steps": {},
+                        "cold": {s: dict(v, profiled=True) for s, v in cold.items()},
+                        "cold_primer": {"first_step_s": 9.9}},
                        {"model": "alexnet", "precision": "amp", "steps": {},
                         "cold": {"native": cold["native"]}}],
            "skipped": []}
@@ -130,6 +133,8 @@ def test_zoo_cold_table(tmp_path):
     assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | yes | - | - | [1] |" in t
     assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | none (native ran first) " \
            "| - | - | [1] |" in t
+    assert "| convnext_tiny | fp32 channels-last | over-limit | 2.3 (profiled) | 6.5 (profiled) " \
+           "| yes |" in t  # zoo_bench --cold-profile: seconds under cProfile
     assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
 
 

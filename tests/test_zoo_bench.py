@@ -41,7 +41,8 @@ def test_parse_args_defaults_and_errors(zb):
     assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
     for bad in (["--models", "lenet"], ["--precisions", "amp"], ["--execution", "graph"],
                 ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
-                ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"]):
+                ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"],
+                ["--cold-profile", "5"], ["--cold", "--cold-profile", "-1"]):
         with pytest.raises(SystemExit):
             zb.parse_args(TINY + bad)
 
@@ -176,6 +177,27 @@ def test_cold_processes(zb, tmp_path):
         c = r["cold"][side]
         assert 0 < c["second_step_s"] and 0 < c["first_step_s"] < c["process_s"]
         assert 0 < c["build_s"] < c["process_s"]
+        assert "profile" not in c and "profiled" not in c
+
+
+@pytest.mark.slow
+def test_cold_processes_profiled(zb, tmp_path):
+    """--cold-profile N: each side's first step under cProfile, its N functions
+    of most cumulative time kept (the step itself among them), the side marked."""
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--cold", "--cold-profile", "25", "--no-steps",
+                           "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    for side in ("native", "converted"):
+        c = r["cold"][side]
+        rows = c["profile"]
+        assert c["profiled"] is True and 0 < len(rows) <= 25
+        cum = [row["cumulative_s"] for row in rows]
+        assert cum == sorted(cum, reverse=True) and cum[0] <= c["first_step_s"]
+        assert any("tools/train_steps.py" in row["function"] and "(step)" in row["function"]
+                   for row in rows)
+    converted = " ".join(row["function"] for row in r["cold"]["converted"]["profile"])
+    assert "mucudnn/" in converted  # the converted step runs mucudnn's code
 
 
 def test_isolated_models(zb, tmp_path):

@@ -342,6 +342,12 @@ def _pair(d: Any, key: str, fmt: str) -> str:
            f"{format(d['converted'].get(key, float('nan')), fmt)}"
 
 
+def _first_step(side: dict) -> str:
+    """One side's cold first-step seconds; a profiled one (zoo_bench
+    --cold-profile) is marked, its seconds not comparable with the others."""
+    return num(side.get("first_step_s"), ".1f") + (" (profiled)" if side.get("profiled") else "")
+
+
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_bench.py) and one step's gradient errors against float64 (Note
@@ -363,8 +369,8 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
                 ratio = num(grad["converted"].get("all", float("nan")) / grad["native"]["all"],
                             ".2f")
             rows.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]), search,
-                         num(cold["native"].get("first_step_s"), ".1f") if has_cold else "-",
-                         num(cold["converted"].get("first_step_s"), ".1f") if has_cold else "-",
+                         _first_step(cold["native"]) if has_cold else "-",
+                         _first_step(cold["converted"]) if has_cold else "-",
                          primer, _pair(grad, "all", ".2e"), ratio,
                          src.cite(name, zoo_source(name, doc))])
     return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",

@@ -4,7 +4,8 @@ Models (torchvision's by name, ``tiny`` for CPU smoke tests), one mode's
 training state and step (:class:`TrainJob`: native, or converted by
 ``mucudnn.torch.convert`` in WR or WD mode), per-step timers, rounds of
 interleaved steps (Note [interleaved steps] in train_bench.py) and the
-machine's description. ``train_bench.py``, ``zoo_bench.py``,
+machine's description, and a host profile of one call (:func:`host_profile`).
+``train_bench.py``, ``zoo_bench.py``,
 ``step_profile.py``, ``grad_error.py`` and ``ddp_bench.py`` build on it.
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import gc
+import os
+import pstats
 import statistics
 import sys
 import time
@@ -115,6 +119,43 @@ def cleanup(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def _where(file: str, line: int, name: str) -> str:
+    """A profiled function as ``path:line(name)``, the path from its package on
+    (``torch/...``, ``mucudnn/...``, ``tools/...``) rather than the machine's.
+
+    >>> _where("/venv/lib/site-packages/torch/nn/modules/conv.py", 548, "forward")
+    'torch/nn/modules/conv.py:548(forward)'
+    >>> _where("/work/tree/mucudnn/torch/native.py", 9, "calibrate")
+    'mucudnn/torch/native.py:9(calibrate)'
+    """
+    path = file.replace(os.sep, "/")
+    for marker in ("/site-packages/", "/dist-packages/", "/mucudnn/", "/tools/"):
+        i = path.rfind(marker)
+        if i >= 0:
+            path = path[i + 1:] if marker in ("/mucudnn/", "/tools/") else path[i + len(marker):]
+            break
+    return f"{path}:{line}({name})"
+
+
+def host_profile(fn: Any, top: int) -> tuple[Any, list[dict]]:
+    """``fn()`` under cProfile: its result, and the ``top`` functions by
+    cumulative host time (``function``, ``calls``, ``self_s``, ``cumulative_s``).
+    cProfile slows Python-heavy code, so times under it are not comparable
+    with unprofiled ones; the ranking says where the time goes.
+
+    >>> r, rows = host_profile(lambda: sorted(range(1000)), 3)
+    >>> r[:3], len(rows) <= 3, all(row["cumulative_s"] >= 0 for row in rows)
+    ([0, 1, 2], True, True)
+    """
+    prof = cProfile.Profile()
+    result = prof.runcall(fn)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]
+    return result, [{"function": _where(*where), "calls": int(nc), "self_s": round(tt, 4),
+                     "cumulative_s": round(ct, 4)}
+                    for where, (_, nc, tt, ct, _) in ranked]
 
 
 def prepare(args: argparse.Namespace, name: str, mode: str, precision: str,

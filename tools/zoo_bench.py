@@ -154,6 +154,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "row's A/A ratio beside converted/native (Note [control runs])")
     ap.add_argument("--cold", action="store_true",
                     help="first-step seconds of each side in a fresh process (Note [cold steps])")
+    ap.add_argument("--cold-profile", type=int, default=0, metavar="N",
+                    help="profile each cold first step on the host (cProfile) and keep its N "
+                         "functions of most cumulative time; the step's seconds are then "
+                         "profiled ones (Note [cold steps])")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
                     help="seconds allowed for each --cold process (default 300)")
     ap.add_argument("--grad-check", action="store_true",
@@ -187,6 +191,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--device cpu: runs fp32cl eager only (no autocast or CUDA graphs there)")
     if args.with_control and args.control:
         ap.error("--with-control: --control already times native against native")
+    if args.cold_profile < 0 or (args.cold_profile and not (args.cold or args.cold_child)):
+        ap.error("--cold-profile: a number of functions >= 0, with --cold")
     if args.no_steps and not (args.cold or args.grad_check):
         ap.error("--no-steps: give --cold or --grad-check (there is nothing else to measure)")
     if "graph" in args.execution and args.warmup < 3:
@@ -316,7 +322,10 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None]) -> Non
 # for reading the CUDA libraries from disk and filling the CUDA JIT cache, which
 # later processes find ready: so a primer (one native child, its numbers kept
 # apart as ``cold_primer``) runs before the measured pair, and neither side is
-# charged for what the other left behind.
+# charged for what the other left behind. ``--cold-profile N`` runs each
+# side's first step under cProfile and keeps the N functions of most
+# cumulative host time (``profile``; ``profiled`` marks such a side): where a
+# slow first step spends its time, at the price of slowing its Python.
 def cold_child(args: argparse.Namespace) -> int:
     """One side's first and second step (Note [cold steps]), printed as JSON."""
     device = torch.device(args.device)
@@ -327,16 +336,23 @@ def cold_child(args: argparse.Namespace) -> int:
     job = ZooJob(args, spec, args.cold_child, args.precisions[0], "eager", init_state, device)
     ts.sync(device)
     build_s = time.perf_counter() - t0
-    seconds = []
-    for _ in range(2):
+    seconds, out = [], {}
+    for i in range(2):
         job.next_batch()
         ts.sync(device)
         t1 = time.perf_counter()
-        job.step()
-        ts.sync(device)
+        if i == 0 and args.cold_profile > 0:
+            def first() -> None:
+                job.step()
+                ts.sync(device)
+            _, out["profile"] = ts.host_profile(first, args.cold_profile)
+            out["profiled"] = True
+        else:
+            job.step()
+            ts.sync(device)
         seconds.append(time.perf_counter() - t1)
     print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
-                                    "build_s": build_s}), flush=True)
+                                    "build_s": build_s, **out}), flush=True)
     return 0
 
 
@@ -355,7 +371,8 @@ def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: st
         cmd = [sys.executable, os.path.abspath(__file__), "--cold-child", side,
                "--models", spec.name, "--precisions", precision, "--device", args.device,
                "--batch", str(args.batch), "--size", str(spec.size),
-               "--workspace", str(args.workspace), "--seed", str(args.seed), "--lr", str(args.lr)]
+               "--workspace", str(args.workspace), "--seed", str(args.seed), "--lr", str(args.lr),
+               "--cold-profile", str(args.cold_profile)]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cold_timeout)
         wall = time.perf_counter() - t0
