@@ -22,7 +22,7 @@ Measured per model and precision:
 * with ``--cold``: the wall seconds of each side's first training step in a
   fresh process, the converted side with an empty mucudnn benchmark cache;
 * with ``--grad-check``: one step's gradients of each side against float64
-  (Note [gradient check]);
+  (Note [gradient check] in grad_error.py);
 * the converted model's ``mucudnn.torch.report`` (which layers run mucudnn's
   plans), where the installed mucudnn has one.
 
@@ -65,7 +65,6 @@ import types
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import train_bench as tb  # tools/, beside this script: argument types, the progress bar
@@ -161,9 +160,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cold-timeout", type=float, default=300.0,
                     help="seconds allowed for each --cold process (default 300)")
     ap.add_argument("--grad-check", action="store_true",
-                    help="one step's gradient errors against float64 (Note [gradient check])")
-    ap.add_argument("--grad-batch", type=tb._positive, default=8,
-                    help="mini-batch of --grad-check (default 8)")
+                    help="one step's gradient errors against float64 (Note [gradient check] "
+                         "in grad_error.py)")
+    ap.add_argument("--grad-batch", type=tb._positive, default=None,
+                    help="mini-batch of --grad-check (default: --batch, so that the layers "
+                         "over the limit are those of the timed steps; Note [gradient check])")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -383,78 +384,22 @@ def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: st
     return {**json.loads(lines[-1][len(COLD_PREFIX):]), "process_s": wall}
 
 
-# -- gradient check -------------------------------------------------------------------------------
-# Note [gradient check]
-# ~~~~~~~~~~~~~~~~~~~~~
-# From one set of initial weights and one batch, one step's gradients of
-# native and converted (in the precision under test) are each compared with
-# those of the native model in float64 on the same device (no autocast; TF32
-# does not apply to float64), never with each other: both round differently
-# from the exact gradient, and the question is whether converted rounds more.
-# Batch norm stays in training mode (every run sees the same batch), but
-# dropout and stochastic depth are switched off: their random masks would
-# differ between the runs, an error no convolution makes. Each gradient is the
-# second of two passes (the first plans and benchmarks). Kinks make the errors
-# noisy: a pre-activation within rounding of 0 (ReLU) or a near-tie in max
-# pooling can fall on the other side than in float64, moving a whole gradient
-# element. On the CPU, tiny at 64x64 (batch 8) had one such ReLU flip in the
-# converted float32 forward and none in native's, so features.0's error was
-# 3.6e-3 against native's 7e-6, while the converted model in float64 matched
-# native float64 to 2e-14: read one layer's or one model's ratio with that in
-# mind, the median over layers and models less so. At random initialisation
-# one step's gradient is ill-conditioned, so the absolute errors are large and
-# alike for both sides: ResNet-18 at batch 8 had 0.10 (fp32cl, TF32) and 0.37
-# (amp) on the H200, and 6.5e-4 (float32 without TF32) on the CPU. The
-# converted/native ratio is the number to read.
-def _deterministic_train(model: nn.Module) -> nn.Module:
-    model.train()
-    for m in model.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
-            m.eval()
-    return model
-
-
-def _grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool) -> dict:
-    for _ in range(2):
-        model.zero_grad(set_to_none=True)
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-            loss = F.cross_entropy(model(x), t)
-        loss.backward()
-    return {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def grad_errors(grads: dict, ref: dict, conv_keys: Sequence[str]) -> dict:
-    """Relative errors of ``grads`` against ``ref``: per conv weight (median,
-    max) and of all parameters together.
-
-    >>> ref = {"c.weight": torch.tensor([3.0, 4.0]), "b": torch.tensor([0.0])}
-    >>> e = grad_errors({"c.weight": torch.tensor([3.0, 4.5]), "b": torch.tensor([0.0])},
-    ...                 ref, ["c.weight"])
-    >>> e["conv_median"], e["all"]
-    (0.1, 0.1)
-    """
-    conv = [grad_error.rel_error(grads[k], ref[k]) for k in conv_keys]
-    num = sum(float((grads[k].cpu() - ref[k].cpu()).norm()) ** 2 for k in ref)
-    den = sum(float(ref[k].cpu().norm()) ** 2 for k in ref)
-    return {"conv_median": statistics.median(conv) if conv else None,
-            "conv_max": max(conv) if conv else None, "conv_layers": conv,
-            "all": math.sqrt(num / den) if den else math.sqrt(num)}
-
-
+# -- gradient check (Note [gradient check] in grad_error.py) ------------------------------------
 def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
                device: torch.device) -> dict:
-    """Native's and converted's gradient errors against float64 (Note [gradient check])."""
+    """Native's and converted's gradient errors against float64 (Note [gradient check] in grad_error.py)."""
     torch.manual_seed(args.seed)
-    base = _deterministic_train(build_model(spec))
+    base = grad_error.deterministic_train(build_model(spec))
     gen = torch.Generator().manual_seed(args.seed + 2)
-    b, s = args.grad_batch, spec.size
+    b, s = args.grad_batch or args.batch, spec.size
     x = torch.randn(b, 3, s, s, generator=gen)
     t = torch.randint(0, spec.num_classes, (b, s, s) if spec.task == "segmentation" else (b,),
                       generator=gen).to(device)
     conv_keys = [f"{n}.weight" for n, m in base.named_modules()
                  if isinstance(m, (nn.Conv2d, nn.Conv3d))]
     ts.cleanup(device)
-    g64 = _grads(copy.deepcopy(base).double().to(device), x.double().to(device), t, False)
+    g64 = grad_error.two_pass_grads(copy.deepcopy(base).double().to(device),
+                                    x.double().to(device), t, False)
     ts.cleanup(device)
     xs = x.to(device).contiguous(memory_format=torch.channels_last)
     out: dict[str, Any] = {"batch": b, "conv_layers": conv_keys}
@@ -465,7 +410,10 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
         model = copy.deepcopy(base).to(device).to(memory_format=torch.channels_last)
         if side == "converted":
             mt.convert(model, workspace_limit=args.workspace)
-        out[side] = grad_errors(_grads(model, xs, t, precision == "amp"), g64, conv_keys)
+        out[side] = grad_error.grad_errors(
+            grad_error.two_pass_grads(model, xs, t, precision == "amp"), g64, conv_keys)
+        if side == "converted":
+            out["planned_kernels"] = grad_error.planned_kernels(model)
         del model
         ts.cleanup(device)
     n, c = out["native"]["all"], out["converted"]["all"]
