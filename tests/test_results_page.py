@@ -144,7 +144,7 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234", "settings": {"MUCUDNN_TORCH_SEARCH": "over-limit"}}
     grad = {"batch": 8, "native": {"all": 0.2, "conv_max": 0.3},
-            "converted": {"all": 0.25, "conv_max": 0.3}}
+            "converted": {"all": 0.25, "conv_max": 0.3}, "planned_kernels": 3}
     doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
            "results": [{"model": "densenet121", "precision": "fp32cl", "steps": {}, "grad": grad},
                        {"model": "vgg16", "precision": "fp32cl", "steps": {},
@@ -153,7 +153,7 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-grad.json").write_text(json.dumps(doc))
     t = rp.zoo_cold(rp.load_results(tmp_path))
     assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | 2.00e-01 / 2.50e-01 " \
-           "| 1.25 | [1] |" in t
+           "| 1.25 (3 kernels on plans) | [1] |" in t
     assert "vgg16" not in t
 
 

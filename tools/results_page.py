@@ -368,6 +368,8 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
             if has_grad and grad["native"].get("all"):
                 ratio = num(grad["converted"].get("all", float("nan")) / grad["native"]["all"],
                             ".2f")
+                if grad.get("planned_kernels") is not None:
+                    ratio += f" ({grad['planned_kernels']} kernels on plans)"
             rows.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]), search,
                          _first_step(cold["native"]) if has_cold else "-",
                          _first_step(cold["converted"]) if has_cold else "-",
