@@ -42,7 +42,8 @@ def test_parse_args_defaults_and_errors(zb):
     for bad in (["--models", "lenet"], ["--precisions", "amp"], ["--execution", "graph"],
                 ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
                 ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"],
-                ["--cold-profile", "5"], ["--cold", "--cold-profile", "-1"]):
+                ["--cold-profile", "5"], ["--cold", "--cold-profile", "-1"],
+                ["--resolve", "-1"]):
         with pytest.raises(SystemExit):
             zb.parse_args(TINY + bad)
 
@@ -163,6 +164,34 @@ def test_max_seconds_skips(zb, tmp_path):
     assert report["results"] == []
     assert report["skipped"] == [{"model": "tiny", "precision": "fp32cl",
                                   "reason": "--max-seconds reached"}]
+
+
+def test_resolve_adds_a_second_stage_of_rounds(zb, tmp_path, monkeypatch):
+    """--resolve: the rounds Note [resolving a ratio]'s rule grants (given the
+    first stage's ratios, SECONDS and the pace of a round) run after --rounds,
+    continue their rotation, and the ratio is read over all of them."""
+    seen = []
+
+    def rule(ratios, seconds, round_s):
+        seen.append((len(ratios), seconds, round_s))
+        return 3
+    monkeypatch.setattr(zb, "extra_rounds", rule)
+    rotations = []
+    real = zb.ts.time_rounds
+
+    def time_rounds(jobs, rounds, steps, device, first=0):
+        rotations.append((rounds, first))
+        return real(jobs, rounds, steps, device, first=first)
+    monkeypatch.setattr(zb.ts, "time_rounds", time_rounds)
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--rounds", "2", "--steps", "1", "--resolve", "30",
+                           "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    st = r["steps"]["eager"]
+    assert st["extra_rounds"] == 3 and len(st["round_ratios"]) == 5
+    assert [len(st["step_ms"][s]) for s in ("native", "converted")] == [5, 5]
+    assert rotations == [(2, 0), (3, 2)]
+    assert len(seen) == 1 and seen[0][:2] == (2, 30.0) and seen[0][2] > 0
 
 
 @pytest.mark.slow

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["geomean", "median_interval", "CONFIDENCE"]
+__all__ = ["geomean", "median_interval", "extra_rounds", "CONFIDENCE", "STEP_TARGET"]
 
 #: the confidence of the intervals the tools report
 CONFIDENCE = 0.95
+#: the zoo's target: converted step time at most this many times native's
+STEP_TARGET = 1.02
 
 
 def geomean(values: Iterable[Optional[float]]) -> Optional[float]:
@@ -67,3 +69,36 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE
     if k == 0:
         return None
     return xs[k - 1], xs[n - k], round(1 - 2 * below, 3)
+
+
+# Note [resolving a ratio]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A GPU-bound row pins its ratio within a fraction of a percent in a dozen
+# rounds; a host-bound one can leave the target inside its interval after as
+# many. Rounds are spent where they decide something, in two stages: after
+# the first ``rounds``, a row whose interval holds the target gets one second
+# stage of as many rounds as ``seconds`` buy at the first stage's pace (at
+# most ``limit``), and its ratio and interval are then read over all rounds.
+# The second stage's length is fixed before it runs, not extended round by
+# round until the interval clears the target: stopping at the first round
+# that looks decisive would pick the noise that made it so.
+def extra_rounds(ratios: Sequence[float], seconds: float, round_s: float,
+                 target: float = STEP_TARGET, limit: int = 400) -> int:
+    """The rounds of Note [resolving a ratio]'s second stage for a row with the
+    first stage's round ``ratios``, each round having taken ``round_s``
+    seconds: 0 where the interval lies wholly on one side of ``target`` (or
+    ``seconds`` buys no round), else what ``seconds`` buys, up to ``limit``.
+
+    >>> extra_rounds([1.00, 1.001, 0.999, 1.0, 1.002, 0.998, 1.0, 1.001], 60, 0.5)
+    0
+    >>> extra_rounds([0.9, 1.1, 1.0, 1.05, 0.95, 1.2, 0.85, 1.0], 60, 0.5)
+    120
+    >>> extra_rounds([0.9, 1.1, 1.0], 60, 0.5, limit=50)  # too few rounds for an interval
+    50
+    """
+    if seconds <= 0 or round_s <= 0:
+        return 0
+    iv = median_interval(ratios)
+    if iv is not None and not iv[0] <= target <= iv[1]:
+        return 0
+    return max(0, min(limit, int(seconds / round_s)))

@@ -312,13 +312,14 @@ def interleaved_stats(step_ms: Mapping[str, Sequence[Sequence[float]]],
 
 
 def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
-                device: torch.device) -> list[list[list[float]]]:
+                device: torch.device, first: int = 0) -> list[list[list[float]]]:
     """``rounds`` rounds of ``steps`` timed steps of every job in turn, in
-    :func:`round_order`, each job's backend flags set before its steps; the step
-    times in ms, ``[job][round][step]``."""
+    :func:`round_order` (counting rounds from ``first``, so that a later call
+    continues the rotation), each job's backend flags set before its steps;
+    the step times in ms, ``[job][round][step]``."""
     timers = [[Timer(device) for _ in range(rounds)] for _ in jobs]
     for r in range(rounds):
-        for j in round_order(len(jobs), r):
+        for j in round_order(len(jobs), first + r):
             jobs[j].set_flags()
             jobs[j].timed_steps(steps, timers[j][r])
     return [[timer.times_ms() for timer in row] for row in timers]

@@ -69,7 +69,7 @@ from torch import nn
 
 import train_bench as tb  # tools/, beside this script: argument types, the progress bar
 import train_steps as ts  # training state, timing, rounds
-from round_stats import geomean, median_interval  # ratios over models, rounds
+from round_stats import extra_rounds, geomean, median_interval  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
@@ -145,6 +145,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="timed rounds (default 16: host-bound steps vary round to round)")
     ap.add_argument("--steps", type=tb._positive, default=5,
                     help="timed steps per side and round (default 5)")
+    ap.add_argument("--resolve", type=float, default=0.0, metavar="SECONDS",
+                    help="a row whose ratio's interval holds the 1.02 target after --rounds "
+                         "gets as many rounds more as SECONDS buy (Note [resolving a ratio] "
+                         "in round_stats.py; default 0: none)")
     ap.add_argument("--control", action="store_true",
                     help="an A/A run: the 'converted' side is a second native model (Note "
                          "[control runs]); its JSON is not a result tools/results_page.py shows")
@@ -192,6 +196,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--device cpu: runs fp32cl eager only (no autocast or CUDA graphs there)")
     if args.with_control and args.control:
         ap.error("--with-control: --control already times native against native")
+    if args.resolve < 0:
+        ap.error("--resolve: seconds >= 0")
     if args.cold_profile < 0 or (args.cold_profile and not (args.cold or args.cold_child)):
         ap.error("--cold-profile: a number of functions >= 0, with --cold")
     if args.no_steps and not (args.cold or args.grad_check):
@@ -306,8 +312,15 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             out["memory"][side] = {
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
+        t0 = time.perf_counter()
         times = ts.time_rounds(jobs, args.rounds, args.steps, device)
-        out.update(step_stats(dict(zip(sides, times))))
+        more = extra_rounds(step_stats(dict(zip(sides, times)))["round_ratios"], args.resolve,
+                            (time.perf_counter() - t0) / args.rounds)
+        if more:  # Note [resolving a ratio] in round_stats.py
+            log(f"  {execution}: the interval holds the target; {more} rounds more")
+            later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds)
+            times = [a + b for a, b in zip(times, later)]
+        out.update(step_stats(dict(zip(sides, times))), extra_rounds=more)
     finally:
         for job in jobs:
             job.release()
