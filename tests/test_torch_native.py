@@ -345,6 +345,41 @@ def test_a_call_that_meets_the_limit_exactly_fits_it(monkeypatch):
     assert got == 64 << 20 and native.within_limit(got, 64 << 20)
 
 
+def test_a_first_call_is_warmed_up_then_timed_and_measured_in_one_call(monkeypatch):
+    """native._probe: PyTorch's call once to warm up (cudnn.benchmark's trials,
+    whose workspace does not count), then once with CUDA events around it and
+    its workspace measured: two calls in all, the time and bytes the second's."""
+    alloc = _Allocator()
+    alloc.install(monkeypatch)
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    calls = []
+
+    def call():  # as aten's convolution: the output, then the workspace around cuDNN's call
+        first = not calls
+        calls.append(first)
+        out = alloc.block(1000)
+        trials = alloc.block(256 << 20) if first else None  # the benchmark's trials
+        scratch = alloc.block(3 << 20)
+        clock[0] += 5.0 if first else 0.25
+        del trials, scratch
+        return out
+
+    assert native._probe(call) == (0.25, 3 << 20)
+    assert calls == [True, False] and alloc.allocated == 0
+
+
 @given(torch_ms=st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3),
        ws=st.lists(st.one_of(st.none(), st.integers(0, 4 << 20)), min_size=3, max_size=3),
        limit=st.one_of(st.none(), st.integers(0, 4 << 20)), need_dx=st.booleans(),
@@ -357,12 +392,12 @@ def test_pytorch_first_runs_it_exactly_where_a_direction_fits_and_plans_the_rest
     calls = {d: (lambda d=d: d) for d in Direction}
     by = dict(zip(Direction, zip(torch_ms, ws)))
 
-    def time_ms(fn):
+    def measure(fn):
         if fn() is fails:
             raise RuntimeError("cuDNN: no algorithm")
-        return by[fn()][0]
+        return by[fn()]
 
-    got = native.torch_first(calls, limit, need_dx, time_ms, lambda fn: by[fn()][1])
+    got = native.torch_first(calls, limit, need_dx, measure)
     runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
     if fails in runs:
         assert got is None

@@ -153,23 +153,23 @@ def search() -> str:
 
 
 def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int], need_dx: bool,
-                time_ms: Callable[[Callable[[], Any]], float],
-                workspace: Callable[[Callable[[], Any]], Optional[int]]
+                measure: Callable[[Callable[[], Any]], tuple[float, Optional[int]]]
                 ) -> Optional[dict[Direction, Choice]]:
     """See Note [plans only over the limit]: PyTorch's call in every direction a
-    step runs (``theirs``; backward-data with ``need_dx``), timed by
-    ``time_ms`` and measured by ``workspace``. A direction whose workspace fits
+    step runs (``theirs``; backward-data with ``need_dx``), its time and
+    workspace from ``measure`` (:func:`_probe` on a GPU; a RuntimeError: PyTorch
+    cannot run it). A direction whose workspace fits
     ``limit`` runs PyTorch's call, no plan searched; one over it (or whose
     workspace cannot be measured) is to be planned (:func:`to_plan`), and a
     direction a step does not run is planned at its first use. None where
     PyTorch cannot run a direction: the layer is then planned and compared whole.
 
     >>> calls = {d: (lambda d=d: d) for d in Direction}
-    >>> c = torch_first(calls, 8 << 20, False, lambda fn: 0.5, lambda fn: 1 << 20)
+    >>> c = torch_first(calls, 8 << 20, False, lambda fn: (0.5, 1 << 20))
     >>> [x.runs for x in c.values()], to_plan(c, False)
     (['torch', 'mucudnn', 'torch'], [])
-    >>> big = lambda fn: 9 << 20 if fn() is Direction.BACKWARD_FILTER else 0
-    >>> c = torch_first(calls, 8 << 20, True, lambda fn: 0.5, big)
+    >>> big = lambda fn: (0.5, 9 << 20 if fn() is Direction.BACKWARD_FILTER else 0)
+    >>> c = torch_first(calls, 8 << 20, True, big)
     >>> [x.runs for x in c.values()], [d.value for d in to_plan(c, True)]
     (['torch', 'torch', 'mucudnn'], ['backward_filter'])
     """
@@ -181,7 +181,7 @@ def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int]
                                 "planned at its first use")
             continue
         try:
-            t, ws = time_ms(theirs[d]), workspace(theirs[d])
+            t, ws = measure(theirs[d])
         except RuntimeError as exc:
             log.info("mucudnn.torch: PyTorch's own %s not measured: %s", d.value, exc)
             return None
@@ -406,19 +406,47 @@ def _workspace(fn: Callable[[], Any]) -> Optional[int]:
     current device (See Note [never slower than native]; Note [outputs as the
     allocator counts them])."""
     try:
-        torch.cuda.current_stream().synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn()
-        torch.cuda.current_stream().synchronize()
-        peak = torch.cuda.max_memory_allocated()
-        held = torch.cuda.memory_allocated()
-        del out
-        kept = held - torch.cuda.memory_allocated()
-        return max(0, peak - base - kept)
+        return _measured(fn, False)[1]
     except (RuntimeError, AttributeError, TypeError) as exc:
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
         return None
+
+
+def _probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
+    """PyTorch's call ``fn`` as Note [plans only over the limit] measures it: once
+    to warm up (its ``cudnn.benchmark`` runs there; a RuntimeError there means
+    PyTorch cannot run it), then once timed with CUDA events while its
+    workspace is measured as :func:`_workspace` does: (ms, bytes or None). One
+    call does both, so a layer's first call costs one PyTorch call per
+    direction beyond native's first."""
+    fn()
+    try:
+        ms, ws = _measured(fn, True)
+    except (RuntimeError, AttributeError, TypeError) as exc:  # time it alone
+        log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
+        return _time([fn], 1)[0], None
+    return float(ms), ws  # type: ignore[arg-type]
+
+
+def _measured(fn: Callable[[], Any], timed: bool) -> tuple[Optional[float], int]:
+    """One call of ``fn`` on an idle stream: its GPU ms (with ``timed``; CUDA
+    events around it) and its workspace bytes (:func:`_workspace`)."""
+    stream = torch.cuda.current_stream()
+    stream.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    if timed:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    out = fn()
+    if timed:
+        end.record()
+    stream.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    held = torch.cuda.memory_allocated()
+    del out
+    kept = held - torch.cuda.memory_allocated()
+    return (start.elapsed_time(end) if timed else None), max(0, peak - base - kept)
 
 
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
@@ -451,8 +479,8 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     }
     first = None
     if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
-        # timed once after its warm-up: the time is reported, not compared
-        first = torch_first(theirs, limit, need_dx, lambda fn: _time([fn], 1)[0], _workspace)
+        # timed on the call that measures its workspace: reported, not compared
+        first = torch_first(theirs, limit, need_dx, _probe)
         if first is not None and not to_plan(first, need_dx):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                          fmt is not torch.contiguous_format, {}, first, need_dx=need_dx)
