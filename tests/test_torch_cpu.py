@@ -848,3 +848,52 @@ def test_create_graph_gradients_are_differentiable_and_plain_backward_stays_firs
     F.conv2d(xr, wr, padding=1).square().sum().backward()
     torch.testing.assert_close(x.grad, xr.grad)
     torch.testing.assert_close(w.grad, wr.grad)
+
+
+def test_a_settled_signature_lapses_when_anything_that_decides_it_changes(monkeypatch):
+    """See Note [host cost of a converted layer]: a module settled for a call's
+    signature runs torch.nn's own code for that signature only; another shape,
+    memory format, dtype, gradient need, CUDA autocast state, TF32 or
+    determinism flag goes through mucudnn's path (its own verdict)."""
+    from mucudnn.torch import engine as mt_engine
+    from mucudnn.torch import modules as mt_modules
+    conv = mucudnn.torch.convert(nn.Sequential(nn.Conv2d(2, 3, 3)))[0]
+    ours = []
+    real = conv._mu_forward
+
+    def mu_forward(x, w, b):
+        ours.append(True)
+        return real(x, w, b)
+    monkeypatch.setattr(conv, "_mu_forward", mu_forward)
+    x = torch.randn(2, 2, 5, 5)
+    sig = mt_modules._signature(x, conv.weight)
+    conv._mu_torch = (mt_engine.GENERATION[0], frozenset({sig}), frozenset({sig}))
+
+    def runs_mucudnn(call) -> bool:
+        ours.clear()
+        with torch.no_grad():
+            call()
+        conv._mu_torch = (mt_engine.GENERATION[0], frozenset({sig}), frozenset({sig}))
+        return bool(ours)
+
+    assert not runs_mucudnn(lambda: conv(x))
+    assert runs_mucudnn(lambda: conv(torch.randn(3, 2, 5, 5)))
+    assert runs_mucudnn(lambda: conv(x.contiguous(memory_format=torch.channels_last)))
+    assert runs_mucudnn(lambda: conv.double()(x.double()))
+    conv.float()
+    sig = mt_modules._signature(x, conv.weight)
+    conv._mu_torch = (mt_engine.GENERATION[0], frozenset({sig}), frozenset({sig}))
+    assert not runs_mucudnn(lambda: conv(x))
+    assert mt_modules._signature(x.requires_grad_(), conv.weight) != sig
+    x.requires_grad_(False)
+    prev = torch.is_autocast_enabled("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    try:
+        assert runs_mucudnn(lambda: conv(x))
+    finally:
+        torch.set_autocast_enabled("cuda", prev)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=not torch.backends.cudnn.allow_tf32):
+        assert runs_mucudnn(lambda: conv(x))
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True):
+        assert runs_mucudnn(lambda: conv(x))
+    assert not runs_mucudnn(lambda: conv(x))

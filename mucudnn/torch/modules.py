@@ -45,17 +45,22 @@ _COMPILING = torch.compiler.is_compiling
 _UNSETTLED: "tuple[int, frozenset, frozenset]" = (-1, frozenset(), frozenset())
 _AUTOCAST = torch.is_autocast_enabled
 _AUTOCAST_DTYPE = torch.get_autocast_dtype
+_TF32 = engine._TF32
+_CUDNN_DETERMINISTIC = engine._CUDNN_DETERMINISTIC
+_DETERMINISTIC_ALGORITHMS = engine._DETERMINISTIC_ALGORITHMS
 
 
 def _signature(x: torch.Tensor, w: torch.Tensor) -> tuple:
     """What decides a converted module's verdict for a call: the operands'
-    shapes, strides, dtypes and device, autocast's state, whether the input
-    needs its gradient (backward-data runs), and the TF32 and
-    determinism flags (as :func:`engine.warm_call`'s key)."""
-    dev = "cuda" if x.is_cuda else x.device.type
-    amp = _AUTOCAST(dev) and _AUTOCAST_DTYPE(dev)
-    return (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device, amp,
-            x.requires_grad, engine._TF32(), engine.deterministic())
+    shapes, strides, dtypes and device, CUDA autocast's state, whether the
+    input needs its gradient (backward-data runs), and the TF32 and
+    determinism flags (as :func:`engine.warm_call`'s key). Only CUDA calls are
+    settled (their warm records decide), so autocast is read for CUDA alone:
+    another device's call differs in ``x.device`` and never matches. It runs
+    on every call of a settled layer, so it calls torch's getters directly."""
+    return (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device,
+            _AUTOCAST("cuda") and _AUTOCAST_DTYPE("cuda"), x.requires_grad, _TF32(),
+            _CUDNN_DETERMINISTIC() or _DETERMINISTIC_ALGORITHMS())
 
 
 class MucudnnConvMixin:
