@@ -220,13 +220,15 @@ def test_cold_processes_profiled(zb, tmp_path):
     (r,) = json.loads(out.read_text())["results"]
     for side in ("native", "converted"):
         c = r["cold"][side]
-        rows = c["profile"]
-        assert c["profiled"] is True and 0 < len(rows) <= 25
+        rows, own = c["profile"]["cumulative"], c["profile"]["self"]
+        assert c["profiled"] is True and 0 < len(rows) <= 25 and 0 < len(own) <= 25
         cum = [row["cumulative_s"] for row in rows]
         assert cum == sorted(cum, reverse=True) and cum[0] <= c["first_step_s"]
+        self_s = [row["self_s"] for row in own]
+        assert self_s == sorted(self_s, reverse=True) and sum(self_s) <= c["first_step_s"]
         assert any("tools/train_steps.py" in row["function"] and "(step)" in row["function"]
                    for row in rows)
-    converted = " ".join(row["function"] for row in r["cold"]["converted"]["profile"])
+    converted = " ".join(row["function"] for row in r["cold"]["converted"]["profile"]["cumulative"])
     assert "mucudnn/" in converted  # the converted step runs mucudnn's code
 
 

@@ -159,8 +159,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="first-step seconds of each side in a fresh process (Note [cold steps])")
     ap.add_argument("--cold-profile", type=int, default=0, metavar="N",
                     help="profile each cold first step on the host (cProfile) and keep its N "
-                         "functions of most cumulative time; the step's seconds are then "
-                         "profiled ones (Note [cold steps])")
+                         "functions of most cumulative and of most own time; the step's "
+                         "seconds are then profiled ones (Note [cold steps])")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
                     help="seconds allowed for each --cold process (default 300)")
     ap.add_argument("--grad-check", action="store_true",
@@ -357,8 +357,9 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None]) -> Non
 # apart as ``cold_primer``) runs before the measured pair, and neither side is
 # charged for what the other left behind. ``--cold-profile N`` runs each
 # side's first step under cProfile and keeps the N functions of most
-# cumulative host time (``profile``; ``profiled`` marks such a side): where a
-# slow first step spends its time, at the price of slowing its Python.
+# cumulative and of most own host time (``profile``; ``profiled`` marks such
+# a side): where a slow first step spends its time, at the price of slowing
+# its Python.
 def cold_child(args: argparse.Namespace) -> int:
     """One side's first and second step (Note [cold steps]), printed as JSON."""
     device = torch.device(args.device)
