@@ -101,4 +101,4 @@ def extra_rounds(ratios: Sequence[float], seconds: float, round_s: float,
     iv = median_interval(ratios)
     if iv is not None and not iv[0] <= target <= iv[1]:
         return 0
-    return max(0, min(limit, int(seconds / round_s)))
+    return max(0, int(min(float(limit), seconds / round_s)))  # a tiny round_s: the limit
