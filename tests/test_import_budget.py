@@ -50,6 +50,22 @@ def test_help_loads_no_heavy_package():
     assert _loaded_after(code) == []
 
 
+def test_mucudnn_torch_and_a_float32_step_load_neither_dynamo_nor_ml_dtypes():
+    """``import mucudnn.torch`` and a converted model's float32 training step
+    load what torch itself does, not torch._dynamo (Note [the WD hook outside
+    torch.compile]) or ml_dtypes (Note [bfloat16 on first use]): each costs
+    about a second of a training process's start."""
+    pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
+    code = ("import sys, torch\nbefore = set(sys.modules)\nimport mucudnn.torch as mt\n"
+            "m = mt.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))\n"
+            "m(torch.randn(2, 3, 8, 8)).sum().backward()\n"
+            "print(sorted(n for n in set(sys.modules) - before if n.split('.')[0] == 'ml_dtypes'"
+            " or n.startswith('torch._dynamo')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
 def test_version_command_prints_the_version():
     out = subprocess.run([sys.executable, "-m", "mucudnn", "--version"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=True).stdout

@@ -194,12 +194,42 @@ def _restore_planner(total_workspace: int, policy: Any, backend: str, token: str
     return WDPlanner(total_workspace, policy, backend, token=token)
 
 
-@torch.compiler.disable
 def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
     planner = getattr(module, "mucudnn_planner", None)
     if planner is not None and planner.pending:
         dirs = None if torch.is_grad_enabled() else (Direction.FORWARD,)
         planner.plan_pending(dirs)
+
+
+# Note [the WD hook outside torch.compile]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The WD forward hook plans in Python and must not be traced, so it calls
+# :func:`_after_forward` wrapped in ``torch.compiler.disable``. That wrapper
+# imports torch._dynamo (about a second), so it is made at the first WD
+# convert, not when mucudnn.torch is imported: a WR model, the default, never
+# pays it. The hook is one object whose pickle refers to it, so a WD model
+# pickles and copies (a function made at run time would not).
+class _WDHook:
+    """The WD forward hook (Note [the WD hook outside torch.compile])."""
+
+    def __init__(self) -> None:
+        self._fn = torch.compiler.disable(_after_forward)
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._fn(module, args, output)
+
+    def __reduce__(self) -> tuple:
+        return (_wd_hook, ())
+
+
+_WD_HOOK: "list[_WDHook]" = []
+
+
+def _wd_hook() -> _WDHook:
+    """The one :class:`_WDHook`, made on first use."""
+    if not _WD_HOOK:
+        _WD_HOOK.append(_WDHook())
+    return _WD_HOOK[0]
 
 
 # Note [converting again]
@@ -227,7 +257,7 @@ def _drop_planners(module: nn.Module) -> None:
         if "mucudnn_planner" in m.__dict__:
             del m.mucudnn_planner
         hooks = m._forward_hooks
-        for key in [k for k, h in hooks.items() if h is _after_forward]:
+        for key in [k for k, h in hooks.items() if isinstance(h, _WDHook)]:
             del hooks[key]
 
 
@@ -316,6 +346,6 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
                       f"it does not know): {', '.join(native)}", ConvertWarning, stacklevel=2)
     if planner is not None:
         module.mucudnn_planner = planner  # type: ignore[assignment]
-        module.register_forward_hook(_after_forward)
+        module.register_forward_hook(_wd_hook())
     log.info("mucudnn.torch: converted %d convolution(s) (mode %s)", converted, mode)
     return module

@@ -49,7 +49,7 @@ import torch
 
 from ..api import Convolution
 from ..caches import LRU
-from ..dtypes import BFLOAT16, HAVE_ML_DTYPES
+from .. import dtypes as _dtypes
 from ..errors import UnsupportedDtypeError
 from ..exec.arrays import torch_workspace
 from ..backends import Backend
@@ -160,11 +160,11 @@ def _packed(t: torch.Tensor, cl: bool) -> torch.Tensor:
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
-    if t.dtype == torch.bfloat16:
-        if not HAVE_ML_DTYPES:
+    if t.dtype == torch.bfloat16:  # ml_dtypes is imported here: Note [bfloat16 on first use]
+        if not _dtypes.HAVE_ML_DTYPES:
             raise UnsupportedDtypeError(
                 "input: bfloat16 CPU tensors need ml_dtypes (pip install ml_dtypes)")
-        return t.view(torch.int16).numpy().view(BFLOAT16)
+        return t.view(torch.int16).numpy().view(_dtypes.BFLOAT16)
     return t.numpy()
 
 
