@@ -50,15 +50,26 @@ def test_help_loads_no_heavy_package():
     assert _loaded_after(code) == []
 
 
-def test_mucudnn_torch_and_a_float32_step_load_neither_dynamo_nor_ml_dtypes():
+def _torch_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not _torch_gpu(), reason="torch sees no CUDA GPU")])])
+def test_mucudnn_torch_and_a_float32_step_load_neither_dynamo_nor_ml_dtypes(device):
     """``import mucudnn.torch`` and a converted model's float32 training step
     load what torch itself does, not torch._dynamo (Note [the WD hook outside
     torch.compile]) or ml_dtypes (Note [bfloat16 on first use]): each costs
     about a second of a training process's start."""
     pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
     code = ("import sys, torch\nbefore = set(sys.modules)\nimport mucudnn.torch as mt\n"
-            "m = mt.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))\n"
-            "m(torch.randn(2, 3, 8, 8)).sum().backward()\n"
+            f"m = mt.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).to({device!r})\n"
+            f"m(torch.randn(2, 3, 8, 8, device={device!r})).sum().backward()\n"
             "print(sorted(n for n in set(sys.modules) - before if n.split('.')[0] == 'ml_dtypes'"
             " or n.startswith('torch._dynamo')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
