@@ -62,19 +62,26 @@ def _torch_gpu() -> bool:
     "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not _torch_gpu(), reason="torch sees no CUDA GPU")])])
 def test_mucudnn_torch_and_a_float32_step_load_neither_dynamo_nor_ml_dtypes(device):
-    """``import mucudnn.torch`` and a converted model's float32 training step
-    load what torch itself does, not torch._dynamo (Note [the WD hook outside
-    torch.compile]) or ml_dtypes (Note [bfloat16 on first use]): each costs
-    about a second of a training process's start."""
+    """``import mucudnn.torch`` loads what torch itself does and mucudnn, none of
+    torch._dynamo (Note [the WD hook outside torch.compile]), ml_dtypes (Note
+    [bfloat16 on first use]), SciPy, networkx or tqdm (Note [heavy imports
+    where they are used]); a converted model's float32 training step then
+    loads neither torch._dynamo nor ml_dtypes. Each costs a training process
+    up to a second at its start."""
     pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
-    code = ("import sys, torch\nbefore = set(sys.modules)\nimport mucudnn.torch as mt\n"
+    heavy = ("torch._dynamo", "ml_dtypes", "scipy", "networkx", "tqdm")
+    code = ("import sys, torch\n"
+            "def new(before, names):\n"
+            "    return sorted(n for n in set(sys.modules) - before\n"
+            "                  if any(n == h or n.startswith(h + '.') for h in names))\n"
+            "before = set(sys.modules)\nimport mucudnn.torch as mt\n"
+            f"print(new(before, {heavy!r}))\n"
             f"m = mt.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).to({device!r})\n"
             f"m(torch.randn(2, 3, 8, 8, device={device!r})).sum().backward()\n"
-            "print(sorted(n for n in set(sys.modules) - before if n.split('.')[0] == 'ml_dtypes'"
-            " or n.startswith('torch._dynamo')))")
+            "print(new(before, ('torch._dynamo', 'ml_dtypes')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, check=True).stdout
-    assert out.strip().splitlines()[-1] == "[]"
+    assert out.strip().splitlines()[-2:] == ["[]", "[]"]
 
 
 def test_version_command_prints_the_version():

@@ -9,7 +9,6 @@ import inspect
 from typing import Sequence
 
 import numpy as np
-from scipy.fft import next_fast_len
 
 from ..problem import ConvProblem
 from .numpy_dtypes import complex_dtype, compute_dtype
@@ -28,6 +27,7 @@ def fft_sizes(p: ConvProblem) -> tuple[int, ...]:
     dilated filter, the upsampled dy convolved with it, and (with padding taken
     as a circular shift instead of a padded copy) it needs ``L >= H + pad``.
     """
+    from scipy.fft import next_fast_len  # Note [heavy imports where they are used]
     return tuple(next_fast_len(h + 2 * q, real=True) for h, q in zip(p.x_dims[2:], p.padding))
 
 

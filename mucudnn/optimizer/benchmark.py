@@ -16,7 +16,6 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-from tqdm.auto import tqdm
 
 from ..backends import Backend, get_backend
 from ..errors import InvalidValueError
@@ -315,6 +314,7 @@ def measure_kernel(options: PlanOptions, problem: ConvProblem, direction: "Direc
     sizes = batch_sizes(policy, problem.batch)
     bar = None
     if progress is not False and (progress or len(sizes) > PROGRESS_MIN_SIZES):
+        from tqdm.auto import tqdm  # Note [heavy imports where they are used]
         bar = tqdm(total=len(sizes), desc=f"mucudnn benchmark {direction.value}", unit="size",
                    leave=False, disable=None if progress is None else False,
                    delay=PROGRESS_DELAY_S)

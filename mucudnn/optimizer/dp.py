@@ -21,7 +21,6 @@ import logging
 import math
 from typing import Any, Mapping, Sequence
 
-import networkx as nx
 import numpy as np
 
 from ..problem import AlgoPerf, MicroBatch, Plan, make_plan
@@ -210,6 +209,7 @@ def wr_graph(tv: Mapping[int, float], batch: int, quantum: int = 1):
     """The WR DAG as a ``networkx.DiGraph``: nodes 0..batch, an edge n -> n + s
     with ``weight`` t(s) and ``size`` s for every usable size s, from every
     node n that is a multiple of ``quantum`` to one that is, or to batch."""
+    import networkx as nx  # Note [heavy imports where they are used]
     g = nx.DiGraph()
     g.add_nodes_from(range(batch + 1))
     usable = sorted(s for s, t in tv.items() if math.isfinite(t) and 1 <= s <= batch)
@@ -221,6 +221,7 @@ def wr_graph(tv: Mapping[int, float], batch: int, quantum: int = 1):
 
 def _solve_networkx(tv: np.ndarray, batch: int, quantum: int = 1) -> list[int] | None:
     """Shortest path 0 -> batch over the networkx DAG, relaxed in topological order."""
+    import networkx as nx  # Note [heavy imports where they are used]
     g = wr_graph({s: float(tv[s]) for s in range(1, batch + 1)}, batch, quantum)
     INF = math.inf
     T = {0: 0.0}

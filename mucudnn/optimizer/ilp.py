@@ -22,8 +22,6 @@ import time
 from typing import Hashable, Mapping, Sequence, TypeVar
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_array
 
 from ..problem import Plan
 from ..errors import InvalidValueError
@@ -128,6 +126,9 @@ def _quiet_stdout():
 
 
 def _solve_milp(cands: list[list[Plan]], W: int, time_limit: float | None) -> list[int]:
+    # Note [heavy imports where they are used]
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_array
     sizes = [len(c) for c in cands]
     n = sum(sizes)
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)

@@ -30,7 +30,6 @@ from concurrent.futures import (FIRST_COMPLETED, Future, ProcessPoolExecutor,
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
-from tqdm.auto import tqdm
 
 from ..backends import get_backend
 from ..cuda import set_device
@@ -256,6 +255,7 @@ def _spread(distinct: list[tuple[ConvProblem, Direction]], where: list[int],
     busy: dict[int, list[float]] = {}  # device -> [tasks, seconds benchmarking, startup]
     bar = None
     if progress is not False and (progress or len(distinct) > PROGRESS_MIN_SIZES):
+        from tqdm.auto import tqdm  # Note [heavy imports where they are used]
         bar = tqdm(total=len(distinct), unit="kernel", leave=False,
                    desc=f"mucudnn benchmark on devices {','.join(map(str, devs))}",
                    disable=None if progress is None else False)
