@@ -26,8 +26,11 @@ LEVELS = {
     "bench": 10, "plot": 11, "__main__": 12, "__init__": 13,
 }
 #: Third-party packages that may be imported inside functions: optional extras,
-#: and cuda-bindings, which `import mucudnn` must not need (no GPU, no driver).
-LAZY_OK = {"torch", "cupy", "jax", "jaxlib", "matplotlib", "ml_dtypes", "cuda", "torchvision"}
+#: cuda-bindings, which `import mucudnn` must not need (no GPU, no driver), and
+#: the dependencies a converted model's process need not load (Note [heavy
+#: imports where they are used] in mucudnn/__init__.py).
+LAZY_OK = {"torch", "cupy", "jax", "jaxlib", "matplotlib", "ml_dtypes", "cuda", "torchvision",
+           "scipy", "networkx", "tqdm"}
 #: Rooms that no room imports, which may import lower rooms inside functions: the
 #: command line loads what each command runs (Note [commands load what they run]).
 #: Nothing can import them back, so this cannot make a cycle.
