@@ -93,14 +93,6 @@ if TYPE_CHECKING:
 # and `python -m mucudnn --version` need not pay. The imports under
 # TYPE_CHECKING above name the same objects for type checkers and readers;
 # tests/test_import_budget.py holds both to it.
-#
-# Note [heavy imports where they are used]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# The rooms a training process loads (mucudnn.torch, the planner, the
-# backends) import SciPy, networkx and tqdm inside the functions that use them
-# (the ILP, the WR graph, FFT sizes, progress bars), not at module level: a
-# converted model that never solves an ILP or shows a bar does not load them.
-# tests/test_import_budget.py holds `import mucudnn.torch` to it.
 _LAZY: dict[str, str] = {
     **dict.fromkeys(["AllocationFailedError", "BadParamError", "CudnnError", "CudnnLibraryError",
                      "CudnnLibraryNotFoundError", "CudnnVersionError", "ExecutionFailedError",
@@ -167,3 +159,12 @@ __all__ = [
     "FallbackWarning", "WorkspaceFallbackWarning", "InvalidTypeError", "InvalidValueError",
     "MissingDependencyError", "PlanFormatError", "PlanMismatchError",
 ]
+
+
+# Note [heavy imports where they are used]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The rooms a training process loads (mucudnn.torch, the planner, the
+# backends) import SciPy, networkx and tqdm inside the functions that use them
+# (the ILP, the WR graph, FFT sizes, progress bars), not at module level: a
+# converted model that never solves an ILP or shows a bar does not load them.
+# tests/test_import_budget.py holds `import mucudnn.torch` to it.
