@@ -132,10 +132,9 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 # (amp) on the H200, and 6.5e-4 (float32 without TF32) on the CPU. The
 # converted/native ratio is the number to read. The batch is the timed
 # steps' unless --grad-batch says otherwise: which layers exceed the limit,
-# and so run plans rather than PyTorch's call, depends on it (at batch 8, six
-# zoo models gave the converted side native's error to three digits, as if
-# both ran the same kernels), and ``planned_kernels`` counts the converted
-# step's plans.
+# and so run plans rather than PyTorch's call, depends on it (at a small batch
+# both sides may run the same kernels), and ``planned_kernels`` counts the
+# converted step's plans.
 def deterministic_train(model: nn.Module) -> nn.Module:
     model.train()
     for m in model.modules():
@@ -144,15 +143,23 @@ def deterministic_train(model: nn.Module) -> nn.Module:
     return model
 
 
-def two_pass_grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool) -> dict:
-    """Every parameter's gradient (float64) of the second of two forward and
-    backward passes (the first plans and benchmarks), under bfloat16 autocast
-    with ``amp``."""
+def _two_passes(model: nn.Module, x: torch.Tensor, t: torch.Tensor,
+                amp: bool = False) -> torch.Tensor:
+    """Two forward and backward passes (the first plans and benchmarks), under
+    bfloat16 autocast with ``amp``: the second's loss, its gradients left on
+    the parameters."""
     for _ in range(2):
         model.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
             loss = F.cross_entropy(model(x), t)
         loss.backward()
+    return loss
+
+
+def two_pass_grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool) -> dict:
+    """Every parameter's gradient (float64) of the second of two forward and
+    backward passes (:func:`_two_passes`)."""
+    _two_passes(model, x, t, amp)
     return {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -188,17 +195,12 @@ def planned_kernels(model: nn.Module) -> int | None:
     return int(totals["kernels"]) - int(totals["torch_kernels"])
 
 
-
-
 def _grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor) -> tuple[float, dict]:
     """The loss and every parameter's gradient of one forward and backward
-    (after a first, untimed pass: plans, PyTorch's benchmark)."""
-    for _ in range(2):
-        model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), t)
-        loss.backward()
+    (after a first, untimed pass: plans, PyTorch's benchmark; :func:`_two_passes`)."""
+    loss = _two_passes(model, x, t)
     return float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters()
-                         if p.grad is not None}
+                                  if p.grad is not None}
 
 
 def _plans(model: nn.Module) -> dict[str, dict[str, str]]:

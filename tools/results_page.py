@@ -381,10 +381,6 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
                    "source"], rows, src, "zoo_bench.py --cold --grad-check")
 
 
-#: the zoo's target: converted step time at most this many times native's
-TARGET = STEP_TARGET
-
-
 def _interval(st: dict) -> str:
     """`` [low, high]``: the interval of a zoo row's ratio over its rounds (Note
     [interval of a median] in tools/round_stats.py); empty with too few rounds."""
@@ -403,7 +399,7 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         if st.get("ratio"):
             iv = median_interval(st.get("round_ratios") or [])
             groups.setdefault((e["precision"], ex), []).append(
-                (e["model"], st["ratio"], iv is not None and iv[0] > TARGET))
+                (e["model"], st["ratio"], iv is not None and iv[0] > STEP_TARGET))
         per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
                           "captured" if ex == "graph" else ex, num(st.get("native_ms")),
                           num(st.get("converted_ms")),
@@ -418,10 +414,10 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         worst = max(rs, key=lambda r: r[1])
         rows.append([PRECISION_LABEL.get(prec, prec), "captured" if ex == "graph" else ex,
                      str(len(rs)), num(geomean([r for _, r, _ in rs]), ".3f"),
-                     f"{sum(r > TARGET for _, r, _ in rs)} ({sum(a for _, _, a in rs)})",
+                     f"{sum(r > STEP_TARGET for _, r, _ in rs)} ({sum(a for _, _, a in rs)})",
                      f"{worst[0]} {worst[1]:.3f}"])
     return (table(["precision", "step", "models", "geometric mean converted/native",
-                   f"models over {TARGET} (interval wholly above)", "slowest (ratio)"], rows)
+                   f"models over {STEP_TARGET} (interval wholly above)", "slowest (ratio)"], rows)
             + f"\n\nModels with a failed stage: {', '.join(failed) or 'none'}.\n\n"
             + finish(["model", "precision", "step", "native ms", "converted ms", "converted/native",
                       "conv ms: what runs vs PyTorch's (directions on PyTorch's own)",

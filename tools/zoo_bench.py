@@ -262,8 +262,8 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
 # allocator reserves beyond the peak, the CUDA graph pools and any memory
 # allocated outside torch. What a process allocates once and keeps (cuBLAS
 # takes its workspace per stream from torch's allocator, for one) counts in
-# the first side's peak only: a second native model (--with-control) read
-# 64-68 MiB below the first, as the converted side did. So on CUDA a primer, a
+# the first side's peak only, so a second native model (--with-control) read
+# lower than the first, as the converted side did. So on CUDA a primer, a
 # native model of the same execution warmed up and dropped, runs before the
 # first side.
 def _prime(args: argparse.Namespace, spec: ModelSpec, precision: str, execution: str,
@@ -314,13 +314,14 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
         t0 = time.perf_counter()
         times = ts.time_rounds(jobs, args.rounds, args.steps, device)
-        more = extra_rounds(step_stats(dict(zip(sides, times)))["round_ratios"], args.resolve,
+        st = step_stats(dict(zip(sides, times)))
+        more = extra_rounds(st["round_ratios"], args.resolve,
                             (time.perf_counter() - t0) / args.rounds)
         if more:  # Note [resolving a ratio] in round_stats.py
             log(f"  {execution}: the interval holds the target; {more} rounds more")
             later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds)
-            times = [a + b for a, b in zip(times, later)]
-        out.update(step_stats(dict(zip(sides, times))), extra_rounds=more)
+            st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
+        out.update(st, extra_rounds=more)
     finally:
         for job in jobs:
             job.release()

@@ -16,7 +16,6 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-
 from ..backends import Backend, get_backend
 from ..errors import InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction

@@ -30,7 +30,6 @@ from concurrent.futures import (FIRST_COMPLETED, Future, ProcessPoolExecutor,
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
-
 from ..backends import get_backend
 from ..cuda import set_device
 from ..errors import InvalidTypeError, InvalidValueError

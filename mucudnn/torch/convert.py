@@ -205,7 +205,7 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> None:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The WD forward hook plans in Python and must not be traced, so it calls
 # :func:`_after_forward` wrapped in ``torch.compiler.disable``. That wrapper
-# imports torch._dynamo (about a second), so it is made at the first WD
+# imports torch._dynamo, a long import, so it is made at the first WD
 # convert, not when mucudnn.torch is imported: a WR model, the default, never
 # pays it. The hook is one object whose pickle refers to it, so a WD model
 # pickles and copies (a function made at run time would not).

@@ -406,7 +406,7 @@ def _workspace(fn: Callable[[], Any]) -> Optional[int]:
     current device (See Note [never slower than native]; Note [outputs as the
     allocator counts them])."""
     try:
-        return _measured(fn, False)[1]
+        return _measured(fn)
     except (RuntimeError, AttributeError, TypeError) as exc:
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
         return None
@@ -421,32 +421,32 @@ def _probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
     direction beyond native's first."""
     fn()
     try:
-        ms, ws = _measured(fn, True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ws = _measured(fn, (start, end))
+        return float(start.elapsed_time(end)), ws
     except (RuntimeError, AttributeError, TypeError) as exc:  # time it alone
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
         return _time([fn], 1)[0], None
-    return float(ms), ws  # type: ignore[arg-type]
 
 
-def _measured(fn: Callable[[], Any], timed: bool) -> tuple[Optional[float], int]:
-    """One call of ``fn`` on an idle stream: its GPU ms (with ``timed``; CUDA
-    events around it) and its workspace bytes (:func:`_workspace`)."""
+def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
+    """The workspace bytes of one call of ``fn`` on an idle stream
+    (:func:`_workspace`); ``events``: CUDA events (start, end) recorded around it."""
     stream = torch.cuda.current_stream()
     stream.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    if timed:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    if events is not None:
+        events[0].record()
     out = fn()
-    if timed:
-        end.record()
+    if events is not None:
+        events[1].record()
     stream.synchronize()
     peak = torch.cuda.max_memory_allocated()
     held = torch.cuda.memory_allocated()
     del out
     kept = held - torch.cuda.memory_allocated()
-    return (start.elapsed_time(end) if timed else None), max(0, peak - base - kept)
+    return max(0, peak - base - kept)
 
 
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
