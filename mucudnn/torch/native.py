@@ -391,11 +391,10 @@ def host_ms(fn: Callable[[], Any], repeat: int = HOST_REPEAT) -> float:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # torch's peak counts blocks, rounded up (to 512 bytes by default), not the
 # bytes a tensor asked for; an output's ``nbytes`` subtracted from the peak
-# leaves that rounding in the workspace. At a limit PyTorch's call meets
-# exactly (a bfloat16 AlexNet's first backward-filter takes 64 MiB, and its
-# 46,464-byte weight gradient sits in a 46,592-byte block) the call then reads
-# as over the limit, and the layer runs a plan where it could run PyTorch's
-# own call. So the outputs' share is what ``memory_allocated`` drops by when
+# leaves that rounding in the workspace. A call whose workspace meets the
+# limit exactly (say beside a 46,464-byte weight gradient, which sits in a
+# 46,592-byte block) then reads as over the limit, and the layer runs a plan
+# where it could run PyTorch's own call. So the outputs' share is what ``memory_allocated`` drops by when
 # they are freed: the allocator's own count. Anything else the call leaves
 # allocated still counts as its workspace.
 def _workspace(fn: Callable[[], Any]) -> Optional[int]:
