@@ -44,6 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import train_bench as tb  # its arguments and defaults
 import train_steps as ts  # the training steps themselves
+import zoo_models  # torchvision's classification names
 
 # Note [step profile]
 # ~~~~~~~~~~~~~~~~~~~
@@ -98,7 +99,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, a
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--model", choices=tb.MODELS, default="resnet18")
+    ap.add_argument("--model", choices=sorted(set(tb.MODELS) | set(zoo_models.zoo_names()[0])),
+                    default="resnet18", metavar="NAME",
+                    help="a bench network or any torchvision classification model (default resnet18)")
     ap.add_argument("--precision", choices=ts.PRECISIONS, default="fp32cl")
     ap.add_argument("--execution", choices=ts.EXECUTIONS, default="graph")
     ap.add_argument("--modes", nargs="+", choices=ts.MODES, default=["native", "wr"])
