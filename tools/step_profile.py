@@ -118,10 +118,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, a
     if known.device == "cuda" and known.execution == "graph" and known.warmup < 3:
         ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
     # the remaining options (--workspace, --policy, --backend, ...) are train_bench's
-    tb_argv = ["--models", known.model, "--precisions", known.precision, "--execution",
+    # (train_bench checks --models against its own networks; the job takes the name)
+    tb_argv = ["--models", "tiny", "--precisions", known.precision, "--execution",
                known.execution, "--modes", *known.modes, "--warmup", str(known.warmup),
                "--device", known.device, *rest]
-    return known, tb.parse_args(tb_argv)
+    job_args = tb.parse_args(tb_argv)
+    job_args.models = [known.model]
+    return known, job_args
 
 
 def kernel_events(prof: Any) -> list[Any]:
