@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known, args = parse_args(argv)
     device = torch.device(known.device)
     name, precision, execution = known.model, known.precision, known.execution
-    batch = known.batch or tb.DEFAULT_BATCH[name]
+    batch = known.batch or tb.DEFAULT_BATCH.get(name, 64)  # zoo models: zoo_bench's batch
     torch.manual_seed(args.seed)
     init_state = {k: v.clone() for k, v in ts.build_model(name).state_dict().items()}
     jobs = []
