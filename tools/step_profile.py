@@ -118,13 +118,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, a
     if known.device == "cuda" and known.execution == "graph" and known.warmup < 3:
         ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
     # the remaining options (--workspace, --policy, --backend, ...) are train_bench's
-    # (train_bench checks --models against its own networks; the job takes the name)
+    # (train_bench checks --models against its own networks; main() hands the
+    # jobs --model's name, so its --models is a placeholder)
     tb_argv = ["--models", "tiny", "--precisions", known.precision, "--execution",
                known.execution, "--modes", *known.modes, "--warmup", str(known.warmup),
                "--device", known.device, *rest]
-    job_args = tb.parse_args(tb_argv)
-    job_args.models = [known.model]
-    return known, job_args
+    return known, tb.parse_args(tb_argv)
 
 
 def kernel_events(prof: Any) -> list[Any]:
@@ -218,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known, args = parse_args(argv)
     device = torch.device(known.device)
     name, precision, execution = known.model, known.precision, known.execution
-    batch = known.batch or tb.DEFAULT_BATCH.get(name, 64)  # zoo models: zoo_bench's batch
+    batch = known.batch or tb.DEFAULT_BATCH.get(name, zoo_models.BATCH)
     torch.manual_seed(args.seed)
     init_state = {k: v.clone() for k, v in ts.build_model(name).state_dict().items()}
     jobs = []

@@ -72,7 +72,7 @@ import train_steps as ts  # training state, timing, rounds
 from round_stats import extra_rounds, geomean, median_interval  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
-    ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
+    BATCH, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
 import mucudnn
 import mucudnn.torch as mt
 from mucudnn.torch import native as mt_native
@@ -133,7 +133,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--execution", nargs="+", choices=EXECUTIONS, default=["eager"])
     ap.add_argument("--no-steps", action="store_true",
                     help="no step timing: only --cold and --grad-check (which need no warm side)")
-    ap.add_argument("--batch", type=tb._positive, default=64, help="mini-batch (default 64)")
+    ap.add_argument("--batch", type=tb._positive, default=BATCH,
+                    help=f"mini-batch (default {BATCH})")
     ap.add_argument("--size", type=tb._positive, default=None,
                     help="image side (default 224; 32 for tiny; inception_v3 always 299)")
     ap.add_argument("--workspace", type=tb.parse_size, default=64 << 20,

@@ -18,6 +18,10 @@ import train_steps as ts  # tools/, beside this module: the tiny CNN, torchvisio
 torchvision = ts.torchvision
 
 
+#: The zoo's mini-batch (zoo_bench's default, and step_profile's for a zoo model).
+BATCH = 64
+
+
 class ModelSpec(NamedTuple):
     name: str
     task: str  # "classification" or "segmentation"
