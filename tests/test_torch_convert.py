@@ -145,6 +145,27 @@ def test_parametrized_convolutions_convert(norm):
     assert type(model[0]) is mt.Conv2d
 
 
+def test_a_settled_call_runs_the_classes_own_torch_convolution(monkeypatch):
+    """See Note [host cost of a converted layer]: a settled signature runs the
+    ``_conv_forward`` that ``super()`` would find past the mixin, for Conv2d,
+    Conv3d and the class parametrize makes over a converted one; none of
+    mucudnn's path runs, and the result is torch's own."""
+    from mucudnn.torch import engine, modules
+    torch.manual_seed(4)
+    native = nn.Sequential(parametrizations.weight_norm(nn.Conv2d(3, 4, 3)),
+                           nn.Conv3d(1, 2, 2, padding=1), nn.Conv2d(3, 2, 1)).double()
+    model = mt.convert(copy.deepcopy(native))
+    assert type(model[1])._mu_torch_conv is nn.Conv3d._conv_forward
+    assert type(model[0])._mu_torch_conv is nn.Conv2d._conv_forward
+    assert type(model[0]) is not mt.Conv2d and isinstance(model[0], mt.Conv2d)
+    for m in model:
+        monkeypatch.setattr(m, "_mu_forward", lambda *a: pytest.fail("mucudnn's path ran"))
+    for i, x in ((0, _x()), (1, torch.randn(2, 1, 3, 4, 5, dtype=torch.float64)), (2, _x())):
+        sig = modules._signature(x, model[i].weight)
+        model[i]._mu_torch = (engine.GENERATION[0], frozenset({sig}), frozenset({sig}))
+        torch.testing.assert_close(model[i](x), native[i](x), rtol=0, atol=0)
+
+
 def test_conv_subclasses_left_native_are_named_in_a_warning():
     class MyConv(nn.Conv2d):
         pass

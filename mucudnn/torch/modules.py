@@ -42,6 +42,7 @@ __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
 #: fitting its limit (every settled one fits).
 MAX_SETTLED = 8
 _COMPILING = torch.compiler.is_compiling
+_GENERATION = engine.GENERATION
 _UNSETTLED: "tuple[int, frozenset, frozenset]" = (-1, frozenset(), frozenset())
 _AUTOCAST = torch.is_autocast_enabled
 _AUTOCAST_DTYPE = torch.get_autocast_dtype
@@ -81,6 +82,8 @@ class MucudnnConvMixin:
     _mu_step: "StepTrial | None" = None
     #: set by :func:`mucudnn.torch.convert` (a later convert re-configures the module)
     _mu_converted: bool = False
+    #: torch's ``_conv_forward`` for this class (set for each subclass)
+    _mu_torch_conv: Any = None
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
@@ -106,25 +109,34 @@ class MucudnnConvMixin:
         self._mu_plans = plans
         self._mu_torch = _UNSETTLED
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # torch's own ``_conv_forward`` past this mixin in the subclass's order,
+        # as ``super()`` finds it, looked up once (the settled path's call)
+        cls._mu_torch_conv = getattr(super(MucudnnConvMixin, cls), "_conv_forward", None)
+
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: "torch.Tensor | None") -> torch.Tensor:
         # See Note [host cost of a converted layer]: a signature settled on
         # PyTorch's own convolution runs torch.nn's code alone; so does one whose
         # PyTorch workspace fits while the model's step trial runs PyTorch's
-        # (Note [the whole-step trial])
+        # (Note [the whole-step trial]). Every call of a settled layer runs this
+        # check, so it is the first thing done, with nothing looked up twice.
+        gen, settled, fits = self._mu_torch
+        if fits and gen == _GENERATION[0]:
+            trial = self._mu_step
+            torch_way = trial is not None and trial.torch
+            if settled or torch_way:
+                sig = _signature(input, weight)
+                if (sig in settled or (torch_way and sig in fits)) \
+                        and engine.RECORDER is None and not _COMPILING():
+                    return self._mu_torch_conv(input, weight, bias)
         if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
             # meta tensors (shape inference, deferred initialisation) and devices
             # mucudnn does not run on: PyTorch's own convolution, as before converting
             return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
-        gen, settled, fits = self._mu_torch
-        if gen != engine.GENERATION[0]:  # engine.clear() forgot the verdicts
-            gen, settled, fits = self._mu_torch = (engine.GENERATION[0], frozenset(), frozenset())
-        trial = self._mu_step
-        torch_way = bool(fits) and trial is not None and trial.torch
-        if (settled or torch_way) and engine.RECORDER is None and not _COMPILING():
-            sig = _signature(input, weight)
-            if sig in settled or (torch_way and sig in fits):
-                return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
+        if gen != _GENERATION[0]:  # engine.clear() forgot the verdicts
+            gen, settled, fits = self._mu_torch = (_GENERATION[0], frozenset(), frozenset())
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
         warm = engine.last_warm()
