@@ -157,6 +157,34 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
     assert "vgg16" not in t
 
 
+def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
+    """A newer session that timed only steps replaces the step table and leaves
+    the cold/gradient table on the older session that measured those, and the
+    other way round."""
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234"}
+    cold = {s: {"first_step_s": v, "second_step_s": 0.02} for s, v in
+            (("native", 2.3), ("converted", 6.45))}
+    steps = {"eager": {"native_ms": 10.0, "converted_ms": 10.5, "ratio": 1.05}}
+
+    def write(name, model, **fields):
+        doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+               "results": [{"model": model, "precision": "fp32cl", "steps": {}, **fields}],
+               "skipped": []}
+        (tmp_path / name).write_text(json.dumps(doc))
+    write("2026-12-03-h200-s1-call1-zoo-cold.json", "vgg16", cold=cold)
+    write("2026-12-03-h200-s1-call2-zoo.json", "alexnet", steps=steps)
+    write("2026-12-03-h200-s2-call1-zoo.json", "resnet18", steps=steps)
+    res = rp.load_results(tmp_path)
+    z, c = rp.zoo(res), rp.zoo_cold(res)
+    assert "resnet18" in z and "alexnet" not in z and "vgg16" not in z
+    assert "vgg16" in c and "resnet18" not in c
+    write("2026-12-03-h200-s3-call1-zoo-cold.json", "densenet121", cold=cold)
+    res = rp.load_results(tmp_path)
+    assert "densenet121" in rp.zoo_cold(res) and "vgg16" not in rp.zoo_cold(res)
+    assert "resnet18" in rp.zoo(res) and "densenet121" not in rp.zoo(res)
+
+
 def test_newest_is_by_date_then_session_and_call():
     names = ["2026-12-02-h200-s14-call8-a.json", "2026-12-01-h200-zz.json",
              "2026-12-02-h200-s14-call10-a.json", "2026-12-02-h200-merged.json.gz",

@@ -303,13 +303,21 @@ def newest_session(docs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return [(name, doc) for name, doc in docs if newness(name)[:2] == session]
 
 
+def zoo_with(results: list[tuple[str, Any]], *fields: str) -> list[tuple[str, Any]]:
+    """The zoo documents with some result holding one of ``fields``: a table of
+    step times and one of cold steps come each from the newest session that
+    measured them (a session may run the one and not the other)."""
+    return [(name, doc) for name, doc in of_kind(results, "zoo")
+            if any(e.get(f) for e in doc["results"] for f in fields)]
+
+
 def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
     """(file, its document, result, execution, its step figures) of every zoo
-    result of the newest session's runs (the date and ``-sN-`` of the newest
-    zoo file), a later call's figures replacing an earlier one's of the same
+    result of the newest session that timed steps (the date and ``-sN-`` of the
+    newest such zoo file), a later call's figures replacing an earlier one's of the same
     model, precision and execution."""
     picked: dict[tuple, tuple[str, dict, dict, str, dict]] = {}
-    for name, doc in newest_session(of_kind(results, "zoo")):
+    for name, doc in newest_session(zoo_with(results, "steps")):
         for e in doc["results"]:
             for ex, st in (e.get("steps") or {}).items():
                 picked[e["model"], e["precision"], ex] = (name, doc, e, ex, st)
@@ -351,10 +359,10 @@ def _first_step(side: dict) -> str:
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_bench.py) and one step's gradient errors against float64 (Note
-    [gradient check]) in the newest session's zoo runs, with the search in force
+    [gradient check]) in the zoo runs of the newest session that measured them, with the search in force
     and whether a primer ran first; a row needs both sides of one of the two."""
     src, rows = Sources(), []
-    for name, doc in newest_session(of_kind(results, "zoo")):
+    for name, doc in newest_session(zoo_with(results, "cold", "grad")):
         search = (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)
         for e in doc["results"]:
             cold, grad = e.get("cold") or {}, e.get("grad") or {}
