@@ -767,6 +767,29 @@ def test_torch_compile_keeps_the_conv_in_one_graph():
     assert sum(t is torch.ops.mucudnn.conv.default for t in targets) == 2
 
 
+def test_torch_compile_of_a_settled_layer_keeps_mucudnns_op_in_one_graph():
+    """See Note [host cost of a converted layer]: a settled layer's check does
+    not run under torch.compile (the verdict is this process's, not a graph's),
+    so the compiled graph holds mucudnn's op, whole, as for any other layer."""
+    from mucudnn.torch import engine as mt_engine
+    from mucudnn.torch import modules as mt_modules
+    torch._dynamo.reset()
+    m = mt.convert(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)))
+    x = torch.randn(2, 3, 6, 6)
+    sig = mt_modules._signature(x, m[0].weight)
+    m[0]._mu_torch = (mt_engine.GENERATION[0], frozenset({sig}), frozenset({sig}))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(m, backend=backend, fullgraph=True)
+    _close(compiled(x), F.conv2d(x, m[0].weight, m[0].bias, padding=1))
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert len(graphs) == 1 and torch.ops.mucudnn.conv.default in targets
+
+
 @pytest.mark.slow
 def test_torch_compile_default_backend():
     pytest.importorskip("torch._inductor")
