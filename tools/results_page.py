@@ -314,8 +314,8 @@ def zoo_with(results: list[tuple[str, Any]], *fields: str) -> list[tuple[str, An
 def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
     """(file, its document, result, execution, its step figures) of every zoo
     result of the newest session that timed steps (the date and ``-sN-`` of the
-    newest such zoo file), a later call's figures replacing an earlier one's of the same
-    model, precision and execution."""
+    newest such zoo file), a later call's figures replacing an earlier one's of
+    the same model, precision and execution."""
     picked: dict[tuple, tuple[str, dict, dict, str, dict]] = {}
     for name, doc in newest_session(zoo_with(results, "steps")):
         for e in doc["results"]:
@@ -359,8 +359,9 @@ def _first_step(side: dict) -> str:
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_bench.py) and one step's gradient errors against float64 (Note
-    [gradient check]) in the zoo runs of the newest session that measured them, with the search in force
-    and whether a primer ran first; a row needs both sides of one of the two."""
+    [gradient check]) in the zoo runs of the newest session that measured
+    them, with the search in force and whether a primer ran first; a row needs
+    both sides of one of the two."""
     src, rows = Sources(), []
     for name, doc in newest_session(zoo_with(results, "cold", "grad")):
         search = (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)

@@ -134,7 +134,7 @@ class MucudnnConvMixin:
         if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
             # meta tensors (shape inference, deferred initialisation) and devices
             # mucudnn does not run on: PyTorch's own convolution, as before converting
-            return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
+            return self._mu_torch_conv(input, weight, bias)
         if gen != _GENERATION[0]:  # engine.clear() forgot the verdicts
             gen, settled, fits = self._mu_torch = (_GENERATION[0], frozenset(), frozenset())
         engine.forget_last()
