@@ -7,6 +7,8 @@ and a layer that runs PyTorch's call, or the plan, computes the convolution
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -389,15 +391,14 @@ def test_pytorch_first_runs_it_exactly_where_a_direction_fits_and_plans_the_rest
     """See Note [plans only over the limit]: per direction a step runs, PyTorch's
     call where its measured workspace fits, else a plan to search; the whole
     layer is planned only where PyTorch cannot run a direction."""
-    calls = {d: (lambda d=d: d) for d in Direction}
     by = dict(zip(Direction, zip(torch_ms, ws)))
 
-    def measure(fn):
-        if fn() is fails:
+    def measure(d):
+        if d is fails:
             raise RuntimeError("cuDNN: no algorithm")
-        return by[fn()]
+        return by[d]
 
-    got = native.torch_first(calls, limit, need_dx, measure)
+    got = native.torch_first(limit, need_dx, measure)
     runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
     if fails in runs:
         assert got is None
@@ -452,4 +453,56 @@ def test_pytorch_first_plans_only_layers_over_the_limit_and_computes_the_convolu
             assert c.runs == native.TORCH and c.plan_ms is None and d not in rec.plans
         else:  # over the limit: planned and compared as without the setting
             assert c.runs == native.MUCUDNN and c.plan_ms is not None and d in rec.plans
+    mt.clear()
+
+
+@pytest.mark.parametrize("direction", list(Direction))
+def test_a_call_on_the_step_thread_returns_its_result_and_raises_its_error(direction):
+    """native.on_step_thread hands back what the call returns, and what it raises
+    (the very exception, raised on the caller's thread)."""
+    cpu = torch.device("cpu")
+    assert native.on_step_thread(direction, cpu, lambda: ("done", direction)) == ("done", direction)
+    err = RuntimeError("cuDNN: no algorithm for this configuration")
+
+    def fails():
+        raise err
+
+    with pytest.raises(RuntimeError) as info:
+        native.on_step_thread(direction, cpu, fails)
+    assert info.value is err
+    with torch.inference_mode():  # no backward pass to run it in: it runs here
+        assert native.on_step_thread(direction, cpu, threading.get_ident) == threading.get_ident()
+
+
+@pytest.mark.gpu
+@gpu
+def test_pytorchs_backward_calls_are_measured_on_the_thread_that_runs_a_steps_backward(
+        monkeypatch, tmp_path):
+    """See Note [PyTorch's benchmark cache is per thread]: the first call measures
+    PyTorch's backward-data and backward-filter on autograd's worker thread
+    (where the step's backward then finds them benchmarked), not on the caller's."""
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "over-limit")
+    mt.clear()
+    probed: list[int] = []
+    real = native.native_backward
+
+    def spy(*args, **kwargs):
+        probed.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(native, "native_backward", spy)
+    conv = nn.Conv2d(16, 32, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    model = mt.convert(nn.Sequential(conv), workspace_limit=64 << 20)
+    x = torch.randn(8, 16, 12, 12, device="cuda").to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    y = model(x)  # the first call: PyTorch's calls measured here
+    (rec,) = native.records()
+    assert all(native.fits(c) for c in rec.choices.values())  # every direction was measured
+    at_first_call = set(probed)
+    step: list[int] = []
+    y.register_hook(lambda g: step.append(threading.get_ident()))
+    y.sum().backward()
+    assert len(step) == 1 and step[0] != threading.get_ident()  # autograd's worker thread
+    assert at_first_call == {step[0]}
     mt.clear()

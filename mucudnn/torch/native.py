@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import statistics
@@ -74,8 +75,8 @@ from ..errors import InvalidValueError
 from ..problem import Direction, Plan
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
-           "search", "torch_first", "to_plan", "within_limit", "SEARCHES", "records", "calibrate",
-           "host_ms", "native_forward", "native_backward"]
+           "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
+           "records", "calibrate", "host_ms", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -152,24 +153,23 @@ def search() -> str:
     return v
 
 
-def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int], need_dx: bool,
-                measure: Callable[[Callable[[], Any]], tuple[float, Optional[int]]]
+def torch_first(limit: Optional[int], need_dx: bool,
+                measure: Callable[[Direction], tuple[float, Optional[int]]]
                 ) -> Optional[dict[Direction, Choice]]:
     """See Note [plans only over the limit]: PyTorch's call in every direction a
-    step runs (``theirs``; backward-data with ``need_dx``), its time and
-    workspace from ``measure`` (:func:`_probe` on a GPU; a RuntimeError: PyTorch
-    cannot run it). A direction whose workspace fits
+    step runs (backward-data with ``need_dx``), its time and workspace from
+    ``measure(direction)`` (:func:`_probe` of that direction's call on a GPU; a
+    RuntimeError: PyTorch cannot run it). A direction whose workspace fits
     ``limit`` runs PyTorch's call, no plan searched; one over it (or whose
     workspace cannot be measured) is to be planned (:func:`to_plan`), and a
     direction a step does not run is planned at its first use. None where
     PyTorch cannot run a direction: the layer is then planned and compared whole.
 
-    >>> calls = {d: (lambda d=d: d) for d in Direction}
-    >>> c = torch_first(calls, 8 << 20, False, lambda fn: (0.5, 1 << 20))
+    >>> c = torch_first(8 << 20, False, lambda d: (0.5, 1 << 20))
     >>> [x.runs for x in c.values()], to_plan(c, False)
     (['torch', 'mucudnn', 'torch'], [])
-    >>> big = lambda fn: (0.5, 9 << 20 if fn() is Direction.BACKWARD_FILTER else 0)
-    >>> c = torch_first(calls, 8 << 20, True, big)
+    >>> big = lambda d: (0.5, 9 << 20 if d is Direction.BACKWARD_FILTER else 0)
+    >>> c = torch_first(8 << 20, True, big)
     >>> [x.runs for x in c.values()], [d.value for d in to_plan(c, True)]
     (['torch', 'torch', 'mucudnn'], ['backward_filter'])
     """
@@ -181,7 +181,7 @@ def torch_first(theirs: dict[Direction, Callable[[], Any]], limit: Optional[int]
                                 "planned at its first use")
             continue
         try:
-            t, ws = measure(theirs[d])
+            t, ws = measure(d)
         except RuntimeError as exc:
             log.info("mucudnn.torch: PyTorch's own %s not measured: %s", d.value, exc)
             return None
@@ -355,6 +355,61 @@ def native_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: Any
 
 
 # -- the harness -----------------------------------------------------------------------------------
+# Note [PyTorch's benchmark cache is per thread]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# PyTorch keeps what ``cudnn.benchmark`` found per thread (its BenchmarkCache
+# in aten/src/ATen/native/cudnn/Conv_v8.cpp is ``thread_local``), and a training
+# step's backward runs on autograd's worker thread for the device, not on the
+# thread that called the forward. A backward direction measured on the caller's
+# thread is benchmarked there and then again by the step's backward: a
+# converted model's first step paid for each backward benchmark twice (a cold
+# EfficientNet-B0 step, mostly benchmarks, took twice native's). So the
+# backward directions are measured inside a backward pass
+# (:func:`on_step_thread`), on the thread that runs them in a step, and its
+# cache is the one they fill; the forward is measured on the caller's thread,
+# where a step's forward runs.
+class _InBackward(torch.autograd.Function):
+    """An identity whose backward runs ``box[0]()`` and keeps its result in
+    ``box[1]`` (or what it raised in ``box[2]``)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, box: list) -> torch.Tensor:
+        ctx.box = box
+        return anchor.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        box = ctx.box
+        try:
+            box[1] = box[0]()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            box[2] = exc
+        return grad, None
+
+
+def on_step_thread(direction: Direction, device: torch.device, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on the thread where a training step runs ``direction`` on
+    ``device``: the caller's for the forward, autograd's worker for the
+    backward directions, reached through a backward pass of one scalar on
+    ``device`` (See Note [PyTorch's benchmark cache is per thread]). What
+    ``fn`` raises is raised here. Under inference mode, which has no backward,
+    ``fn()`` runs here.
+
+    >>> on_step_thread(Direction.BACKWARD_DATA, torch.device("cpu"), lambda: 42)
+    42
+    """
+    if direction is Direction.FORWARD or torch.is_inference_mode_enabled():
+        return fn()
+    box: list = [fn, None, None]
+    anchor = torch.zeros((), device=device, requires_grad=True)
+    with torch.enable_grad():
+        out = _InBackward.apply(anchor, box)
+    torch.autograd.grad(out, anchor, torch.ones_like(out))
+    if box[2] is not None:
+        raise box[2]
+    return box[1]
+
+
 def _time(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
     """Median ms of each of ``fns``, alternated on torch's current stream (one
     warm-up each first)."""
@@ -476,10 +531,13 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         Direction.BACKWARD_FILTER: lambda: native_backward(dy, x, w, cfg, False, True,
                                                            deterministic, tf32)[1],
     }
+    def step_thread(d: Direction, fn: Callable[[], Any]) -> Any:
+        return on_step_thread(d, x.device, fn)  # Note [PyTorch's benchmark cache is per thread]
+
     first = None
     if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
-        first = torch_first(theirs, limit, need_dx, _probe)
+        first = torch_first(limit, need_dx, lambda d: step_thread(d, lambda: _probe(theirs[d])))
         if first is not None and not to_plan(first, need_dx):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                          fmt is not torch.contiguous_format, {}, first, need_dx=need_dx)
@@ -501,9 +559,10 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     timed: dict[Direction, tuple[Optional[float], Optional[float], Optional[int]]] = {}
     for d in planned:
         try:
-            plan_ms, torch_ms = _time([ours[d], theirs[d]])
+            plan_ms, torch_ms = step_thread(d, functools.partial(_time, [ours[d], theirs[d]]))
             timed[d] = (plan_ms, torch_ms,
-                        _workspace(theirs[d]) if first is None else first[d].torch_workspace)
+                        step_thread(d, functools.partial(_workspace, theirs[d])) if first is None
+                        else first[d].torch_workspace)
         except RuntimeError as exc:  # PyTorch cannot run it (or runs out of memory)
             log.info("mucudnn.torch: PyTorch's own %s not compared: %s", d.value, exc)
             timed[d] = (None, None, None)
