@@ -185,6 +185,33 @@ def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     assert "resnet18" in rp.zoo(res) and "densenet121" not in rp.zoo(res)
 
 
+def test_zoo_cold_table_keeps_one_row_per_model_and_precision(tmp_path):
+    """A later call's row of the same model and precision replaces an earlier
+    one, but a profiled first step never replaces an unprofiled one."""
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234"}
+
+    def cold(native, converted, profiled=False):
+        return {s: {"first_step_s": v, **({"profiled": True} if profiled else {})}
+                for s, v in (("native", native), ("converted", converted))}
+
+    def write(name, *results):
+        doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+               "results": [{"model": m, "precision": "fp32cl", "steps": {}, "cold": c}
+                           for m, c in results], "skipped": []}
+        (tmp_path / name).write_text(json.dumps(doc))
+    write("2026-12-03-h200-s4-call1-zoo-cold.json", ("densenet121", cold(11.3, 27.4, True)))
+    write("2026-12-03-h200-s4-call2-zoo-cold.json", ("densenet121", cold(7.5, 11.5)),
+          ("mobilenet_v2", cold(7.9, 11.1)))
+    write("2026-12-03-h200-s4-call3-zoo-cold.json", ("mobilenet_v2", cold(11.1, 10.2, True)),
+          ("regnet_y_1_6gf", cold(4.3, 12.9)))
+    t = rp.zoo_cold(rp.load_results(tmp_path))
+    rows = [r for r in t.splitlines() if r.startswith("| ") and "fp32" in r]
+    assert [r.split(" | ")[0] for r in rows] == ["| densenet121", "| mobilenet_v2",
+                                                 "| regnet_y_1_6gf"]
+    assert "| 7.5 | 11.5 |" in rows[0] and "| 7.9 | 11.1 |" in rows[1] and "profiled" not in t
+
+
 def test_newest_is_by_date_then_session_and_call():
     names = ["2026-12-02-h200-s14-call8-a.json", "2026-12-01-h200-zz.json",
              "2026-12-02-h200-s14-call10-a.json", "2026-12-02-h200-merged.json.gz",
