@@ -2,7 +2,9 @@
 hands to PyTorch's call, under both searches (Note [plans only over the limit], Note
 [never slower than native]). The device-side parts are replaced by recording fakes:
 PyTorch's calls (``native_forward``/``native_backward``), the plans' launchers, the
-CUDA-event timer and the workspace probe, each answering from the example's table.
+CUDA-event timer and the workspace probe, each answering from the example's table;
+the thread each direction is measured on is checked (Note [PyTorch's benchmark cache
+is per thread]).
 What calibrate does with their answers is the code under test; that the answers
 themselves are right is what the GPU tests in test_torch_native.py check.
 """
@@ -37,9 +39,13 @@ class Device:
         self.workspace = dict(zip(Direction, workspace))
         self.fails = fails  # a direction PyTorch cannot run, or None
         self.calls: list[tuple[str, Direction]] = []
+        self.thread: list = [None]  # the direction whose step thread runs now (None: the caller's)
         self.conv = types.SimpleNamespace(plans={}, problem=types.SimpleNamespace(key=lambda: "p"))
 
     def _torch(self, d, out):
+        # See Note [PyTorch's benchmark cache is per thread]: a backward direction is
+        # measured on the thread that runs it in a step, the forward on the caller's
+        assert self.thread[-1] == (None if d is FWD else d), (d, self.thread)
         self.calls.append(("torch", d))
         if d is self.fails:
             raise RuntimeError("cuDNN: no algorithm for this configuration")
@@ -53,6 +59,13 @@ class Device:
         d = BD if need_x else BF
         out = (torch.zeros_like(x), None) if need_x else (None, torch.zeros_like(w))
         return self._torch(d, out)
+
+    def on_step_thread(self, d, device, fn):
+        self.thread.append(None if d is FWD else d)
+        try:
+            return fn()
+        finally:
+            self.thread.pop()
 
     def launcher(self, d):
         def launch(*args):
@@ -96,6 +109,7 @@ def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, 
         mp.setattr(native, "_time", dev.time)
         mp.setattr(native, "_workspace", dev.probe)
         mp.setattr(native, "_probe", dev.first)
+        mp.setattr(native, "on_step_thread", dev.on_step_thread)
         cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, LIMIT, "fitted", "", "")
         x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
         launch = {d: dev.launcher(d) for d in Direction}
