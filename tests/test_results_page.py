@@ -126,7 +126,10 @@ def test_zoo_cold_table(tmp_path):
                         "cold": {s: dict(v, profiled=True) for s, v in cold.items()},
                         "cold_primer": {"first_step_s": 9.9}},
                        {"model": "alexnet", "precision": "amp", "steps": {},
-                        "cold": {"native": cold["native"]}}],
+                        "cold": {"native": cold["native"]}},
+                       {"model": "resnet50", "precision": "fp32cl", "steps": {},
+                        "cold": {s: dict(v, first_step_samples=[v["first_step_s"], 1.0, 12.0])
+                                 for s, v in cold.items()}, "cold_primer": {}}],
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
     t = rp.zoo_cold(rp.load_results(tmp_path))
@@ -136,6 +139,8 @@ def test_zoo_cold_table(tmp_path):
     assert "| convnext_tiny | fp32 channels-last | over-limit | 2.3 (profiled) | 6.5 (profiled) " \
            "| yes |" in t  # zoo_bench --cold-profile: seconds under cProfile
     assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
+    assert "| resnet50 | fp32 channels-last | over-limit | 2.3 (median of 3: 1.0-12.0) " \
+           "| 6.5 (median of 3: 1.0-12.0) |" in t  # zoo_bench --cold-repeat 3
 
 
 def test_zoo_cold_table_shows_gradient_errors(tmp_path):

@@ -43,7 +43,7 @@ def test_parse_args_defaults_and_errors(zb):
                 ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
                 ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"],
                 ["--cold-profile", "5"], ["--cold", "--cold-profile", "-1"],
-                ["--resolve", "-1"]):
+                ["--resolve", "-1"], ["--cold", "--cold-repeat", "0"]):
         with pytest.raises(SystemExit):
             zb.parse_args(TINY + bad)
 
@@ -192,6 +192,37 @@ def test_resolve_adds_a_second_stage_of_rounds(zb, tmp_path, monkeypatch):
     assert [len(st["step_ms"][s]) for s in ("native", "converted")] == [5, 5]
     assert rotations == [(2, 0), (3, 2)]
     assert len(seen) == 1 and seen[0][:2] == (2, 30.0) and seen[0][2] > 0
+
+
+def test_cold_repeat_alternates_the_sides_and_keeps_medians(zb, monkeypatch):
+    """--cold-repeat N: N pairs, native first in the odd ones and converted first
+    in the even ones; each side keeps the medians of its runs and every first
+    step, updated after each run (a cut-short run keeps what it measured)."""
+    args = zb.parse_args(TINY + ["--cold", "--no-steps", "--cold-repeat", "3"])
+    firsts = {"native": iter([5.0, 9.0, 6.0]), "converted": iter([7.0, 4.0, 8.0])}
+    order, seen = [], []
+    out: dict = {}
+
+    def run_cold(a, spec, precision, side):
+        order.append(side)
+        seen.append({k: dict(v) for k, v in out.items()})
+        return {"first_step_s": next(firsts[side]), "process_s": 10.0 + len(order)}
+
+    monkeypatch.setattr(zb, "run_cold", run_cold)
+    tags = []
+
+    def stage(tag, work):
+        tags.append(tag)
+        return work()
+
+    zb.run_cold_pairs(args, zb.model_spec("tiny", 32), "fp32cl", stage, out)
+    assert order == ["native", "converted", "converted", "native", "native", "converted"]
+    assert tags[:2] == ["cold native 1/3", "cold converted 1/3"]
+    assert out["native"]["first_step_samples"] == [5.0, 9.0, 6.0]
+    assert out["native"]["first_step_s"] == 6.0 and out["converted"]["first_step_s"] == 7.0
+    assert out["native"]["process_s"] == 14.0  # runs 1, 4 and 5: 11, 14, 15
+    assert seen[1] == {"native": {"first_step_s": 5.0, "process_s": 11.0,
+                                  "first_step_samples": [5.0]}}
 
 
 @pytest.mark.slow

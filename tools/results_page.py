@@ -352,8 +352,13 @@ def _pair(d: Any, key: str, fmt: str) -> str:
 
 def _first_step(side: dict) -> str:
     """One side's cold first-step seconds; a profiled one (zoo_bench
-    --cold-profile) is marked, its seconds not comparable with the others."""
-    return num(side.get("first_step_s"), ".1f") + (" (profiled)" if side.get("profiled") else "")
+    --cold-profile) is marked, its seconds not comparable with the others, and
+    a median over several processes (zoo_bench --cold-repeat) gives its range."""
+    samples = side.get("first_step_samples") or []
+    spread = f" (median of {len(samples)}: {min(samples):.1f}-{max(samples):.1f})" \
+        if len(samples) > 1 else ""
+    return num(side.get("first_step_s"), ".1f") + spread + (
+        " (profiled)" if side.get("profiled") else "")
 
 
 def zoo_cold(results: list[tuple[str, Any]]) -> str:

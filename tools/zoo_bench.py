@@ -20,7 +20,8 @@ Measured per model and precision:
 * peak memory of each side's steady-state steps (``max_memory_allocated``, Note
   [memory per side]) and the drop of ``mem_get_info``'s free bytes;
 * with ``--cold``: the wall seconds of each side's first training step in a
-  fresh process, the converted side with an empty mucudnn benchmark cache;
+  fresh process, the converted side with an empty mucudnn benchmark cache
+  (``--cold-repeat N``: the medians of N such pairs);
 * with ``--grad-check``: one step's gradients of each side against float64
   (Note [gradient check] in grad_error.py);
 * the converted model's ``mucudnn.torch.report`` (which layers run mucudnn's
@@ -162,6 +163,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="profile each cold first step on the host (cProfile) and keep its N "
                          "functions of most cumulative and of most own time; the step's "
                          "seconds are then profiled ones (Note [cold steps])")
+    ap.add_argument("--cold-repeat", type=tb._positive, default=1, metavar="N",
+                    help="N fresh-process pairs per model, the sides' order alternating; each "
+                         "side's figures are the medians (Note [cold steps]; default 1)")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
                     help="seconds allowed for each --cold process (default 300)")
     ap.add_argument("--grad-check", action="store_true",
@@ -357,7 +361,11 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None]) -> Non
 # for reading the CUDA libraries from disk and filling the CUDA JIT cache, which
 # later processes find ready: so a primer (one native child, its numbers kept
 # apart as ``cold_primer``) runs before the measured pair, and neither side is
-# charged for what the other left behind. ``--cold-profile N`` runs each
+# charged for what the other left behind. PyTorch's own benchmarking makes a
+# first step's seconds vary by several seconds from one process to the next,
+# so ``--cold-repeat N`` runs N pairs, native first in the odd ones and
+# converted first in the even ones, and keeps each side's medians
+# (:func:`cold_medians`) with every sample. ``--cold-profile N`` runs each
 # side's first step under cProfile and keeps the N functions of most
 # cumulative and of most own host time (``profile``; ``profiled`` marks such
 # a side): where a slow first step spends its time, at the price of slowing
@@ -398,6 +406,41 @@ def child_env(**extra: str) -> dict[str, str]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(mucudnn.__file__)))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def cold_medians(samples: Sequence[dict]) -> dict:
+    """One side's cold figures over its ``samples`` (:func:`run_cold`'s dicts, in
+    the order run): the median of each number, every first step in
+    ``first_step_samples``, and the first sample's profile where one was kept.
+
+    >>> m = cold_medians([{"first_step_s": 9.0, "process_s": 20.0},
+    ...                   {"first_step_s": 7.0, "process_s": 18.0},
+    ...                   {"first_step_s": 8.0, "process_s": 30.0}])
+    >>> m["first_step_s"], m["process_s"], m["first_step_samples"]
+    (8.0, 20.0, [9.0, 7.0, 8.0])
+    """
+    out = dict(samples[0])
+    for key, value in samples[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(s[key] for s in samples)
+    out["first_step_samples"] = [s["first_step_s"] for s in samples]
+    return out
+
+
+def run_cold_pairs(args: argparse.Namespace, spec: ModelSpec, precision: str,
+                   stage: Callable[[str, Callable[[], Any]], Any], out: dict[str, dict]) -> None:
+    """``--cold-repeat`` pairs of :func:`run_cold` (Note [cold steps]), each run
+    through ``stage(tag, work)``; after each run, ``out[side]`` is that side's
+    :func:`cold_medians` so far (a side none of whose runs finished is absent)."""
+    n = args.cold_repeat
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for i in range(n):
+        for side in SIDES if i % 2 == 0 else SIDES[::-1]:
+            tag = f"cold {side}" + (f" {i + 1}/{n}" if n > 1 else "")
+            c = stage(tag, lambda side=side: run_cold(args, spec, precision, side))
+            if c is not None:
+                runs[side].append(c)
+                out[side] = cold_medians(runs[side])
 
 
 def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: str) -> dict:
@@ -583,11 +626,10 @@ def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
         primer = stage("cold primer", lambda: run_cold(args, spec, precision, "native"))
         if primer is not None:
             entry["cold_primer"] = primer
-        for side in SIDES:
-            c = stage(f"cold {side}", lambda side=side: run_cold(args, spec, precision, side))
-            if c is not None:
-                entry["cold"][side] = c
-                log(f"  cold {side}: first step {c['first_step_s']:.2f} s")
+        run_cold_pairs(args, spec, precision, stage, entry["cold"])
+        for side, c in entry["cold"].items():
+            log(f"  cold {side}: first step {c['first_step_s']:.2f} s"
+                + (f" (median of {len(c['first_step_samples'])})" if args.cold_repeat > 1 else ""))
     if args.grad_check:
         g = stage("grad-check", lambda: grad_check(args, spec, precision, device))
         if g is not None:
