@@ -75,6 +75,11 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(parity))
     assert "| mobilenet_v2 | 12 of 35 (cut short) | 36 | 30 | [1] |" in \
         rp.search_parity(rp.load_results(tmp_path))
+    over = {"options": {"find": "FindOptions()", "batch": 64, "over_limit": 64 << 20},
+            "models": {"convnext_tiny": {"convs": 20, "kernels": 15, "held": 9, "fit": 45}}}
+    (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(over))
+    assert "| convnext_tiny | 20 | 15 (and 45 fitting the 64 MiB limit, not compared) | 9 |" in \
+        rp.search_parity(rp.load_results(tmp_path))  # search_parity.py --over-limit 64MiB
     (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(
         parity | {"models": {"mobilenet_v2": {"convs": 35, "kernels": 105, "held": 101}}}))
     res = rp.load_results(tmp_path)

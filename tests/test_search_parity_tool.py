@@ -64,3 +64,27 @@ def test_a_model_cut_short_keeps_the_convolutions_checked_and_says_so():
     whole = search_parity.check_model("m", convs[:1], "fp32cl", None, lambda: False,
                                       check_one=check_one)
     assert whole["complete"] and whole["convs_checked"] == 1
+
+
+def test_directions_that_fit_the_limit_are_rows_but_not_counted():
+    """--over-limit: a direction whose PyTorch workspace fits is a row marked as
+    fitting, outside the counts of directions compared and held."""
+    from mucudnn.problem import Direction
+
+    def check_one(conv, d, precision, backend):
+        fits = d is not Direction.BACKWARD_FILTER
+        return {"layer": conv["layer"], "direction": d.value, "torch_kernels": ["k"],
+                "fits": fits, "held": None if fits else conv["layer"] == "c0", "missing": []}
+
+    entry = search_parity.check_model("m", [{"layer": "c0"}, {"layer": "c1"}], "fp32cl", None,
+                                      lambda: False, check_one=check_one)
+    assert (entry["kernels"], entry["held"], entry["fit"]) == (2, 1, 4)
+    rows = search_parity.rows_of("m", entry)
+    assert "| m | c0 | forward | fits the limit |" in rows[0]
+    assert "| m | c0 | backward_filter | yes |" in rows[2]
+    assert "| m | c1 | backward_filter | NO |" in rows[5]
+
+
+def test_the_over_limit_option_reads_a_size():
+    with pytest.raises(SystemExit):
+        search_parity.main(["--models", "resnet18", "--over-limit", "lots"])

@@ -107,7 +107,7 @@ def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, 
         mp.setattr(native, "native_forward", dev.native_forward)
         mp.setattr(native, "native_backward", dev.native_backward)
         mp.setattr(native, "_time", dev.time)
-        mp.setattr(native, "_workspace", dev.probe)
+        mp.setattr(native, "workspace_of", dev.probe)
         mp.setattr(native, "_probe", dev.first)
         mp.setattr(native, "on_step_thread", dev.on_step_thread)
         cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, LIMIT, "fitted", "", "")

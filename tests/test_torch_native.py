@@ -261,7 +261,7 @@ def test_pytorch_workspace_is_measured_not_understated():
     del y
     # the output as the allocator counts it: See Note [outputs as the allocator counts them]
     peak_ws = peak - base - (held - torch.cuda.memory_allocated())
-    ws = native._workspace(call)
+    ws = native.workspace_of(call)
     assert ws is not None and ws >= peak_ws
     assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)
 
@@ -322,7 +322,7 @@ def test_pytorch_workspace_is_the_peak_over_its_outputs_as_the_allocator_counts_
         return out
 
     try:
-        got = native._workspace(call)
+        got = native.workspace_of(call)
     finally:
         mp.undo()
     assert got == _block_bytes(ws) + _block_bytes(kept)
@@ -343,7 +343,7 @@ def test_a_call_that_meets_the_limit_exactly_fits_it(monkeypatch):
         del scratch
         return dw
 
-    got = native._workspace(call)
+    got = native.workspace_of(call)
     assert got == 64 << 20 and native.within_limit(got, 64 << 20)
 
 

@@ -8,6 +8,7 @@
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 #   ZOO_MODELS="mobilenet_v2 convnext_tiny" bash tools/gpu_run.sh zoo   # tools/zoo_bench.py
 #   PARITY_MODELS="mobilenet_v2" bash tools/gpu_run.sh parity           # tools/search_parity.py
+#   PARITY_ARGS="--over-limit 64MiB" PARITY_MODELS="convnext_tiny" bash tools/gpu_run.sh parity
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +69,8 @@ for stage in "$@"; do
       ;;
     parity)  # tools/search_parity.py: PyTorch's kernels per layer among mucudnn's candidates
       timeout "${PARITY_TIMEOUT:-400}" python3 tools/search_parity.py \
-        --models ${PARITY_MODELS:-mobilenet_v2} --max-seconds 300 --json "$OUT/parity.json" \
+        --models ${PARITY_MODELS:-mobilenet_v2} --max-seconds 300 ${PARITY_ARGS:-} \
+        --json "$OUT/parity.json" \
         > "$OUT/parity.txt" 2> "$OUT/parity.log"
       summary+=("parity (rc $?): $(grep -E '^[a-z0-9_]+: [0-9]+ of [0-9]+ held' "$OUT/parity.txt" | tr '\n' ' ')")
       ;;

@@ -457,6 +457,12 @@ def _convs_checked(model: dict) -> str:
     return f"{model.get('convs_checked', '-')} of {model.get('convs', '-')} (cut short)"
 
 
+def _limit(options: dict) -> str:
+    """The ``--over-limit`` of a parity run, as a phrase."""
+    n = options.get("over_limit")
+    return f"the {n // MIB} MiB limit" if isinstance(n, int) else "the limit"
+
+
 def search_parity(results: list[tuple[str, Any]]) -> str:
     src, rows = Sources(), []
     for name, doc in of_kind(results, "parity")[-1:]:
@@ -464,7 +470,9 @@ def search_parity(results: list[tuple[str, Any]]) -> str:
         cite = src.cite(name, source_line(name, defaults=(
             f"find options {o.get('find', NR)}, precision {o.get('precision', NR)}, "
             f"batch {o.get('batch', NR)}")))
-        rows = [[m, _convs_checked(v), str(v.get("kernels", "-")), str(v.get("held", "-")), cite]
+        rows = [[m, _convs_checked(v), str(v.get("kernels", "-")) + (
+                     f" (and {v['fit']} fitting {_limit(o)}, not compared)" if v.get("fit")
+                     else ""), str(v.get("held", "-")), cite]
                 for m, v in doc["models"].items()]
     return finish(["model", "distinct convolutions", "convolution directions",
                    "held (PyTorch's kernels among mucudnn's candidates)", "source"],

@@ -15,7 +15,14 @@ mucudnn/backends/find_options.py). The table lists per convolution and
 direction PyTorch's kernels, whether they were held, and the kernels
 missing; ``--json`` writes it all.
 
+With ``--over-limit SIZE`` only the directions whose PyTorch workspace (as
+``mucudnn.torch`` measures it: the allocator's peak over the call's outputs)
+is over SIZE are compared: under ``mucudnn.torch``'s default search those are
+the only ones a converted model plans (Note [plans only over the limit]); the
+others are rows marked as fitting, not counted.
+
     python tools/search_parity.py --models mobilenet_v2 resnext50_32x4d --batch 64
+    python tools/search_parity.py --models convnext_tiny regnet_y_1_6gf --over-limit 64MiB
     python tools/search_parity.py --models convnext_tiny --precision amp --json parity.json
     python tools/search_parity.py --models mobilenet_v2 --find rtc=none parity=False  # the old search
 
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import sys
 import time
@@ -35,9 +43,11 @@ import torch
 from torch import nn
 
 import zoo_models  # the models as the zoo builds them (tools/, beside this script)
+from mucudnn.__main__ import parse_size  # argparse errors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.find_options import FindOptions
 from mucudnn.problem import ConvProblem, Direction
+from mucudnn.torch import native
 
 
 def model_convs(name: str, batch: int, size: Optional[int], dtype: torch.dtype
@@ -116,15 +126,22 @@ def problem_of(conv: dict[str, Any], dtype: str) -> ConvProblem:
 
 
 def check(conv: dict[str, Any], direction: Direction, precision: str,
-          backend: CudnnGraphBackend) -> dict[str, Any]:
-    """PyTorch's kernels for ``conv`` in ``direction`` and whether mucudnn's find() ran them."""
+          backend: CudnnGraphBackend, over_limit: Optional[int] = None) -> dict[str, Any]:
+    """PyTorch's kernels for ``conv`` in ``direction`` and whether mucudnn's find()
+    ran them; with ``over_limit``, only where PyTorch's workspace is over it
+    (else a row with ``fits`` set and ``held`` None: not compared)."""
     dtype = torch.bfloat16 if precision == "amp" else torch.float32
     call = torch_call(conv, direction, dtype)
     with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=True):
         call()  # PyTorch's own search
         torch.cuda.synchronize()
         theirs = cuda_kernels(call)
+        workspace = native.workspace_of(call)
     problem = problem_of(conv, "bfloat16" if precision == "amp" else "float32")
+    if over_limit is not None and native.within_limit(workspace, over_limit):
+        return {"layer": conv["layer"], "problem": problem.key(), "direction": direction.value,
+                "torch_kernels": theirs, "torch_workspace": workspace, "fits": True,
+                "held": None, "missing": []}
     found: list[Any] = []
     t = time.perf_counter()
     ours = cuda_kernels(lambda: found.extend(backend.find(problem, direction, None)))
@@ -132,7 +149,8 @@ def check(conv: dict[str, Any], direction: Direction, precision: str,
     missing = sorted(set(theirs) - set(ours))
     best = min(found, key=lambda a: a.time_ms) if found else None
     return {"layer": conv["layer"], "problem": problem.key(), "direction": direction.value,
-            "torch_kernels": theirs, "held": not missing and bool(theirs),
+            "torch_kernels": theirs, "torch_workspace": workspace, "fits": False,
+            "held": not missing and bool(theirs),
             "missing": missing, "candidates": len(found), "find_s": round(find_s, 3),
             "best": None if best is None else {"algo": str(best.algo), "ms": best.time_ms,
                                                "workspace_bytes": best.workspace_bytes}}
@@ -162,7 +180,7 @@ def check_model(name: str, convs: list[dict[str, Any]], precision: str,
     (its counts are those of the convolutions checked). ``on_conv(entry)``
     after each convolution, so a run cut short keeps what it found."""
     entry: dict[str, Any] = {"convs": len(convs), "convs_checked": 0, "kernels": 0, "held": 0,
-                             "complete": True, "results": []}
+                             "fit": 0, "complete": True, "results": []}
     for conv in convs:
         if out_of_time():
             entry["complete"] = False
@@ -178,15 +196,20 @@ def check_model(name: str, convs: list[dict[str, Any]], precision: str,
                      "missing": []}
             entry["results"].append(r)
         entry["convs_checked"] += 1
-        entry["kernels"] = len(entry["results"])
-        entry["held"] = sum(bool(r["held"]) for r in entry["results"])
+        compared = [r for r in entry["results"] if not r.get("fits")]
+        entry["kernels"] = len(compared)
+        entry["held"] = sum(bool(r["held"]) for r in compared)
+        entry["fit"] = len(entry["results"]) - len(compared)
         on_conv(entry)
     return entry
 
 
 def rows_of(name: str, entry: dict[str, Any]) -> list[str]:
     """The table rows of one model's entry."""
-    return [f"| {name} | {r['layer']} | {r['direction']} | {'yes' if r['held'] else 'NO'} | "
+    def held(r: dict[str, Any]) -> str:
+        return "fits the limit" if r.get("fits") else "yes" if r["held"] else "NO"
+
+    return [f"| {name} | {r['layer']} | {r['direction']} | {held(r)} | "
             f"{'; '.join(sorted(set(r['torch_kernels'])))[:160]} | "
             f"{'; '.join(r['missing'])[:160] or r.get('error', '')} |" for r in entry["results"]]
 
@@ -207,6 +230,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--precision", choices=["fp32cl", "amp"], default="fp32cl")
     ap.add_argument("--find", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="FindOptions fields of the search under test (default: the defaults)")
+    ap.add_argument("--over-limit", type=parse_size, default=None, metavar="SIZE",
+                    help="compare only the directions whose PyTorch workspace is over SIZE "
+                         "(e.g. 64MiB): those a converted model plans")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no new convolution after this many seconds (a model cut short "
                          "is kept, marked incomplete)")
@@ -234,7 +260,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out["models"][name] = entry | {"find": backend.find_profile.as_dict()}
             _write(args.json, out)
 
-        entry = check_model(name, convs, args.precision, backend, out_of_time, keep)
+        entry = check_model(name, convs, args.precision, backend, out_of_time, keep,
+                            check_one=functools.partial(check, over_limit=args.over_limit))
         keep(entry)
         rows += rows_of(name, entry)
         print(f"[parity] {name}: {entry['held']} of {entry['kernels']} kernels held "
@@ -243,6 +270,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(rows))
     for name, m in out["models"].items():
         print(f"{name}: {m['held']} of {m['kernels']} held"
+              + (f" ({m['fit']} more fit the limit, not compared)" if m.get("fit") else "")
               + ("" if m["complete"] else f" (cut short: {m['convs_checked']} of {m['convs']} "
                  "convolutions)"))
     return 0

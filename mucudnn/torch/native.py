@@ -76,7 +76,7 @@ from ..problem import Direction, Plan
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
-           "records", "calibrate", "host_ms", "native_forward", "native_backward"]
+           "records", "calibrate", "host_ms", "workspace_of", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -452,7 +452,7 @@ def host_ms(fn: Callable[[], Any], repeat: int = HOST_REPEAT) -> float:
 # where it could run PyTorch's own call. So the outputs' share is what ``memory_allocated`` drops by when
 # they are freed: the allocator's own count. Anything else the call leaves
 # allocated still counts as its workspace.
-def _workspace(fn: Callable[[], Any]) -> Optional[int]:
+def workspace_of(fn: Callable[[], Any]) -> Optional[int]:
     """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
     outputs: the allocator's peak during the call over what was allocated
     before it and what the call returns, each as the allocator counts it (None
@@ -470,7 +470,7 @@ def _probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
     """PyTorch's call ``fn`` as Note [plans only over the limit] measures it: once
     to warm up (its ``cudnn.benchmark`` runs there; a RuntimeError there means
     PyTorch cannot run it), then once timed with CUDA events while its
-    workspace is measured as :func:`_workspace` does: (ms, bytes or None). One
+    workspace is measured as :func:`workspace_of` does: (ms, bytes or None). One
     call does both, so a layer's first call costs one PyTorch call per
     direction beyond native's first."""
     fn()
@@ -485,7 +485,7 @@ def _probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
 
 def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
     """The workspace bytes of one call of ``fn`` on an idle stream
-    (:func:`_workspace`); ``events``: CUDA events (start, end) recorded around it."""
+    (:func:`workspace_of`); ``events``: CUDA events (start, end) recorded around it."""
     stream = torch.cuda.current_stream()
     stream.synchronize()
     base = torch.cuda.memory_allocated()
@@ -561,7 +561,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         try:
             plan_ms, torch_ms = step_thread(d, functools.partial(_time, [ours[d], theirs[d]]))
             timed[d] = (plan_ms, torch_ms,
-                        step_thread(d, functools.partial(_workspace, theirs[d])) if first is None
+                        step_thread(d, functools.partial(workspace_of, theirs[d])) if first is None
                         else first[d].torch_workspace)
         except RuntimeError as exc:  # PyTorch cannot run it (or runs out of memory)
             log.info("mucudnn.torch: PyTorch's own %s not compared: %s", d.value, exc)
