@@ -361,10 +361,9 @@ def native_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: Any
 # in aten/src/ATen/native/cudnn/Conv_v8.cpp is ``thread_local``), and a training
 # step's backward runs on autograd's worker thread for the device, not on the
 # thread that called the forward. A backward direction measured on the caller's
-# thread is benchmarked there and then again by the step's backward: a
-# converted model's first step paid for each backward benchmark twice (a cold
-# EfficientNet-B0 step, mostly benchmarks, took twice native's). So the
-# backward directions are measured inside a backward pass
+# thread would be benchmarked there and again by the step's backward, so the
+# first step would pay for each backward benchmark twice. So the backward
+# directions are measured inside a backward pass
 # (:func:`on_step_thread`), on the thread that runs them in a step, and its
 # cache is the one they fill; the forward is measured on the caller's thread,
 # where a step's forward runs.
