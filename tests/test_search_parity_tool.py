@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import doctest
+
 import pytest
 from tool_support import load_tool
 
@@ -88,3 +90,24 @@ def test_directions_that_fit_the_limit_are_rows_but_not_counted():
 def test_the_over_limit_option_reads_a_size():
     with pytest.raises(SystemExit):
         search_parity.main(["--models", "resnet18", "--over-limit", "lots"])
+
+
+def test_doctests():
+    result = doctest.testmod(search_parity)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_row_over_the_limit_shows_pytorchs_calls_on_micro_batches():
+    """The last column: PyTorch's own call at the largest halving of the batch
+    that fits, its time for the whole batch at that rate, whether mucudnn's
+    search held its kernels there, and the whole batch's own time."""
+    r = {"layer": "c0", "direction": "backward_filter", "torch_kernels": ["wgrad"],
+         "fits": False, "held": True, "missing": [], "torch_ms": 4.5,
+         "torch_under_limit": {"batch": 8, "workspace_bytes": 40 << 20, "ms": 0.6,
+                               "ms_whole_batch": 4.8, "torch_kernels": ["wgrad_small"],
+                               "held": False, "missing": ["wgrad_small"]}}
+    entry = {"results": [r, dict(r, torch_under_limit=None)]}
+    first, second = search_parity.rows_of("m", entry)
+    assert first.endswith("| 4.800 ms (8 a call, 40.0 MiB, NOT held: wgrad_small; "
+                          "whole batch 4.500 ms) |")
+    assert second.endswith("| - |")

@@ -19,7 +19,11 @@ With ``--over-limit SIZE`` only the directions whose PyTorch workspace (as
 ``mucudnn.torch`` measures it: the allocator's peak over the call's outputs)
 is over SIZE are compared: under ``mucudnn.torch``'s default search those are
 the only ones a converted model plans (Note [plans only over the limit]); the
-others are rows marked as fitting, not counted.
+others are rows marked as fitting, not counted. Each direction compared also
+gets PyTorch's own call run on micro-batches, at the largest halving of the
+batch whose workspace fits SIZE: its time for the whole batch at that rate,
+beside the whole batch's, is what the limit would cost PyTorch's own engine
+(set it beside the plan's time in ``mucudnn.torch.report``).
 
     python tools/search_parity.py --models mobilenet_v2 resnext50_32x4d --batch 64
     python tools/search_parity.py --models convnext_tiny regnet_y_1_6gf --over-limit 64MiB
@@ -116,6 +120,67 @@ def torch_call(conv: dict[str, Any], direction: Direction, dtype: torch.dtype
     return call
 
 
+def gpu_ms(fn: Callable[[], Any], repeat: int = 5) -> float:
+    """Median milliseconds of ``fn()`` on the current stream (CUDA events; one
+    warm-up call first)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def largest_fitting_batch(n: int, workspace_at: Callable[[int], Optional[int]], limit: int
+                          ) -> Optional[tuple[int, int]]:
+    """The largest of ``n // 2``, ``n // 4``, ... (down to 1) at which
+    ``workspace_at(b)`` is within ``limit``, with that workspace; None where
+    none is.
+
+    >>> largest_fitting_batch(64, lambda b: 10 * b, 200)  # 32: 320, 16: 160
+    (16, 160)
+    >>> largest_fitting_batch(64, lambda b: None if b > 2 else 0, 200)
+    (2, 0)
+    >>> largest_fitting_batch(64, lambda b: 500, 200) is None
+    True
+    """
+    b = n // 2
+    while b >= 1:
+        ws = workspace_at(b)
+        if native.within_limit(ws, limit):
+            assert ws is not None
+            return b, ws
+        b //= 2
+    return None
+
+
+def torch_under_limit(conv: dict[str, Any], direction: Direction, dtype: torch.dtype,
+                      limit: int) -> Optional[dict[str, Any]]:
+    """PyTorch's own call of ``conv`` run on micro-batches: at the largest halving
+    of the batch whose workspace fits ``limit``, its milliseconds per call and
+    for the whole batch at that rate (what a plan of PyTorch's calls would take;
+    None where no halving fits)."""
+    n = conv["x"][0]
+    calls: dict[int, Callable[[], Any]] = {}
+
+    def workspace_at(b: int) -> Optional[int]:
+        calls[b] = call = torch_call(dict(conv, x=(b, *conv["x"][1:])), direction, dtype)
+        call()  # its benchmark
+        return native.workspace_of(call)
+
+    fit = largest_fitting_batch(n, workspace_at, limit)
+    if fit is None:
+        return None
+    b, ws = fit
+    ms = gpu_ms(calls[b])
+    return {"batch": b, "workspace_bytes": ws, "ms": ms, "ms_whole_batch": ms * n / b,
+            "torch_kernels": cuda_kernels(calls[b])}
+
+
 def problem_of(conv: dict[str, Any], dtype: str) -> ConvProblem:
     """The NHWC ConvProblem of a channels-last convolution in torch's shapes."""
     n, c, h, w_ = conv["x"]
@@ -137,20 +202,29 @@ def check(conv: dict[str, Any], direction: Direction, precision: str,
         torch.cuda.synchronize()
         theirs = cuda_kernels(call)
         workspace = native.workspace_of(call)
-    problem = problem_of(conv, "bfloat16" if precision == "amp" else "float32")
-    if over_limit is not None and native.within_limit(workspace, over_limit):
-        return {"layer": conv["layer"], "problem": problem.key(), "direction": direction.value,
-                "torch_kernels": theirs, "torch_workspace": workspace, "fits": True,
-                "held": None, "missing": []}
+        problem = problem_of(conv, "bfloat16" if precision == "amp" else "float32")
+        if over_limit is not None and native.within_limit(workspace, over_limit):
+            return {"layer": conv["layer"], "problem": problem.key(),
+                    "direction": direction.value, "torch_kernels": theirs,
+                    "torch_workspace": workspace, "fits": True, "held": None, "missing": []}
+        torch_ms = gpu_ms(call)
+        under = None if over_limit is None else \
+            torch_under_limit(conv, direction, dtype, over_limit)
     found: list[Any] = []
     t = time.perf_counter()
     ours = cuda_kernels(lambda: found.extend(backend.find(problem, direction, None)))
     find_s = time.perf_counter() - t
     missing = sorted(set(theirs) - set(ours))
+    if under is not None:  # the same question at the micro-batch PyTorch's call fits at
+        at_b: list[Any] = []
+        ours_b = cuda_kernels(lambda: at_b.extend(
+            backend.find(problem.with_batch(under["batch"]), direction, None)))
+        under["missing"] = sorted(set(under["torch_kernels"]) - set(ours_b))
+        under["held"] = not under["missing"] and bool(under["torch_kernels"])
     best = min(found, key=lambda a: a.time_ms) if found else None
     return {"layer": conv["layer"], "problem": problem.key(), "direction": direction.value,
-            "torch_kernels": theirs, "torch_workspace": workspace, "fits": False,
-            "held": not missing and bool(theirs),
+            "torch_kernels": theirs, "torch_workspace": workspace, "torch_ms": torch_ms,
+            "torch_under_limit": under, "fits": False, "held": not missing and bool(theirs),
             "missing": missing, "candidates": len(found), "find_s": round(find_s, 3),
             "best": None if best is None else {"algo": str(best.algo), "ms": best.time_ms,
                                                "workspace_bytes": best.workspace_bytes}}
@@ -209,9 +283,19 @@ def rows_of(name: str, entry: dict[str, Any]) -> list[str]:
     def held(r: dict[str, Any]) -> str:
         return "fits the limit" if r.get("fits") else "yes" if r["held"] else "NO"
 
+    def under(r: dict[str, Any]) -> str:
+        u = r.get("torch_under_limit")
+        if not u:
+            return "-"
+        held = "held" if u.get("held") else f"NOT held: {'; '.join(u.get('missing', []))[:80]}"
+        return (f"{u['ms_whole_batch']:.3f} ms ({u['batch']} a call, "
+                f"{u['workspace_bytes'] / 2**20:.1f} MiB, {held}; whole batch "
+                f"{r['torch_ms']:.3f} ms)")
+
     return [f"| {name} | {r['layer']} | {r['direction']} | {held(r)} | "
             f"{'; '.join(sorted(set(r['torch_kernels'])))[:160]} | "
-            f"{'; '.join(r['missing'])[:160] or r.get('error', '')} |" for r in entry["results"]]
+            f"{'; '.join(r['missing'])[:160] or r.get('error', '')} | {under(r)} |"
+            for r in entry["results"]]
 
 
 def _write(path: Optional[str], out: dict[str, Any]) -> None:
@@ -245,8 +329,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.max_seconds is not None and time.perf_counter() - start > args.max_seconds
 
     out: dict[str, Any] = {"options": vars(args) | {"find": str(opts)}, "models": {}}
-    rows = ["| model | conv | direction | held | PyTorch's kernels | missing |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| model | conv | direction | held | PyTorch's kernels | missing "
+            "| PyTorch's calls on micro-batches under --over-limit |",
+            "|---|---|---|---|---|---|---|"]
     for name in args.models:
         if out_of_time():
             print(f"[parity] out of time before {name}", file=sys.stderr)
