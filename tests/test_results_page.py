@@ -133,19 +133,22 @@ def test_zoo_cold_table(tmp_path):
                        {"model": "alexnet", "precision": "amp", "steps": {},
                         "cold": {"native": cold["native"]}},
                        {"model": "resnet50", "precision": "fp32cl", "steps": {},
-                        "cold": {s: dict(v, first_step_samples=[v["first_step_s"], 1.0, 12.0])
+                        "cold": {s: dict(v, first_step_samples=[v["first_step_s"], 1.0, 12.0],
+                                         first_calls={"seconds": 4.2, "planning_seconds": 3.0,
+                                                      "signatures": 30, "planned_signatures": 2})
                                  for s, v in cold.items()}, "cold_primer": {}}],
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
     t = rp.zoo_cold(rp.load_results(tmp_path))
-    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | yes | - | - | [1] |" in t
-    assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | none (native ran first) " \
-           "| - | - | [1] |" in t
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | - | yes | - | - | [1] |" \
+        in t
+    assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | - | none (native ran " \
+           "first) | - | - | [1] |" in t
     assert "| convnext_tiny | fp32 channels-last | over-limit | 2.3 (profiled) | 6.5 (profiled) " \
-           "| yes |" in t  # zoo_bench --cold-profile: seconds under cProfile
+           "| - | yes |" in t  # zoo_bench --cold-profile: seconds under cProfile
     assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
     assert "| resnet50 | fp32 channels-last | over-limit | 2.3 (median of 3: 1.0-12.0) " \
-           "| 6.5 (median of 3: 1.0-12.0) |" in t  # zoo_bench --cold-repeat 3
+           "| 6.5 (median of 3: 1.0-12.0) | 4.2 (3.0, 2 of 30) |" in t  # --cold-repeat 3
 
 
 def test_zoo_cold_table_shows_gradient_errors(tmp_path):
@@ -162,7 +165,7 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-grad.json").write_text(json.dumps(doc))
     t = rp.zoo_cold(rp.load_results(tmp_path))
-    assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | 2.00e-01 / 2.50e-01 " \
+    assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | - | 2.00e-01 / 2.50e-01 " \
            "| 1.25 (3 kernels on plans) | [1] |" in t
     assert "vgg16" not in t
 

@@ -19,6 +19,7 @@ from torch import nn  # noqa: E402
 
 import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
+from mucudnn.optimizer import optimize_wr  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
 from mucudnn.torch import native  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
@@ -115,6 +116,38 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
     assert "| bwd-data (not in a step) | mucudnn |" in str(rep)
     mt.clear()
     assert mt.report(model).layers == []
+
+
+def test_report_says_what_the_first_calls_cost_counting_each_signature_once():
+    """Note [first-call seconds]: the report sums each timed signature's first call
+    once (two layers of one shape share it) and the planning within it."""
+    model = mt.convert(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                                     nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                                     nn.Conv2d(8, 8, 1)), workspace_limit=1 << 20)
+    mt.clear()
+    policy = model[0]._mu_options.policy
+    dw = ConvConfig((1, 1), (1, 1), (1, 1), 8, 1 << 20, policy, "", "")
+    pw = ConvConfig((1, 1), (0, 0), (1, 1), 1, 1 << 20, policy, "", "")
+    choices = {d: native.decide(d, 1.0, 0.5, 0, 1 << 20) for d in Direction}
+    plan = {Direction.FORWARD: optimize_wr({4: [mucudnn.AlgoPerf(algo=1, time_ms=1.0,
+                                                                workspace_bytes=0)]},
+                                           batch=4, workspace_limit=1 << 20, policy="undivided")}
+    native._RECORDS.put(("dw",), native.Record(dw, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                               plan, choices, first_s=2.5, plan_s=2.0))
+    native._RECORDS.put(("pw",), native.Record(pw, (4, 8, 6, 6), (8, 8, 1, 1), "float32", True,
+                                               {}, choices, first_s=0.25, plan_s=0.0))
+    rep = mt.report(model)
+    assert [layer.name for layer in rep.layers] == ["0", "1", "2"]
+    assert rep.as_dict()["first_calls"] == {"signatures": 2, "seconds": pytest.approx(2.75),
+                                            "planning_seconds": pytest.approx(2.0),
+                                            "planned_signatures": 1}
+    assert "first calls: 2 signature(s) took 2.75 s, 2.00 s of it searching and timing plans " \
+           "(1 signature(s) planned)" in str(rep)
+    native._RECORDS.put(("pw",), native.Record(pw, (4, 8, 6, 6), (8, 8, 1, 1), "float32", True,
+                                               {}, choices))  # not timed: not counted
+    assert mt.report(model).first_calls["signatures"] == 1
+    mt.clear()
+    assert mt.report(model).first_calls is None
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -239,6 +239,8 @@ def test_cold_processes(zb, tmp_path):
         assert 0 < c["second_step_s"] and 0 < c["first_step_s"] < c["process_s"]
         assert 0 < c["build_s"] < c["process_s"]
         assert "profile" not in c and "profiled" not in c
+    # the converted side says what its first calls cost (none on the CPU: no comparison)
+    assert "first_calls" in r["cold"]["converted"] and "first_calls" not in r["cold"]["native"]
 
 
 @pytest.mark.slow

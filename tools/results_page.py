@@ -361,6 +361,16 @@ def _first_step(side: dict) -> str:
         " (profiled)" if side.get("profiled") else "")
 
 
+def _first_calls(side: dict) -> str:
+    """What a converted cold first step's first calls cost (Note [first-call
+    seconds] in mucudnn/torch/native.py); "-" where the run did not record it."""
+    f = side.get("first_calls")
+    if not f:
+        return "-"
+    return f"{f['seconds']:.1f} ({f['planning_seconds']:.1f}, " \
+           f"{f['planned_signatures']} of {f['signatures']})"
+
+
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_bench.py) and one step's gradient errors against float64 (Note
@@ -395,11 +405,13 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
                 e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]), search,
                 _first_step(cold["native"]) if has_cold else "-",
                 _first_step(cold["converted"]) if has_cold else "-",
+                _first_calls(cold["converted"]) if has_cold else "-",
                 primer, _pair(grad, "all", ".2e"), ratio])
     rows = [row + [src.cite(name, zoo_source(name, doc))]
             for _, name, doc, row in picked.values()]
     return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
-                   "first step s, converted", "primer",
+                   "first step s, converted",
+                   "converted first calls s: all (planning, signatures planned)", "primer",
                    "gradient error vs float64, native / converted", "converted / native error",
                    "source"], rows, src, "zoo_bench.py --cold --grad-check")
 

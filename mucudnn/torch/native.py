@@ -125,6 +125,11 @@ class Record:
     host: Optional[tuple[float, float]] = None
     #: the first call's input needed its gradient: a training step runs backward-data
     need_dx: bool = True
+    #: wall seconds of the first call's comparison (PyTorch's calls measured, their
+    #: benchmarks included), and of the part that searched and timed plans; None:
+    #: not timed (Note [first-call seconds])
+    first_s: Optional[float] = None
+    plan_s: Optional[float] = None
 
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
@@ -502,6 +507,16 @@ def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -
     return max(0, peak - base - kept)
 
 
+# Note [first-call seconds]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# A converted model's first step costs more than a native one's by what its
+# first calls add: PyTorch's calls measured (their cudnn.benchmark runs there,
+# and a step's own call then finds it done) and, in the directions over the
+# limit, the plans' search and their comparison. Each record keeps the wall
+# seconds of both (``first_s``) and of the second alone (``plan_s``), which
+# end with the device synchronised by the timings, so that
+# :func:`mucudnn.torch.report` can say what a cold first step paid for
+# without a profiler.
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
@@ -513,6 +528,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     under ``key``. ``step(x, w, cfg)``: a forward through the converted path,
     host-timed with its backward against PyTorch's (Note [host cost of a
     converted layer]; ``need_dx``: whether the call's input needs its gradient)."""
+    start = time.perf_counter()
     old = _RECORDS.peek(key)
     if old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
@@ -539,13 +555,15 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         first = torch_first(limit, need_dx, lambda d: step_thread(d, lambda: _probe(theirs[d])))
         if first is not None and not to_plan(first, need_dx):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
-                         fmt is not torch.contiguous_format, {}, first, need_dx=need_dx)
+                         fmt is not torch.contiguous_format, {}, first, need_dx=need_dx,
+                         first_s=time.perf_counter() - start, plan_s=0.0)
             _RECORDS.put(key, rec)
             log.info("mucudnn.torch: %s runs PyTorch's call (it fits the limit; no plan "
                      "searched)", conv.problem.key())
             return rec
     # every direction, or only those over the limit (the others keep PyTorch's call)
     planned = list(Direction) if first is None else to_plan(first, need_dx)
+    planning = time.perf_counter()
     fwd, bd, bf = (launch[d] for d in Direction)
     ours = {
         Direction.FORWARD: lambda: fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0,
@@ -579,6 +597,8 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
                  fmt is not torch.contiguous_format, plans, choices, need_dx=need_dx)
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx)
+    end = time.perf_counter()
+    rec.first_s, rec.plan_s = end - start, end - planning
     _RECORDS.put(key, rec)
     for c in rec.choices.values():
         log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",

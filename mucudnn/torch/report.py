@@ -75,6 +75,10 @@ class Report:
     #: the model's step trial (Note [the whole-step trial]): the way kept
     #: (``"plans"``, ``"torch"``, None while it runs) and its step times; None: no trial
     step_trial: Optional[dict[str, Any]] = None
+    #: what the first calls cost (Note [first-call seconds] in :mod:`.native`):
+    #: ``signatures`` timed, their ``seconds``, the ``planning_seconds`` of it and
+    #: the ``planned_signatures``; each signature once, however many layers share it
+    first_calls: Optional[dict[str, Any]] = None
 
     @property
     def total_ms(self) -> float:
@@ -96,6 +100,7 @@ class Report:
                        for layer in self.layers],
             "unmeasured": list(self.unmeasured),
             "step_trial": self.step_trial,
+            "first_calls": self.first_calls,
             "totals": {"ms": self.total_ms, "torch_ms": self.total_torch_ms,
                        "kernels": len(runs), "torch_kernels": runs.count(native.TORCH)},
             "over_limit": {
@@ -133,6 +138,11 @@ class Report:
             rows += ["", f"PyTorch's workspace is over the limit in {over['kernels']} kernel(s); "
                          f"their plans take {over['ms']:+.3f} ms against PyTorch's calls, which "
                          f"a limit of {_mib(over['largest_torch_workspace'])} would admit."]
+        if self.first_calls is not None:
+            f = self.first_calls
+            rows += ["", f"first calls: {f['signatures']} signature(s) took {f['seconds']:.2f} s, "
+                         f"{f['planning_seconds']:.2f} s of it searching and timing plans "
+                         f"({f['planned_signatures']} signature(s) planned)"]
         if self.step_trial is not None:
             rows += ["", _trial_line(self.step_trial)]
         return "\n".join(rows)
@@ -201,6 +211,7 @@ def report(model: nn.Module) -> Report:
     recs = native.records()
     layers: list[LayerReport] = []
     unmeasured: list[str] = []
+    used: dict[int, native.Record] = {}
     for name, module in model.named_modules():
         if not isinstance(module, MucudnnConvMixin):
             continue
@@ -208,7 +219,20 @@ def report(model: nn.Module) -> Report:
         if not found:
             unmeasured.append(name)
         for r in found:
+            used[id(r)] = r
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
                                       _directions(r), r.host))
     trials = [t for t in (trial_of(m) for m in model.modules()) if t is not None]
-    return Report(layers, unmeasured, trials[0].as_dict() if trials else None)
+    return Report(layers, unmeasured, trials[0].as_dict() if trials else None,
+                  _first_calls(list(used.values())))
+
+
+def _first_calls(recs: list[native.Record]) -> Optional[dict[str, Any]]:
+    """Report.first_calls of ``recs`` (those whose first call was timed); None
+    where none was."""
+    timed = [r for r in recs if r.first_s is not None]
+    if not timed:
+        return None
+    return {"signatures": len(timed), "seconds": sum(r.first_s or 0.0 for r in timed),
+            "planning_seconds": sum(r.plan_s or 0.0 for r in timed),
+            "planned_signatures": sum(1 for r in timed if r.plans)}
