@@ -144,7 +144,7 @@ def test_over_limit_search_plans_and_launches_only_the_directions_over_the_limit
     over = [d for d in in_step if d not in fit]
     ours = [d for side, d in dev.calls if side == "ours"]
     assert set(ours) == set(over) and set(rec.plans) == set(over)
-    # Note [first-call seconds]: the whole first call, and the planning within it
+    # the whole first call, and the planning within it (Note [first-call seconds])
     assert rec.first_s is not None and rec.plan_s is not None
     assert 0.0 <= rec.plan_s <= rec.first_s and (rec.plan_s == 0.0) == (not over)
     for d in Direction:

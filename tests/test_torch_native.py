@@ -119,8 +119,8 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
 
 
 def test_report_says_what_the_first_calls_cost_counting_each_signature_once():
-    """Note [first-call seconds]: the report sums each timed signature's first call
-    once (two layers of one shape share it) and the planning within it."""
+    """See Note [first-call seconds]. The report sums each timed signature's first
+    call once (two layers of one shape share it) and the planning within it."""
     model = mt.convert(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8),
                                      nn.Conv2d(8, 8, 3, padding=1, groups=8),
                                      nn.Conv2d(8, 8, 1)), workspace_limit=1 << 20)
