@@ -106,7 +106,7 @@ def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, 
         mp.setenv("MUCUDNN_TORCH_SEARCH", search)
         mp.setattr(native, "native_forward", dev.native_forward)
         mp.setattr(native, "native_backward", dev.native_backward)
-        mp.setattr(native, "_time", dev.time)
+        mp.setattr(native, "time_ms", dev.time)
         mp.setattr(native, "workspace_of", dev.probe)
         mp.setattr(native, "_probe", dev.first)
         mp.setattr(native, "on_step_thread", dev.on_step_thread)

@@ -120,21 +120,6 @@ def torch_call(conv: dict[str, Any], direction: Direction, dtype: torch.dtype
     return call
 
 
-def gpu_ms(fn: Callable[[], Any], repeat: int = 5) -> float:
-    """Median milliseconds of ``fn()`` on the current stream (CUDA events; one
-    warm-up call first)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def largest_fitting_batch(n: int, workspace_at: Callable[[int], Optional[int]], limit: int
                           ) -> Optional[tuple[int, int]]:
     """The largest of ``n // 2``, ``n // 4``, ... (down to 1) at which
@@ -176,7 +161,7 @@ def torch_under_limit(conv: dict[str, Any], direction: Direction, dtype: torch.d
     if fit is None:
         return None
     b, ws = fit
-    ms = gpu_ms(calls[b])
+    ms = native.time_ms([calls[b]])[0]
     return {"batch": b, "workspace_bytes": ws, "ms": ms, "ms_whole_batch": ms * n / b,
             "torch_kernels": cuda_kernels(calls[b])}
 
@@ -207,7 +192,7 @@ def check(conv: dict[str, Any], direction: Direction, precision: str,
             return {"layer": conv["layer"], "problem": problem.key(),
                     "direction": direction.value, "torch_kernels": theirs,
                     "torch_workspace": workspace, "fits": True, "held": None, "missing": []}
-        torch_ms = gpu_ms(call)
+        torch_ms = native.time_ms([call])[0]
         under = None if over_limit is None else \
             torch_under_limit(conv, direction, dtype, over_limit)
     found: list[Any] = []

@@ -76,7 +76,8 @@ from ..problem import Direction, Plan
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
-           "records", "calibrate", "host_ms", "workspace_of", "native_forward", "native_backward"]
+           "records", "calibrate", "host_ms", "time_ms", "workspace_of", "native_forward",
+           "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -414,7 +415,7 @@ def on_step_thread(direction: Direction, device: torch.device, fn: Callable[[], 
     return box[1]
 
 
-def _time(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
+def time_ms(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
     """Median ms of each of ``fns``, alternated on torch's current stream (one
     warm-up each first)."""
     for fn in fns:
@@ -484,7 +485,7 @@ def _probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
         return float(start.elapsed_time(end)), ws
     except (RuntimeError, AttributeError, TypeError) as exc:  # time it alone
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
-        return _time([fn], 1)[0], None
+        return time_ms([fn], 1)[0], None
 
 
 def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
@@ -576,7 +577,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     timed: dict[Direction, tuple[Optional[float], Optional[float], Optional[int]]] = {}
     for d in planned:
         try:
-            plan_ms, torch_ms = step_thread(d, functools.partial(_time, [ours[d], theirs[d]]))
+            plan_ms, torch_ms = step_thread(d, functools.partial(time_ms, [ours[d], theirs[d]]))
             timed[d] = (plan_ms, torch_ms,
                         step_thread(d, functools.partial(workspace_of, theirs[d])) if first is None
                         else first[d].torch_workspace)
