@@ -172,8 +172,9 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
 
 def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     """A newer session that timed only steps replaces the step table and leaves
-    the cold/gradient table on the older session that measured those, and the
-    other way round."""
+    the cold/gradient table on the older session that measured those; the
+    cold/gradient table keeps each model's newest measurement, whichever
+    session took it."""
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234"}
     cold = {s: {"first_step_s": v, "second_step_s": 0.02} for s, v in
@@ -194,8 +195,36 @@ def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     assert "vgg16" in c and "resnet18" not in c
     write("2026-12-03-h200-s3-call1-zoo-cold.json", "densenet121", cold=cold)
     res = rp.load_results(tmp_path)
-    assert "densenet121" in rp.zoo_cold(res) and "vgg16" not in rp.zoo_cold(res)
+    assert "densenet121" in rp.zoo_cold(res) and "| vgg16 |" in rp.zoo_cold(res)
     assert "resnet18" in rp.zoo(res) and "densenet121" not in rp.zoo(res)
+
+
+def test_zoo_cold_row_takes_cold_steps_and_gradients_each_from_the_newest_file(tmp_path):
+    """A newer file that measured only cold steps replaces a model's cold cells
+    and keeps the gradient cells of the older file that measured them; the row
+    cites both files."""
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234", "settings": {"MUCUDNN_TORCH_SEARCH": "over-limit"}}
+
+    def side(native, converted, **extra):
+        return {"native": {"first_step_s": native}, "converted": {"first_step_s": converted,
+                                                                  **extra}}
+    grad = {"native": {"all": 0.2}, "converted": {"all": 0.2}, "planned_kernels": 1}
+
+    def write(name, **fields):
+        doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+               "results": [{"model": "resnet18", "precision": "fp32cl", "steps": {},
+                            "cold_primer": True, **fields}], "skipped": []}
+        (tmp_path / name).write_text(json.dumps(doc))
+    write("2026-12-03-h200-s1-call1-zoo-cold-grad.json", cold=side(2.0, 3.0), grad=grad)
+    first = {"signatures": 11, "seconds": 3.4, "planning_seconds": 1.5, "planned_signatures": 1}
+    write("2026-12-03-h200-s2-call1-zoo-cold.json", cold=side(2.3, 3.9, first_calls=first))
+    t = rp.zoo_cold(rp.load_results(tmp_path))
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 3.9 | 3.4 (1.5, 1 of 11) | yes " \
+           "| 2.00e-01 / 2.00e-01 | 1.00 (1 kernel on plans) | [1], [2] |" in t
+    assert "1. `2026-12-03-h200-s2-call1-zoo-cold.json`" in t
+    assert "2. `2026-12-03-h200-s1-call1-zoo-cold-grad.json`" in t
+    assert t.count("| resnet18 |") == 1
 
 
 def test_zoo_cold_table_keeps_one_row_per_model_and_precision(tmp_path):
@@ -233,3 +262,33 @@ def test_newest_is_by_date_then_session_and_call():
         "2026-12-01-h200-zz.json", "2026-12-01-h200-zz-final.json",
         "2026-12-01-h200-s7-call1-b.json", "2026-12-02-h200-merged.json.gz",
         "2026-12-02-h200-s14-call8-a.json", "2026-12-02-h200-s14-call10-a.json"]
+
+
+def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its_directions(
+        tmp_path):
+    """The newest run over whole models and the newest --over-limit run both
+    appear; the latter's compared directions get a row each (PyTorch's call,
+    and its calls at the largest fitting halving of the batch), its
+    directions that fit the limit none; the run's environment is its source."""
+    whole = {"options": {"find": "FindOptions()", "batch": 64},
+             "models": {"mobilenet_v2": {"convs": 30, "kernels": 90, "held": 69}}}
+    row = {"layer": "conv1", "direction": "backward_filter", "torch_workspace": 250 << 20,
+           "torch_ms": 0.469, "held": True, "fits": False,
+           "torch_under_limit": {"batch": 8, "workspace_bytes": 33 << 20, "ms": 0.142,
+                                 "ms_whole_batch": 1.132, "held": False}}
+    fits = {"layer": "conv1", "direction": "forward", "torch_workspace": 1 << 20, "fits": True,
+            "held": None}
+    over = {"environment": {"gpu": "NVIDIA H200", "cudnn": 91900, "torch": "2.11",
+                            "git_commit": "f2cb75e", "date": "2026-12-03T16:13:18+00:00"},
+            "options": {"find": "FindOptions()", "batch": 64, "over_limit": 64 << 20},
+            "models": {"resnext50_32x4d": {"convs": 24, "kernels": 1, "held": 1, "fit": 1,
+                                           "results": [fits, row]}}}
+    (tmp_path / "2026-12-02-h200-s1-call1-parity.json").write_text(json.dumps(whole))
+    (tmp_path / "2026-12-03-h200-s2-call1-parity-over-limit.json").write_text(json.dumps(over))
+    t = rp.search_parity(rp.load_results(tmp_path))
+    assert "| resnext50_32x4d | conv1 | backward_filter | 250.0 | 0.469 | yes | 8 (33.0 MiB) " \
+           "| 1.132 | no | [2] |" in t
+    assert "| resnext50_32x4d | conv1 | forward |" not in t
+    assert "| mobilenet_v2 | 30 | 90 | 69 | [1] |" in t
+    assert "| resnext50_32x4d | 24 | 1 (and 1 fitting the 64 MiB limit, not compared) | 1 | [2] |" in t
+    assert "commit f2cb75e; date 2026-12-03T16:13:18+00:00; device NVIDIA H200; cuDNN 9.19.0" in t

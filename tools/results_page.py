@@ -374,41 +374,52 @@ def _first_calls(side: dict) -> str:
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_bench.py) and one step's gradient errors against float64 (Note
-    [gradient check]) in the zoo runs of the newest session that measured
-    them, with the search in force and whether a primer ran first; a row needs
-    both sides of one of the two. A later call's row replaces an earlier one's of
-    the same model and precision, except that a profiled first step (slowed by
-    cProfile) never replaces an unprofiled one."""
-    src, picked = Sources(), {}
-    for name, doc in newest_session(zoo_with(results, "cold", "grad")):
-        search = (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)
+    [gradient check]), the newest measurement of each model and precision: its
+    cold steps (with the search in force and whether a primer ran first) and
+    its gradients each from the newest file that measured them, both cited. A
+    profiled first step (slowed by cProfile) never replaces an unprofiled one."""
+    src = Sources()
+    colds: dict[tuple[str, str], tuple[bool, str, dict, dict]] = {}
+    grads: dict[tuple[str, str], tuple[str, dict, dict]] = {}
+    for name, doc in zoo_with(results, "cold", "grad"):
         for e in doc["results"]:
+            key = (e["model"], e["precision"])
             cold, grad = e.get("cold") or {}, e.get("grad") or {}
-            has_cold = all(isinstance(cold.get(s), dict) for s in ("native", "converted"))
-            has_grad = all(isinstance(grad.get(s), dict) for s in ("native", "converted"))
-            if not (has_cold or has_grad):
-                continue
-            primer = "-" if not has_cold else \
-                "yes" if e.get("cold_primer") else "none (native ran first)"
-            ratio = "-"
-            if has_grad and grad["native"].get("all"):
+            if all(isinstance(cold.get(s), dict) for s in ("native", "converted")):
+                profiled = any(cold[s].get("profiled") for s in ("native", "converted"))
+                if not (profiled and key in colds and not colds[key][0]):
+                    colds[key] = (profiled, name, doc, e)
+            if all(isinstance(grad.get(s), dict) for s in ("native", "converted")):
+                grads[key] = (name, doc, e)
+    rows = []
+    for key in dict.fromkeys([*colds, *grads]):
+        first = colds[key][2] if key in colds else grads[key][1]
+        row = [key[0], PRECISION_LABEL.get(key[1], key[1]),
+               (first["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)]
+        cites = []
+        if key in colds:
+            _, name, doc, e = colds[key]
+            cold = e["cold"]
+            row += [_first_step(cold["native"]), _first_step(cold["converted"]),
+                    _first_calls(cold["converted"]),
+                    "yes" if e.get("cold_primer") else "none (native ran first)"]
+            cites.append(src.cite(name, zoo_source(name, doc)))
+        else:
+            row += ["-"] * 4
+        grad, ratio = {}, "-"
+        if key in grads:
+            name, doc, e = grads[key]
+            grad = e["grad"]
+            if grad["native"].get("all"):
                 ratio = num(grad["converted"].get("all", float("nan")) / grad["native"]["all"],
                             ".2f")
                 if grad.get("planned_kernels") is not None:
                     n = grad["planned_kernels"]
                     ratio += f" ({n} kernel{'' if n == 1 else 's'} on plans)"
-            profiled = has_cold and any(cold[s].get("profiled") for s in ("native", "converted"))
-            key = (e["model"], e["precision"])
-            if profiled and key in picked and not picked[key][0]:
-                continue
-            picked[key] = (profiled, name, doc, [
-                e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]), search,
-                _first_step(cold["native"]) if has_cold else "-",
-                _first_step(cold["converted"]) if has_cold else "-",
-                _first_calls(cold["converted"]) if has_cold else "-",
-                primer, _pair(grad, "all", ".2e"), ratio])
-    rows = [row + [src.cite(name, zoo_source(name, doc))]
-            for _, name, doc, row in picked.values()]
+            cite = src.cite(name, zoo_source(name, doc))
+            if cite not in cites:
+                cites.append(cite)
+        rows.append(row + [_pair(grad, "all", ".2e"), ratio, ", ".join(cites)])
     return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
                    "first step s, converted",
                    "converted first calls s: all (planning, signatures planned)", "primer",
@@ -475,20 +486,62 @@ def _limit(options: dict) -> str:
     return f"the {n // MIB} MiB limit" if isinstance(n, int) else "the limit"
 
 
+def _parity_source(name: str, doc: dict) -> str:
+    o, env = doc["options"], doc.get("environment") or {}
+    return source_line(name, env.get("date"), env.get("gpu"), env.get("cudnn"), env.get("torch"),
+                       env.get("git_commit"), defaults=(
+                           f"find options {o.get('find', NR)}, precision "
+                           f"{o.get('precision', NR)}, batch {o.get('batch', NR)}"))
+
+
+def _mib(n: Any) -> str:
+    return f"{n / MIB:.1f}" if isinstance(n, (int, float)) else "-"
+
+
+def _over_limit_rows(doc: dict, cite: str) -> list[list[str]]:
+    """One row per direction an ``--over-limit`` run compared: PyTorch's call
+    (its workspace and time), whether mucudnn's find held its kernels, and
+    PyTorch's call at the largest halving of the batch that fits the limit."""
+    rows = []
+    for model, v in doc["models"].items():
+        for r in v.get("results", []):
+            if r.get("fits") or r.get("held") is None:
+                continue
+            u = r.get("torch_under_limit") or {}
+            rows.append([model, r["layer"], r["direction"], _mib(r.get("torch_workspace")),
+                         num(r.get("torch_ms"), ".3f"), "yes" if r["held"] else "no",
+                         f"{u['batch']} ({_mib(u.get('workspace_bytes'))} MiB)" if u else "none fits",
+                         num(u.get("ms_whole_batch"), ".3f") if u else "-",
+                         ("yes" if u.get("held") else "no") if u else "-", cite])
+    return rows
+
+
 def search_parity(results: list[tuple[str, Any]]) -> str:
-    src, rows = Sources(), []
-    for name, doc in of_kind(results, "parity")[-1:]:
-        o = doc["options"]
-        cite = src.cite(name, source_line(name, defaults=(
-            f"find options {o.get('find', NR)}, precision {o.get('precision', NR)}, "
-            f"batch {o.get('batch', NR)}")))
-        rows = [[m, _convs_checked(v), str(v.get("kernels", "-")) + (
-                     f" (and {v['fit']} fitting {_limit(o)}, not compared)" if v.get("fit")
-                     else ""), str(v.get("held", "-")), cite]
-                for m, v in doc["models"].items()]
-    return finish(["model", "distinct convolutions", "convolution directions",
+    """The newest parity run over whole models and the newest ``--over-limit``
+    run (the directions a converted model plans), with the latter's compared
+    directions in a table of their own."""
+    src, rows, over = Sources(), [], []
+    docs = of_kind(results, "parity")
+    for whole in (True, False):
+        for name, doc in [d for d in docs if (d[1]["options"].get("over_limit") is None)
+                          == whole][-1:]:
+            o = doc["options"]
+            cite = src.cite(name, _parity_source(name, doc))
+            rows += [[m, _convs_checked(v), str(v.get("kernels", "-")) + (
+                         f" (and {v['fit']} fitting {_limit(o)}, not compared)" if v.get("fit")
+                         else ""), str(v.get("held", "-")), cite]
+                     for m, v in doc["models"].items()]
+            if not whole:
+                over = _over_limit_rows(doc, cite)
+    text = finish(["model", "distinct convolutions", "convolution directions",
                    "held (PyTorch's kernels among mucudnn's candidates)", "source"],
                   rows, src, "search_parity.py")
+    if not over:
+        return text
+    return table(["model", "layer", "direction", "PyTorch's workspace MiB", "PyTorch ms",
+                  "held", "largest fitting batch (PyTorch's workspace)",
+                  "PyTorch's calls on it, ms for the whole batch", "held there", "source"],
+                 over) + "\n\n" + text
 
 
 # -- README's headline ---------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+import train_steps as ts  # tools/, beside this script: what a result file records of the run
 import zoo_models  # the models as the zoo builds them (tools/, beside this script)
 from mucudnn.__main__ import parse_size  # argparse errors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
@@ -313,7 +314,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def out_of_time() -> bool:
         return args.max_seconds is not None and time.perf_counter() - start > args.max_seconds
 
-    out: dict[str, Any] = {"options": vars(args) | {"find": str(opts)}, "models": {}}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out: dict[str, Any] = {"environment": ts.environment(device),
+                           "options": vars(args) | {"find": str(opts)}, "models": {}}
     rows = ["| model | conv | direction | held | PyTorch's kernels | missing "
             "| PyTorch's calls on micro-batches under --over-limit |",
             "|---|---|---|---|---|---|---|"]

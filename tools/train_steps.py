@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import datetime
 import gc
 import os
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -342,10 +344,38 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def environment(device: torch.device) -> dict:
+    """What a result file records of the run: versions, the device, the UTC
+    date and the commit of the tree (:func:`source_commit`)."""
     env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
            "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
-           "python": sys.version.split()[0]}
+           "python": sys.version.split()[0], "cuda": torch.version.cuda,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "git_commit": source_commit()}
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cudnn=torch.backends.cudnn.version(),
                    total_memory=torch.cuda.get_device_properties(device).total_memory)
     return env
+
+
+def source_commit() -> str | None:
+    """The commit of the tree this script runs from: ``$MUCUDNN_COMMIT`` where
+    set (a copy without its repository), else git's HEAD where this tree is
+    the top of a checkout, with ``+dirty`` for uncommitted changes to tracked
+    files; None otherwise (a copy inside another checkout must not report that
+    checkout's commit)."""
+    if os.environ.get("MUCUDNN_COMMIT"):
+        return os.environ["MUCUDNN_COMMIT"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if not top or os.path.realpath(top) != os.path.realpath(root):
+            return None
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + "+dirty" if dirty else head) or None

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import datetime
 import faulthandler
 import json
 import math
@@ -505,38 +504,11 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
 # -- the whole benchmark --------------------------------------------------------------------------
 def environment(device: torch.device) -> dict:
     env = ts.environment(device)
-    env.update(cuda=torch.version.cuda,
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    env["git_commit"] = source_commit()
     # the settings that change what a converted layer does (mucudnn/torch/native.py): the
     # comparison switch where set, and the search always (its default is part of the result)
     env["settings"] = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
     env["settings"]["MUCUDNN_TORCH_SEARCH"] = mt_native.search()
     return env
-
-
-def source_commit() -> str | None:
-    """The commit of the tree this script runs from: ``$MUCUDNN_COMMIT`` where
-    set (a copy without its repository), else git's HEAD where this tree is
-    the top of a checkout, with ``+dirty`` for uncommitted changes to tracked
-    files; None otherwise (a copy inside another checkout must not report that
-    checkout's commit)."""
-    if os.environ.get("MUCUDNN_COMMIT"):
-        return os.environ["MUCUDNN_COMMIT"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    try:
-        top = git("rev-parse", "--show-toplevel")
-        if not top or os.path.realpath(top) != os.path.realpath(root):
-            return None
-        head = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + "+dirty" if dirty else head) or None
 
 
 def _ratio(st: dict) -> str:
