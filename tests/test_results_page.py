@@ -292,3 +292,58 @@ def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its
     assert "| mobilenet_v2 | 30 | 90 | 69 | [1] |" in t
     assert "| resnext50_32x4d | 24 | 1 (and 1 fitting the 64 MiB limit, not compared) | 1 | [2] |" in t
     assert "commit f2cb75e; date 2026-12-03T16:13:18+00:00; device NVIDIA H200; cuDNN 9.19.0" in t
+
+
+def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(tmp_path):
+    """The step table and its means come from the newest session whose runs at
+    the 64 MiB limit cover rp.MIN_ZOO_MODELS models; a later session with fewer
+    models (or another limit) is listed after it as later runs, not in the means."""
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234"}
+
+    def steps(ratio, **extra):
+        return {"eager": {"native_ms": 10.0, "converted_ms": 10.0 * ratio, "ratio": ratio,
+                          **extra}}
+
+    def write(name, models, ratio, workspace=64 << 20, **extra):
+        doc = {"environment": env, "options": {"workspace": workspace, "batch": 64, "steps": 10},
+               "results": [{"model": m, "precision": "fp32cl", "steps": steps(ratio, **extra)}
+                           for m in models], "skipped": []}
+        (tmp_path / name).write_text(json.dumps(doc))
+    zoo = [f"m{i}" for i in range(rp.MIN_ZOO_MODELS)]
+    write("2026-12-03-h200-s1-call1-zoo.json", zoo, 1.05)
+    mem = {"native": {"peak_bytes": 100 << 20}, "converted": {"peak_bytes": 99 << 20}}
+    write("2026-12-03-h200-s2-call1-zoo.json", ["m0"], 1.01, memory=mem, control_ratio=1.0)
+    write("2026-12-03-h200-s2-call2-zoo.json", ["m0"], 1.00, workspace=512 << 20)
+    z = rp.zoo(rp.load_results(tmp_path))
+    main, later = z.split("**Later runs**")
+    assert f"| fp32 channels-last | eager | {rp.MIN_ZOO_MODELS} | 1.050 |" in main
+    assert "| m0 | fp32 channels-last | eager | 10.00 | 10.50 | 1.050 |" in main
+    assert "| m0 | fp32 channels-last | eager | 64 | 10 | 10.00 | 10.10 | 1.010 (A/A 1.000) " \
+           "| - | 100.0 / 99.0 | [1] |" in later
+    assert "| m0 | fp32 channels-last | eager | 512 | 10 | 10.00 | 10.00 | 1.000 |" in later
+    # a newer whole zoo run takes the table, and nothing is later than it
+    write("2026-12-03-h200-s3-call1-zoo.json", zoo, 1.02)
+    z = rp.zoo(rp.load_results(tmp_path))
+    assert "| 1.020 |" in z and "1.050" not in z and "Later runs" not in z
+
+
+def test_over_limit_parity_keeps_each_models_newest_run(tmp_path):
+    """A later --over-limit run of another model adds its rows; one of the same
+    model replaces the earlier one's."""
+    def run(name, model, held):
+        row = {"layer": "conv1", "direction": "backward_filter", "torch_workspace": 100 << 20,
+               "torch_ms": 0.5, "held": held, "fits": False, "torch_under_limit": None}
+        doc = {"options": {"find": "FindOptions()", "batch": 64, "over_limit": 64 << 20},
+               "models": {model: {"convs": 3, "kernels": 1, "held": int(held),
+                                  "results": [row]}}}
+        (tmp_path / name).write_text(json.dumps(doc))
+    run("2026-12-03-h200-s1-call1-parity.json", "convnext_tiny", False)
+    run("2026-12-03-h200-s1-call2-parity.json", "resnet18", True)
+    t = rp.search_parity(rp.load_results(tmp_path))
+    assert "| convnext_tiny | conv1 | backward_filter | 100.0 | 0.500 | no | none fits | - | - | [1] |" in t
+    assert "| resnet18 | conv1 | backward_filter | 100.0 | 0.500 | yes | none fits | - | - | [2] |" in t
+    run("2026-12-03-h200-s2-call1-parity.json", "convnext_tiny", True)
+    t = rp.search_parity(rp.load_results(tmp_path))
+    assert "| convnext_tiny | conv1 | backward_filter | 100.0 | 0.500 | yes |" in t
+    assert "| no |" not in t and "s1-call1" not in t

@@ -311,17 +311,48 @@ def zoo_with(results: list[tuple[str, Any]], *fields: str) -> list[tuple[str, An
             if any(e.get(f) for e in doc["results"] for f in fields)]
 
 
-def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
-    """(file, its document, result, execution, its step figures) of every zoo
-    result of the newest session that timed steps (the date and ``-sN-`` of the
-    newest such zoo file), a later call's figures replacing an earlier one's of
-    the same model, precision and execution."""
+#: models a session's step runs must cover to be the zoo table's run (the issue's bar:
+#: at least ten torchvision models); newer sessions with fewer are follow-ups
+MIN_ZOO_MODELS = 10
+
+
+def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
+    """(file, document, result, execution, step figures) of ``docs``, a later
+    call's figures replacing an earlier one's of the same model, precision,
+    execution and workspace limit."""
     picked: dict[tuple, tuple[str, dict, dict, str, dict]] = {}
-    for name, doc in newest_session(zoo_with(results, "steps")):
+    for name, doc in docs:
         for e in doc["results"]:
             for ex, st in (e.get("steps") or {}).items():
-                picked[e["model"], e["precision"], ex] = (name, doc, e, ex, st)
+                picked[e["model"], e["precision"], ex, doc["options"].get("workspace")] = (
+                    name, doc, e, ex, st)
     return list(picked.values())
+
+
+def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
+    """The zoo's step runs as (the zoo run, the follow-ups): the zoo run is the
+    newest session whose step runs at the 64 MiB limit cover at least
+    :data:`MIN_ZOO_MODELS` models (else the newest session with step runs at
+    it), so that its geometric means come from one session's run; the
+    follow-ups are every step run of a later session (any limit)."""
+    docs = zoo_with(results, "steps")
+    at_limit = [(n, d) for n, d in docs if d["options"].get("workspace") == LIMIT]
+    sessions: dict[tuple, list[tuple[str, Any]]] = {}
+    for name, doc in at_limit:
+        sessions.setdefault(newness(name)[:2], []).append((name, doc))
+    full = [k for k, v in sessions.items()
+            if len({e["model"] for _, d in v for e in d["results"] if e.get("steps")})
+            >= MIN_ZOO_MODELS]
+    if not sessions:
+        return [], []
+    main = max(full) if full else max(sessions)
+    later = [(n, d) for n, d in docs if newness(n)[:2] > main]
+    return _picked_steps(sessions[main]), _picked_steps(later)
+
+
+def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
+    """The zoo run's step figures (:func:`_zoo_runs`)."""
+    return _zoo_runs(results)[0]
 
 
 def zoo_source(name: str, doc: dict) -> str:
@@ -449,10 +480,7 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
                           "captured" if ex == "graph" else ex, num(st.get("native_ms")),
                           num(st.get("converted_ms")),
-                          num(st.get("ratio"), ".3f") + _interval(st) + (
-                              f" (A/A {st['control_ratio']:.3f})"
-                              if st.get("control_ratio") is not None else ""),
-                          _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
+                          _ratio_cell(st), _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
                           _pair(e.get("grad"), "all", ".2e"), cite])
     failed = sorted({e["model"] for _, _, e, _, _ in steps if e.get("errors")})
     rows = []
@@ -462,13 +490,48 @@ def zoo(results: list[tuple[str, Any]]) -> str:
                      str(len(rs)), num(geomean([r for _, r, _ in rs]), ".3f"),
                      f"{sum(r > STEP_TARGET for _, r, _ in rs)} ({sum(a for _, _, a in rs)})",
                      f"{worst[0]} {worst[1]:.3f}"])
-    return (table(["precision", "step", "models", "geometric mean converted/native",
+    text = (table(["precision", "step", "models", "geometric mean converted/native",
                    f"models over {STEP_TARGET} (interval wholly above)", "slowest (ratio)"], rows)
             + f"\n\nModels with a failed stage: {', '.join(failed) or 'none'}.\n\n"
             + finish(["model", "precision", "step", "native ms", "converted ms", "converted/native",
                       "conv ms: what runs vs PyTorch's (directions on PyTorch's own)",
                       "first step s native / converted", "gradient error native / converted",
                       "source"], per_model, src, "zoo_bench.py"))
+    later = _zoo_runs(results)[1]
+    if not later:
+        return text
+    src2 = Sources()
+    rows2 = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
+              "captured" if ex == "graph" else ex, _mib_limit(doc["options"].get("workspace")),
+              str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
+              num(st.get("converted_ms")), _ratio_cell(st), _conv_ms(e), _peaks(st),
+              src2.cite(name, zoo_source(name, doc))]
+             for name, doc, e, ex, st in later]
+    return text + "\n**Later runs** (fewer models than the zoo run above; not in its means):\n\n" \
+        + finish(["model", "precision", "step", "limit MiB", "steps a round", "native ms",
+                  "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
+                  "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py")
+
+
+def _mib_limit(ws: Any) -> str:
+    return str(ws // MIB) if isinstance(ws, int) else NR
+
+
+def _ratio_cell(st: dict) -> str:
+    """converted/native with its interval and, where a control side ran, its A/A ratio."""
+    return num(st.get("ratio"), ".3f") + _interval(st) + (
+        f" (A/A {st['control_ratio']:.3f})" if st.get("control_ratio") is not None else "")
+
+
+def _peaks(st: dict) -> str:
+    """Each side's peak allocated MiB in its steady steps (Note [memory per side] in
+    tools/zoo_bench.py)."""
+    mem = st.get("memory") or {}
+
+    def peak(side: str) -> Any:
+        b = (mem.get(side) or {}).get("peak_bytes")
+        return None if b is None else b / MIB
+    return f"{num(peak('native'), '.1f')} / {num(peak('converted'), '.1f')}"
 
 
 # -- search parity (tools/search_parity.py) ------------------------------------------------------
@@ -498,41 +561,45 @@ def _mib(n: Any) -> str:
     return f"{n / MIB:.1f}" if isinstance(n, (int, float)) else "-"
 
 
-def _over_limit_rows(doc: dict, cite: str) -> list[list[str]]:
-    """One row per direction an ``--over-limit`` run compared: PyTorch's call
-    (its workspace and time), whether mucudnn's find held its kernels, and
-    PyTorch's call at the largest halving of the batch that fits the limit."""
+def _over_limit_rows(model: str, v: dict, cite: str) -> list[list[str]]:
+    """One row per direction an ``--over-limit`` run compared in ``model``:
+    PyTorch's call (its workspace and time), whether mucudnn's find held its
+    kernels, and PyTorch's call at the largest halving of the batch that fits
+    the limit."""
     rows = []
-    for model, v in doc["models"].items():
-        for r in v.get("results", []):
-            if r.get("fits") or r.get("held") is None:
-                continue
-            u = r.get("torch_under_limit") or {}
-            rows.append([model, r["layer"], r["direction"], _mib(r.get("torch_workspace")),
-                         num(r.get("torch_ms"), ".3f"), "yes" if r["held"] else "no",
-                         f"{u['batch']} ({_mib(u.get('workspace_bytes'))} MiB)" if u else "none fits",
-                         num(u.get("ms_whole_batch"), ".3f") if u else "-",
-                         ("yes" if u.get("held") else "no") if u else "-", cite])
+    for r in v.get("results", []):
+        if r.get("fits") or r.get("held") is None:
+            continue
+        u = r.get("torch_under_limit") or {}
+        rows.append([model, r["layer"], r["direction"], _mib(r.get("torch_workspace")),
+                     num(r.get("torch_ms"), ".3f"), "yes" if r["held"] else "no",
+                     f"{u['batch']} ({_mib(u.get('workspace_bytes'))} MiB)" if u else "none fits",
+                     num(u.get("ms_whole_batch"), ".3f") if u else "-",
+                     ("yes" if u.get("held") else "no") if u else "-", cite])
     return rows
 
 
 def search_parity(results: list[tuple[str, Any]]) -> str:
-    """The newest parity run over whole models and the newest ``--over-limit``
-    run (the directions a converted model plans), with the latter's compared
-    directions in a table of their own."""
+    """The newest parity run over whole models, and each model's newest
+    ``--over-limit`` run (the directions a converted model plans), whose
+    compared directions get a table of their own."""
     src, rows, over = Sources(), [], []
     docs = of_kind(results, "parity")
-    for whole in (True, False):
-        for name, doc in [d for d in docs if (d[1]["options"].get("over_limit") is None)
-                          == whole][-1:]:
-            o = doc["options"]
-            cite = src.cite(name, _parity_source(name, doc))
-            rows += [[m, _convs_checked(v), str(v.get("kernels", "-")) + (
-                         f" (and {v['fit']} fitting {_limit(o)}, not compared)" if v.get("fit")
-                         else ""), str(v.get("held", "-")), cite]
-                     for m, v in doc["models"].items()]
-            if not whole:
-                over = _over_limit_rows(doc, cite)
+    for name, doc in [d for d in docs if d[1]["options"].get("over_limit") is None][-1:]:
+        cite = src.cite(name, _parity_source(name, doc))
+        rows += [[m, _convs_checked(v), str(v.get("kernels", "-")), str(v.get("held", "-")),
+                  cite] for m, v in doc["models"].items()]
+    newest: dict[str, tuple[str, dict, dict]] = {}
+    for name, doc in docs:
+        if doc["options"].get("over_limit") is not None:
+            for m, v in doc["models"].items():
+                newest[m] = (name, doc, v)
+    for m, (name, doc, v) in newest.items():
+        cite = src.cite(name, _parity_source(name, doc))
+        rows.append([m, _convs_checked(v), str(v.get("kernels", "-")) + (
+                     f" (and {v['fit']} fitting {_limit(doc['options'])}, not compared)"
+                     if v.get("fit") else ""), str(v.get("held", "-")), cite])
+        over += _over_limit_rows(m, v, cite)
     text = finish(["model", "distinct convolutions", "convolution directions",
                    "held (PyTorch's kernels among mucudnn's candidates)", "source"],
                   rows, src, "search_parity.py")
