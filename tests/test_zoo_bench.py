@@ -199,14 +199,19 @@ def test_cold_repeat_alternates_the_sides_and_keeps_medians(zb, monkeypatch):
     in the even ones; each side keeps the medians of its runs and every first
     step, updated after each run (a cut-short run keeps what it measured)."""
     args = zb.parse_args(TINY + ["--cold", "--no-steps", "--cold-repeat", "3"])
-    firsts = {"native": iter([5.0, 9.0, 6.0]), "converted": iter([7.0, 4.0, 8.0])}
+    firsts = {"native": iter([5.0, 9.0, 6.0]), "converted": iter([8.0, 4.0, 7.0])}
     order, seen = [], []
     out: dict = {}
 
     def run_cold(a, spec, precision, side):
         order.append(side)
         seen.append({k: dict(v) for k, v in out.items()})
-        return {"first_step_s": next(firsts[side]), "process_s": 10.0 + len(order)}
+        first = next(firsts[side])
+        run = {"first_step_s": first, "process_s": 10.0 + len(order)}
+        if side == "converted":  # the report's first calls: a part of each run's first step
+            run["first_calls"] = {"signatures": 3, "seconds": first - 0.5,
+                                  "planning_seconds": first / 10}
+        return run
 
     monkeypatch.setattr(zb, "run_cold", run_cold)
     tags = []
@@ -221,6 +226,9 @@ def test_cold_repeat_alternates_the_sides_and_keeps_medians(zb, monkeypatch):
     assert out["native"]["first_step_samples"] == [5.0, 9.0, 6.0]
     assert out["native"]["first_step_s"] == 6.0 and out["converted"]["first_step_s"] == 7.0
     assert out["native"]["process_s"] == 14.0  # runs 1, 4 and 5: 11, 14, 15
+    # the first calls' figures are medians too, not the first run's
+    assert out["converted"]["first_calls"] == {"signatures": 3, "seconds": 6.5,
+                                               "planning_seconds": 0.7}
     assert seen[1] == {"native": {"first_step_s": 5.0, "process_s": 11.0,
                                   "first_step_samples": [5.0]}}
 

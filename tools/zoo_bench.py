@@ -412,19 +412,26 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def cold_medians(samples: Sequence[dict]) -> dict:
     """One side's cold figures over its ``samples`` (:func:`run_cold`'s dicts, in
-    the order run): the median of each number, every first step in
+    the order run): the median of each number, those in nested dicts (the
+    report's ``first_calls``) included, every first step in
     ``first_step_samples``, and the first sample's profile where one was kept.
 
-    >>> m = cold_medians([{"first_step_s": 9.0, "process_s": 20.0},
-    ...                   {"first_step_s": 7.0, "process_s": 18.0},
-    ...                   {"first_step_s": 8.0, "process_s": 30.0}])
-    >>> m["first_step_s"], m["process_s"], m["first_step_samples"]
-    (8.0, 20.0, [9.0, 7.0, 8.0])
+    >>> m = cold_medians([{"first_step_s": 9.0, "first_calls": {"seconds": 8.5}},
+    ...                   {"first_step_s": 7.0, "first_calls": {"seconds": 6.5}},
+    ...                   {"first_step_s": 8.0, "first_calls": {"seconds": 7.5}}])
+    >>> m["first_step_s"], m["first_calls"], m["first_step_samples"]
+    (8.0, {'seconds': 7.5}, [9.0, 7.0, 8.0])
     """
-    out = dict(samples[0])
-    for key, value in samples[0].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = statistics.median(s[key] for s in samples)
+    def medians(dicts: list[dict]) -> dict:
+        out = dict(dicts[0])
+        for key, value in dicts[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = statistics.median(d[key] for d in dicts)
+            elif isinstance(value, dict) and all(isinstance(d.get(key), dict) for d in dicts):
+                out[key] = medians([d[key] for d in dicts])
+        return out
+
+    out = medians(list(samples))
     out["first_step_samples"] = [s["first_step_s"] for s in samples]
     return out
 
