@@ -294,19 +294,9 @@ def call_overhead(results: list[tuple[str, Any]]) -> str:
 
 
 # -- the zoo (tools/zoo_bench.py) ----------------------------------------------------------------
-def newest_session(docs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The documents of the newest session among ``docs`` (the date and ``-sN-``
-    of the newest file's name), in their order."""
-    if not docs:
-        return []
-    session = newness(docs[-1][0])[:2]
-    return [(name, doc) for name, doc in docs if newness(name)[:2] == session]
-
-
 def zoo_with(results: list[tuple[str, Any]], *fields: str) -> list[tuple[str, Any]]:
-    """The zoo documents with some result holding one of ``fields``: a table of
-    step times and one of cold steps come each from the newest session that
-    measured them (a session may run the one and not the other)."""
+    """The zoo documents with some result holding one of ``fields`` (a run may
+    time steps and not cold steps, or the other way round)."""
     return [(name, doc) for name, doc in of_kind(results, "zoo")
             if any(e.get(f) for e in doc["results"] for f in fields)]
 
