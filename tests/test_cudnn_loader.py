@@ -7,6 +7,7 @@ test can tell whether a refused library was ever loaded.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -376,3 +377,44 @@ def test_read_soname_reads_big_endian_elf32(tmp_path):
     path = tmp_path / "libbig.so.3"
     path.write_bytes(header + load + dynamic + dyn + strings)
     assert read_soname(path) == "libbig.so.3"
+
+
+# -- one cuDNN beside torch's ----------------------------------------------------------------------
+
+_BESIDE_TORCH = r"""
+import json, os, re
+import torch
+x = torch.randn(2, 3, 8, 8, device="cuda")
+torch.nn.functional.conv2d(x, torch.randn(4, 3, 3, 3, device="cuda"))  # torch loads its cuDNN
+torch.cuda.synchronize()
+from mucudnn._cudnn import loader
+path = loader.library_path()
+maps = {}
+with open("/proc/self/maps") as f:
+    for line in f:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and re.match(r"libcudnn\w*\.so", os.path.basename(parts[5].strip())):
+            p = os.path.realpath(parts[5].strip())
+            maps.setdefault(os.path.basename(p).split(".so")[0], set()).add(p)
+print(json.dumps({"mucudnn": os.path.realpath(path), "version": loader.get_version(),
+                  "torch_version": torch.backends.cudnn.version(),
+                  "maps": {k: sorted(v) for k, v in maps.items()}}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_beside_torch_the_process_maps_one_cudnn_and_mucudnn_uses_it():
+    """By default (no MUCUDNN_CUDNN_LIBRARY) mucudnn finds the cuDNN that torch
+    loaded: after a torch convolution and mucudnn's load, each cuDNN library
+    is mapped from one file, libcudnn's is the file mucudnn loaded, and the
+    versions agree (a second copy would be a second cuDNN state and load)."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k != loader.ENV_VAR}
+    r = subprocess.run([sys.executable, "-c", _BESIDE_TORCH], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["maps"].get("libcudnn") == [got["mucudnn"]], got
+    assert all(len(paths) == 1 for paths in got["maps"].values()), got["maps"]
+    assert got["version"] == got["torch_version"]
