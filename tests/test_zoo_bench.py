@@ -302,7 +302,7 @@ def test_with_control_times_a_second_native_side_in_the_same_rounds(zb, tmp_path
     rounds = {s: [sorted(v)[len(v) // 2] for v in st["step_ms"][s]] for s in st["step_ms"]}
     assert st["control_round_ratios"] == [c / n for c, n in zip(rounds["control"],
                                                                  rounds["native"])]
-    assert zb._ratio(st) == f"{st['ratio']:.3f} (A/A {st['control_ratio']:.3f})"
+    assert zb.ratio_text(st) == f"{st['ratio']:.3f} (A/A {st['control_ratio']:.3f})"
     with pytest.raises(SystemExit):
         zb.parse_args(TINY + ["--with-control", "--control"])
 

@@ -25,7 +25,7 @@ import re
 import sys
 from typing import Any, Callable
 
-from round_stats import STEP_TARGET, geomean, median_interval  # tools/, beside this script
+from round_stats import STEP_TARGET, geomean, median_interval, ratio_text  # tools/, beside this script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = ("docs/BENCHMARKS.md", "README.md")
@@ -448,13 +448,6 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
                    "source"], rows, src, "zoo_bench.py --cold --grad-check")
 
 
-def _interval(st: dict) -> str:
-    """`` [low, high]``: the interval of a zoo row's ratio over its rounds (Note
-    [interval of a median] in tools/round_stats.py); empty with too few rounds."""
-    iv = median_interval(st.get("round_ratios") or [])
-    return "" if iv is None else f" [{iv[0]:.3f}, {iv[1]:.3f}]"
-
-
 def zoo(results: list[tuple[str, Any]]) -> str:
     if not of_kind(results, "zoo"):
         return finish([], [], Sources(), "zoo_bench.py")
@@ -470,7 +463,7 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
                           "captured" if ex == "graph" else ex, num(st.get("native_ms")),
                           num(st.get("converted_ms")),
-                          _ratio_cell(st), _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
+                          ratio_text(st), _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
                           _pair(e.get("grad"), "all", ".2e"), cite])
     failed = sorted({e["model"] for _, _, e, _, _ in steps if e.get("errors")})
     rows = []
@@ -494,7 +487,7 @@ def zoo(results: list[tuple[str, Any]]) -> str:
     rows2 = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
               "captured" if ex == "graph" else ex, _mib_limit(doc["options"].get("workspace")),
               str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
-              num(st.get("converted_ms")), _ratio_cell(st), _conv_ms(e), _peaks(st),
+              num(st.get("converted_ms")), ratio_text(st), _conv_ms(e), _peaks(st),
               src2.cite(name, zoo_source(name, doc))]
              for name, doc, e, ex, st in later]
     return text + "\n**Later runs** (fewer models than the zoo run above; not in its means):\n\n" \
@@ -505,12 +498,6 @@ def zoo(results: list[tuple[str, Any]]) -> str:
 
 def _mib_limit(ws: Any) -> str:
     return str(ws // MIB) if isinstance(ws, int) else NR
-
-
-def _ratio_cell(st: dict) -> str:
-    """converted/native with its interval and, where a control side ran, its A/A ratio."""
-    return num(st.get("ratio"), ".3f") + _interval(st) + (
-        f" (A/A {st['control_ratio']:.3f})" if st.get("control_ratio") is not None else "")
 
 
 def _peaks(st: dict) -> str:

@@ -3,7 +3,8 @@
 A benchmark that alternates two sides in rounds (Note [interleaved steps] in
 train_bench.py) reports per round the ratio of their median step times, and
 the median of those ratios. :func:`median_interval` says how well those
-rounds pin that median down; :func:`geomean` summarises ratios over models.
+rounds pin that median down; :func:`geomean` summarises ratios over models;
+:func:`ratio_text` is a row's ratio as the tools print it.
 """
 
 from __future__ import annotations
@@ -11,12 +12,30 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["geomean", "median_interval", "extra_rounds", "CONFIDENCE", "STEP_TARGET"]
+__all__ = ["geomean", "median_interval", "extra_rounds", "ratio_text", "CONFIDENCE",
+           "STEP_TARGET"]
 
 #: the confidence of the intervals the tools report
 CONFIDENCE = 0.95
 #: the zoo's target: converted step time at most this many times native's
 STEP_TARGET = 1.02
+
+
+def ratio_text(st: dict) -> str:
+    """A row's converted/native ratio (``st``: a zoo row's step figures) with the
+    interval of its median over the rounds (:func:`median_interval`; none with
+    too few rounds) and the A/A ratio where a control side ran.
+
+    >>> ratio_text({"ratio": 1.0161, "control_ratio": 0.9997})
+    '1.016 (A/A 1.000)'
+    >>> ratio_text({})
+    '-'
+    """
+    r = "-" if st.get("ratio") is None else f"{st['ratio']:.3f}"
+    iv = median_interval(st.get("round_ratios") or [])
+    if iv is not None:
+        r += f" [{iv[0]:.3f}, {iv[1]:.3f}]"
+    return r if st.get("control_ratio") is None else f"{r} (A/A {st['control_ratio']:.3f})"
 
 
 def geomean(values: Iterable[Optional[float]]) -> Optional[float]:

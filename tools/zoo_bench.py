@@ -69,7 +69,7 @@ from torch import nn
 
 import train_bench as tb  # tools/, beside this script: argument types, the progress bar
 import train_steps as ts  # training state, timing, rounds
-from round_stats import extra_rounds, geomean, median_interval  # ratios, rounds
+from round_stats import extra_rounds, geomean, ratio_text  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     BATCH, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
@@ -394,7 +394,7 @@ def cold_child(args: argparse.Namespace) -> int:
             job.step()
             ts.sync(device)
         seconds.append(time.perf_counter() - t1)
-    if args.cold_child == "converted" and hasattr(mt, "report"):
+    if args.cold_child == "converted":
         # Note [first-call seconds] in mucudnn/torch/native.py: what the first calls paid for
         out["first_calls"] = mt.report(job.model).as_dict().get("first_calls")
     print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
@@ -518,16 +518,6 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def _ratio(st: dict) -> str:
-    """converted/native with its interval over the rounds (Note [interval of a
-    median] in round_stats.py), and the A/A ratio where a control side ran."""
-    r = _num(st.get("ratio"), ".3f")
-    iv = median_interval(st.get("round_ratios") or [])
-    if iv is not None:
-        r += f" [{iv[0]:.3f}, {iv[1]:.3f}]"
-    return r if st.get("control_ratio") is None else f"{r} (A/A {st['control_ratio']:.3f})"
-
-
 def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / 2**20:.0f}"
 
@@ -555,7 +545,7 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
                 ratios.setdefault((e["precision"], ex), []).append(st["ratio"])
             lines.append(
                 f"| {e['model']} | {e['precision']} | {ex} | {_num(st.get('native_ms'), '.2f')} | "
-                f"{_num(st.get('converted_ms'), '.2f')} | {_ratio(st)} | "
+                f"{_num(st.get('converted_ms'), '.2f')} | {ratio_text(st)} | "
                 f"{peak} | {cold_s} | {grad_s} |")
     for (p, ex), rs in ratios.items():
         lines.append(f"geometric mean converted/native, {p} {ex}: {geomean(rs):.3f} "
