@@ -84,6 +84,19 @@ def test_mucudnn_torch_and_a_float32_step_load_neither_dynamo_nor_ml_dtypes(devi
     assert out.strip().splitlines()[-2:] == ["[]", "[]"]
 
 
+def test_planning_a_kernel_loads_no_networkx():
+    """See Note [no networkx on the planning path] (mucudnn/optimizer/dp.py): a
+    Convolution's first call plans its kernels (under a limit that splits the
+    batch) without importing networkx, which would cost a converted model's
+    first step more than half a second."""
+    code = ("import numpy as np, mucudnn as mu\n"
+            "conv = mu.Convolution((16, 3, 12, 12), (8, 3, 3, 3), padding=1, backend='numpy',\n"
+            "                      cache='off', workspace_limit=1 << 14, policy='all')\n"
+            "conv.forward(np.ones((16, 3, 12, 12), np.float32), np.ones((8, 3, 3, 3), np.float32))\n"
+            "assert conv.plans, conv.plans")
+    assert "networkx" not in _loaded_after(code)
+
+
 def test_version_command_prints_the_version():
     out = subprocess.run([sys.executable, "-m", "mucudnn", "--version"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=True).stdout

@@ -478,8 +478,9 @@ def test_alexnet_power_of_two_beats_undivided_at_64mib(config, layer, direction)
 
 @pytest.mark.parametrize("policy", ["all", "powerOfTwo"])
 def test_auto_method_gives_the_networkx_plan(policy):
-    """method="auto" (the default) hands the 'all' policy's 33k-edge DAG to the
-    NumPy recurrence and keeps networkx for small DAGs; the plan is the same."""
+    """method="auto" (the default) solves with the NumPy recurrence at every DAG
+    size (Note [no networkx on the planning path]), the 'all' policy's
+    33k-edge DAG and powerOfTwo's small one alike; the plan is networkx's."""
     perf = _allsizes("alexnet.conv2", "bwd_data")
     for limit in (0, 64 << 20, None):
         ref = optimize_wr(perf, 256, limit, policy, method="networkx")

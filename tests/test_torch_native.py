@@ -306,7 +306,7 @@ def _block_bytes(nbytes: int) -> int:
 
 class _Allocator:
     """A stand-in for torch's caching allocator's statistics: blocks rounded up
-    to 512 bytes, as ``memory_allocated`` and ``max_memory_allocated`` count them."""
+    to 512 bytes, as its allocated bytes (current and peak) count them."""
 
     def __init__(self) -> None:
         self.allocated = self.peak = 0
@@ -325,8 +325,8 @@ class _Allocator:
     def install(self, monkeypatch) -> None:
         stream = type("Stream", (), {"synchronize": lambda self: None})()
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: stream)
-        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: self.allocated)
-        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: self.peak)
+        monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda *a: {
+            "allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}}})
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
                             lambda *a: setattr(self, "peak", self.allocated))
 

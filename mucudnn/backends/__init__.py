@@ -22,6 +22,7 @@ from .numpy import NumpyBackend
 from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Backend", "BackendBase", "ConvTensors", "CudnnBackend", "CudnnGraphBackend", "Launcher",
+           "default_name",
            "NumpyBackend", "OUTPUT_OF", "adapt",
            "available_backends", "get_backend", "DEFAULT_GPU_BACKEND"]
 
@@ -52,7 +53,16 @@ def available_backends() -> list[str]:
     return list(_REGISTRY)
 
 
-def _default_name() -> str:
+def default_name(gpu: "bool | None" = None) -> str:
+    """The backend a call without a name gets: ``MUCUDNN_BACKEND`` if set, else
+    cudnn-graph where a GPU is present, else numpy (with a one-line notice).
+    ``gpu``: whether one is (None: count the devices, which loads the CUDA
+    runtime; a caller holding a CUDA tensor knows, and a model whose every
+    layer runs PyTorch's own call then never loads it).
+
+    >>> default_name(gpu=True) == (os.environ.get("MUCUDNN_BACKEND") or DEFAULT_GPU_BACKEND)
+    True
+    """
     global _NOTICE_GIVEN
     env = os.environ.get("MUCUDNN_BACKEND", "").strip().lower()
     if env:
@@ -60,7 +70,7 @@ def _default_name() -> str:
             raise InvalidValueError(
                 f"MUCUDNN_BACKEND: expected one of {list(_REGISTRY)}, got {env!r}")
         return env
-    if device_count() > 0:
+    if gpu if gpu is not None else device_count() > 0:
         return DEFAULT_GPU_BACKEND
     if not _NOTICE_GIVEN:
         _NOTICE_GIVEN = True
@@ -89,7 +99,7 @@ def get_backend(name: "str | Backend | None" = None, *, device: int | None = Non
             raise InvalidTypeError("backend: options and device= apply to backend names only")
         return adapt(name)
     if name is None:
-        name = _default_name()
+        name = default_name()
     key = name.lower()
     cls = _REGISTRY.get(key)
     if cls is None:

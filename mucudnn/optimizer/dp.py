@@ -3,10 +3,20 @@
 ``t(s)`` is the fastest algorithm of micro-batch size ``s`` whose workspace fits
 the limit. ``T(0) = 0``, ``T(n) = min over s <= n of T(n - s) + t(s)``: a
 shortest path from node 0 to node ``batch`` in the DAG whose edge ``n -> n + s``
-weighs ``t(s)``. :func:`optimize_wr` builds that DAG with networkx and relaxes
-it in topological order; :func:`pareto_front`, which solves WR once per
-distinct workspace value, uses an equivalent vectorised NumPy recurrence
-(same tie-breaking, so the two give identical plans; the tests check this).
+weighs ``t(s)``. :func:`optimize_wr` and :func:`pareto_front` (which solves WR
+once per distinct workspace value) relax it with a vectorised NumPy
+recurrence; ``method="networkx"`` builds the DAG with networkx and relaxes it
+in topological order, the reference the tests hold the recurrence to (same
+tie-breaking, so the two give identical plans). See Note [no networkx on the
+planning path].
+
+Note [no networkx on the planning path]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A converted model plans its first kernel inside its first training step, and
+importing networkx (hundreds of modules) cost more than half a second of that
+step: as much as the search of a kernel. The NumPy recurrence gives the same
+plan at every DAG size, so planning never imports networkx; it stays the
+independent reference the tests compare with.
 
 Ties are broken deterministically: among splits whose times agree to a relative
 1e-10, fewer micro-batches win, then a larger last step (so larger sizes tend
@@ -252,8 +262,6 @@ def _solve_networkx(tv: np.ndarray, batch: int, quantum: int = 1) -> list[int] |
 
 
 _SOLVERS = {"numpy": _solve_numpy, "networkx": _solve_networkx}
-#: optimize_wr(method="auto") builds the networkx DAG up to this many edges.
-NETWORKX_MAX_EDGES = 4096
 
 
 def _no_plan_message(perf: dict[int, list[AlgoPerf]], sizes: list[int], batch: int,
@@ -314,7 +322,7 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     ``batch`` under the same limit (``inf`` if none fits). ``method`` is
     "networkx" (shortest path over the DAG, the reference), "numpy" (the
     same recurrence, vectorised; the same plan, tie-breaking included) or
-    "auto" (networkx up to ``NETWORKX_MAX_EDGES`` edges, else numpy).
+    "auto" (numpy: Note [no networkx on the planning path]).
 
     Raises ValueError when no combination of sizes fits the limit.
 
@@ -333,12 +341,8 @@ def optimize_wr(perf: Perf, batch: int, workspace_limit: int | None,
     table = _as_perf(perf)
     sizes = allowed_sizes(policy, batch, table)
     pol = normalize_policy(policy)
-    if method == "auto":
-        # Note: the DAG of the 'all' policy has ~N^2/2 edges (33k at N = 256,
-        # 0.1 s in networkx per kernel, seconds per network); the NumPy
-        # recurrence solves it in ~2 ms. powerOfTwo's DAG stays small.
-        edges = sum(batch + 1 - s for s in sizes)
-        method = "networkx" if edges <= NETWORKX_MAX_EDGES else "numpy"
+    if method == "auto":  # Note [no networkx on the planning path]
+        method = "numpy"
     choice = {}
     for s in sizes:
         a = best_algo(table[s], limit)

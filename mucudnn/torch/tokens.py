@@ -11,7 +11,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from ..backends import Backend, available_backends, get_backend
+from ..backends import Backend, available_backends, default_name, get_backend
 from ..errors import InvalidTypeError, MucudnnError
 from ..problem import ConvProblem, Direction, Plan
 
@@ -136,7 +136,8 @@ def backend_for(token: str, device: torch.device) -> Backend:
         be = obj
     else:
         try:
-            be = get_backend(token or None, device=index)
+            # a CUDA tensor's device exists: no device count (default_name)
+            be = get_backend(token or default_name(gpu=True), device=index)
         except TypeError as exc:
             raise TorchBridgeError(
                 f"backend: {token or 'the default backend'} cannot run on CUDA device {index} "
