@@ -305,8 +305,10 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
         return {"eager": {"native_ms": 10.0, "converted_ms": 10.0 * ratio, "ratio": ratio,
                           **extra}}
 
-    def write(name, models, ratio, workspace=64 << 20, **extra):
-        doc = {"environment": env, "options": {"workspace": workspace, "batch": 64, "steps": 10},
+    def write(name, models, ratio, workspace=64 << 20, search=None, **extra):
+        settings = {"settings": {"MUCUDNN_TORCH_SEARCH": search}} if search else {}
+        doc = {"environment": {**env, **settings},
+               "options": {"workspace": workspace, "batch": 64, "steps": 10},
                "results": [{"model": m, "precision": "fp32cl", "steps": steps(ratio, **extra)}
                            for m in models], "skipped": []}
         (tmp_path / name).write_text(json.dumps(doc))
@@ -319,9 +321,18 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     main, later = z.split("**Later runs**")
     assert f"| fp32 channels-last | eager | {rp.MIN_ZOO_MODELS} | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 10.00 | 10.50 | 1.050 |" in main
-    assert "| m0 | fp32 channels-last | eager | 64 | 10 | 10.00 | 10.10 | 1.010 (A/A 1.000) " \
-           "| - | 100.0 / 99.0 | [1] |" in later
-    assert "| m0 | fp32 channels-last | eager | 512 | 10 | 10.00 | 10.00 | 1.000 |" in later
+    assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 | " \
+           "1.010 (A/A 1.000) | - | 100.0 / 99.0 | [1] |" in later
+    assert "| m0 | fp32 channels-last | eager | 512 | over-limit | 10 | 10.00 | 10.00 | 1.000 |" \
+        in later
+    # a run under another search is a row of its own, never the default's, and a
+    # whole zoo run under it is not the zoo table's run
+    write("2026-12-03-h200-s2-call3-zoo.json", zoo, 0.90, search="all")
+    z = rp.zoo(rp.load_results(tmp_path))
+    main, later = z.split("**Later runs**")
+    assert "| 1.050 |" in main and "0.900" not in main
+    assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 |" in later
+    assert "| m0 | fp32 channels-last | eager | 64 | all | 10 | 10.00 | 9.00 | 0.900 |" in later
     # a newer whole zoo run takes the table, and nothing is later than it
     write("2026-12-03-h200-s3-call1-zoo.json", zoo, 1.02)
     z = rp.zoo(rp.load_results(tmp_path))

@@ -314,9 +314,15 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     for name, doc in docs:
         for e in doc["results"]:
             for ex, st in (e.get("steps") or {}).items():
-                picked[e["model"], e["precision"], ex, doc["options"].get("workspace")] = (
-                    name, doc, e, ex, st)
+                picked[e["model"], e["precision"], ex, doc["options"].get("workspace"),
+                       torch_search(doc)] = (name, doc, e, ex, st)
     return list(picked.values())
+
+
+def torch_search(doc: dict) -> str:
+    """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (its default where the
+    file does not say): runs under another search are not the default's."""
+    return (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", "over-limit")
 
 
 def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
@@ -324,9 +330,11 @@ def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
     newest session whose step runs at the 64 MiB limit cover at least
     :data:`MIN_ZOO_MODELS` models (else the newest session with step runs at
     it), so that its geometric means come from one session's run; the
-    follow-ups are every step run of a later session (any limit)."""
+    follow-ups are every step run of a later session (any limit or search).
+    The zoo run is made under the default ``MUCUDNN_TORCH_SEARCH``."""
     docs = zoo_with(results, "steps")
-    at_limit = [(n, d) for n, d in docs if d["options"].get("workspace") == LIMIT]
+    at_limit = [(n, d) for n, d in docs if d["options"].get("workspace") == LIMIT
+                and torch_search(d) == "over-limit"]
     sessions: dict[tuple, list[tuple[str, Any]]] = {}
     for name, doc in at_limit:
         sessions.setdefault(newness(name)[:2], []).append((name, doc))
@@ -486,12 +494,13 @@ def zoo(results: list[tuple[str, Any]]) -> str:
     src2 = Sources()
     rows2 = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
               "captured" if ex == "graph" else ex, _mib_limit(doc["options"].get("workspace")),
-              str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
+              torch_search(doc), str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
               num(st.get("converted_ms")), ratio_text(st), _conv_ms(e), _peaks(st),
               src2.cite(name, zoo_source(name, doc))]
              for name, doc, e, ex, st in later]
     return text + "\n**Later runs** (fewer models than the zoo run above; not in its means):\n\n" \
-        + finish(["model", "precision", "step", "limit MiB", "steps a round", "native ms",
+        + finish(["model", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH",
+                  "steps a round", "native ms",
                   "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
                   "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py")
 
