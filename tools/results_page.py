@@ -397,7 +397,7 @@ def _first_calls(side: dict) -> str:
     if not f:
         return "-"
     return f"{f['seconds']:.1f} ({f['planning_seconds']:.1f}, " \
-           f"{f['planned_signatures']} of {f['signatures']})"
+           f"{f['planned_signatures']:g} of {f['signatures']:g})"  # counts: medians may be floats
 
 
 def zoo_cold(results: list[tuple[str, Any]]) -> str:

@@ -421,11 +421,16 @@ def cold_medians(samples: Sequence[dict]) -> dict:
     ...                   {"first_step_s": 8.0, "first_calls": {"seconds": 7.5}}])
     >>> m["first_step_s"], m["first_calls"], m["first_step_samples"]
     (8.0, {'seconds': 7.5}, [9.0, 7.0, 8.0])
+    >>> cold_medians([{"first_step_s": 2.0, "signatures": 11},
+    ...               {"first_step_s": 3.0, "signatures": 11}])["signatures"]
+    11
     """
     def medians(dicts: list[dict]) -> dict:
         out = dict(dicts[0])
         for key, value in dicts[0].items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, int) and not isinstance(value, bool):  # a count stays one
+                out[key] = statistics.median_low(d[key] for d in dicts)
+            elif isinstance(value, float):
                 out[key] = statistics.median(d[key] for d in dicts)
             elif isinstance(value, dict) and all(isinstance(d.get(key), dict) for d in dicts):
                 out[key] = medians([d[key] for d in dicts])
