@@ -1,5 +1,6 @@
 """docs/BENCHMARKS.md's and README.md's result tables are exactly what
-tools/results_page.py writes from docs/results/: a hand-edited number fails here."""
+tools/results_page.py writes from docs/results/ (the zoo's tables made by
+tools/results_zoo.py): a hand-edited number fails here."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from tool_support import load_tool
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 rp = load_tool("results_page")
+rz = load_tool("results_zoo")
+rt = load_tool("results_tables")
 
 
 @pytest.fixture(scope="module")
@@ -66,20 +69,20 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
     (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(parity))
     res = rp.load_results(tmp_path)
-    z = rp.zoo(res)
+    z = rz.zoo(res)
     assert "| fp32 channels-last | eager | 2 | 1.095 | 1 (0) | mobilenet_v2 1.200 |" in z  # over 1.02
     assert "failed stage: resnet50" in z and "commit abc1234def" in z and "cuDNN 9.19.0" in z
-    assert "| mobilenet_v2 | 35 | 105 | 101 | [1] |" in rp.search_parity(res)
+    assert "| mobilenet_v2 | 35 | 105 | 101 | [1] |" in rz.search_parity(res)
     parity["models"]["mobilenet_v2"] |= {"complete": False, "convs_checked": 12, "kernels": 36,
                                          "held": 30}
     (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(parity))
     assert "| mobilenet_v2 | 12 of 35 (cut short) | 36 | 30 | [1] |" in \
-        rp.search_parity(rp.load_results(tmp_path))
+        rz.search_parity(rp.load_results(tmp_path))
     over = {"options": {"find": "FindOptions()", "batch": 64, "over_limit": 64 << 20},
             "models": {"convnext_tiny": {"convs": 20, "kernels": 15, "held": 9, "fit": 45}}}
     (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(over))
     assert "| convnext_tiny | 20 | 15 (and 45 fitting the 64 MiB limit, not compared) | 9 |" in \
-        rp.search_parity(rp.load_results(tmp_path))  # search_parity.py --over-limit 64MiB
+        rz.search_parity(rp.load_results(tmp_path))  # search_parity.py --over-limit 64MiB
     (tmp_path / "2026-12-03-x-search-parity.json").write_text(json.dumps(
         parity | {"models": {"mobilenet_v2": {"convs": 35, "kernels": 105, "held": 101}}}))
     res = rp.load_results(tmp_path)
@@ -89,36 +92,36 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     # a row with a control side (zoo_bench --with-control) shows its A/A ratio
     zoo["results"][0]["steps"]["eager"]["control_ratio"] = 0.987
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
-    assert "| 1.200 (A/A 0.987) |" in rp.zoo(rp.load_results(tmp_path))
+    assert "| 1.200 (A/A 0.987) |" in rz.zoo(rp.load_results(tmp_path))
     del zoo["results"][0]["steps"]["eager"]["control_ratio"]
     # twelve rounds: the interval of order statistics 3 and 10 (tools/round_stats.py); its
     # low end above 1.02 counts the model as over the target beyond its rounds' spread
     rounds = [1.30, 1.10, 1.25, 1.15, 1.20, 1.05, 1.22, 1.18, 1.12, 1.28, 1.08, 1.21]
     zoo["results"][0]["steps"]["eager"]["round_ratios"] = rounds
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
-    z = rp.zoo(rp.load_results(tmp_path))
+    z = rz.zoo(rp.load_results(tmp_path))
     assert "| 1.200 [1.100, 1.250] |" in z
     assert "| fp32 channels-last | eager | 2 | 1.095 | 1 (1) | mobilenet_v2 1.200 |" in z
     zoo["results"][0]["steps"]["eager"]["round_ratios"] = rounds[:5]  # too few for an interval
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
-    assert "| 1.200 |" in rp.zoo(rp.load_results(tmp_path))
+    assert "| 1.200 |" in rz.zoo(rp.load_results(tmp_path))
     del zoo["results"][0]["steps"]["eager"]["round_ratios"]
     # the settings a converted layer follows are named with the source
     zoo["environment"]["settings"] = {"MUCUDNN_TORCH_SEARCH": "over-limit"}
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
-    assert "batch 32, MUCUDNN_TORCH_SEARCH=over-limit" in rp.zoo(rp.load_results(tmp_path))
+    assert "batch 32, MUCUDNN_TORCH_SEARCH=over-limit" in rz.zoo(rp.load_results(tmp_path))
     # an A/A run (zoo_bench --control) measures the harness: never a result on the page
     control = dict(zoo, options={**zoo["options"], "control": True},
                    results=[dict(zoo["results"][0], model="densenet121")])
     (tmp_path / "2026-12-04-x-zoo-control.json").write_text(json.dumps(control))
-    z = rp.zoo(rp.load_results(tmp_path))
+    z = rz.zoo(rp.load_results(tmp_path))
     assert "densenet121" not in z and "mobilenet_v2 1.200" in z
 
 
 def test_zoo_cold_table(tmp_path):
     """Cold first steps (zoo_bench --cold, --no-steps too) with the search in force and
     whether a primer ran first; an entry without both sides is not a row."""
-    assert rp.zoo_cold([]).startswith("Not measured yet")
+    assert rz.zoo_cold([]).startswith("Not measured yet")
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234", "settings": {"MUCUDNN_TORCH_SEARCH": "over-limit"}}
     cold = {s: {"first_step_s": v, "second_step_s": 0.02} for s, v in
@@ -139,7 +142,7 @@ def test_zoo_cold_table(tmp_path):
                                  for s, v in cold.items()}, "cold_primer": {}}],
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
-    t = rp.zoo_cold(rp.load_results(tmp_path))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
     assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | - | yes | - | - | [1] |" \
         in t
     assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | - | none (native ran " \
@@ -164,7 +167,7 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
                         "grad": {"native": grad["native"]}}],
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-grad.json").write_text(json.dumps(doc))
-    t = rp.zoo_cold(rp.load_results(tmp_path))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
     assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | - | 2.00e-01 / 2.50e-01 " \
            "| 1.25 (3 kernels on plans) | [1] |" in t
     assert "vgg16" not in t
@@ -190,13 +193,13 @@ def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     write("2026-12-03-h200-s1-call2-zoo.json", "alexnet", steps=steps)
     write("2026-12-03-h200-s2-call1-zoo.json", "resnet18", steps=steps)
     res = rp.load_results(tmp_path)
-    z, c = rp.zoo(res), rp.zoo_cold(res)
+    z, c = rz.zoo(res), rz.zoo_cold(res)
     assert "resnet18" in z and "alexnet" not in z and "vgg16" not in z
     assert "vgg16" in c and "resnet18" not in c
     write("2026-12-03-h200-s3-call1-zoo-cold.json", "densenet121", cold=cold)
     res = rp.load_results(tmp_path)
-    assert "densenet121" in rp.zoo_cold(res) and "| vgg16 |" in rp.zoo_cold(res)
-    assert "resnet18" in rp.zoo(res) and "densenet121" not in rp.zoo(res)
+    assert "densenet121" in rz.zoo_cold(res) and "| vgg16 |" in rz.zoo_cold(res)
+    assert "resnet18" in rz.zoo(res) and "densenet121" not in rz.zoo(res)
 
 
 def test_zoo_cold_row_takes_cold_steps_and_gradients_each_from_the_newest_file(tmp_path):
@@ -219,7 +222,7 @@ def test_zoo_cold_row_takes_cold_steps_and_gradients_each_from_the_newest_file(t
     write("2026-12-03-h200-s1-call1-zoo-cold-grad.json", cold=side(2.0, 3.0), grad=grad)
     first = {"signatures": 11, "seconds": 3.4, "planning_seconds": 1.5, "planned_signatures": 1}
     write("2026-12-03-h200-s2-call1-zoo-cold.json", cold=side(2.3, 3.9, first_calls=first))
-    t = rp.zoo_cold(rp.load_results(tmp_path))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
     assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 3.9 | 3.4 (1.5, 1 of 11) | yes " \
            "| 2.00e-01 / 2.00e-01 | 1.00 (1 kernel on plans) | [1], [2] |" in t
     assert "1. `2026-12-03-h200-s2-call1-zoo-cold.json`" in t
@@ -247,7 +250,7 @@ def test_zoo_cold_table_keeps_one_row_per_model_and_precision(tmp_path):
           ("mobilenet_v2", cold(7.9, 11.1)))
     write("2026-12-03-h200-s4-call3-zoo-cold.json", ("mobilenet_v2", cold(11.1, 10.2, True)),
           ("regnet_y_1_6gf", cold(4.3, 12.9)))
-    t = rp.zoo_cold(rp.load_results(tmp_path))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
     rows = [r for r in t.splitlines() if r.startswith("| ") and "fp32" in r]
     assert [r.split(" | ")[0] for r in rows] == ["| densenet121", "| mobilenet_v2",
                                                  "| regnet_y_1_6gf"]
@@ -258,7 +261,7 @@ def test_newest_is_by_date_then_session_and_call():
     names = ["2026-12-02-h200-s14-call8-a.json", "2026-12-01-h200-zz.json",
              "2026-12-02-h200-s14-call10-a.json", "2026-12-02-h200-merged.json.gz",
              "2026-12-01-h200-s7-call1-b.json", "2026-12-01-h200-zz-final.json"]
-    assert sorted(names, key=rp.newness) == [
+    assert sorted(names, key=rt.newness) == [
         "2026-12-01-h200-zz.json", "2026-12-01-h200-zz-final.json",
         "2026-12-01-h200-s7-call1-b.json", "2026-12-02-h200-merged.json.gz",
         "2026-12-02-h200-s14-call8-a.json", "2026-12-02-h200-s14-call10-a.json"]
@@ -285,7 +288,7 @@ def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its
                                            "results": [fits, row]}}}
     (tmp_path / "2026-12-02-h200-s1-call1-parity.json").write_text(json.dumps(whole))
     (tmp_path / "2026-12-03-h200-s2-call1-parity-over-limit.json").write_text(json.dumps(over))
-    t = rp.search_parity(rp.load_results(tmp_path))
+    t = rz.search_parity(rp.load_results(tmp_path))
     assert "| resnext50_32x4d | conv1 | backward_filter | 250.0 | 0.469 | yes | 8 (33.0 MiB) " \
            "| 1.132 | no | [2] |" in t
     assert "| resnext50_32x4d | conv1 | forward |" not in t
@@ -296,7 +299,7 @@ def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its
 
 def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(tmp_path):
     """The step table and its means come from the newest session whose runs at
-    the 64 MiB limit cover rp.MIN_ZOO_MODELS models; a later session with fewer
+    the 64 MiB limit cover rz.MIN_ZOO_MODELS models; a later session with fewer
     models (or another limit) is listed after it as later runs, not in the means."""
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234"}
@@ -312,14 +315,14 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
                "results": [{"model": m, "precision": "fp32cl", "steps": steps(ratio, **extra)}
                            for m in models], "skipped": []}
         (tmp_path / name).write_text(json.dumps(doc))
-    zoo = [f"m{i}" for i in range(rp.MIN_ZOO_MODELS)]
+    zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS)]
     write("2026-12-03-h200-s1-call1-zoo.json", zoo, 1.05)
     mem = {"native": {"peak_bytes": 100 << 20}, "converted": {"peak_bytes": 99 << 20}}
     write("2026-12-03-h200-s2-call1-zoo.json", ["m0"], 1.01, memory=mem, control_ratio=1.0)
     write("2026-12-03-h200-s2-call2-zoo.json", ["m0"], 1.00, workspace=512 << 20)
-    z = rp.zoo(rp.load_results(tmp_path))
+    z = rz.zoo(rp.load_results(tmp_path))
     main, later = z.split("**Later runs**")
-    assert f"| fp32 channels-last | eager | {rp.MIN_ZOO_MODELS} | 1.050 |" in main
+    assert f"| fp32 channels-last | eager | {rz.MIN_ZOO_MODELS} | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 10.00 | 10.50 | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 | " \
            "1.010 (A/A 1.000) | - | 100.0 / 99.0 | [1] |" in later
@@ -328,14 +331,14 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     # a run under another search is a row of its own, never the default's, and a
     # whole zoo run under it is not the zoo table's run
     write("2026-12-03-h200-s2-call3-zoo.json", zoo, 0.90, search="all")
-    z = rp.zoo(rp.load_results(tmp_path))
+    z = rz.zoo(rp.load_results(tmp_path))
     main, later = z.split("**Later runs**")
     assert "| 1.050 |" in main and "0.900" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 |" in later
     assert "| m0 | fp32 channels-last | eager | 64 | all | 10 | 10.00 | 9.00 | 0.900 |" in later
     # a newer whole zoo run takes the table, and nothing is later than it
     write("2026-12-03-h200-s3-call1-zoo.json", zoo, 1.02)
-    z = rp.zoo(rp.load_results(tmp_path))
+    z = rz.zoo(rp.load_results(tmp_path))
     assert "| 1.020 |" in z and "1.050" not in z and "Later runs" not in z
 
 
@@ -351,10 +354,10 @@ def test_over_limit_parity_keeps_each_models_newest_run(tmp_path):
         (tmp_path / name).write_text(json.dumps(doc))
     run("2026-12-03-h200-s1-call1-parity.json", "convnext_tiny", False)
     run("2026-12-03-h200-s1-call2-parity.json", "resnet18", True)
-    t = rp.search_parity(rp.load_results(tmp_path))
+    t = rz.search_parity(rp.load_results(tmp_path))
     assert "| convnext_tiny | conv1 | backward_filter | 100.0 | 0.500 | no | none fits | - | - | [1] |" in t
     assert "| resnet18 | conv1 | backward_filter | 100.0 | 0.500 | yes | none fits | - | - | [2] |" in t
     run("2026-12-03-h200-s2-call1-parity.json", "convnext_tiny", True)
-    t = rp.search_parity(rp.load_results(tmp_path))
+    t = rz.search_parity(rp.load_results(tmp_path))
     assert "| convnext_tiny | conv1 | backward_filter | 100.0 | 0.500 | yes |" in t
     assert "| no |" not in t and "s1-call1" not in t

@@ -1,0 +1,315 @@
+"""The zoo's tables on docs/BENCHMARKS.md: step times, cold first steps and
+gradients (tools/zoo_bench.py's ``--json``), and search parity
+(tools/search_parity.py's); tools/results_page.py writes them into the page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from round_stats import STEP_TARGET, geomean, median_interval, ratio_text  # tools/, beside this script
+from results_tables import (LIMIT, MIB, NR, PRECISION_LABEL, Sources, finish, num,
+                            of_kind, source_line, table, newness)
+
+
+# -- the zoo (tools/zoo_bench.py) ----------------------------------------------------------------
+def zoo_with(results: list[tuple[str, Any]], *fields: str) -> list[tuple[str, Any]]:
+    """The zoo documents with some result holding one of ``fields`` (a run may
+    time steps and not cold steps, or the other way round)."""
+    return [(name, doc) for name, doc in of_kind(results, "zoo")
+            if any(e.get(f) for e in doc["results"] for f in fields)]
+
+
+#: models a session's step runs must cover to be the zoo table's run (the issue's bar:
+#: at least ten torchvision models); newer sessions with fewer are follow-ups
+MIN_ZOO_MODELS = 10
+
+
+def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
+    """(file, document, result, execution, step figures) of ``docs``, a later
+    call's figures replacing an earlier one's of the same model, precision,
+    execution and workspace limit."""
+    picked: dict[tuple, tuple[str, dict, dict, str, dict]] = {}
+    for name, doc in docs:
+        for e in doc["results"]:
+            for ex, st in (e.get("steps") or {}).items():
+                picked[e["model"], e["precision"], ex, doc["options"].get("workspace"),
+                       torch_search(doc)] = (name, doc, e, ex, st)
+    return list(picked.values())
+
+
+def torch_search(doc: dict) -> str:
+    """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (its default where the
+    file does not say): runs under another search are not the default's."""
+    return (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", "over-limit")
+
+
+def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
+    """The zoo's step runs as (the zoo run, the follow-ups): the zoo run is the
+    newest session whose step runs at the 64 MiB limit cover at least
+    :data:`MIN_ZOO_MODELS` models (else the newest session with step runs at
+    it), so that its geometric means come from one session's run; the
+    follow-ups are every step run of a later session (any limit or search).
+    The zoo run is made under the default ``MUCUDNN_TORCH_SEARCH``."""
+    docs = zoo_with(results, "steps")
+    at_limit = [(n, d) for n, d in docs if d["options"].get("workspace") == LIMIT
+                and torch_search(d) == "over-limit"]
+    sessions: dict[tuple, list[tuple[str, Any]]] = {}
+    for name, doc in at_limit:
+        sessions.setdefault(newness(name)[:2], []).append((name, doc))
+    full = [k for k, v in sessions.items()
+            if len({e["model"] for _, d in v for e in d["results"] if e.get("steps")})
+            >= MIN_ZOO_MODELS]
+    if not sessions:
+        return [], []
+    main = max(full) if full else max(sessions)
+    later = [(n, d) for n, d in docs if newness(n)[:2] > main]
+    return _picked_steps(sessions[main]), _picked_steps(later)
+
+
+def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
+    """The zoo run's step figures (:func:`_zoo_runs`)."""
+    return _zoo_runs(results)[0]
+
+
+def zoo_source(name: str, doc: dict) -> str:
+    env, o = doc["environment"], doc["options"]
+    ws = o.get("workspace")
+    note = env.get("commit_note")
+    settings = "".join(f", {k}={v}" for k, v in sorted((env.get("settings") or {}).items()))
+    return source_line(name, env.get("date"), env.get("gpu"), env.get("cudnn"), env.get("torch"),
+                       env.get("git_commit"),
+                       f"workspace_limit {ws // MIB if isinstance(ws, int) else ws} MiB, "
+                       f"policy {o.get('policy', 'default')}, batch {o.get('batch', NR)}"
+                       + settings + (f"; {note}" if note else ""))
+
+
+def _conv_ms(e: dict) -> str:
+    t = (e.get("report") or {}).get("totals")
+    if not t or not t.get("kernels"):
+        return "-"
+    return f"{t['ms']:.2f} vs {t['torch_ms']:.2f} ({t['torch_kernels']}/{t['kernels']})"
+
+
+def _pair(d: Any, key: str, fmt: str) -> str:
+    if not isinstance(d, dict) or not all(isinstance(d.get(s), dict) for s in ("native", "converted")):
+        return "-"
+    return f"{format(d['native'].get(key, float('nan')), fmt)} / " \
+           f"{format(d['converted'].get(key, float('nan')), fmt)}"
+
+
+def _first_step(side: dict) -> str:
+    """One side's cold first-step seconds; a profiled one (zoo_bench
+    --cold-profile) is marked, its seconds not comparable with the others, and
+    a median over several processes (zoo_bench --cold-repeat) gives its range."""
+    samples = side.get("first_step_samples") or []
+    spread = f" (median of {len(samples)}: {min(samples):.1f}-{max(samples):.1f})" \
+        if len(samples) > 1 else ""
+    return num(side.get("first_step_s"), ".1f") + spread + (
+        " (profiled)" if side.get("profiled") else "")
+
+
+def _first_calls(side: dict) -> str:
+    """What a converted cold first step's first calls cost (Note [first-call
+    seconds] in mucudnn/torch/native.py); "-" where the run did not record it."""
+    f = side.get("first_calls")
+    if not f:
+        return "-"
+    return f"{f['seconds']:.1f} ({f['planning_seconds']:.1f}, " \
+           f"{f['planned_signatures']:g} of {f['signatures']:g})"  # counts: medians may be floats
+
+
+def zoo_cold(results: list[tuple[str, Any]]) -> str:
+    """First training steps from a cold cache (Note [cold steps] in
+    tools/zoo_bench.py) and one step's gradient errors against float64 (Note
+    [gradient check]), the newest measurement of each model and precision: its
+    cold steps (with the search in force and whether a primer ran first) and
+    its gradients each from the newest file that measured them, both cited. A
+    profiled first step (slowed by cProfile) never replaces an unprofiled one."""
+    src = Sources()
+    colds: dict[tuple[str, str], tuple[bool, str, dict, dict]] = {}
+    grads: dict[tuple[str, str], tuple[str, dict, dict]] = {}
+    for name, doc in zoo_with(results, "cold", "grad"):
+        for e in doc["results"]:
+            key = (e["model"], e["precision"])
+            cold, grad = e.get("cold") or {}, e.get("grad") or {}
+            if all(isinstance(cold.get(s), dict) for s in ("native", "converted")):
+                profiled = any(cold[s].get("profiled") for s in ("native", "converted"))
+                if not (profiled and key in colds and not colds[key][0]):
+                    colds[key] = (profiled, name, doc, e)
+            if all(isinstance(grad.get(s), dict) for s in ("native", "converted")):
+                grads[key] = (name, doc, e)
+    rows = []
+    for key in dict.fromkeys([*colds, *grads]):
+        first = colds[key][2] if key in colds else grads[key][1]
+        row = [key[0], PRECISION_LABEL.get(key[1], key[1]),
+               (first["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)]
+        cites = []
+        if key in colds:
+            _, name, doc, e = colds[key]
+            cold = e["cold"]
+            row += [_first_step(cold["native"]), _first_step(cold["converted"]),
+                    _first_calls(cold["converted"]),
+                    "yes" if e.get("cold_primer") else "none (native ran first)"]
+            cites.append(src.cite(name, zoo_source(name, doc)))
+        else:
+            row += ["-"] * 4
+        grad, ratio = {}, "-"
+        if key in grads:
+            name, doc, e = grads[key]
+            grad = e["grad"]
+            if grad["native"].get("all"):
+                ratio = num(grad["converted"].get("all", float("nan")) / grad["native"]["all"],
+                            ".2f")
+                if grad.get("planned_kernels") is not None:
+                    n = grad["planned_kernels"]
+                    ratio += f" ({n} kernel{'' if n == 1 else 's'} on plans)"
+            cite = src.cite(name, zoo_source(name, doc))
+            if cite not in cites:
+                cites.append(cite)
+        rows.append(row + [_pair(grad, "all", ".2e"), ratio, ", ".join(cites)])
+    return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
+                   "first step s, converted",
+                   "converted first calls s: all (planning, signatures planned)", "primer",
+                   "gradient error vs float64, native / converted", "converted / native error",
+                   "source"], rows, src, "zoo_bench.py --cold --grad-check")
+
+
+def zoo(results: list[tuple[str, Any]]) -> str:
+    if not of_kind(results, "zoo"):
+        return finish([], [], Sources(), "zoo_bench.py")
+    src, per_model = Sources(), []
+    groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    steps = zoo_steps(results)
+    for name, doc, e, ex, st in steps:
+        cite = src.cite(name, zoo_source(name, doc))
+        if st.get("ratio"):
+            iv = median_interval(st.get("round_ratios") or [])
+            groups.setdefault((e["precision"], ex), []).append(
+                (e["model"], st["ratio"], iv is not None and iv[0] > STEP_TARGET))
+        per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
+                          "captured" if ex == "graph" else ex, num(st.get("native_ms")),
+                          num(st.get("converted_ms")),
+                          ratio_text(st), _conv_ms(e), _pair(e.get("cold"), "first_step_s", ".1f"),
+                          _pair(e.get("grad"), "all", ".2e"), cite])
+    failed = sorted({e["model"] for _, _, e, _, _ in steps if e.get("errors")})
+    rows = []
+    for (prec, ex), rs in groups.items():
+        worst = max(rs, key=lambda r: r[1])
+        rows.append([PRECISION_LABEL.get(prec, prec), "captured" if ex == "graph" else ex,
+                     str(len(rs)), num(geomean([r for _, r, _ in rs]), ".3f"),
+                     f"{sum(r > STEP_TARGET for _, r, _ in rs)} ({sum(a for _, _, a in rs)})",
+                     f"{worst[0]} {worst[1]:.3f}"])
+    text = (table(["precision", "step", "models", "geometric mean converted/native",
+                   f"models over {STEP_TARGET} (interval wholly above)", "slowest (ratio)"], rows)
+            + f"\n\nModels with a failed stage: {', '.join(failed) or 'none'}.\n\n"
+            + finish(["model", "precision", "step", "native ms", "converted ms", "converted/native",
+                      "conv ms: what runs vs PyTorch's (directions on PyTorch's own)",
+                      "first step s native / converted", "gradient error native / converted",
+                      "source"], per_model, src, "zoo_bench.py"))
+    later = _zoo_runs(results)[1]
+    if not later:
+        return text
+    src2 = Sources()
+    rows2 = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
+              "captured" if ex == "graph" else ex, _mib_limit(doc["options"].get("workspace")),
+              torch_search(doc), str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
+              num(st.get("converted_ms")), ratio_text(st), _conv_ms(e), _peaks(st),
+              src2.cite(name, zoo_source(name, doc))]
+             for name, doc, e, ex, st in later]
+    return text + "\n**Later runs** (fewer models than the zoo run above; not in its means):\n\n" \
+        + finish(["model", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH",
+                  "steps a round", "native ms",
+                  "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
+                  "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py")
+
+
+def _mib_limit(ws: Any) -> str:
+    return str(ws // MIB) if isinstance(ws, int) else NR
+
+
+def _peaks(st: dict) -> str:
+    """Each side's peak allocated MiB in its steady steps (Note [memory per side] in
+    tools/zoo_bench.py)."""
+    mem = st.get("memory") or {}
+
+    def peak(side: str) -> Any:
+        b = (mem.get(side) or {}).get("peak_bytes")
+        return None if b is None else b / MIB
+    return f"{num(peak('native'), '.1f')} / {num(peak('converted'), '.1f')}"
+
+
+# -- search parity (tools/search_parity.py) ------------------------------------------------------
+def _convs_checked(model: dict) -> str:
+    """A parity row's distinct convolutions; of a run cut short by its time
+    limit, how many of them it checked."""
+    if model.get("complete", True):
+        return str(model.get("convs", "-"))
+    return f"{model.get('convs_checked', '-')} of {model.get('convs', '-')} (cut short)"
+
+
+def _limit(options: dict) -> str:
+    """The ``--over-limit`` of a parity run, as a phrase."""
+    n = options.get("over_limit")
+    return f"the {n // MIB} MiB limit" if isinstance(n, int) else "the limit"
+
+
+def _parity_source(name: str, doc: dict) -> str:
+    o, env = doc["options"], doc.get("environment") or {}
+    return source_line(name, env.get("date"), env.get("gpu"), env.get("cudnn"), env.get("torch"),
+                       env.get("git_commit"), defaults=(
+                           f"find options {o.get('find', NR)}, precision "
+                           f"{o.get('precision', NR)}, batch {o.get('batch', NR)}"))
+
+
+def _mib(n: Any) -> str:
+    return f"{n / MIB:.1f}" if isinstance(n, (int, float)) else "-"
+
+
+def _over_limit_rows(model: str, v: dict, cite: str) -> list[list[str]]:
+    """One row per direction an ``--over-limit`` run compared in ``model``:
+    PyTorch's call (its workspace and time), whether mucudnn's find held its
+    kernels, and PyTorch's call at the largest halving of the batch that fits
+    the limit."""
+    rows = []
+    for r in v.get("results", []):
+        if r.get("fits") or r.get("held") is None:
+            continue
+        u = r.get("torch_under_limit") or {}
+        rows.append([model, r["layer"], r["direction"], _mib(r.get("torch_workspace")),
+                     num(r.get("torch_ms"), ".3f"), "yes" if r["held"] else "no",
+                     f"{u['batch']} ({_mib(u.get('workspace_bytes'))} MiB)" if u else "none fits",
+                     num(u.get("ms_whole_batch"), ".3f") if u else "-",
+                     ("yes" if u.get("held") else "no") if u else "-", cite])
+    return rows
+
+
+def search_parity(results: list[tuple[str, Any]]) -> str:
+    """The newest parity run over whole models, and each model's newest
+    ``--over-limit`` run (the directions a converted model plans), whose
+    compared directions get a table of their own."""
+    src, rows, over = Sources(), [], []
+    docs = of_kind(results, "parity")
+    for name, doc in [d for d in docs if d[1]["options"].get("over_limit") is None][-1:]:
+        cite = src.cite(name, _parity_source(name, doc))
+        rows += [[m, _convs_checked(v), str(v.get("kernels", "-")), str(v.get("held", "-")),
+                  cite] for m, v in doc["models"].items()]
+    newest: dict[str, tuple[str, dict, dict]] = {}
+    for name, doc in docs:
+        if doc["options"].get("over_limit") is not None:
+            for m, v in doc["models"].items():
+                newest[m] = (name, doc, v)
+    for m, (name, doc, v) in newest.items():
+        cite = src.cite(name, _parity_source(name, doc))
+        rows.append([m, _convs_checked(v), str(v.get("kernels", "-")) + (
+                     f" (and {v['fit']} fitting {_limit(doc['options'])}, not compared)"
+                     if v.get("fit") else ""), str(v.get("held", "-")), cite])
+        over += _over_limit_rows(m, v, cite)
+    text = finish(["model", "distinct convolutions", "convolution directions",
+                   "held (PyTorch's kernels among mucudnn's candidates)", "source"],
+                  rows, src, "search_parity.py")
+    if not over:
+        return text
+    return table(["model", "layer", "direction", "PyTorch's workspace MiB", "PyTorch ms",
+                  "held", "largest fitting batch (PyTorch's workspace)",
+                  "PyTorch's calls on it, ms for the whole batch", "held there", "source"],
+                 over) + "\n\n" + text
