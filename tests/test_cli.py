@@ -83,19 +83,26 @@ def test_bad_arguments_exit_cleanly(capsys):
 
 
 def test_default_backend_choice(monkeypatch):
-    """No GPU: numpy; MUCUDNN_BACKEND overrides; a GPU picks the graph API."""
+    """No GPU: numpy; MUCUDNN_BACKEND overrides; a GPU picks the graph API; a
+    caller that says a GPU is there (a CUDA tensor's) is answered without a
+    device count."""
     import mucudnn.backends as b
 
     monkeypatch.delenv("MUCUDNN_BACKEND", raising=False)
     monkeypatch.setattr(b, "device_count", lambda: 0)
-    assert b._default_name() == "numpy"
+    assert b.default_name() == "numpy"
     monkeypatch.setattr(b, "device_count", lambda: 1)
-    assert b._default_name() == b.DEFAULT_GPU_BACKEND == "cudnn-graph"
+    assert b.default_name() == b.DEFAULT_GPU_BACKEND == "cudnn-graph"
+
+    def no_count():
+        raise AssertionError("counted the devices")
+    monkeypatch.setattr(b, "device_count", no_count)
+    assert b.default_name(gpu=True) == "cudnn-graph"
     monkeypatch.setenv("MUCUDNN_BACKEND", "cudnn")
-    assert b._default_name() == "cudnn"
+    assert b.default_name() == b.default_name(gpu=True) == "cudnn"
     monkeypatch.setenv("MUCUDNN_BACKEND", "tpu")
     with pytest.raises(ValueError, match="MUCUDNN_BACKEND"):
-        b._default_name()
+        b.default_name()
 
 
 def test_parser_names_every_backend():
