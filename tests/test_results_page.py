@@ -118,6 +118,34 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     assert "densenet121" not in z and "mobilenet_v2 1.200" in z
 
 
+def test_zoo_conv_ms_is_what_ran_under_the_step_trials_way(tmp_path):
+    """The conv-ms cell totals what ran: while the step trial ran PyTorch's way
+    (Note [the whole-step trial]), a layer that fits in every direction a step
+    runs ran PyTorch's calls, whatever its per-layer choices (reports before
+    mucudnn.torch.report showed that list the choices); one over the limit
+    in a direction kept its plans."""
+    def row(runs, ms, torch_ms, ws, in_step=True):
+        return {"runs": runs, "ms": ms, "torch_ms": torch_ms, "torch_workspace": ws,
+                "limit": 64 << 20, "in_step": in_step}
+    fits = {"fwd": row("mucudnn", 1.0, 2.0, 0), "bwd-data": row("torch", 2.0, 2.0, 0),
+            "bwd-filter": row("mucudnn", 1.0, 3.0, 1 << 20)}
+    over = {"fwd": row("torch", 1.0, 1.0, 0), "bwd-data": row("mucudnn", 9.0, None, None, False),
+            "bwd-filter": row("mucudnn", 4.0, 3.0, 100 << 20)}
+    report = {"layers": [{"directions": fits}, {"directions": over}],
+              "totals": {"ms": 9.0, "torch_ms": 11.0, "kernels": 5, "torch_kernels": 2},
+              "step_trial": {"kept": "plans", "torch": False, "step_ms": {}}}
+    doc = {"environment": {"date": "2026-12-03"}, "options": {"workspace": 64 << 20},
+           "results": [{"model": "m", "precision": "fp32cl", "report": report,
+                        "steps": {"eager": {"native_ms": 10.0, "converted_ms": 10.0,
+                                            "ratio": 1.0}}}], "skipped": []}
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(doc))
+    assert "| 9.00 vs 11.00 (2/5) |" in rz.zoo(rp.load_results(tmp_path))
+    report["step_trial"] = {"kept": "torch", "torch": True, "step_ms": {}}
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(doc))
+    # the first layer on PyTorch's 7.0 ms; the second's forward 1.0 and its plan's 4.0
+    assert "| 12.00 vs 11.00 (4/5) |" in rz.zoo(rp.load_results(tmp_path))
+
+
 def test_zoo_cold_table(tmp_path):
     """Cold first steps (zoo_bench --cold, --no-steps too) with the search in force and
     whether a primer ran first; an entry without both sides is not a row."""

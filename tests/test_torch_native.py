@@ -23,6 +23,7 @@ from mucudnn.optimizer import optimize_wr  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
 from mucudnn.torch import native  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
+from mucudnn.torch.report import TRIAL_REASON  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
 times = st.one_of(st.none(), st.floats(0.0, 100.0))
@@ -116,6 +117,43 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
     assert "| bwd-data (not in a step) | mucudnn |" in str(rep)
     mt.clear()
     assert mt.report(model).layers == []
+
+
+def test_report_shows_pytorchs_call_where_the_step_trial_runs_it():
+    """See Note [the whole-step trial]: while the model's trial runs PyTorch's
+    way, a layer whose PyTorch workspace fits in every direction a step runs
+    runs PyTorch's call there, and the report says so (and totals it); a layer
+    with a direction over the limit keeps its plans, as it then runs."""
+    from mucudnn.torch.step_trial import trial_of
+
+    model = mt.convert(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8)),
+                       workspace_limit=1 << 20)
+    mt.clear()
+    cfg = ConvConfig((1, 1), (1, 1), (1, 1), 8, 1 << 20, model[0]._mu_options.policy, "", "")
+    fit = {d: native.decide(d, p, 1.0, 0, 1 << 20)
+           for d, p in zip(Direction, (0.5, 2.0, 0.25))}  # plans faster in two directions
+    native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                              {}, fit))
+    trial = trial_of(model)
+    assert trial is not None and not trial.torch
+    rows = mt.report(model).layers[0].directions
+    assert [v["runs"] for v in rows.values()] == ["mucudnn", "torch", "mucudnn"]
+    trial.torch = True
+    rep = mt.report(model)
+    rows = rep.layers[0].directions
+    assert [v["runs"] for v in rows.values()] == ["torch", "torch", "torch"]
+    assert rows["fwd"]["reason"] == TRIAL_REASON and rows["fwd"]["ms"] == 1.0
+    assert rep.as_dict()["totals"] == {"ms": 3.0, "torch_ms": 3.0, "kernels": 3,
+                                       "torch_kernels": 3}
+    # a direction over the limit: the layer keeps its plans under either way
+    over = dict(fit)
+    over[Direction.BACKWARD_FILTER] = native.decide(Direction.BACKWARD_FILTER, 0.25, 1.0,
+                                                    2 << 20, 1 << 20)
+    native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                              {}, over))
+    rows = mt.report(model).layers[0].directions
+    assert [v["runs"] for v in rows.values()] == ["mucudnn", "torch", "mucudnn"]
+    mt.clear()
 
 
 def test_report_says_what_the_first_calls_cost_counting_each_signature_once():

@@ -178,9 +178,27 @@ def _matches(module: MucudnnConvMixin, rec: native.Record) -> bool:
             and (isinstance(m.padding, str) or tuple(cfg.padding) == tuple(m.padding)))
 
 
-def _directions(rec: native.Record) -> dict[str, dict[str, Any]]:
+#: why a direction runs PyTorch's call under the step trial's way
+TRIAL_REASON = "the whole-step trial runs PyTorch's call where it fits (Note [the whole-step trial])"
+
+
+def _trial_way(choices: dict[Direction, native.Choice], need_dx: bool,
+               torch_way: bool) -> dict[Direction, native.Choice]:
+    """``choices`` as the layer runs them: while the model's step trial runs
+    PyTorch's way (``torch_way``), a layer whose PyTorch workspace fits in
+    every direction a step runs runs PyTorch's call in all of them (as
+    :class:`~mucudnn.torch.modules.MucudnnConvMixin` does)."""
+    run = [c for d, c in choices.items() if native.in_step(d, need_dx)]
+    if not (torch_way and all(native.fits(c) for c in run)):
+        return choices
+    return {d: dataclasses.replace(c, runs=native.TORCH, reason=TRIAL_REASON)
+            if c.runs == native.MUCUDNN and native.in_step(d, need_dx) else c
+            for d, c in choices.items()}
+
+
+def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[str, Any]]:
     out = {}
-    for d, c in rec.choices.items():
+    for d, c in _trial_way(rec.choices, rec.need_dx, torch_way).items():
         plan = rec.plans.get(d)
         out[_SHORT[d]] = {
             "runs": c.runs,
@@ -202,7 +220,10 @@ def report(model: nn.Module) -> Report:
     """Per converted layer of ``model``: what runs (mucudnn's plan or PyTorch's
     own convolution), its time, PyTorch's time and workspace, with totals.
     Layers of one shape and options share a convolution and appear with the
-    same figures. Call it after the first training step on a GPU.
+    same figures. While the model's step trial runs PyTorch's way (Note [the
+    whole-step trial]), a layer that fits the limit shows PyTorch's call in
+    every direction a step runs, as it then runs. Call it after the first
+    training step on a GPU.
 
     >>> import torch.nn as nn
     >>> report(nn.Linear(2, 2)).as_dict()["totals"]["kernels"]
@@ -212,6 +233,8 @@ def report(model: nn.Module) -> Report:
     layers: list[LayerReport] = []
     unmeasured: list[str] = []
     used: dict[int, native.Record] = {}
+    trials = [t for t in (trial_of(m) for m in model.modules()) if t is not None]
+    torch_way = bool(trials) and trials[0].torch
     for name, module in model.named_modules():
         if not isinstance(module, MucudnnConvMixin):
             continue
@@ -221,8 +244,7 @@ def report(model: nn.Module) -> Report:
         for r in found:
             used[id(r)] = r
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
-                                      _directions(r), r.host))
-    trials = [t for t in (trial_of(m) for m in model.modules()) if t is not None]
+                                      _directions(r, torch_way), r.host))
     return Report(layers, unmeasured, trials[0].as_dict() if trials else None,
                   _first_calls(list(used.values())))
 
