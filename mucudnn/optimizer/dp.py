@@ -13,10 +13,10 @@ planning path].
 Note [no networkx on the planning path]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A converted model plans its first kernel inside its first training step, and
-importing networkx (hundreds of modules) cost more than half a second of that
-step: as much as the search of a kernel. The NumPy recurrence gives the same
-plan at every DAG size, so planning never imports networkx; it stays the
-independent reference the tests compare with.
+importing networkx (hundreds of modules) costs that step about as much as the
+search of a kernel. The NumPy recurrence gives the same plan at every DAG
+size, so planning never imports networkx; it stays the independent reference
+the tests compare with.
 
 Ties are broken deterministically: among splits whose times agree to a relative
 1e-10, fewer micro-batches win, then a larger last step (so larger sizes tend
