@@ -345,7 +345,8 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
         (tmp_path / name).write_text(json.dumps(doc))
     zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS)]
     write("2026-12-03-h200-s1-call1-zoo.json", zoo, 1.05)
-    mem = {"native": {"peak_bytes": 100 << 20}, "converted": {"peak_bytes": 99 << 20}}
+    mem = {"native": {"peak_bytes": 100 << 20}, "converted": {"peak_bytes": 99 << 20},
+           "control": {"peak_bytes": 101 << 20}}
     write("2026-12-03-h200-s2-call1-zoo.json", ["m0"], 1.01, memory=mem, control_ratio=1.0)
     write("2026-12-03-h200-s2-call2-zoo.json", ["m0"], 1.00, workspace=512 << 20)
     z = rz.zoo(rp.load_results(tmp_path))
@@ -353,7 +354,7 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     assert f"| fp32 channels-last | eager | {rz.MIN_ZOO_MODELS} | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 10.00 | 10.50 | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 | " \
-           "1.010 (A/A 1.000) | - | 100.0 / 99.0 | [1] |" in later
+           "1.010 (A/A 1.000) | - | 100.0 / 99.0 (A/A 101.0) | [1] |" in later
     assert "| m0 | fp32 channels-last | eager | 512 | over-limit | 10 | 10.00 | 10.00 | 1.000 |" \
         in later
     # a run under another search is a row of its own, never the default's, and a

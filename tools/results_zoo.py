@@ -259,13 +259,16 @@ def _mib_limit(ws: Any) -> str:
 
 def _peaks(st: dict) -> str:
     """Each side's peak allocated MiB in its steady steps (Note [memory per side] in
-    tools/zoo_bench.py)."""
+    tools/zoo_bench.py), and the control side's where one ran (a second native
+    model: how far two identical models' peaks differ in the harness)."""
     mem = st.get("memory") or {}
 
     def peak(side: str) -> Any:
         b = (mem.get(side) or {}).get("peak_bytes")
         return None if b is None else b / MIB
-    return f"{num(peak('native'), '.1f')} / {num(peak('converted'), '.1f')}"
+    control = peak("control")
+    return f"{num(peak('native'), '.1f')} / {num(peak('converted'), '.1f')}" + (
+        "" if control is None else f" (A/A {control:.1f})")
 
 
 # -- search parity (tools/search_parity.py) ------------------------------------------------------
