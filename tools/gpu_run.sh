@@ -10,6 +10,7 @@
 #   PARITY_MODELS="mobilenet_v2" bash tools/gpu_run.sh parity           # tools/search_parity.py
 #   PARITY_ARGS="--over-limit 64MiB" PARITY_MODELS="convnext_tiny" bash tools/gpu_run.sh parity
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
+#   MUCUDNN_TORCH_NATIVE=0 PROFILE_MODELS=regnet_y_1_6gf bash tools/gpu_run.sh profile  # step_profile.py
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
@@ -73,6 +74,14 @@ for stage in "$@"; do
         --json "$OUT/parity.json" \
         > "$OUT/parity.txt" 2> "$OUT/parity.log"
       summary+=("parity (rc $?): $(grep -E '^[a-z0-9_]+: [0-9]+ of [0-9]+ held' "$OUT/parity.txt" | tr '\n' ' ')")
+      ;;
+    profile)  # tools/step_profile.py: where a step's GPU time goes, native vs converted
+      for m in ${PROFILE_MODELS:-resnet18}; do
+        timeout "${PROFILE_TIMEOUT:-300}" python3 tools/step_profile.py --model "$m" \
+          ${PROFILE_ARGS:---precision fp32cl --modes native wr} --json "$OUT/profile-$m.json" \
+          > "$OUT/profile-$m.txt" 2>&1
+        summary+=("profile $m (rc $?):" "$(sed -n '1,/^Convolution ops/p' "$OUT/profile-$m.txt" | grep -E '^\|')")
+      done
       ;;
     cold)  # tools/cold_start.py: cold optimisation per network, with PyTorch's first iteration
       timeout "${COLD_TIMEOUT:-560}" python3 tools/cold_start.py --torch ${COLD_ARGS:-} \
