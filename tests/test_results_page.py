@@ -144,6 +144,12 @@ def test_zoo_conv_ms_is_what_ran_under_the_step_trials_way(tmp_path):
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(doc))
     # the first layer on PyTorch's 7.0 ms; the second's forward 1.0 and its plan's 4.0
     assert "| 12.00 vs 11.00 (4/5) |" in rz.zoo(rp.load_results(tmp_path))
+    # a report from before rows said whether a step runs them: its own totals
+    for layer in report["layers"]:
+        for d in layer["directions"].values():
+            del d["in_step"]
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(doc))
+    assert "| 9.00 vs 11.00 (2/5) |" in rz.zoo(rp.load_results(tmp_path))
 
 
 def test_zoo_cold_table(tmp_path):

@@ -107,9 +107,11 @@ def _trial_totals(layers: list[dict]) -> dict | None:
     ms = torch_ms = 0.0
     kernels = torch_kernels = 0
     for layer in layers:
-        run = [d for d in layer["directions"].values() if d.get("in_step")]
-        if any(k not in d for d in run for k in ("torch_ms", "torch_workspace", "limit", "ms")):
+        rows = list(layer["directions"].values())
+        if any(k not in d for d in rows
+               for k in ("in_step", "runs", "torch_ms", "torch_workspace", "limit", "ms")):
             return None
+        run = [d for d in rows if d["in_step"]]
         whole = all(_fits(d) for d in run)
         for d in run:
             theirs = whole or d["runs"] == "torch"
