@@ -70,7 +70,7 @@ def default_name(gpu: "bool | None" = None) -> str:
             raise InvalidValueError(
                 f"MUCUDNN_BACKEND: expected one of {list(_REGISTRY)}, got {env!r}")
         return env
-    if gpu if gpu is not None else device_count() > 0:
+    if device_count() > 0 if gpu is None else gpu:
         return DEFAULT_GPU_BACKEND
     if not _NOTICE_GIVEN:
         _NOTICE_GIVEN = True

@@ -74,7 +74,8 @@ from ..caches import LRU
 from ..errors import InvalidValueError
 from ..problem import Direction, Plan
 
-__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "in_step", "enabled",
+__all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
+           "in_step", "enabled",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
            "records", "calibrate", "host_ms", "time_ms", "workspace_of", "native_forward",
            "native_backward"]
@@ -281,11 +282,25 @@ def _run(choices: dict[Direction, Choice], need_dx: bool) -> list[Choice]:
     return [c for d, c in choices.items() if in_step(d, need_dx)]
 
 
-def _may_settle(run: list[Choice]) -> bool:
-    """Whether :func:`settle` could move a layer whose running directions have
-    the choices ``run`` to PyTorch's call: a plan runs, and PyTorch's call fits
-    in all of them."""
-    return any(c.runs == MUCUDNN for c in run) and all(fits(c) for c in run)
+def fits_in_step(choices: dict[Direction, Choice], need_dx: bool) -> bool:
+    """Whether PyTorch's call was timed and fits its limit in every direction of
+    ``choices`` a training step runs (:func:`fits`, :func:`in_step`): a layer
+    that may run PyTorch's call whole (Note [host cost of a converted layer],
+    Note [the whole-step trial]).
+
+    >>> c = {d: decide(d, 1.0, 2.0, 0, None) for d in Direction}
+    >>> fits_in_step(c, True)
+    True
+    """
+    return all(fits(c) for c in _run(choices, need_dx))
+
+
+def _may_settle(choices: dict[Direction, Choice], need_dx: bool) -> bool:
+    """Whether :func:`settle` could move a layer with ``choices`` to PyTorch's
+    call: a plan runs in a direction a step runs, and PyTorch's call fits in
+    all of them."""
+    return any(c.runs == MUCUDNN for c in _run(choices, need_dx)) \
+        and fits_in_step(choices, need_dx)
 
 
 def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]],
@@ -307,11 +322,10 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     >>> [x.runs for x in settle(c, (0.20, 0.15), need_dx=False).values()]
     ['torch', 'torch', 'torch']
     """
-    run = _run(choices, need_dx)
-    if host is None or not _may_settle(run):
+    if host is None or not _may_settle(choices, need_dx):
         return choices
     saving = 0.0
-    for c in run:
+    for c in _run(choices, need_dx):
         if c.runs == MUCUDNN and c.torch_ms is not None and c.plan_ms is not None:
             saving += c.torch_ms - c.plan_ms
     extra = host[0] - host[1]
@@ -491,8 +505,8 @@ def _probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
 def _allocated() -> tuple[int, int]:
     """torch's allocated bytes on the current device, now and at their peak: one
     read of the allocator's nested statistics (``memory_allocated()`` and
-    ``max_memory_allocated()`` each flatten all of them, a fraction of a
-    millisecond per call that a model's first step pays a few hundred times)."""
+    ``max_memory_allocated()`` each flatten all of them, and a model's first
+    step measures every direction of every signature)."""
     stats = torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]
     return int(stats["current"]), int(stats["peak"])
 
@@ -625,7 +639,7 @@ def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torc
                  need_dx: bool) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
-    if _may_settle(_run(rec.choices, need_dx)):  # else the host timing could change nothing
+    if _may_settle(rec.choices, need_dx):  # else the host timing could change nothing
         rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
         rec.choices = settle(rec.choices, rec.host, need_dx)
 

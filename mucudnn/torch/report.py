@@ -188,8 +188,7 @@ def _trial_way(choices: dict[Direction, native.Choice], need_dx: bool,
     PyTorch's way (``torch_way``), a layer whose PyTorch workspace fits in
     every direction a step runs runs PyTorch's call in all of them (as
     :class:`~mucudnn.torch.modules.MucudnnConvMixin` does)."""
-    run = [c for d, c in choices.items() if native.in_step(d, need_dx)]
-    if not (torch_way and all(native.fits(c) for c in run)):
+    if not (torch_way and native.fits_in_step(choices, need_dx)):
         return choices
     return {d: dataclasses.replace(c, runs=native.TORCH, reason=TRIAL_REASON)
             if c.runs == native.MUCUDNN and native.in_step(d, need_dx) else c
