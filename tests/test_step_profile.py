@@ -78,11 +78,25 @@ def test_diff_rows_rank_kernels_by_their_difference(sp):
 
 
 @pytest.mark.slow
+def test_conv_ops_name_both_autograd_functions(sp):
+    for name in ("ConvFunction", "WarmConvFunctionBackward", "aten::convolution",
+                 "mucudnn::conv_backward"):
+        assert sp.CONV_OPS.match(name), name
+    assert not sp.CONV_OPS.match("aten::convolution_overrideable")
+
+
 def test_smoke_run_lists_every_convolution_in_step_order(sp, tmp_path, capsys):
     out = tmp_path / "p.json"
     assert sp.main(["--device", "cpu", "--model", "tiny", "--execution", "eager", "--steps", "2",
-                    "--timed-rounds", "1", "--warmup", "1", "--json", str(out)]) == 0
+                    "--timed-rounds", "1", "--warmup", "1", "--host-profile", "2",
+                    "--json", str(out)]) == 0
     r = json.loads(out.read_text())
+    for mode in ("native", "wr"):  # the host profile: times, and functions per step
+        h = r["per_mode"][mode]["host"]
+        assert h["issue_ms"] > 0 and h["profiled_issue_ms"] > 0
+        assert h["by_own"] and all(f["calls"] > 0 for f in h["by_own"])
+    names = [f["function"] for f in r["per_mode"]["wr"]["host"]["mucudnn_by_cum"]]
+    assert any("_conv_forward" in n for n in names)
     assert r["modes"] == ["native", "wr"] and r["model"] == "tiny"
     for mode, fwd, bwd in (("native", "aten::convolution", "aten::convolution_backward"),
                            ("wr", "ConvFunction", "ConvFunctionBackward")):

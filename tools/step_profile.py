@@ -17,7 +17,12 @@ steps of each mode. Per mode it reports
   ``aten::convolution_backward`` are matched with mucudnn's ``ConvFunction``
   forward and backward by their position in the step, so the table shows,
   layer by layer, which convolutions take longer,
-* the kernels whose time per step differs most between the modes, by name.
+* the kernels whose time per step differs most between the modes, by name,
+* with ``--host-profile N``: the host milliseconds per step of each mode (the
+  time to issue ``N`` steps, no sync inside, without and under cProfile) and
+  the Python functions taking the most host time per step (cProfile's own
+  time, and cumulative time of mucudnn's functions): where a host-bound
+  step's time goes.
 
 Examples::
 
@@ -30,11 +35,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
 import os
 import re
+import pstats
 import statistics
 import sys
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
@@ -72,8 +80,8 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 )
 
 #: profiler op names of one convolution call (its kernels' time is attributed to it)
-CONV_OPS = re.compile(r"^(aten::convolution|aten::convolution_backward|ConvFunction|"
-                      r"ConvFunctionBackward|mucudnn::conv|mucudnn::conv_backward)$")
+CONV_OPS = re.compile(r"^(aten::convolution|aten::convolution_backward|(Warm)?ConvFunction|"
+                      r"(Warm)?ConvFunctionBackward|mucudnn::conv|mucudnn::conv_backward)$")
 
 
 def category(name: str) -> str:
@@ -112,6 +120,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, a
                     help="rounds of --steps timed steps of every mode, outside the profiler")
     ap.add_argument("--top", type=tb._positive, default=25,
                     help="kernels listed by their difference between modes")
+    ap.add_argument("--host-profile", type=tb._positive, default=None, metavar="N",
+                    help="also time N steps' host issue per mode, and cProfile them")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     known, rest = ap.parse_known_args(argv)
@@ -183,6 +193,54 @@ def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
     return by_category(kernels, steps), calls, by_name(kernels, steps)
 
 
+def host_profile(job: ts.TrainJob, steps: int, top: int) -> dict:
+    """Host milliseconds per step to issue ``steps`` steps of ``job`` (no sync
+    inside: with the GPU idle between kernels this is the step's critical path),
+    without and under cProfile, and the ``top`` functions by own time and
+    mucudnn's by cumulative time, per step."""
+    job.set_flags()
+    out: dict[str, Any] = {}
+    for label, prof in (("issue_ms", None), ("profiled_issue_ms", cProfile.Profile())):
+        ts.sync(job.device)
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        for _ in range(steps):
+            job.next_batch()
+            job.step()
+        if prof is not None:
+            prof.disable()
+        out[label] = (time.perf_counter() - t0) * 1e3 / steps
+        ts.sync(job.device)
+    raw: Any = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+
+    def row(key: tuple, v: tuple) -> dict:
+        file, line, fn = key
+        short = "/".join(file.split("/")[-2:])
+        return {"function": f"{short}:{line}({fn})", "calls": v[1] / steps,
+                "own_ms": v[2] * 1e3 / steps, "cum_ms": v[3] * 1e3 / steps}
+
+    items = list(raw.items())
+    out["by_own"] = [row(k, v) for k, v in sorted(items, key=lambda kv: -kv[1][2])[:top]]
+    mine = [kv for kv in items if "mucudnn" in kv[0][0]]
+    out["mucudnn_by_cum"] = [row(k, v) for k, v in
+                             sorted(mine, key=lambda kv: -kv[1][3])[:top]]
+    return out
+
+
+def host_rows(mode: str, h: Mapping[str, Any]) -> list[str]:
+    """Markdown: one mode's host profile."""
+    lines = [f"{mode}: host ms per step {h['issue_ms']:.2f} ({h['profiled_issue_ms']:.2f} "
+             "under cProfile)", "", "| function | calls/step | own ms | cum ms |",
+             "|---|---|---|---|"]
+    for key in ("by_own", "mucudnn_by_cum"):
+        for r in h[key]:
+            lines.append(f"| `{r['function'][:100]}` | {r['calls']:g} | {r['own_ms']:.3f} | "
+                         f"{r['cum_ms']:.3f} |")
+        lines.append("| | | | |")
+    return lines
+
+
 def layer_rows(calls: Mapping[str, list[dict]], modes: Sequence[str]) -> list[str]:
     """Markdown rows: the i-th convolution op of every mode side by side."""
     n = min(len(c) for c in calls.values()) if calls else 0
@@ -237,6 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "idle_ms": step_ms - cats[mode].get("all", 0.0),
                                     "conv_calls": calls[mode],
                                     "kernels": {k: list(v) for k, v in names[mode].items()}}
+    hosts = {}
+    if known.host_profile:
+        for mode, job in zip(known.modes, jobs):
+            hosts[mode] = result["per_mode"][mode]["host"] = host_profile(
+                job, known.host_profile, known.top)
     for job in jobs:
         job.release()
     lines = [f"{name} {precision} {execution} batch {batch}: GPU ms per step", "",
@@ -252,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(known.modes) > 1:
         lines += ["", f"Kernels that differ most from {known.modes[0]}:", ""]
         lines += diff_rows(names, known.modes, known.top)
+    for mode, h in hosts.items():
+        lines += [""] + host_rows(mode, h)
     result["markdown"] = "\n".join(lines)
     if known.json:
         os.makedirs(os.path.dirname(os.path.abspath(known.json)), exist_ok=True)
