@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
 from torch import nn  # noqa: E402
 
 import mucudnn.torch as mt  # noqa: E402
-from mucudnn.torch import engine, modules, native, step_trial  # noqa: E402
+from mucudnn.torch import engine, native, step_trial  # noqa: E402
 from mucudnn.torch.step_trial import PLANS, TORCH, TRIAL_STEPS, StepTrial  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
@@ -197,10 +197,7 @@ def test_a_training_loop_through_converted_modules_reaches_the_trials_end(
             met.add(id(self))
             engine.CALIBRATIONS[0] += 1
         keep = not plans_where_torch_fits
-        # host_pending: not kept for direct calls (Note [a module's warm calls]),
-        # which would run this stand-in's launchers
-        engine._LAST.warm = type("Warm", (), {"fits": (True,) * 3, "native": (keep,) * 3,
-                                              "host_pending": True})()
+        engine._LAST.warm = type("Warm", (), {"fits": (True,) * 3, "native": (keep,) * 3})()
         return F.conv2d(input, weight, bias, self.stride, self.padding)
 
     monkeypatch.setattr(MucudnnConvMixin, "_mu_forward", first_calls)
@@ -248,9 +245,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("kept", [PLANS, TORCH])
 def test_a_trained_model_keeps_a_way_and_computes_its_convolutions(monkeypatch, tmp_path, kept):
     """Training steps run the trial to its end; with PyTorch's way kept, the
-    layers whose PyTorch workspace fits run torch.nn's code alone (no call of
-    mucudnn's path: neither a warm record's lookup nor a module's kept record);
-    either way outputs and gradients match float64."""
+    layers whose PyTorch workspace fits run torch.nn's code alone (no warm
+    call); either way outputs and gradients match float64."""
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
     mt.clear()
     monkeypatch.setattr(StepTrial, "decide", staticmethod(lambda step_ms: kept))
@@ -265,9 +261,8 @@ def test_a_trained_model_keeps_a_way_and_computes_its_convolutions(monkeypatch, 
     mt.convert(model, workspace_limit=64 << 20)
     trial = step_trial.trial_of(model)
     calls = []
-    real_warm, real_kept = engine.warm_call, modules.ops.apply_warm
+    real_warm = engine.warm_call
     monkeypatch.setattr(engine, "warm_call", lambda *a: calls.append(1) or real_warm(*a))
-    monkeypatch.setattr(modules.ops, "apply_warm", lambda *a: calls.append(1) or real_kept(*a))
     with torch.backends.cudnn.flags(allow_tf32=False):
         for _ in range(3 * (TRIAL_STEPS + 2)):
             calls.clear()

@@ -80,8 +80,8 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 )
 
 #: profiler op names of one convolution call (its kernels' time is attributed to it)
-CONV_OPS = re.compile(r"^(aten::convolution|aten::convolution_backward|(Warm)?ConvFunction|"
-                      r"(Warm)?ConvFunctionBackward|mucudnn::conv|mucudnn::conv_backward)$")
+CONV_OPS = re.compile(r"^(aten::convolution|aten::convolution_backward|ConvFunction|"
+                      r"ConvFunctionBackward|mucudnn::conv|mucudnn::conv_backward)$")
 
 
 def category(name: str) -> str:

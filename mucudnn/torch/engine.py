@@ -343,7 +343,6 @@ def forget(key: tuple) -> None:
     """Drop one cached Convolution (its next use builds it again)."""
     _CONVS.pop(key)
     _WARM.clear()  # records hold Convolutions (Note [the warm torch path])
-    WARM_GENERATION[0] += 1
 
 
 def clear(backends: bool = True) -> None:
@@ -358,16 +357,11 @@ def clear(backends: bool = True) -> None:
     _WARM.clear()
     _native.clear()
     GENERATION[0] += 1  # modules' settled signatures lapse
-    WARM_GENERATION[0] += 1
 
 
 #: Counts :func:`clear` calls: a converted module's settled signatures (Note
 #: [host cost of a converted layer]) hold for the generation that settled them.
 GENERATION = [0]
-#: Counts clearings of the warm records (:func:`clear`, :func:`forget`): a
-#: converted module's remembered records (Note [a module's warm calls]) hold for
-#: the generation that made them.
-WARM_GENERATION = [0]
 #: Counts first calls compared with PyTorch's (Note [the whole-step trial] times
 #: only steps with none).
 CALIBRATIONS = [0]

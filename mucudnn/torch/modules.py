@@ -32,8 +32,8 @@ from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
 from ..problem import Direction
 from ..typing_aliases import PolicyLike
-from . import engine, native, ops
-from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _cast, _convnd, options
+from . import engine, native
+from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
 from .step_trial import StepTrial
 
 __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
@@ -44,8 +44,6 @@ MAX_SETTLED = 8
 _COMPILING = torch.compiler.is_compiling
 _GENERATION = engine.GENERATION
 _UNSETTLED: "tuple[int, frozenset, frozenset]" = (-1, frozenset(), frozenset())
-_WARM_GENERATION = engine.WARM_GENERATION
-_NO_WARM: "tuple[int, dict]" = (-1, {})
 _AUTOCAST = torch.is_autocast_enabled
 _AUTOCAST_DTYPE = torch.get_autocast_dtype
 _TF32 = engine._TF32
@@ -66,40 +64,6 @@ def _signature(x: torch.Tensor, w: torch.Tensor) -> tuple:
             _CUDNN_DETERMINISTIC() or _DETERMINISTIC_ALGORITHMS())
 
 
-# Note [a module's warm calls]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A converted layer that runs plans pays, at every call, for Python that
-# repeats what its first call settled: functional.py's argument checks and the
-# warm record's lookup (Note [the warm torch path]). Where the step is bound by
-# the host, that is the step's time. So after a call that went through that
-# path, a module keeps its warm record per input signature (``_signature``,
-# with the weight's device), with what the checks read from the module (its
-# stride, padding, dilation, groups, padding mode and options: the same
-# objects, so their comparison stops at identity) and from the bias (shape,
-# dtype, device). A later call whose
-# signature, module attributes and bias all match runs the record directly:
-# autocast's cast, then :func:`ops.apply_warm`. Anything else, or a call
-# under ``torch.func`` transforms or forward-mode AD, takes the checked path.
-# Only calls the checked path would run without padding of its own (padding
-# mode "zeros", numeric padding) on a batched input are kept, at most
-# MAX_SETTLED per module; the records lapse when the engine's are cleared
-# (``engine.WARM_GENERATION``).
-class _WarmCall:
-    """One signature's kept call (Note [a module's warm calls])."""
-
-    __slots__ = ("warm", "attrs", "bias", "cast")
-
-    def __init__(self, warm: Any, attrs: tuple, bias: Any, cast: Any) -> None:
-        self.warm = warm
-        self.attrs = attrs
-        self.bias = bias
-        self.cast = cast
-
-
-def _bias_sig(bias: "torch.Tensor | None") -> Any:
-    return None if bias is None else (bias.shape, bias.dtype, bias.device)
-
-
 class MucudnnConvMixin:
     """What :class:`Conv2d` and :class:`Conv3d` add to torch's modules; also
     what :func:`mucudnn.torch.convert` installs on an existing module."""
@@ -118,9 +82,6 @@ class MucudnnConvMixin:
     _mu_step: "StepTrial | None" = None
     #: set by :func:`mucudnn.torch.convert` (a later convert re-configures the module)
     _mu_converted: bool = False
-    #: (engine warm generation, {(signature, weight device): _WarmCall}); Note
-    #: [a module's warm calls]
-    _mu_warm: "tuple[int, dict]" = _NO_WARM
     #: torch's ``_conv_forward`` for this class (set for each subclass)
     _mu_torch_conv: Any = None
 
@@ -147,7 +108,6 @@ class MucudnnConvMixin:
         self._mu_options = opts
         self._mu_plans = plans
         self._mu_torch = _UNSETTLED
-        self._mu_warm = _NO_WARM
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -162,26 +122,15 @@ class MucudnnConvMixin:
         # PyTorch workspace fits while the model's step trial runs PyTorch's
         # (Note [the whole-step trial]). Every call of a settled layer runs this
         # check, so it is the first thing done, with nothing looked up twice.
-        # A signature kept with its warm record runs that (Note [a module's warm
-        # calls]). (under torch.compile the signature is not traced: the check
-        # stops first)
+        # (under torch.compile the signature is not traced: the check stops first)
         gen, settled, fits = self._mu_torch
-        if gen == _GENERATION[0] and engine.RECORDER is None and not _COMPILING():
-            sig = None
-            if fits:
-                trial = self._mu_step
-                torch_way = trial is not None and trial.torch
-                if settled or torch_way:
-                    sig = _signature(input, weight)
-                    if sig in settled or (torch_way and sig in fits):
-                        return self._mu_torch_conv(input, weight, bias)
-            wgen, kept = self._mu_warm
-            if kept and wgen == _WARM_GENERATION[0]:
-                call = kept.get((sig or _signature(input, weight), weight.device))
-                if call is not None:
-                    y = self._mu_run_kept(call, input, weight, bias)
-                    if y is not None:
-                        return y
+        if fits and gen == _GENERATION[0] and engine.RECORDER is None and not _COMPILING():
+            trial = self._mu_step
+            torch_way = trial is not None and trial.torch
+            if settled or torch_way:
+                sig = _signature(input, weight)
+                if sig in settled or (torch_way and sig in fits):
+                    return self._mu_torch_conv(input, weight, bias)
         if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
             # meta tensors (shape inference, deferred initialisation) and devices
             # mucudnn does not run on: PyTorch's own convolution, as before converting
@@ -191,51 +140,15 @@ class MucudnnConvMixin:
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
         warm = engine.last_warm()
-        if warm is not None:
-            sig = _signature(input, weight)
-            if len(fits) < MAX_SETTLED:
-                # over the directions a training step runs (native.in_step)
-                run = [i for i, d in enumerate(Direction)
-                       if native.in_step(d, input.requires_grad)]
-                if all(warm.fits[i] for i in run):
-                    if all(warm.native[i] for i in run):
-                        settled = settled | {sig}
-                    self._mu_torch = (gen, settled, fits | {sig})
-            self._mu_keep(sig, warm, input, weight, bias)
+        if warm is not None and len(fits) < MAX_SETTLED:
+            # over the directions a training step runs (native.in_step)
+            run = [i for i, d in enumerate(Direction) if native.in_step(d, input.requires_grad)]
+            if all(warm.fits[i] for i in run):
+                sig = _signature(input, weight)
+                if all(warm.native[i] for i in run):
+                    settled = settled | {sig}
+                self._mu_torch = (gen, settled, fits | {sig})
         return y
-
-    def _mu_attrs(self) -> tuple:
-        """What the checked path reads from the module (Note [a module's warm calls])."""
-        return (self.stride, self.padding, self.dilation, self.groups,  # type: ignore[attr-defined]
-                self.padding_mode, self._mu_options, self._mu_plans)  # type: ignore[attr-defined]
-
-    def _mu_keep(self, sig: tuple, warm: Any, input: torch.Tensor, weight: torch.Tensor,
-                 bias: "torch.Tensor | None") -> None:
-        """Keep the record of a call the checked path ran (Note [a module's warm calls])."""
-        if (warm.host_pending or self.padding_mode != "zeros"  # type: ignore[attr-defined]
-                or isinstance(self.padding, str)  # type: ignore[attr-defined]
-                or input.dim() != self._nd + 2 or engine.RECORDER is not None):
-            return
-        wgen, kept = self._mu_warm
-        if wgen != _WARM_GENERATION[0]:
-            kept = {}
-        if len(kept) >= MAX_SETTLED:
-            return
-        kept = {**kept, (sig, weight.device): _WarmCall(warm, self._mu_attrs(), _bias_sig(bias),
-                                                        sig[7])}
-        self._mu_warm = (_WARM_GENERATION[0], kept)
-
-    def _mu_run_kept(self, call: _WarmCall, input: torch.Tensor, weight: torch.Tensor,
-                     bias: "torch.Tensor | None") -> "torch.Tensor | None":
-        """The call through its kept record, or None where the checked path must
-        run it (Note [a module's warm calls])."""
-        if self._mu_attrs() != call.attrs or _bias_sig(bias) != call.bias:
-            return None
-        dt = call.cast
-        if dt:  # autocast, as functional.py casts
-            input, weight = _cast(input, dt), _cast(weight, dt)
-            bias = None if bias is None else _cast(bias, dt)
-        return ops.apply_warm(input, weight, bias, call.warm)
 
     def _mu_forward(self, input: torch.Tensor, weight: torch.Tensor,
                     bias: "torch.Tensor | None") -> torch.Tensor:
@@ -253,7 +166,6 @@ class MucudnnConvMixin:
         # settled signatures are this process's measurements, not the model's
         state: dict = dict(super().__getstate__())  # type: ignore[misc, call-overload]
         state.pop("_mu_torch", None)  # the step trial pickles empty (StepTrial.__getstate__)
-        state.pop("_mu_warm", None)
         return state
 
     def _mu_repr(self) -> str:

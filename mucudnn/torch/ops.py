@@ -33,7 +33,7 @@ from torch.autograd import forward_ad as _forward_ad
 from . import autodiff, engine
 from .engine import ConvConfig
 
-__all__ = ["ConvFunction", "WarmConvFunction", "apply", "apply_warm", "conv", "conv_backward"]
+__all__ = ["ConvFunction", "apply", "conv", "conv_backward"]
 
 _TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_fixed_stride_order",)
               if hasattr(torch.Tag, t))
@@ -73,20 +73,6 @@ class ConvFunction(torch.autograd.Function):
             if not _IS_BATCHED(dy):
                 raise
             return _batched_backward(ctx, dy)  # Note [legacy batched gradients]
-
-
-class WarmConvFunction(ConvFunction):
-    """:class:`ConvFunction` given its warm record instead of looking it up:
-    ``WarmConvFunction.apply(x, w, bias, warm)`` (Note [a module's warm calls]
-    in :mod:`.modules`); the same backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, w: Tensor, bias: Optional[Tensor],  # type: ignore[override]
-                warm: Any) -> Tensor:
-        ctx.cfg = warm.cfg
-        ctx.save_for_backward(x, w)
-        ctx.warm = warm
-        return warm.forward(x, w, bias)
 
 
 def _host_step(x: Tensor, w: Tensor, cfg: ConvConfig) -> Tensor:
@@ -143,8 +129,6 @@ def _conv_function_backward(ctx: Any, dy: Tensor) -> tuple:
 _BASE_APPLY: Any = torch._C._FunctionBase.__dict__.get("apply")
 _C_APPLY: Any = ConvFunction.apply if _BASE_APPLY is None \
     else _BASE_APPLY.__get__(None, ConvFunction)
-_WARM_APPLY: Any = WarmConvFunction.apply if _BASE_APPLY is None \
-    else _BASE_APPLY.__get__(None, WarmConvFunction)
 _FUNCTORCH_ACTIVE: Any = torch._C._are_functorch_transforms_active
 
 
@@ -242,18 +226,3 @@ def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig) -> Tens
                                     or (bias is not None and bias.requires_grad)):
         return _C_APPLY(x, w, bias, cfg)
     return engine.forward(x, w, bias, cfg)
-
-
-def apply_warm(x: Tensor, w: Tensor, bias: Optional[Tensor], warm: Any) -> Optional[Tensor]:
-    """:func:`apply` for a call whose warm record the caller holds (Note [a
-    module's warm calls] in :mod:`.modules`): through :class:`WarmConvFunction`
-    where a gradient is needed, else the record's forward; None under a
-    ``torch.func`` transform or forward-mode AD (the caller takes
-    :func:`apply`'s path). The caller has checked that no recorder is active
-    and that nothing is being compiled."""
-    if _FUNCTORCH_ACTIVE() or _forward_ad._current_level >= 0:
-        return None
-    if _GRAD_ENABLED() and (x.requires_grad or w.requires_grad
-                            or (bias is not None and bias.requires_grad)):
-        return _WARM_APPLY(x, w, bias, warm)
-    return warm.forward(x, w, bias)
