@@ -4,6 +4,7 @@ tools/results_zoo.py): a hand-edited number fails here."""
 
 from __future__ import annotations
 
+import doctest
 import json
 import pathlib
 
@@ -48,6 +49,13 @@ def test_every_section_has_its_table():
                      "search-parity"]
     assert len(text.splitlines()) <= 700
     assert "Not measured: no two-GPU machine was available" in text
+
+
+def test_tool_doctests():
+    for tool in (rz, rp):
+        result = doctest.testmod(tool)
+        assert result.failed == 0
+    assert doctest.testmod(rz).attempted > 0
 
 
 def test_unknown_table_is_an_error():
@@ -342,8 +350,9 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
         return {"eager": {"native_ms": 10.0, "converted_ms": 10.0 * ratio, "ratio": ratio,
                           **extra}}
 
-    def write(name, models, ratio, workspace=64 << 20, search=None, **extra):
-        settings = {"settings": {"MUCUDNN_TORCH_SEARCH": search}} if search else {}
+    def write(name, models, ratio, workspace=64 << 20, search=None, native=None, **extra):
+        settings = {"settings": {k: v for k, v in (("MUCUDNN_TORCH_SEARCH", search),
+                                                   ("MUCUDNN_TORCH_NATIVE", native)) if v}}
         doc = {"environment": {**env, **settings},
                "options": {"workspace": workspace, "batch": 64, "steps": 10},
                "results": [{"model": m, "precision": "fp32cl", "steps": steps(ratio, **extra)}
@@ -371,6 +380,13 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     assert "| 1.050 |" in main and "0.900" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 |" in later
     assert "| m0 | fp32 channels-last | eager | 64 | all | 10 | 10.00 | 9.00 | 0.900 |" in later
+    # so is one with the comparisons with PyTorch's call off (every direction on plans)
+    write("2026-12-03-h200-s2-call4-zoo.json", zoo, 0.95, native="0")
+    z = rz.zoo(rp.load_results(tmp_path))
+    main, later = z.split("**Later runs**")
+    assert "| 1.050 |" in main and "0.950" not in main
+    assert "| m0 | fp32 channels-last | eager | 64 | over-limit, NATIVE=0 | 10 | 10.00 | 9.50 | " \
+        "0.950 |" in later
     # a newer whole zoo run takes the table, and nothing is later than it
     write("2026-12-03-h200-s3-call1-zoo.json", zoo, 1.02)
     z = rz.zoo(rp.load_results(tmp_path))

@@ -39,8 +39,19 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
 
 def torch_search(doc: dict) -> str:
     """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (its default where the
-    file does not say): runs under another search are not the default's."""
-    return (doc["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", "over-limit")
+    file does not say), and ``", NATIVE=0"`` where ``MUCUDNN_TORCH_NATIVE`` turned
+    the comparisons with PyTorch's call off (every direction on plans): runs
+    under other settings are not the default's.
+
+    >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_NATIVE": "0"}}})
+    'over-limit, NATIVE=0'
+    >>> torch_search({"environment": {}})
+    'over-limit'
+    """
+    settings = doc["environment"].get("settings") or {}
+    search = settings.get("MUCUDNN_TORCH_SEARCH", "over-limit")
+    native = str(settings.get("MUCUDNN_TORCH_NATIVE", "1")).strip().lower()
+    return search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
 
 
 def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:

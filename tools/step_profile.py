@@ -20,9 +20,8 @@ steps of each mode. Per mode it reports
 * the kernels whose time per step differs most between the modes, by name,
 * with ``--host-profile N``: the host milliseconds per step of each mode (the
   time to issue ``N`` steps, no sync inside, without and under cProfile) and
-  the Python functions taking the most host time per step (cProfile's own
-  time, and cumulative time of mucudnn's functions): where a host-bound
-  step's time goes.
+  the functions taking the most host time per step (cProfile's own and
+  cumulative times): where a host-bound step's time goes.
 
 Examples::
 
@@ -35,11 +34,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import cProfile
 import json
 import os
 import re
-import pstats
 import statistics
 import sys
 import time
@@ -196,47 +193,35 @@ def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
 def host_profile(job: ts.TrainJob, steps: int, top: int) -> dict:
     """Host milliseconds per step to issue ``steps`` steps of ``job`` (no sync
     inside: with the GPU idle between kernels this is the step's critical path),
-    without and under cProfile, and the ``top`` functions by own time and
-    mucudnn's by cumulative time, per step."""
+    without and under cProfile, and the profiled run's ``top`` functions
+    (:func:`train_steps.host_profile`: seconds over the ``steps`` steps)."""
     job.set_flags()
-    out: dict[str, Any] = {}
-    for label, prof in (("issue_ms", None), ("profiled_issue_ms", cProfile.Profile())):
+
+    def issue() -> float:
         ts.sync(job.device)
         t0 = time.perf_counter()
-        if prof is not None:
-            prof.enable()
         for _ in range(steps):
             job.next_batch()
             job.step()
-        if prof is not None:
-            prof.disable()
-        out[label] = (time.perf_counter() - t0) * 1e3 / steps
+        ms = (time.perf_counter() - t0) * 1e3 / steps
         ts.sync(job.device)
-    raw: Any = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        return ms
 
-    def row(key: tuple, v: tuple) -> dict:
-        file, line, fn = key
-        short = "/".join(file.split("/")[-2:])
-        return {"function": f"{short}:{line}({fn})", "calls": v[1] / steps,
-                "own_ms": v[2] * 1e3 / steps, "cum_ms": v[3] * 1e3 / steps}
-
-    items = list(raw.items())
-    out["by_own"] = [row(k, v) for k, v in sorted(items, key=lambda kv: -kv[1][2])[:top]]
-    mine = [kv for kv in items if "mucudnn" in kv[0][0]]
-    out["mucudnn_by_cum"] = [row(k, v) for k, v in
-                             sorted(mine, key=lambda kv: -kv[1][3])[:top]]
+    out: dict[str, Any] = {"issue_ms": issue(), "steps": steps}
+    out["profiled_issue_ms"], out["functions"] = ts.host_profile(issue, top)
     return out
 
 
 def host_rows(mode: str, h: Mapping[str, Any]) -> list[str]:
-    """Markdown: one mode's host profile."""
+    """Markdown: one mode's host profile, per step."""
     lines = [f"{mode}: host ms per step {h['issue_ms']:.2f} ({h['profiled_issue_ms']:.2f} "
-             "under cProfile)", "", "| function | calls/step | own ms | cum ms |",
-             "|---|---|---|---|"]
-    for key in ("by_own", "mucudnn_by_cum"):
-        for r in h[key]:
-            lines.append(f"| `{r['function'][:100]}` | {r['calls']:g} | {r['own_ms']:.3f} | "
-                         f"{r['cum_ms']:.3f} |")
+             "under cProfile)", "", "| function | calls a step | own ms a step | cumulative ms "
+             "a step |", "|---|---|---|---|"]
+    n = h["steps"]
+    for key in ("self", "cumulative"):
+        for r in h["functions"][key]:
+            lines.append(f"| `{r['function'][:100]}` | {r['calls'] / n:g} | "
+                         f"{r['self_s'] * 1e3 / n:.3f} | {r['cumulative_s'] * 1e3 / n:.3f} |")
         lines.append("| | | | |")
     return lines
 

@@ -30,6 +30,7 @@ from torch import nn
 
 import mucudnn
 import mucudnn.torch as mt
+from mucudnn.torch import native as mt_native
 
 try:  # only the torchvision models need it
     import torchvision
@@ -345,12 +346,17 @@ def is_oom(exc: BaseException) -> bool:
 
 def environment(device: torch.device) -> dict:
     """What a result file records of the run: versions, the device, the UTC
-    date and the commit of the tree (:func:`source_commit`)."""
+    date, the commit of the tree (:func:`source_commit`) and the settings that
+    change what a converted layer does (mucudnn/torch/native.py): the
+    comparison switch ``MUCUDNN_TORCH_NATIVE`` where set, and the search
+    always (its default is part of the result)."""
+    settings = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
+    settings["MUCUDNN_TORCH_SEARCH"] = mt_native.search()
     env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
            "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
            "python": sys.version.split()[0], "cuda": torch.version.cuda,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "git_commit": source_commit()}
+           "git_commit": source_commit(), "settings": settings}
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cudnn=torch.backends.cudnn.version(),
                    total_memory=torch.cuda.get_device_properties(device).total_memory)

@@ -75,7 +75,6 @@ from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits 
     BATCH, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
 import mucudnn
 import mucudnn.torch as mt
-from mucudnn.torch import native as mt_native
 
 torchvision = ts.torchvision
 tqdm = tb.tqdm
@@ -514,15 +513,6 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
 
 
 # -- the whole benchmark --------------------------------------------------------------------------
-def environment(device: torch.device) -> dict:
-    env = ts.environment(device)
-    # the settings that change what a converted layer does (mucudnn/torch/native.py): the
-    # comparison switch where set, and the search always (its default is part of the result)
-    env["settings"] = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
-    env["settings"]["MUCUDNN_TORCH_SEARCH"] = mt_native.search()
-    return env
-
-
 def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / 2**20:.0f}"
 
@@ -658,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         faulthandler.enable()  # a crash in native code says where (the JSON keeps what was done)
     device = torch.device(args.device)
     started = time.perf_counter()
-    report: dict[str, Any] = {"environment": environment(device), "options": vars(args),
+    report: dict[str, Any] = {"environment": ts.environment(device), "options": vars(args),
                               "results": [], "skipped": []}
     pairs = [(m, p) for m in args.models for p in args.precisions]
     bar = (tqdm(total=len(pairs), unit="model", file=sys.stderr)
