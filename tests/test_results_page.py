@@ -194,6 +194,17 @@ def test_zoo_cold_table(tmp_path):
     assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
     assert "| resnet50 | fp32 channels-last | over-limit | 2.3 (median of 3: 1.0-12.0) " \
            "| 6.5 (median of 3: 1.0-12.0) | 4.2 (3.0, 2 of 30) |" in t  # --cold-repeat 3
+    # a run with the comparisons off is labelled so, as in the step tables; a file
+    # that does not say is "not recorded"
+    doc["environment"] = dict(env, settings={"MUCUDNN_TORCH_NATIVE": "0",
+                                             "MUCUDNN_TORCH_SEARCH": "over-limit"})
+    (tmp_path / "2026-12-03-h200-s1-call2-zoo-cold.json").write_text(json.dumps(doc))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
+    assert "| resnet18 | fp32 channels-last | over-limit, NATIVE=0 | 2.3 | 6.5 |" in t
+    doc["environment"] = {k: v for k, v in env.items() if k != "settings"}
+    (tmp_path / "2026-12-03-h200-s1-call3-zoo-cold.json").write_text(json.dumps(doc))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
+    assert f"| resnet18 | fp32 channels-last | {rz.NR} | 2.3 | 6.5 |" in t
 
 
 def test_zoo_cold_table_shows_gradient_errors(tmp_path):

@@ -37,19 +37,20 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     return list(picked.values())
 
 
-def torch_search(doc: dict) -> str:
-    """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (its default where the
-    file does not say), and ``", NATIVE=0"`` where ``MUCUDNN_TORCH_NATIVE`` turned
-    the comparisons with PyTorch's call off (every direction on plans): runs
-    under other settings are not the default's.
+def torch_search(doc: dict, unset: str = "over-limit") -> str:
+    """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (``unset`` where the
+    file does not say: by default, the search's default), and ``", NATIVE=0"``
+    where ``MUCUDNN_TORCH_NATIVE`` turned the comparisons with PyTorch's call
+    off (every direction on plans): runs under other settings are not the
+    default's.
 
     >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_NATIVE": "0"}}})
     'over-limit, NATIVE=0'
-    >>> torch_search({"environment": {}})
-    'over-limit'
+    >>> torch_search({"environment": {}}), torch_search({"environment": {}}, "-")
+    ('over-limit', '-')
     """
     settings = doc["environment"].get("settings") or {}
-    search = settings.get("MUCUDNN_TORCH_SEARCH", "over-limit")
+    search = settings.get("MUCUDNN_TORCH_SEARCH", unset)
     native = str(settings.get("MUCUDNN_TORCH_NATIVE", "1")).strip().lower()
     return search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
 
@@ -184,8 +185,7 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
     rows = []
     for key in dict.fromkeys([*colds, *grads]):
         first = colds[key][2] if key in colds else grads[key][1]
-        row = [key[0], PRECISION_LABEL.get(key[1], key[1]),
-               (first["environment"].get("settings") or {}).get("MUCUDNN_TORCH_SEARCH", NR)]
+        row = [key[0], PRECISION_LABEL.get(key[1], key[1]), torch_search(first, NR)]
         cites = []
         if key in colds:
             _, name, doc, e = colds[key]
