@@ -160,6 +160,37 @@ def test_zoo_conv_ms_is_what_ran_under_the_step_trials_way(tmp_path):
     assert "| 9.00 vs 11.00 (2/5) |" in rz.zoo(rp.load_results(tmp_path))
 
 
+def test_zoo_conv_ms_of_a_captured_row_is_what_the_capture_ran(tmp_path):
+    """A captured row totals each direction a step runs on its GPU choice (Note
+    [captured steps run the GPU's choice]), whatever the eager ways ran; a
+    report from before rows said so gives its own totals."""
+    def row(runs, captured, plan_ms, torch_ms, in_step=True):
+        return {"runs": runs, "captured": captured, "ms": torch_ms if runs == "torch" else plan_ms,
+                "plan_ms": plan_ms, "torch_ms": torch_ms, "torch_workspace": 0,
+                "limit": 64 << 20, "in_step": in_step}
+    dirs = {"fwd": row("torch", "mucudnn", 1.0, 2.0), "bwd-data": row("torch", "torch", 3.0, 2.0),
+            "bwd-filter": row("torch", "mucudnn", 0.5, 4.0),
+            "unused": row("mucudnn", "mucudnn", 9.0, None, in_step=False)}
+    report = {"layers": [{"directions": dirs}],
+              "totals": {"ms": 8.0, "torch_ms": 8.0, "kernels": 3, "torch_kernels": 3},
+              "step_trial": {"kept": "torch", "torch": True, "step_ms": {}}}
+    steps = {"native_ms": 10.0, "converted_ms": 9.0, "ratio": 0.9}
+    doc = {"environment": {"date": "2026-12-03"}, "options": {"workspace": 64 << 20},
+           "results": [{"model": "m", "precision": "fp32cl", "report": report,
+                        "steps": {"eager": dict(steps, ratio=1.0), "graph": steps}}],
+           "skipped": []}
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(doc))
+    z = rz.zoo(rp.load_results(tmp_path))
+    assert "| m | fp32 channels-last | eager | 10.00 | 9.00 | 1.000 | 8.00 vs 8.00 (3/3) |" in z
+    # captured: the plans' 1.0 and 0.5 ms, PyTorch's 2.0 ms backward-data
+    assert "| m | fp32 channels-last | captured | 10.00 | 9.00 | 0.900 | 3.50 vs 8.00 (1/3) |" in z
+    for d in dirs.values():
+        del d["captured"]
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(doc))
+    assert "| captured | 10.00 | 9.00 | 0.900 | 8.00 vs 8.00 (3/3) |" in \
+        rz.zoo(rp.load_results(tmp_path))
+
+
 def test_zoo_cold_table(tmp_path):
     """Cold first steps (zoo_bench --cold, --no-steps too) with the search in force and
     whether a primer ran first; an entry without both sides is not a row."""

@@ -261,13 +261,18 @@ def test_opcheck_on_cuda():
     torch.library.opcheck(torch.ops.mucudnn.conv.default, (x, w, b) + args)
 
 
-def test_cuda_graph_training_step_replays_like_eager(no_tf32, deterministic):
+def test_cuda_graph_training_step_replays_like_eager(no_tf32, deterministic, monkeypatch):
     """Deterministic mode: the captured model and its eager twin run the same
     deterministic plans (one Convolution per problem serves both), so they agree to
-    rounding in the native layers (BatchNorm, Linear), not merely to atomics' noise."""
+    rounding in the native layers (BatchNorm, Linear), not merely to atomics' noise.
+    A capture runs each direction's GPU choice (Note [captured steps run the GPU's
+    choice]), so the eager steps here run those too: no host rule, no step trial."""
+    from mucudnn.torch import native, step_trial
+    monkeypatch.setattr(native, "settle", lambda choices, host, need_dx=True: choices)
     mucudnn.caches.clear_all()  # earlier tests' (non-deterministic) Convolutions
     torch.manual_seed(7)
     model = mt.convert(SmallCNN().cuda())
+    step_trial.drop(model)  # its layers keep the trial's "plans" way (torch False)
     twin = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     twin_opt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)

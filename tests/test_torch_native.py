@@ -73,6 +73,8 @@ def test_a_layer_runs_pytorch_whole_where_the_plans_do_not_pay_their_host_cost(
     for d in Direction:  # the measurements stay as measured
         assert (got[d].plan_ms, got[d].torch_ms, got[d].torch_workspace) == (
             choices[d].plan_ms, choices[d].torch_ms, choices[d].torch_workspace)
+        # Note [captured steps run the GPU's choice]: a capture runs what the GPU chose
+        assert got[d].captured == choices[d].runs == choices[d].captured
 
 
 def test_report_lists_the_records_of_each_converted_layer_and_totals():
@@ -143,6 +145,11 @@ def test_report_shows_pytorchs_call_where_the_step_trial_runs_it():
     rows = rep.layers[0].directions
     assert [v["runs"] for v in rows.values()] == ["torch", "torch", "torch"]
     assert rows["fwd"]["reason"] == TRIAL_REASON and rows["fwd"]["ms"] == 1.0
+    # a capture runs the GPU's choices whatever the trial's way (Note [captured
+    # steps run the GPU's choice]), and the report says where that differs
+    assert [v["captured"] for v in rows.values()] == ["mucudnn", "torch", "mucudnn"]
+    assert "| fwd | torch (mucudnn captured) |" in str(rep)
+    assert "| bwd-data | torch |" in str(rep)
     assert rep.as_dict()["totals"] == {"ms": 3.0, "torch_ms": 3.0, "kernels": 3,
                                        "torch_kernels": 3}
     # a direction over the limit: the layer keeps its plans under either way
@@ -306,6 +313,85 @@ def test_a_settled_module_runs_torch_nn_code_and_computes_the_convolution(monkey
     mt.clear()  # forgets the verdicts: the next call compares again
     calls.clear()
     assert conv(x).shape == y.shape and calls and len(conv._mu_torch[1]) == 1
+    mt.clear()
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_capture_runs_the_plans_the_gpu_chose_where_eager_steps_run_pytorchs(monkeypatch,
+                                                                               tmp_path):
+    """See Note [captured steps run the GPU's choice]: a layer whose plans were
+    faster on the GPU but which the host rule settled on PyTorch's call runs
+    PyTorch's call in eager steps and its plans in a CUDA graph, and the graph's
+    replays compute the convolution (against float64)."""
+    import functools
+
+    from mucudnn.torch import engine
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "all")
+    mt.clear()
+    real_time = native.time_ms
+
+    def plans_faster(fns, repeat=native.REPEAT):  # both sides run; the plan is said faster
+        real_time(fns, repeat)
+        return [0.1, 1.0]
+
+    monkeypatch.setattr(native, "time_ms", plans_faster)
+    monkeypatch.setattr(native, "_host_pair", lambda *a: (10.0, 0.1))  # and dearer on the host
+    ran: list = []
+
+    def spy(name, real, *a, **k):
+        ran.append(name)
+        return real(*a, **k)
+
+    for name in ("native_forward", "native_backward"):
+        monkeypatch.setattr(native, name, functools.partial(spy, name, getattr(native, name)))
+    torch.manual_seed(0)
+    cl = torch.channels_last
+    conv = nn.Conv2d(16, 32, 3, padding=1, bias=False).cuda().to(memory_format=cl)
+    ref = nn.Conv2d(16, 32, 3, padding=1, bias=False).cuda().double()
+    ref.load_state_dict(conv.state_dict())
+    model = mt.convert(nn.Sequential(conv), workspace_limit=64 << 20)
+    static_x = torch.randn(8, 16, 12, 12, device="cuda").to(memory_format=cl).requires_grad_(True)
+    static_dy = torch.randn(8, 32, 12, 12, device="cuda").to(memory_format=cl)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        for _ in range(2):  # the first call compares and settles; the second runs torch.nn's
+            model(static_x).backward(static_dy)
+        assert conv._mu_torch[1], "settled on PyTorch's call for eager steps"
+        dirs = mt.report(model).layers[0].directions
+        assert [(v["runs"], v["captured"]) for v in dirs.values()] == \
+            [(native.TORCH, native.MUCUDNN)] * 3
+        (warm,) = engine._WARM.values()
+        for attr in ("fwd", "bwd_data", "bwd_filter"):
+            setattr(warm, attr, functools.partial(spy, attr, getattr(warm, attr)))
+        ran.clear()
+        side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(static_x).backward(static_dy)
+        torch.cuda.current_stream().wait_stream(side)
+        assert not any(r in ("fwd", "bwd_data", "bwd_filter") for r in ran)  # eager: PyTorch's
+        ran.clear()
+        static_x.grad = conv.weight.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = model(static_x)
+            static_y.backward(static_dy)
+        assert sorted(ran) == ["bwd_data", "bwd_filter", "fwd"], ran  # the plans, no PyTorch call
+        for seed in (1, 2):
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            with torch.no_grad():
+                static_x.copy_(torch.randn(static_x.shape, device="cuda", generator=g))
+                static_dy.copy_(torch.randn(static_dy.shape, device="cuda", generator=g))
+            graph.replay()
+            torch.cuda.synchronize()
+            x64 = static_x.detach().double().requires_grad_(True)
+            ref.weight.grad = None
+            y64 = ref(x64)
+            y64.backward(static_dy.double())
+            assert _rel(static_y, y64) < 1e-5
+            assert _rel(static_x.grad, x64.grad) < 1e-5
+            assert _rel(conv.weight.grad, ref.weight.grad) < 1e-5
     mt.clear()
 
 

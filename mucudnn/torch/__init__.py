@@ -51,7 +51,11 @@ What runs where
   ``print(mt.report(model))`` after the first step lists what each layer
   runs, both times and PyTorch's workspace.
 * CUDA graphs: after a warm-up step (which plans and allocates), a whole
-  training step can be captured with ``torch.cuda.graph`` and replayed.
+  training step can be captured with ``torch.cuda.graph`` and replayed. A
+  capture runs each direction's faster side on the GPU, plan or PyTorch's
+  call, whatever the eager steps' host rules chose (Note [captured steps run
+  the GPU's choice] in :mod:`.native`; plans for directions that fit the
+  limit are searched under ``MUCUDNN_TORCH_SEARCH=all``).
 * ``torch.backends.cudnn.deterministic = True`` or
   ``torch.use_deterministic_algorithms(True)``: plans use only the
   configurations cuDNN marks deterministic (``mucudnn.Convolution(...,

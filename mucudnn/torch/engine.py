@@ -495,6 +495,11 @@ _TF32: Any = getattr(torch._C, "_get_cudnn_allow_tf32", None) \
 _STREAM: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CUR_DEVICE: Any = getattr(torch._C, "_cuda_getDevice", None)
 _EMPTY_LIKE = torch.empty_like
+#: whether torch's current stream is capturing a CUDA graph: the C call, as it runs
+#: on a call's path (Note [captured steps run the GPU's choice]); never in a build
+#: without CUDA, where that call is a placeholder that raises
+CAPTURING: Callable[[], bool] = torch._C._cuda_isCurrentStreamCapturing \
+    if torch.version.cuda else (lambda: False)
 _LAST = threading.local()
 #: A converted forward through the caller's path, ``step(x, w, cfg) -> y``.
 HostStep = Callable[[torch.Tensor, torch.Tensor, ConvConfig], torch.Tensor]
@@ -547,8 +552,8 @@ class _Warm:
     slower than native] in :mod:`.native`)."""
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
-                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "all_native",
-                 "fits", "host_pending")
+                 "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "captured",
+                  "fits", "host_pending")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple) -> None:
@@ -573,8 +578,9 @@ class _Warm:
         self.tf32 = bool(key[-2])
         #: per direction (forward, backward-data, backward-filter): PyTorch's call runs
         self.native = (False, False, False)
-        #: every direction runs PyTorch's (Note [host cost of a converted layer])
-        self.all_native = False
+        #: per direction, under CUDA-graph capture where that differs from
+        #: ``native`` (Note [captured steps run the GPU's choice]); else None
+        self.captured: "tuple[bool, bool, bool] | None" = None
         #: per direction: PyTorch's call was measured and its workspace fits the
         #: limit (Note [the whole-step trial] may run it)
         self.fits = (False, False, False)
@@ -599,7 +605,8 @@ class _Warm:
                 self.tf32, step, x.requires_grad)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
-        self.all_native = fwd and bd and bf
+        cf, cd, cb = (rec.choices[d].captured == _native.TORCH for d in Direction)
+        self.captured = None if (cf, cd, cb) == self.native else (cf, cd, cb)
         fit = [_native.fits(rec.choices[d]) for d in Direction]
         self.fits = (fit[0], fit[1], fit[2])
 
@@ -609,7 +616,10 @@ class _Warm:
         x = x.contiguous(memory_format=fmt)
         w = w.contiguous(memory_format=fmt)
         index = self.index
-        if self.native[0]:
+        native = self.native
+        if self.captured is not None and CAPTURING():
+            native = self.captured  # Note [captured steps run the GPU's choice]
+        if native[0]:
             with _device_ctx(index):
                 y = _native.native_forward(x, w, self.cfg, self.det, self.tf32)
         else:
@@ -636,7 +646,10 @@ class _Warm:
         fmt = self.fmt
         dy = dy.contiguous(memory_format=fmt)
         index = self.index
-        _, native_x, native_w = self.native
+        native = self.native
+        if self.captured is not None and CAPTURING():
+            native = self.captured  # Note [captured steps run the GPU's choice]
+        _, native_x, native_w = native
         with _device_ctx(index):
             if (need_x and native_x) or (need_w and native_w):
                 nx, nw = need_x and native_x, need_w and native_w

@@ -123,13 +123,15 @@ class MucudnnConvMixin:
         # (Note [the whole-step trial]). Every call of a settled layer runs this
         # check, so it is the first thing done, with nothing looked up twice.
         # (under torch.compile the signature is not traced: the check stops first)
+        # A capture takes the converted path, which runs the GPU's choices
+        # (Note [captured steps run the GPU's choice] in mucudnn/torch/native.py).
         gen, settled, fits = self._mu_torch
         if fits and gen == _GENERATION[0] and engine.RECORDER is None and not _COMPILING():
             trial = self._mu_step
             torch_way = trial is not None and trial.torch
             if settled or torch_way:
                 sig = _signature(input, weight)
-                if sig in settled or (torch_way and sig in fits):
+                if (sig in settled or (torch_way and sig in fits)) and not engine.CAPTURING():
                     return self._mu_torch_conv(input, weight, bias)
         if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
             # meta tensors (shape inference, deferred initialisation) and devices

@@ -36,6 +36,22 @@ cost, the whole layer runs PyTorch's own call
 (:func:`settle`), and a converted module whose every signature met is settled
 so calls ``torch.nn``'s own ``_conv_forward`` before any of mucudnn's code.
 
+Note [captured steps run the GPU's choice]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The host rules, :func:`settle` per layer and the whole-step trial per model
+(Note [the whole-step trial]), weigh what a converted call costs the host on
+every eager step. A CUDA graph pays that once, at capture, and its replays
+issue no host work per kernel: there only the GPU's time counts. So a call
+made under capture runs, per direction, what the GPU comparison chose
+(:attr:`Choice.captured`: the plan where it was faster on the GPU and fits,
+else PyTorch's call), whichever way the eager steps run. Under the default
+search (Note [plans only over the limit]) the two are the same: a direction
+that fits runs PyTorch's call unplanned and no host rule moves one over the
+limit. They differ under ``MUCUDNN_TORCH_SEARCH=all``, where plans searched
+for directions that fit may be faster on the GPU yet lose an eager step to
+the host; a captured step then runs them. A capture's convolutions may then
+run other algorithms than the eager steps before it, with other rounding.
+
 Note [plans only over the limit]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Searching plans for every convolution is the cold cost of a converted model:
@@ -110,6 +126,14 @@ class Choice:
     torch_workspace: Optional[int]
     limit: Optional[int]
     reason: str
+    #: what the GPU comparison chose where a host rule (:func:`settle`) overrode it;
+    #: None: ``runs`` (Note [captured steps run the GPU's choice])
+    on_gpu: Optional[str] = None
+
+    @property
+    def captured(self) -> str:
+        """What runs under CUDA-graph capture (Note [captured steps run the GPU's choice])."""
+        return self.on_gpu or self.runs
 
 
 @dataclasses.dataclass
@@ -318,6 +342,8 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     ['torch', 'torch', 'torch']
     >>> [x.runs for x in settle(c, (0.20, 0.15)).values()]
     ['mucudnn', 'mucudnn', 'mucudnn']
+    >>> [x.captured for x in settle(c, (0.30, 0.15)).values()]  # the GPU's choice
+    ['mucudnn', 'mucudnn', 'mucudnn']
     >>> c[Direction.BACKWARD_DATA] = f(Direction.BACKWARD_DATA, 0.10, 0.20)
     >>> [x.runs for x in settle(c, (0.20, 0.15), need_dx=False).values()]
     ['torch', 'torch', 'torch']
@@ -333,7 +359,7 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
         return choices
     why = (f"the plans save {saving:.3f} ms of GPU time, less than the converted call's "
            f"{extra:.3f} ms of extra host time")
-    return {d: dataclasses.replace(c, runs=TORCH, reason=why)
+    return {d: dataclasses.replace(c, runs=TORCH, reason=why, on_gpu=c.runs)
             if c.runs == MUCUDNN and fits(c) else c for d, c in choices.items()}
 
 

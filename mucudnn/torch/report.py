@@ -7,7 +7,9 @@ the plan (micro-batches and workspace), the time of each in one harness and
 PyTorch's workspace, with totals of what runs and of what native PyTorch
 would run, and what the limit costs: the kernels whose PyTorch workspace is
 over it, the time their plans add and the limit that would admit them; and
-the model's step trial (Note [the whole-step trial]). ``print(report(model))``
+the model's step trial (Note [the whole-step trial]); and, where a CUDA-graph
+capture would run the other side (Note [captured steps run the GPU's choice]
+in :mod:`.native`), that side. ``print(report(model))``
 gives a table; ``as_dict()`` the data.
 
 >>> import torch
@@ -124,7 +126,9 @@ class Report:
             x = "x".join(str(v) for v in layer.x_shape) + (" cl" if layer.channels_last else "")
             for dname, d in layer.directions.items():
                 dname += "" if d["in_step"] else " (not in a step)"
-                rows.append(f"| {layer.name} | {x} | {dname} | {d['runs']} | {d['plan']} | "
+                runs = d["runs"] if d["captured"] == d["runs"] \
+                    else f"{d['runs']} ({d['captured']} captured)"
+                rows.append(f"| {layer.name} | {x} | {dname} | {runs} | {d['plan']} | "
                             f"{_ms(d['ms'])} | {_ms(d['torch_ms'])} | {_mib(d['torch_workspace'])} |")
             if layer.host_ms is not None:
                 rows.append(f"| {layer.name} | {x} | host, fwd+bwd | | | {_ms(layer.host_ms[0])} | "
@@ -190,7 +194,7 @@ def _trial_way(choices: dict[Direction, native.Choice], need_dx: bool,
     :class:`~mucudnn.torch.modules.MucudnnConvMixin` does)."""
     if not (torch_way and native.fits_in_step(choices, need_dx)):
         return choices
-    return {d: dataclasses.replace(c, runs=native.TORCH, reason=TRIAL_REASON)
+    return {d: dataclasses.replace(c, runs=native.TORCH, reason=TRIAL_REASON, on_gpu=c.captured)
             if c.runs == native.MUCUDNN and native.in_step(d, need_dx) else c
             for d, c in choices.items()}
 
@@ -210,6 +214,8 @@ def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[s
             "plan_workspace": None if plan is None else plan.workspace_bytes,
             "limit": c.limit,
             "reason": c.reason,
+            # Note [captured steps run the GPU's choice] in mucudnn/torch/native.py
+            "captured": c.captured,
             "in_step": native.in_step(d, rec.need_dx),
         }
     return out

@@ -32,7 +32,9 @@ it runs); until then the trial goes on as above.
 A new signature met later (another batch size) is compared per layer as
 before and then runs the kept way; :func:`mucudnn.torch.clear` starts the trial
 again. Steps under CUDA-graph capture, ``torch.compile`` or outside training
-are not timed and do not switch ways (a capture keeps the way it recorded).
+are not timed and do not switch ways; a capture runs neither way but each
+direction's GPU choice (Note [captured steps run the GPU's choice] in
+:mod:`.native`), which its replays keep.
 ``MUCUDNN_TORCH_NATIVE=0`` turns the trial off with the per-layer comparisons.
 The report (:func:`mucudnn.torch.report`) shows the trial's state and times.
 """
