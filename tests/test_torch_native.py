@@ -397,6 +397,29 @@ def test_a_capture_runs_the_plans_the_gpu_chose_where_eager_steps_run_pytorchs(m
 
 @pytest.mark.gpu
 @gpu
+def test_timed_calls_take_the_gpus_time_not_the_hosts():
+    """See Note [timing the GPU alone]: a call that keeps the host 2 ms to issue
+    a kernel of microseconds times as the kernel; one whose kernel keeps the GPU
+    busy times as that kernel."""
+    import time
+    x = torch.zeros(16, device="cuda")
+
+    def slow_host() -> None:
+        time.sleep(0.002)
+        x.add_(1)
+
+    def busy_gpu() -> None:
+        torch.cuda._sleep(1 << 22)  # about 2 ms at 2 GHz
+
+    fast, busy = native.time_ms([slow_host, busy_gpu])
+    assert fast < 0.2, fast
+    assert busy > 1.0, busy
+    torch.cuda.synchronize()
+    assert float(x[0]) >= 1 + native.REPEAT
+
+
+@pytest.mark.gpu
+@gpu
 def test_pytorch_workspace_is_measured_not_understated():
     """A call whose workspace is known: a float32 NCHW forward with a large
     filter under cudnn.benchmark takes some workspace; the measurement is at

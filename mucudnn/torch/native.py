@@ -455,20 +455,50 @@ def on_step_thread(direction: Direction, device: torch.device, fn: Callable[[], 
     return box[1]
 
 
+# Note [timing the GPU alone]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Events around a call time the GPU from one event to the next; where the host
+# takes longer to issue the call than the GPU takes to run it (small kernels;
+# PyTorch's grouped calls take up to 150 us of host time), the GPU waits in
+# between and the figure is the host's. The comparisons here are of GPU time:
+# the host's share has its own rule (Note [host cost of a converted layer])
+# and a CUDA graph does not pay it (Note [captured steps run the GPU's
+# choice]). So :func:`time_ms` first holds the stream with a spin kernel
+# (``torch.cuda._sleep``) and issues every timed call behind it, so that the
+# GPU runs them back to back. Where the spin had ended before the host was
+# done issuing (an event recorded after it reads complete), the timing is
+# repeated behind a spin twice as long, up to :data:`MAX_SPIN` cycles; the
+# length is kept for the next timing.
+
+#: Cycles of the spin before timed calls (doubled where too short; Note [timing the GPU alone]).
+_SPIN = [1 << 20]
+#: The longest spin: about a tenth of a second at 2 GHz.
+MAX_SPIN = 1 << 28
+
+
 def time_ms(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
-    """Median ms of each of ``fns``, alternated on torch's current stream (one
-    warm-up each first)."""
+    """Median GPU ms of each of ``fns``, alternated on torch's current stream
+    behind a spin kernel (one warm-up each first; Note [timing the GPU alone])."""
     for fn in fns:
         fn()
-    events: list[list[tuple[Any, Any]]] = [[] for _ in fns]
-    for r in range(repeat):
-        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
-        for i in order:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[i]()
-            end.record()
-            events[i].append((start, end))
+    while True:
+        spin = _SPIN[0]
+        torch.cuda._sleep(spin)
+        held = torch.cuda.Event()
+        held.record()
+        events: list[list[tuple[Any, Any]]] = [[] for _ in fns]
+        for r in range(repeat):
+            order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+            for i in order:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[i]()
+                end.record()
+                events[i].append((start, end))
+        if not held.query() or spin >= MAX_SPIN:
+            break
+        _SPIN[0] = spin * 2  # the host issued for longer than the spin held the GPU
     torch.cuda.current_stream().synchronize()
     return [statistics.median(a.elapsed_time(b) for a, b in pairs) for pairs in events]
 
