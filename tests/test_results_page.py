@@ -422,6 +422,11 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     assert "| 1.050 |" in main and "0.900" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 |" in later
     assert "| m0 | fp32 channels-last | eager | 64 | all | 10 | 10.00 | 9.00 | 0.900 |" in later
+    # a later session's group (precision, step, limit, search) that covers the zoo's
+    # count of models has its means; one with fewer (the s2 runs of m0 alone) has none
+    assert f"| 2026-12-03 s2 | fp32 channels-last | eager | 64 | all | {rz.MIN_ZOO_MODELS} | " \
+        "0.900 | 0 (0) | m0 0.900 |" in later
+    assert later.count("| 2026-12-03 s2 |") == 1
     # so is one with the comparisons with PyTorch's call off (every direction on plans)
     write("2026-12-03-h200-s2-call4-zoo.json", zoo, 0.95, native="0")
     z = rz.zoo(rp.load_results(tmp_path))

@@ -282,11 +282,42 @@ def zoo(results: list[tuple[str, Any]]) -> str:
               num(st.get("converted_ms")), ratio_text(st), _conv_ms(e, ex), _peaks(st),
               src2.cite(name, zoo_source(name, doc))]
              for name, doc, e, ex, st in later]
-    return text + "\n**Later runs** (fewer models than the zoo run above; not in its means):\n\n" \
+    return text + "\n**Later runs** (sessions after the zoo run above, at any limit or search; " \
+        "not in its means):\n\n" + _later_means(later) \
         + finish(["model", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH",
                   "steps a round", "native ms",
                   "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
                   "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py")
+
+
+def _later_means(later: list[tuple[str, dict, dict, str, dict]]) -> str:
+    """The geometric means of the later runs' groups (one session, precision,
+    step, limit and search) that cover at least :data:`MIN_ZOO_MODELS` models,
+    as a table before theirs ("" where none does)."""
+    groups: dict[tuple, list[tuple[str, float, bool]]] = {}
+    for name, doc, e, ex, st in later:
+        if st.get("ratio"):
+            iv = median_interval(st.get("round_ratios") or [])
+            key = (newness(name)[:2], e["precision"], ex, doc["options"].get("workspace"),
+                   torch_search(doc))
+            groups.setdefault(key, []).append(
+                (e["model"], st["ratio"], iv is not None and iv[0] > STEP_TARGET))
+    rows = []
+    for ((date, session), prec, ex, ws, search), rs in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        if len({m for m, _, _ in rs}) < MIN_ZOO_MODELS:
+            continue
+        worst = max(rs, key=lambda r: r[1])
+        rows.append([f"{date} s{session}", PRECISION_LABEL.get(prec, prec),
+                     "captured" if ex == "graph" else ex, _mib_limit(ws), search, str(len(rs)),
+                     num(geomean([r for _, r, _ in rs]), ".3f"),
+                     f"{sum(r > STEP_TARGET for _, r, _ in rs)} ({sum(a for _, _, a in rs)})",
+                     f"{worst[0]} {worst[1]:.3f}"])
+    if not rows:
+        return ""
+    return table(["session", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH", "models",
+                  "geometric mean converted/native",
+                  f"models over {STEP_TARGET} (interval wholly above)", "slowest (ratio)"],
+                 rows) + "\n\n"
 
 
 def _mib_limit(ws: Any) -> str:
