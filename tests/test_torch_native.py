@@ -73,7 +73,7 @@ def test_a_layer_runs_pytorch_whole_where_the_plans_do_not_pay_their_host_cost(
     for d in Direction:  # the measurements stay as measured
         assert (got[d].plan_ms, got[d].torch_ms, got[d].torch_workspace) == (
             choices[d].plan_ms, choices[d].torch_ms, choices[d].torch_workspace)
-        # Note [captured steps run the GPU's choice]: a capture runs what the GPU chose
+        # a capture runs what the GPU chose (Note [captured steps run the GPU's choice])
         assert got[d].captured == choices[d].runs == choices[d].captured
 
 
