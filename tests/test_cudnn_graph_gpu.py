@@ -285,6 +285,35 @@ def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_a_first_find_compiles_for_depthwise_layers_and_not_for_ungrouped_ones(direction):
+    """See Note [search parity]: under the default search a kernel's first find()
+    times runtime-compiled configs within the top k for a depthwise layer
+    (where cuDNN's specialised kernels compile at run time), and none for an
+    ungrouped layer where precompiled candidates exist."""
+    from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
+    rtc = int(Behavior.RUNTIME_COMPILATION)
+    depthwise = ConvProblem((32, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96,
+                            layout="NHWC")
+    flat = ConvProblem((32, 56, 56, 64), (64, 3, 3, 64), padding=1, layout="NHWC")
+    with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=0) as b:
+        compiled = {}
+        for p in (depthwise, flat):
+            notes = {i.id: i.behavior_notes for i in b.engine_configs(p, direction)}
+            b.find_profile.reset()
+            got = b.find(p, direction, FIND_LIMIT)
+            assert got, p
+            compiled[p] = (b.find_profile.finalized_rtc,
+                           sum(rtc in notes.get(r.algo, ()) for r in got),
+                           any(rtc not in n for n in notes.values()))
+    n_final, n_found, others = compiled[flat]
+    assert others and n_final == 0 and n_found == 0
+    n_final, n_found, _ = compiled[depthwise]
+    assert n_found <= n_final
+    if direction is not Direction.BACKWARD_FILTER:  # c1_k1 forward and dgrad compile
+        assert n_final >= 1
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_find_skip_ratio_skips_configs_far_behind_at_a_larger_size(direction):
     """See Note [far behind at another size]: with find_skip_ratio=2, the configs
     over twice the best at batch 64 are not timed at batch 32 (counted in

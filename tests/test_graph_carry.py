@@ -168,11 +168,13 @@ def tables(monkeypatch):
 
 
 P = ConvProblem((128, 27, 27, 96), (256, 5, 5, 96), padding=2, layout="NHWC")
+#: P in two groups: the tables answer for it as for P (Note [search parity] tells them apart)
+GROUPED = ConvProblem((128, 27, 27, 96), (256, 5, 5, 48), padding=2, groups=2, layout="NHWC")
 BWD_FILTER = Direction.BACKWARD_FILTER
 
 
-def _descend(be, limit):
-    return {b: be.find(P.with_batch(b), BWD_FILTER, limit) for b in (128, 64, 32, 16)}
+def _descend(be, limit, problem=P):
+    return {b: be.find(problem.with_batch(b), BWD_FILTER, limit) for b in (128, 64, 32, 16)}
 
 
 def test_a_config_blocked_at_a_larger_size_is_timed_where_it_fits(tables):
@@ -242,10 +244,12 @@ def test_a_carried_config_that_does_not_lead_is_timed_once(tables, monkeypatch):
 
 def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
     """See Note [search parity]: the first find() of a kernel times every candidate
-    that needs no compilation whatever its rank, and the runtime-compiled ones
-    within the top k (as PyTorch's cudnn.benchmark times every config
-    heuristics name); the finds of smaller sizes after it are cut as before,
-    and carry the configs that led, runtime-compiled ones included."""
+    that needs no compilation whatever its rank, and, for a grouped
+    convolution, the runtime-compiled ones within the top k (as PyTorch's
+    cudnn.benchmark times every config heuristics name); the finds of smaller
+    sizes after it are cut as before, and carry the configs that led,
+    runtime-compiled ones included. An ungrouped convolution's runtime-compiled
+    configs follow ``find_rtc`` at its first find too."""
     cut = _TableGraph(find_top_k=2)  # find_parity=False: the cuts everywhere
     missed = _descend(cut, None)
     par = _TableGraph(find_top_k=2, find_parity=True)
@@ -255,15 +259,32 @@ def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
     assert par.find_profile.parity == 1 and cut.find_profile.parity == 0
     assert "e34" not in par.rounds[64] or "e34" in cut.rounds[64]  # cut below the first size
     assert min(found[128], key=lambda r: r.time_ms).algo == "e17"
+    assert missed[128] and min(missed[128], key=lambda r: r.time_ms).algo == "e17"
 
     cut4 = _TableGraph(find_top_k=4)
-    _descend(cut4, None)
+    _descend(cut4, None, GROUPED)
     par4 = _TableGraph(find_top_k=4, find_parity=True)
-    found4 = _descend(par4, None)
+    found4 = _descend(par4, None, GROUPED)
     assert "e70" not in cut4.rounds[128] and "e70" in par4.rounds[128]
     assert "e70" in par4.rounds[32] and "e70" not in cut4.rounds[32]  # carried: it led
     assert {r.algo for r in found4[32]} >= {"e70"}
-    assert missed[128] and min(missed[128], key=lambda r: r.time_ms).algo == "e17"
+
+
+@pytest.mark.parametrize("rtc", ["none", "first", "all"])
+def test_an_ungrouped_kernels_first_find_compiles_only_as_find_rtc_says(tables, rtc):
+    """See Note [search parity]: e70 compiles at run time and ranks 4th; under
+    parity with the top 4 a grouped kernel's first find() times it whatever
+    ``find_rtc`` says, an ungrouped one's only where ``find_rtc`` would
+    anywhere ("all"; "first" keeps only a config ranked first)."""
+    flat = _TableGraph(find_top_k=4, find_parity=True, find_rtc=rtc)
+    _descend(flat, None)
+    grouped = _TableGraph(find_top_k=4, find_parity=True, find_rtc=rtc)
+    _descend(grouped, None, GROUPED)
+    assert "e70" in grouped.rounds[128]
+    assert ("e70" in flat.rounds[128]) == (rtc == "all")
+    assert [c for c in flat.rounds[128] if c != "e70"] == \
+        [c for c in grouped.rounds[128] if c != "e70"]
+    assert flat.find_profile.rtc_cut >= (0 if rtc == "all" else 1)
 
 
 #: A value other than the default for every FindOptions field.

@@ -40,14 +40,20 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "default_search_name"]
 # ``parity`` (the default) the first find() of each kernel (a layer and
 # direction, at the largest micro-batch size, asked first) times every
 # candidate that needs no compilation, whatever its rank (finalizing and
-# timing one costs milliseconds), and the runtime-compiled ones within the
-# top-k of some heuristics mode (each compilation costs a fraction of a
-# second, and heuristics rank the specialised engines high where they apply).
-# The finds of the smaller sizes after it are cut as before and carry the
-# configurations that led, runtime-compiled ones included: compilation is
-# paid once per kernel, and again only for a configuration that won.
-# ``tools/search_parity.py`` checks it per layer against the kernels PyTorch
-# runs.
+# timing one costs milliseconds), and, for a grouped convolution, the
+# runtime-compiled ones within the top-k of some heuristics mode (each
+# compilation costs a fraction of a second, and heuristics rank the
+# specialised engines high where they apply). An ungrouped convolution's
+# runtime-compiled configs follow ``rtc`` as at any other find(): the
+# kernels PyTorch runs for ungrouped convolutions are precompiled (implicit
+# GEMMs, cuBLASLt, CUTLASS; the specialised runtime-compiled ones are for
+# depthwise layers), while their compilation is most of a first layer's
+# planning (docs/BENCHMARKS.md, "Search parity"; the rule is
+# ``graph_candidates.parity_compiles``). The finds of the smaller
+# sizes after the first are cut as before and carry the configurations that
+# led, runtime-compiled ones included: compilation is paid once per kernel,
+# and again only for a configuration that won. ``tools/search_parity.py``
+# checks it per layer against the kernels PyTorch runs.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +74,9 @@ class FindOptions:
     that one time (Note [cold probe]); None: never. ``rtc``: which configs of
     engines that compile kernels at run time find() times, ``"all"``,
     ``"first"`` or ``"none"`` (Note [runtime-compiled engines]). ``parity``:
-    the first find() of a kernel times every candidate whatever its rank, and
-    the runtime-compiled ones within ``top_k``, whatever ``rtc`` says (Note
-    [search parity]).
+    the first find() of a kernel times every candidate whatever its rank, and,
+    for a grouped convolution, the runtime-compiled ones within ``top_k``,
+    whatever ``rtc`` says (Note [search parity]).
     ``retime``: time the k fastest of each find() again (Note [re-timing the
     winners]). ``skip_ratio``: a config more than this many times behind the
     best at every size found before is not timed again (Note [far behind at

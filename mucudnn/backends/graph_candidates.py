@@ -19,8 +19,8 @@ from .._cudnn.enums import BackendNumericalNote as Note
 
 __all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed",
            "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
-           "leaders", "note_ratios", "over_cap", "numerics_allowed", "remember", "rtc_cut",
-           "top_k_cut"]
+           "leaders", "note_ratios", "over_cap", "numerics_allowed", "parity_compiles",
+           "remember", "rtc_cut", "top_k_cut"]
 
 
 #: find()'s search spaces (Note [knob search]).
@@ -109,6 +109,18 @@ def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
 # (docs/BENCHMARKS.md, "Cold start").
 #: find_rtc values (Note [runtime-compiled engines]).
 RTC_CHOICES = ("all", "first", "none")
+
+
+def parity_compiles(groups: int) -> bool:
+    """See Note [search parity]: whether a kernel's first find() times the
+    runtime-compiled configs within the top k whatever ``find_rtc`` says:
+    for grouped convolutions (``groups`` > 1) only, where cuDNN's specialised
+    kernels are compiled at run time.
+
+    >>> parity_compiles(32), parity_compiles(1)
+    (True, False)
+    """
+    return groups > 1
 
 
 def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,

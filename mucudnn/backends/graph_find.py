@@ -33,8 +33,8 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
 from .fold_cudnn import FoldTransforms
 from .graph_candidates import (FirstTimed, carried_ids, cold_out, far_cut, fitting, long_run,
-                               note_ratios, numerics_allowed, over_cap, remember, rtc_cut,
-                               top_k_cut)
+                               note_ratios, numerics_allowed, over_cap, parity_compiles, remember,
+                               rtc_cut, top_k_cut)
 from .graph_engines import GraphEngines
 from .graph_plans import FULL_ALIGNMENT as _FULL
 from .graph_plans import CachedGraph, CachedPlan
@@ -245,6 +245,9 @@ class GraphFind(GraphEngines):
                 kept = [c for c in cands if c.id in top or rtc not in c.behavior_notes]
                 prof.cut += len(cands) - len(kept)
                 cands = kept
+                if not parity_compiles(problem.groups):
+                    cands = rtc_cut(kept, self.find_options.rtc, rankings)
+                    prof.rtc_cut += len(kept) - len(cands)
             else:
                 kept = top_k_cut(cands, self.find_options.top_k, rankings, keep_zero)
                 prof.cut += len(cands) - len(kept)
