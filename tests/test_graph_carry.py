@@ -16,7 +16,7 @@ from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
 import mucudnn as mu
-from mucudnn.backends import _device, fold, graph_engines, graph_find, graph_plans
+from mucudnn.backends import _device, fold, graph_engines, graph_find, graph_plans, split
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.graph_candidates import (CARRY_LEAD, carried_ids, leaders, over_cap,
                                                top_k_cut)
@@ -291,14 +291,15 @@ def test_an_ungrouped_kernels_first_find_compiles_only_as_find_rtc_says(tables, 
 OTHER = {"heuristic_modes": ("A",), "warmup": 0, "repeat": 5, "prefilter": False, "top_k": None,
          "probe_ratio": None, "cold_ratio": None, "rtc": "all", "parity": False, "retime": 1,
          "skip_ratio": None, "long_ms": 5.0, "zero": "once", "carry": False, "fold": False,
-         "search": "knobs", "knob_values": 3, "max_configs": 16}
+         "split": False, "search": "knobs", "knob_values": 3, "max_configs": 16}
 
 
 def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(tables):
     """See Note [candidate sets in keys]: each FindOptions field, set to another
     value, changes the backend's name in the benchmark cache and the plan
-    memo's key for every problem, or (``fold``) for exactly the problems
-    whose find() it can change: one that does not fold reports the same."""
+    memo's key for every problem, or (``fold``, ``split``) for exactly the
+    problems whose find() it can change: one that does not fold (split)
+    reports the same."""
     from mucudnn.backends.find_options import FindOptions
     from mucudnn.optimizer.planner import Planner
 
@@ -309,14 +310,16 @@ def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(t
         be = _TableGraph(find=FindOptions(**{"retime": 0, name: value}))
         assert getattr(be.find_options, name) == (tuple(value) if name == "heuristic_modes"
                                                   else value)
-        for problem in (P, folds):
+        for problem in (P, folds, GROUPED):
             key_changes = be.cache_name(problem) != base.cache_name(problem)
             plan_key_changes = (Planner(be, cache="off").key(problem, BWD_FILTER)
                                 != Planner(base, cache="off").key(problem, BWD_FILTER))
             assert key_changes == plan_key_changes
-            if name == "fold" and problem is P:
-                assert not key_changes
-                assert fold.fold_of(P) is None  # find() adds folded configs only where it folds
+            reaches = {"fold": folds, "split": GROUPED}
+            if name in reaches and problem is not reaches[name]:
+                assert not key_changes, (name, problem)
+                # find() adds folded (split) configs only where the problem folds (splits)
+                assert fold.fold_of(P) is None and not split.split_factors(P)
                 assert ([r.algo for r in be.find(P.with_batch(32), BWD_FILTER, None)]
                         == [r.algo for r in base.find(P.with_batch(32), BWD_FILTER, None)])
             else:

@@ -105,8 +105,11 @@ class FindProfile:
     [carried to other sizes]); ``folded``: results of configs run on the
     problem folded by space-to-depth (cudnn-graph's ``fold``; their inner
     find()'s work is counted with the rest, Note [folded first layers]);
-    ``parity``: finds that timed every candidate, as the first find() of a
-    kernel does (cudnn-graph's ``parity``, Note [search parity]).
+    ``split``: results of configs run on chunks of a grouped problem's
+    groups (cudnn-graph's ``split``, Note [split groups]), and
+    ``split_finds`` the chunk problems found for them; ``parity``: finds
+    that timed every candidate, as the first find() of a kernel does
+    (cudnn-graph's ``parity``, Note [search parity]).
 
     >>> p = FindProfile(); p.calls += 1; p.as_dict()["calls"]
     1
@@ -114,6 +117,8 @@ class FindProfile:
 
     calls: int = 0
     folded: int = 0
+    split: int = 0
+    split_finds: int = 0
     configs: int = 0
     skipped: int = 0
     finalized: int = 0

@@ -29,6 +29,7 @@ from typing import Any, ContextManager, NoReturn, Protocol, Union, runtime_check
 
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
+from . import split as _split
 from ..errors import InvalidTypeError, MissingAttributeError, UnsupportedOperationError
 
 __all__ = ["Backend", "BackendBase", "ConvTensors", "Launcher", "OUTPUT_OF", "adapt",
@@ -87,7 +88,9 @@ class Launcher(Protocol):
 # reaches. Folding (Note [folded first layers] in :mod:`.fold`) adds
 # ``"+fold"`` for the problems that fold, so caches written before folding
 # existed, or with ``fold=False``, are measured again for those problems only:
-# the first layers, a few seconds, not the whole network. The knob search
+# the first layers, a few seconds, not the whole network; splitting (Note
+# [split groups] in :mod:`.split`) adds ``"+split"`` for grouped problems
+# likewise. The knob search
 # changes every problem's set and so changes ``name`` itself
 # (``"cudnn-graph+knobs"``, Note [knob search]); every other search option of
 # the graph backend enters through ``FindOptions.key()`` (Note [search parity]
@@ -231,11 +234,17 @@ class BackendBase:
     #: space-to-depth (Note [folded first layers] in :mod:`.fold`); it names
     #: their keys (:meth:`cache_name`).
     fold: bool = False
+    #: Whether find() also reports the configurations of grouped problems split
+    #: into chunks of their groups (Note [split groups] in :mod:`.split`); it
+    #: names their keys (:meth:`cache_name`).
+    split: bool = False
 
     def cache_name(self, problem: ConvProblem) -> str:
         """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on
-        (Note [candidate sets in keys])."""
-        return _fold.cache_name(self.name, problem) if self.fold else self.name
+        and ``"+split"`` for problems that split while ``split`` is on (Note
+        [candidate sets in keys])."""
+        name = _fold.cache_name(self.name, problem) if self.fold else self.name
+        return _split.cache_name(name, problem) if self.split else name
 
     def bind(self, direction: Direction, algo: Algo, math_type: Algo, problem: ConvProblem,
              offset: int, size: int, alpha: float, beta: float,

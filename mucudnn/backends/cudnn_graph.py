@@ -12,7 +12,11 @@ real random buffers (CUDA events on the backend's stream, 1 warm-up, median of
 from which ``run()`` rebuilds the plan. With ``fold`` (the default) a strided
 first layer over few channels in channels-last also gets the configs of its
 problem folded by space-to-depth, ``"fold<s>|<engine config id>"``, timed
-with their transforms (Note [folded first layers] in :mod:`.fold`).
+with their transforms (Note [folded first layers] in :mod:`.fold`). With
+``split`` (the default) a grouped convolution whose configs the cap leaves
+out also gets those of its problem split into chunks of its groups,
+``"split<k>|<engine config id>"``, timed with their copies (Note [split
+groups] in :mod:`.split`).
 
 Numerics follow the problem's math mode, from each engine's numerical notes:
 ``"fma"`` drops engines noted TENSOR_CORE (TF32 for float32) or
@@ -53,6 +57,7 @@ from .._cudnn import graph_descriptors as gd
 from ..errors import InvalidValueError
 from ..problem import ConvProblem
 from . import fold as _fold
+from . import split as _split
 from .find_options import FindOptions
 from .graph_bind import GraphBind
 from .graph_candidates import SEARCH_MODES, knob_variants, numerics_allowed
@@ -109,6 +114,7 @@ class CudnnGraphBackend(GraphBind, GraphFind):
         self.find_threads = int(find_threads)
         self.finds_zero_once = opts.zero == "once"
         self.fold = opts.fold
+        self.split = opts.split
         # See Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
         self.name = "cudnn-graph+knobs" if opts.search == "knobs" else "cudnn-graph"
@@ -121,10 +127,12 @@ class CudnnGraphBackend(GraphBind, GraphFind):
         self._init_find_memory()
 
     def cache_name(self, problem: ConvProblem) -> str:
-        """``name`` with the search's key (:meth:`FindOptions.key`), and
-        ``"+fold"`` for problems that fold while ``fold`` is on (Note
+        """``name`` with the search's key (:meth:`FindOptions.key`),
+        ``"+fold"`` for problems that fold while ``fold`` is on and
+        ``"+split"`` for problems that split while ``split`` is on (Note
         [candidate sets in keys])."""
-        return _fold.cache_name(self._search_key, problem) if self.fold else self._search_key
+        name = _fold.cache_name(self._search_key, problem) if self.fold else self._search_key
+        return _split.cache_name(name, problem) if self.split else name
 
     def clear_cache(self) -> None:
         """Drop every cached plan and operation graph (those no launcher holds are
@@ -136,6 +144,7 @@ class CudnnGraphBackend(GraphBind, GraphFind):
             self._behind.clear()
             self._carry.clear()
             self._searched.clear()
+            self._split_led.clear()
 
     def close(self) -> None:
         """Release plans, graphs, find()'s finalizing threads and scratch, and the

@@ -86,7 +86,9 @@ class FindOptions:
     find(), ``"once"`` only under a cap of 0 (Note [one zero-workspace find
     per kernel]). ``carry``: time the configs that led other sizes (Note
     [carried to other sizes]). ``fold``: also time folded configurations of
-    strided first layers (Note [folded first layers]). ``search``:
+    strided first layers (Note [folded first layers]). ``split``: also time
+    grouped convolutions split into chunks of their groups where the cap
+    leaves configurations out (Note [split groups]). ``search``:
     ``"heuristics"`` or ``"knobs"`` (Note [knob search]), with
     ``knob_values`` values per knob and at most ``max_configs`` added configs.
     """
@@ -106,6 +108,7 @@ class FindOptions:
     zero: str = "each"
     carry: bool = True
     fold: bool = True
+    split: bool = True
     search: str = "heuristics"
     knob_values: int = 6
     max_configs: int = 256
@@ -135,7 +138,7 @@ class FindOptions:
             if not v > 0.0:
                 raise InvalidValueError(f"long_ms: expected None or a number of ms > 0, got "
                                         f"{self.long_ms!r}")
-        for name in ("prefilter", "parity", "carry", "fold"):
+        for name in ("prefilter", "parity", "carry", "fold", "split"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidTypeError(f"{name}: expected True or False, got "
                                        f"{getattr(self, name)!r}")
@@ -173,9 +176,10 @@ class FindOptions:
         """What this search adds to the backend's name in cache and plan keys:
         ``"+field=value"`` for each field that differs from :data:`BASELINE`
         (the search under which entries of the bare name were measured), in
-        field order; ``fold`` and ``search`` are keyed elsewhere (the
-        ``"+fold"`` suffix of problems that fold, the ``"cudnn-graph+knobs"``
-        name) and ``parity`` reads ``"+parity"``."""
+        field order; ``fold``, ``split`` and ``search`` are keyed elsewhere
+        (the ``"+fold"`` suffix of problems that fold, the ``"+split"`` suffix
+        of problems that split, the ``"cudnn-graph+knobs"`` name) and
+        ``parity`` reads ``"+parity"``."""
         parts = []
         for f in dataclasses.fields(self):
             if f.name in _KEYED_ELSEWHERE:
@@ -221,12 +225,12 @@ LEGACY_KEYWORDS = {
     "find_top_k": "top_k", "find_probe_ratio": "probe_ratio", "find_cold_ratio": "cold_ratio",
     "find_rtc": "rtc", "find_parity": "parity", "find_retime": "retime",
     "find_skip_ratio": "skip_ratio", "find_long_ms": "long_ms", "find_zero": "zero",
-    "find_carry": "carry", "search_knob_values": "knob_values",
+    "find_carry": "carry", "find_split": "split", "search_knob_values": "knob_values",
     "search_max_configs": "max_configs",
 }
 
 #: Fields whose effect on the candidates is keyed by other means.
-_KEYED_ELSEWHERE = ("fold", "search")
+_KEYED_ELSEWHERE = ("fold", "split", "search")
 
 #: The search under which the bare backend name's entries were measured
 #: (before ``parity`` existed); :meth:`FindOptions.key` is the difference.

@@ -3,7 +3,9 @@ only calls ``cudnnBackendExecute(handle, plan, variant_pack)`` with the
 cached plan for the micro-batch (its alignments and scalars) and a variant
 pack cached per pointers; a folded config (``"fold<s>|<engine config id>"``)
 folds its operands around the inner config's launcher (Note [folded first
-layers] in :mod:`.fold`).
+layers] in :mod:`.fold`); a split config (``"split<k>|<engine config id>"``)
+runs the inner config's launcher on each chunk of the groups (Note [split
+groups] in :mod:`.split`).
 
 The workspace contract is :meth:`GraphBind.workspace_size` (the plan with
 16-byte aligned tensors, alpha 1, beta 0; Note [beta and workspace]), which
@@ -28,9 +30,11 @@ from .._cudnn.prototypes import lib, raise_status
 from ..errors import InvalidValueError, UnsupportedConfigError
 from ..problem import ConvProblem, Direction
 from . import fold as _fold
+from . import split as _split
 from ._device import array_pointer
 from .base import ConvTensors, Launcher
 from .fold_cudnn import FoldTransforms
+from .split_cudnn import SplitCopies
 from .graph_engines import GraphEngines
 from .graph_plans import FULL_ALIGNMENT as _FULL
 from .graph_plans import canonical_id
@@ -81,6 +85,11 @@ class GraphBind(GraphEngines):
             f = _fold.folding(problem, folded[0])
             return (_fold.regions(f, problem.batch).inner
                     + self._workspace_need(f.inner, direction, canonical_id(folded[1])))
+        split = _split.parse_split_id(algo)
+        if split is not None:  # Note [split groups]
+            sp = _split.splitting(problem, split[0])
+            return (_split.regions(sp, problem.batch).inner
+                    + self.workspace_size(sp.chunk, direction, split[1], math_type))
         return self._workspace_need(problem, direction, canonical_id(algo))
 
     def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
@@ -134,6 +143,10 @@ class GraphBind(GraphEngines):
         if folded is not None:
             return self._bind_folded(direction, folded, math_type, problem, offset, size,
                                      alpha, beta, aligns)
+        split = _split.parse_split_id(algo)
+        if split is not None:
+            return self._bind_split(direction, split, math_type, problem, offset, size,
+                                    alpha, beta, aligns)
         algo_id = canonical_id(algo)
         sub = problem.with_batch(size)
         ox, oy = row_offsets(problem, offset)
@@ -227,3 +240,55 @@ class GraphBind(GraphEngines):
                 unfold_w(handle, b, w, ca, cb)
 
         return self._launcher(call, (inner, tf, handle), need, name)
+
+    def _bind_split(self, direction: Direction, split: tuple[int, Union[int, str]],
+                    math_type: Union[int, str], problem: ConvProblem, offset: int, size: int,
+                    alpha: float, beta: float, aligns: tuple[int, int, int]) -> Launcher:
+        """See Note [split groups]: a launcher that, chunk by chunk, copies this
+        micro-batch's input slices into the workspace's regions, runs the inner
+        config's launcher there and copies its output back (alpha and beta
+        applied there, or in the inner call for backward-filter)."""
+        k, inner_algo = split
+        sp = _split.splitting(problem, k)
+        reg = _split.regions(sp, size)
+        ox, oy = row_offsets(problem, offset)
+        offs = [_split.chunk_offsets(sp, i) for i in range(k)]
+        w_align = min(int(aligns[1]), lowbit(offs[1][1]))
+        wgrad = direction is Direction.BACKWARD_FILTER
+        inner = self.bind(direction, inner_algo, math_type, sp.chunk.with_batch(size), 0, size,
+                          alpha if wgrad else 1.0, beta if wgrad else 0.0, (_MAX, w_align, _MAX))
+        try:
+            cp = SplitCopies(sp, size)
+        except CudnnError as exc:
+            raise UnsupportedConfigError(
+                f"algo: cannot split {problem!r} for {direction}: {exc}",
+                algo=_split.split_id(k, inner_algo), reason=str(exc)) from exc
+        need = reg.inner + int(inner.workspace_bytes)
+        handle = self.handle
+        ca, cb = cp.scalar(alpha), cp.scalar(beta)
+        a_off, b_off, i_off = reg.a, reg.b, reg.inner
+        gather_x, gather_y, scatter_x, scatter_y = (cp.gather_x, cp.gather_y, cp.scatter_x,
+                                                    cp.scatter_y)
+        name = _split.split_id(k, inner_algo)
+
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            if ws_size < need:
+                raise InvalidValueError(f"workspace: split config {name} ({direction}) needs {need} "
+                                        f"bytes for {size} rows of {problem!r}, got {ws_size}")
+            a, b, wi, rest = ws + a_off, ws + b_off, ws + i_off, ws_size - i_off
+            for cx, cw, cy in offs:
+                xi, yi = x + ox + cx, y + oy + cy
+                if direction is Direction.FORWARD:
+                    gather_x(handle, xi, a)
+                    inner(a, w + cw, b, wi, rest)
+                    scatter_y(handle, b, yi, ca, cb)
+                elif direction is Direction.BACKWARD_DATA:
+                    gather_y(handle, yi, b)
+                    inner(a, w + cw, b, wi, rest)
+                    scatter_x(handle, a, xi, ca, cb)
+                else:
+                    gather_x(handle, xi, a)
+                    gather_y(handle, yi, b)
+                    inner(a, w + cw, b, wi, rest)
+
+        return self._launcher(call, (inner, cp, handle), need, name)

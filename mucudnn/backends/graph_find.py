@@ -6,8 +6,10 @@ configs: Notes [find cut-offs], [search parity], [carried to other sizes],
 those that fit the cap are timed one at a time on real random buffers (CUDA
 events on the backend's stream, 1 warm-up, median of ``repeat`` >= 3 runs,
 probes: Notes [cold probe], [long runs]), the fastest are timed again (Note
-[re-timing the winners]), and with ``fold`` the problem folded by
-space-to-depth is found too (Note [folded first layers] in :mod:`.fold`).
+[re-timing the winners]), with ``fold`` the problem folded by
+space-to-depth is found too (Note [folded first layers] in :mod:`.fold`), and
+with ``split`` a grouped problem's chunks (Note [split groups] in
+:mod:`.split`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..cuda import CudaError, time_on_stream, using_device
 from ..errors import InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
+from . import split as _split
 from .fold_cudnn import FoldTransforms
 from .graph_candidates import (FirstTimed, carried_ids, cold_out, far_cut, fitting, long_run,
                                note_ratios, numerics_allowed, over_cap, parity_compiles, remember,
@@ -38,6 +41,7 @@ from .graph_candidates import (FirstTimed, carried_ids, cold_out, far_cut, fitti
 from .graph_engines import GraphEngines
 from .graph_plans import FULL_ALIGNMENT as _FULL
 from .graph_plans import CachedGraph, CachedPlan
+from .split_cudnn import SplitCopies
 
 __all__ = ["GraphFind"]
 
@@ -71,6 +75,18 @@ log = logging.getLogger("mucudnn")
 # (docs/BENCHMARKS.md, "re-timing").
 
 
+# Note [split at the first find]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Each split factor is a find() of another problem, so a search of every
+# factor at every micro-batch size would multiply a grouped kernel's cold
+# cost. The first find() of a kernel whose limit bites (the largest size,
+# asked first) tries every factor of Note [split groups]; the factor that
+# gave the fastest configuration of all, split or not, is kept per kernel
+# (``cudnn_graph.split_led``), and later finds of the kernel try that factor
+# alone, or none where no split led. A chunk problem's find() is an
+# ordinary one (its own parity, carry and cut-offs).
+
+
 class GraphFind(GraphEngines):
     """find() of the cudnn-graph backend and the memory it keeps between calls
     (per kernel: configs far behind, configs carried, kernels searched)."""
@@ -87,6 +103,9 @@ class GraphFind(GraphEngines):
                                                        self.graph_cache_size)
         #: See Note [search parity]: the kernels (batch 1, direction) found before
         self._searched: LRU[tuple, bool] = LRU("cudnn_graph.searched", self.graph_cache_size)
+        #: See Note [split at the first find]: per kernel (batch 1) and direction,
+        #: the split factor that led its first split search (0: none)
+        self._split_led: LRU[tuple, int] = LRU("cudnn_graph.split_led", self.graph_cache_size)
 
     def _build_plans(self, problem: ConvProblem, direction: Direction,
                      wanted: Sequence[tuple[str, float]]) -> dict[tuple[str, float], CachedPlan]:
@@ -159,6 +178,12 @@ class GraphFind(GraphEngines):
             if folded:
                 self.find_profile.folded += len(folded)
                 out = sorted(out + folded, key=lambda a: a.time_ms)
+        if self.split:
+            split = self._find_split(problem, direction, limit,
+                                     out[0].time_ms if out else math.inf)
+            if split:
+                self.find_profile.split += len(split)
+                out = sorted(out + split, key=lambda a: a.time_ms)
         self.find_profile.calls += 1
         return out
 
@@ -208,6 +233,86 @@ class GraphFind(GraphEngines):
                 if buf is not None:
                     buf.close()
             tf.close()
+        return float(statistics.median(times))
+
+    def _limit_bites(self, problem: ConvProblem, direction: Direction, want: int) -> bool:
+        """Whether some configuration that a heuristics mode ranks in its top
+        ``top_k`` (numerics allowed) needs more than ``want`` bytes."""
+        with self.on_home_stream():
+            infos = [i for i in self.engine_configs(problem, direction)
+                     if numerics_allowed(problem.math, i.numerical_notes)]
+            with self._lock:
+                rankings = dict(self._graph(problem, direction, 1.0, 0.0, _FULL).mode_ids)
+        return bool(over_cap(infos, want, rankings, self.find_options.top_k))
+
+    def _find_split(self, problem: ConvProblem, direction: Direction, limit: Optional[int],
+                    best_ms: float) -> list[AlgoPerf]:
+        """See Note [split groups] and Note [split at the first find]: the configs
+        of ``problem``'s chunk problems, each with its copies' time and its
+        regions' workspace (none where the problem does not split, the limit
+        does not bite, or the regions alone exceed the cap); ``best_ms`` is
+        the best time find() has without them."""
+        factors = _split.split_factors(problem)
+        if not factors:
+            return []
+        with self.on_home_stream():
+            cap = self.find_workspace_cap()
+        want = cap if limit is None else min(limit, cap)
+        if not self._limit_bites(problem, direction, want):
+            return []
+        kernel = (problem.with_batch(1).key(), direction.value)
+        with self._lock:
+            led = self._split_led.get(kernel)
+            if led is None:
+                self._split_led.put(kernel, 0)
+        tries = factors if led is None else tuple(k for k in (led,) if k)
+        out: list[AlgoPerf] = []
+        for k in tries:
+            sp = _split.splitting(problem, k)
+            extra = _split.regions(sp, problem.batch).inner
+            if want < extra:
+                continue
+            self.find_profile.split_finds += 1
+            inner = self._find_configs(sp.chunk, direction, want - extra)
+            if not inner:
+                continue
+            try:
+                copy_ms = self._time_split(sp, direction, problem.batch)
+            except CudnnError as exc:
+                log.info("mucudnn: cannot split %s %s by %d: %s", problem, direction, k, exc)
+                continue
+            out += _split.split_perfs(inner, sp, problem.batch, copy_ms)
+        if led is None and out:
+            top = min(out, key=lambda a: a.time_ms)
+            if top.time_ms < best_ms:
+                parsed = _split.parse_split_id(top.algo)
+                assert parsed is not None
+                with self._lock:
+                    self._split_led.put(kernel, parsed[0])
+        return out
+
+    def _time_split(self, split: _split.Split, direction: Direction, size: int) -> float:
+        """The median ms of the copies one chunk of a split call of ``direction``
+        makes at ``size`` rows, on scratch buffers (Note [split groups])."""
+        cp = SplitCopies(split, size)
+        src = dst = None
+        try:
+            with self.on_home_stream():
+                whole_bytes, chunk_bytes = cp.scratch_bytes
+                src = self.alloc_workspace(whole_bytes)
+                dst = self.alloc_workspace(chunk_bytes)
+                h = self.handle
+
+                def run(a: int = src.ptr, b: int = dst.ptr) -> None:
+                    cp.run_chunk(h, direction, a, b)
+
+                times = time_on_stream(run, self.stream, warmup=1, repeat=self.find_options.repeat)
+                self.stream.synchronize()
+        finally:
+            for buf in (src, dst):
+                if buf is not None:
+                    buf.close()
+            cp.close()
         return float(statistics.median(times))
 
     def _find_configs(self, problem: ConvProblem, direction: Direction,

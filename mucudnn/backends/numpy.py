@@ -66,6 +66,7 @@ import numpy as np
 
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
+from . import split as _split
 from ._numpy_guard import Guarded
 from .base import OUTPUT_OF, BackendBase, ConvTensors
 from .numpy_direct import Direct
@@ -113,8 +114,11 @@ class NumpyBackend(BackendBase):
     reported, after one untimed warm-up run); ``seed``: the random data find uses.
     ``fold``: find() also times each algorithm on the problem folded by
     space-to-depth, where it folds (ids ``"fold{s}|{algo}"``; Note [folded
-    first layers] in :mod:`mucudnn.backends.fold`). Off by default here, the
-    CPU reference; run() and workspace_size() take folded ids either way.
+    first layers] in :mod:`mucudnn.backends.fold`). ``split``: find() also
+    times each algorithm on every split of a grouped problem's groups (ids
+    ``"split{k}|{algo}"``; Note [split groups] in
+    :mod:`mucudnn.backends.split`). Both off by default here, the CPU
+    reference; run() and workspace_size() take folded and split ids either way.
 
     >>> be = NumpyBackend()
     >>> p = ConvProblem((4, 8, 12, 12), (8, 8, 3, 3), padding=1)
@@ -128,10 +132,12 @@ class NumpyBackend(BackendBase):
     name = "numpy"
     is_host = True
 
-    def __init__(self, repeats: int = 3, seed: int = 0, fold: bool = False) -> None:
+    def __init__(self, repeats: int = 3, seed: int = 0, fold: bool = False,
+                 split: bool = False) -> None:
         self.repeats = parse_count(repeats, "repeats", 1)
         self.seed = seed
         self.fold = bool(fold)
+        self.split = bool(split)
         self.version = np.__version__
         self.device_name = _cpu_name()
 
@@ -147,8 +153,13 @@ class NumpyBackend(BackendBase):
     @staticmethod
     def supports(problem: ConvProblem, direction: Direction, algo: Union[int, str]) -> bool:
         """Whether ``algo`` can run ``problem`` in ``direction`` (every algorithm
-        can; a folded one where the problem folds by its factor)."""
+        can; a folded one where the problem folds by its factor, a split one
+        where its groups split by its factor)."""
         Direction.parse(direction)
+        split = _split.parse_split_id(algo)
+        if split is not None:
+            _algo(split[1])
+            return _split.split_of(problem, split[0]) is not None
         folded = _fold.split_fold_id(algo)
         if folded is not None:
             f = _fold.fold_of(problem)
@@ -171,6 +182,11 @@ class NumpyBackend(BackendBase):
             f = _fold.folding(problem, folded[0])
             inner = _workspace_bytes(f.inner, _algo(folded[1]))
             return _fold.regions(f, problem.batch).inner + inner
+        split = _split.parse_split_id(algo)
+        if split is not None:
+            sp = _split.splitting(problem, split[0])
+            return (_split.regions(sp, problem.batch).inner
+                    + _workspace_bytes(sp.chunk, _algo(split[1])))
         return _workspace_bytes(problem, _algo(algo))
 
     # -- find ------------------------------------------------------------------------
@@ -202,6 +218,9 @@ class NumpyBackend(BackendBase):
         f = _fold.fold_of(problem) if self.fold else None
         if f is not None:  # Note [folded first layers]
             algos += [_fold.fold_id(f.s, int(a)) for a in NumpyAlgo]
+        if self.split:  # Note [split groups]
+            algos += [_split.split_id(k, int(a)) for k in _split.split_factors(problem)
+                      for a in NumpyAlgo]
         for algo in algos:
             ws_bytes = self.workspace_size(problem, direction, algo)
             if workspace_limit is not None and ws_bytes > workspace_limit:
@@ -239,6 +258,10 @@ class NumpyBackend(BackendBase):
         folded = _fold.split_fold_id(algo)
         if folded is not None:
             self._run_folded(direction, folded, math_type, tensors, alpha, beta, workspace)
+            return
+        split = _split.parse_split_id(algo)
+        if split is not None:
+            self._run_split(direction, split, math_type, tensors, alpha, beta, workspace)
             return
         algo = _algo(algo)
         p = tensors.problem
@@ -303,6 +326,47 @@ class NumpyBackend(BackendBase):
             _store(tensors.x, _fold.unfold_x(f, a).astype(cdt), alpha, beta)
         else:
             _store(tensors.w, _fold.unfold_w(f, b).astype(cdt), alpha, beta)
+
+    def _run_split(self, direction: Direction, split: tuple[int, Union[int, str]],
+                   math_type: Union[int, str], tensors: ConvTensors, alpha: float,
+                   beta: float, workspace: Any) -> None:
+        """See Note [split groups]: chunk by chunk, copy the input slices into the
+        workspace's regions, run the inner algorithm there, and copy the output
+        back (alpha and beta applied there; backward-filter writes its filter
+        slice in place)."""
+        p = tensors.problem
+        k, inner_algo = split
+        sp = _split.splitting(p, k)
+        dt = np_dtype(p.dtype)
+        _check_tensors(p, tensors, OUTPUT_OF[direction])
+        name = _split.split_id(k, inner_algo)
+        ws = _check_workspace(workspace, self.workspace_size(p, direction, name), name)
+        reg = _split.regions(sp, p.batch)
+        chunk = sp.chunk.with_batch(p.batch)
+        a = ws[reg.a:reg.a + reg.a_bytes].view(dt).reshape(chunk.x_shape)
+        b = ws[reg.b:reg.b + reg.b_bytes].view(dt).reshape(chunk.output_shape)
+        rest = ws[reg.inner:]
+        cx, cy, kc = chunk.x_dims[1], chunk.y_dims[1], chunk.w_shape[0]
+        x, y = _canon(tensors.x, p.layout), _canon(tensors.y, p.layout)
+        ac, bc = _canon(a, p.layout), _canon(b, p.layout)
+        cdt = compute_dtype(p)
+        for i in range(k):
+            xs, ys = x[:, i * cx:(i + 1) * cx], y[:, i * cy:(i + 1) * cy]
+            ws_i = tensors.w[i * kc:(i + 1) * kc]
+            if direction is not Direction.BACKWARD_DATA:
+                ac[...] = xs
+            if direction is not Direction.FORWARD:
+                bc[...] = ys
+            if direction is Direction.BACKWARD_FILTER:
+                self.run(direction, inner_algo, math_type, ConvTensors(chunk, a, ws_i, b),
+                         alpha, beta, rest)
+                continue
+            self.run(direction, inner_algo, math_type, ConvTensors(chunk, a, ws_i, b),
+                     1.0, 0.0, rest)
+            if direction is Direction.FORWARD:
+                _store(ys, bc.astype(cdt), alpha, beta)
+            else:
+                _store(xs, ac.astype(cdt), alpha, beta)
 
     # -- arrays ------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:

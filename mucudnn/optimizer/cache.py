@@ -47,6 +47,7 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 from ..backends.base import Backend
 from ..backends.fold import CACHE_SUFFIX
+from ..backends.split import CACHE_SUFFIX as SPLIT_SUFFIX
 from ..caches import LRU
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import cache_files as files
@@ -261,17 +262,19 @@ class BenchmarkCache(CacheFile):
     def entries(self, backend: str | None = None, device: str | None = None,
                 version: str | None = None) -> Iterator[Entry]:
         """Every valid stored entry (optionally of one backend, device, version).
-        A backend's entries include its folded variant's (``backend + "+fold"``,
-        Note [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
+        A backend's entries include its folded and split variants'
+        (``backend + "+fold"``, ``backend + "+split"``, Note [candidate sets in
+        keys] in :mod:`mucudnn.backends.base`)."""
         if not self.enabled:
             return
-        variant = None if backend is None else backend + CACHE_SUFFIX
+        folded = None if backend is None else backend + CACHE_SUFFIX
+        split = None if backend is None else backend + SPLIT_SUFFIX
         rows = self._run(lambda c: c.execute(
             f"SELECT backend, device, version, problem, direction, workspace_cap, results, "
-            f"created FROM {_TABLE} WHERE (? IS NULL OR backend = ? OR backend = ?) "
+            f"created FROM {_TABLE} WHERE (? IS NULL OR backend IN (?, ?, ?)) "
             "AND (? IS NULL OR device = ?) AND (? IS NULL OR version = ?) "
             "ORDER BY backend, device, version, problem, direction",
-            (backend, backend, variant, device, device, version, version)).fetchall()) or []
+            (backend, backend, folded, split, device, device, version, version)).fetchall()) or []
         skipped = 0
         for r in rows:
             if not all(isinstance(c, str) and c for c in r[:5]):

@@ -18,6 +18,7 @@ from typing import Any, NoReturn, Union
 from ..backends.base import BackendBase
 from ..backends.find_options import default_search_name
 from ..backends.fold import CACHE_SUFFIX
+from ..backends.split import CACHE_SUFFIX as SPLIT_SUFFIX
 from ..errors import InvalidValueError, MucudnnError, UnsupportedOperationError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .benchmark import resolve_cache
@@ -60,16 +61,20 @@ class CachedBackend(BackendBase):
             raise InvalidValueError(f"device_name/version: the cache holds {name!r} measurements of "
                              f"several devices or versions {found}; choose one")
         self.name, self.device_name, self.version = found[0]
-        #: problem keys measured with folding (Note [candidate sets in keys])
+        #: problem keys measured with folding or splitting (Note [candidate sets in keys])
         variant = (self.name + CACHE_SUFFIX, self.device_name, self.version)
         self._folded = frozenset(k[3] for k in keys if k[:3] == variant)
+        variant = (self.name + SPLIT_SUFFIX, self.device_name, self.version)
+        self._split = frozenset(k[3] for k in keys if k[:3] == variant)
 
     def cache_name(self, problem: ConvProblem) -> str:
-        """The name of the measurements replayed for ``problem``: the folded
-        variant's (Note [candidate sets in keys] in
+        """The name of the measurements replayed for ``problem``: the folded or
+        split variant's (Note [candidate sets in keys] in
         :mod:`mucudnn.backends.base`) where the cache holds it, else ``name``."""
         if problem.key() in self._folded:
             return self.name + CACHE_SUFFIX
+        if problem.key() in self._split:
+            return self.name + SPLIT_SUFFIX
         return self.name
 
     def __repr__(self) -> str:

@@ -1,0 +1,355 @@
+"""Grouped convolutions split into chunks of their groups (Note [split groups] in
+mucudnn/backends/split.py) on the CPU: which problems split and into what, the
+NumPy backend's split configurations against the float64 reference (every
+direction, layout, alpha and beta, micro-batched plans that accumulate), the
+planner choosing them through a Convolution, the keys of the caches, the
+cudnn-graph find()'s search of factors (Note [split at the first find]) with
+its finds replaced by tables, and the cuDNN copy descriptors (the real
+library, no GPU needed)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mucudnn import ConvProblem, Direction
+from mucudnn.backends import split
+from mucudnn.backends.base import OUTPUT_OF, ConvTensors
+from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
+from mucudnn.exec import execute
+from mucudnn.problem import AlgoPerf, MicroBatch, Plan
+from conftest import needs_cudnn_transforms
+from conv_support import composition, convolution_for, run_direction
+from reference import reference, rel_err
+
+CONVNEXT = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
+RESNEXT = ConvProblem((64, 128, 56, 56), (128, 4, 3, 3), padding=1, groups=32)
+
+
+@st.composite
+def splittable(draw, batch=None):
+    """A small grouped problem with at least one split factor: either layout,
+    2-D or 3-D, strides, paddings, dilations, several channels per group."""
+    nd = draw(st.sampled_from([2, 2, 3]))
+    layout = draw(st.sampled_from(["NCHW", "NHWC"] if nd == 2 else ["NCDHW", "NDHWC"]))
+    g = draw(st.sampled_from([2, 4, 6, 8, 16]))
+    cg, kg = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    n = batch if batch is not None else draw(st.integers(1, 4))
+    ks = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    stride = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    dil = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    pad = tuple(draw(st.integers(0, k - 1)) for k in ks)
+    least = [max(1, d * (k - 1) + 1 - 2 * p) for k, d, p in zip(ks, dil, pad)]
+    sp = tuple(draw(st.integers(lo, lo + (5 if nd == 2 else 2))) for lo in least)
+    x = (n, g * cg) + sp
+    w = (g * kg, cg) + ks
+    if layout in ("NHWC", "NDHWC"):
+        x, w = (x[0],) + x[2:] + (x[1],), (w[0],) + w[2:] + (w[1],)
+    return ConvProblem(x, w, stride=stride, padding=pad, dilation=dil, groups=g,
+                       layout=layout, math="fma", dtype="float64")
+
+
+def _tensors(p, rng):
+    return tuple(rng.standard_normal(shape) for shape in (p.x_shape, p.w_shape, p.output_shape))
+
+
+def test_depthwise_and_grouped_layers_split_into_what_the_note_says():
+    assert split.split_factors(CONVNEXT) == (2, 4, 8, 16)
+    s = split.split_of(CONVNEXT, 16)
+    assert (s.chunk.x_shape, s.chunk.w_shape, s.chunk.groups) == ((64, 56, 56, 6), (6, 7, 7, 1), 6)
+    assert s.chunk.output_shape == (64, 56, 56, 6)
+    r = split.split_of(RESNEXT, 8)
+    assert (r.chunk.x_shape, r.chunk.w_shape, r.chunk.groups) == ((64, 16, 56, 56), (16, 4, 3, 3), 4)
+    # the regions hold one chunk of x and one of y, 256-byte aligned
+    reg = split.regions(s, 64)
+    assert reg.a_bytes == reg.b_bytes == 64 * 56 * 56 * 6 * 4
+    assert reg.b % 256 == 0 and reg.inner >= reg.b + reg.b_bytes
+
+
+@pytest.mark.parametrize("p", [
+    ConvProblem((2, 8, 5, 5), (8, 8, 3, 3)),                # one group
+    ConvProblem((2, 6, 5, 5), (6, 2, 3, 3), groups=3),      # 3 groups: no power of two
+], ids=["ungrouped", "three-groups"])
+def test_what_does_not_split(p):
+    assert split.split_factors(p) == ()
+    assert all(split.split_of(p, k) is None for k in split.SPLIT_FACTORS)
+    be = NumpyBackend()
+    assert not be.supports(p, Direction.FORWARD, "split2|0")
+    with pytest.raises(ValueError, match="split into 2 chunks cannot run"):
+        be.workspace_size(p, Direction.FORWARD, "split2|0")
+
+
+@pytest.mark.parametrize("algo, want", [
+    ("split4|e30;k3=1", (4, "e30;k3=1")), ("split16|2", (16, 2)), ("split|0", None),
+    ("splitx|0", None), ("split2|", None), ("fold2|0", None), (3, None), ("e12", None)])
+def test_split_ids(algo, want):
+    assert split.parse_split_id(algo) == want
+    if want is not None:
+        assert split.split_id(*want) == algo
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=splittable(), seed=st.integers(0, 2**16), data=st.data())
+def test_chunks_are_the_slices_of_the_operands(p, seed, data):
+    """Chunk i's convolution of x's, w's and y's slices is the whole problem's
+    restricted to those channels, and chunk_offsets are where the slices
+    start in memory."""
+    k = data.draw(st.sampled_from(split.split_factors(p)))
+    s = split.split_of(p, k)
+    x, w, dy = _tensors(p, np.random.default_rng(seed))
+    c_axis = 1 if p.layout in ("NCHW", "NCDHW") else -1
+    cx, cy, kc = s.chunk.x_dims[1], s.chunk.y_dims[1], s.chunk.w_shape[0]
+    whole = {d: reference(p, d, x, w, dy) for d in Direction}
+    for i in (0, k - 1):
+        xi = np.take(x, range(i * cx, (i + 1) * cx), axis=c_axis)
+        yi = np.take(dy, range(i * cy, (i + 1) * cy), axis=c_axis)
+        wi = w[i * kc:(i + 1) * kc]
+        got = {d: reference(s.chunk, d, xi, wi, yi) for d in Direction}
+        assert rel_err(got[Direction.FORWARD], np.take(whole[Direction.FORWARD],
+                       range(i * cy, (i + 1) * cy), axis=c_axis)) < 1e-12
+        assert rel_err(got[Direction.BACKWARD_DATA], np.take(whole[Direction.BACKWARD_DATA],
+                       range(i * cx, (i + 1) * cx), axis=c_axis)) < 1e-12
+        assert rel_err(got[Direction.BACKWARD_FILTER],
+                       whole[Direction.BACKWARD_FILTER][i * kc:(i + 1) * kc]) < 1e-12
+        ox, ow, oy = split.chunk_offsets(s, i)
+        for arr, sub, off in ((x, xi, ox), (dy, yi, oy), (w, wi, ow)):
+            flat_first = np.flatnonzero(arr == sub.flat[0])
+            assert off // p.itemsize in flat_first
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=splittable(), d=st.sampled_from(list(Direction)), inner=st.sampled_from(list(NumpyAlgo)),
+       alpha=st.sampled_from([1.0, 0.5, -2.0]), beta=st.sampled_from([0.0, 1.0, 0.25]),
+       seed=st.integers(0, 2**16), data=st.data())
+def test_numpy_split_configuration_matches_the_reference(p, d, inner, alpha, beta, seed, data):
+    be = NumpyBackend()
+    k = data.draw(st.sampled_from(split.split_factors(p)))
+    s = split.split_of(p, k)
+    algo = split.split_id(k, int(inner))
+    assert be.supports(p, d, algo)
+    need = be.workspace_size(p, d, algo)
+    assert need == split.regions(s, p.batch).inner + be.workspace_size(s.chunk, d, inner)
+    x, w, y = _tensors(p, np.random.default_rng(seed))
+    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
+    if beta == 0:  # beta 0 never reads the output
+        getattr(t, OUTPUT_OF[d])[...] = np.nan
+    be.run(d, algo, 0, t, alpha, beta, be.alloc_workspace(need))
+    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-10
+    with pytest.raises(ValueError, match=f"workspace: {re.escape(algo)} needs {need} bytes"):
+        be.run(d, algo, 0, ConvTensors(p, x, w, y.copy()), 1.0, 0.0,
+               be.alloc_workspace(need - 1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), d=st.sampled_from(list(Direction)),
+       alpha=st.sampled_from([1.0, 0.5]), beta=st.sampled_from([0.0, 1.0, -0.5]),
+       seed=st.integers(0, 2**16))
+def test_micro_batched_split_plan_equals_the_unsplit_reference(data, d, alpha, beta, seed):
+    """A plan of split micro-batches (mixed with unsplit ones, any factor)
+    gives the whole batch's result; backward-filter accumulates over
+    micro-batches."""
+    n = data.draw(st.integers(2, 6))
+    p = data.draw(splittable(batch=n))
+    be = NumpyBackend()
+    mbs, off = [], 0
+    for s in composition(data.draw, n):
+        k = data.draw(st.sampled_from(split.split_factors(p)))
+        a = data.draw(st.sampled_from([split.split_id(k, 0), split.split_id(k, 1), 0, 1]))
+        mbs.append(MicroBatch(off, s, a, 0, be.workspace_size(p.with_batch(s), d, a)))
+        off += s
+    ws = max(m.workspace_bytes for m in mbs)
+    plan = Plan(p, d, tuple(mbs), ws, 0.0, 0.0, None)
+    x, w, y = _tensors(p, np.random.default_rng(seed))
+    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
+    execute(plan, be, t, alpha, beta, be.alloc_workspace(ws))
+    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-10
+
+
+def test_numpy_find_adds_split_configurations_only_where_asked_and_they_split():
+    p = ConvProblem((2, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)
+    plain = NumpyBackend(repeats=1).find(p, Direction.BACKWARD_FILTER, None)
+    assert all(isinstance(a.algo, int) for a in plain)
+    be = NumpyBackend(repeats=1, split=True)
+    got = be.find(p, Direction.BACKWARD_FILTER, None)
+    ids = sorted(a.algo for a in got if isinstance(a.algo, str))
+    assert ids == sorted(split.split_id(k, int(a)) for k in (2, 4) for a in NumpyAlgo)
+    for a in got:
+        assert a.workspace_bytes == be.workspace_size(p, Direction.BACKWARD_FILTER, a.algo)
+    # the regions count against the limit
+    limit = split.regions(split.split_of(p, 4), p.batch).inner - 1
+    assert not [a for a in be.find(p, Direction.BACKWARD_FILTER, limit)
+                if isinstance(a.algo, str)]
+    q = ConvProblem((2, 8, 9, 9), (8, 8, 3, 3), padding=1)
+    assert all(isinstance(a.algo, int) for a in be.find(q, Direction.FORWARD, None))
+
+
+class _SplitFirstBackend(NumpyBackend):
+    """NumPy with splitting, its split configurations reported 1000x faster (so
+    the planner picks them whenever they fit); a version of its own for the
+    plan memo."""
+
+    def __init__(self) -> None:
+        super().__init__(repeats=1, split=True)
+        self.version = f"{self.version}+split-first"
+
+    def find(self, problem, direction, workspace_limit):
+        out = [AlgoPerf(a.algo, a.time_ms / 1000 if isinstance(a.algo, str) else a.time_ms,
+                        a.workspace_bytes, a.math_type, a.determinism)
+               for a in super().find(problem, direction, workspace_limit)]
+        return sorted(out, key=lambda a: a.time_ms)
+
+
+@pytest.mark.parametrize("d", list(Direction), ids=str)
+def test_a_convolution_plans_and_runs_split_configurations(d, tmp_path, monkeypatch):
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "c.sqlite"))
+    p = ConvProblem((6, 12, 12, 8), (8, 3, 3, 1), padding=1, groups=8, layout="NHWC",
+                    math="fma")
+    limit = split.regions(split.split_of(p, 2), 2).inner + 4096  # split micro-batches of 2 fit
+    conv = convolution_for(p, backend=_SplitFirstBackend(), workspace_limit=limit)
+    rng = np.random.default_rng(5)
+    x, w, y = (a.astype(np.float32) for a in _tensors(p, rng))
+    got = run_direction(conv, d, x, w, y, alpha=0.5, beta=0.25)
+    plan = conv.plans[d]
+    assert all(split.parse_split_id(m.algo) is not None for m in plan.micro_batches), plan
+    assert plan.workspace_bytes <= limit
+    assert rel_err(got, reference(p, d, x, w, y, 0.5, 0.25)) < 1e-5
+
+
+def test_cache_names_and_plans_mark_the_problems_whose_candidates_splitting_changes(tmp_path):
+    from mucudnn.optimizer import BenchmarkCache
+    from mucudnn.optimizer.benchmark import benchmark
+    from mucudnn.optimizer.offline import CachedBackend
+    from mucudnn.optimizer.planner import Planner
+
+    grouped = ConvProblem((4, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)
+    plain_p = ConvProblem((4, 8, 9, 9), (8, 8, 3, 3), padding=1)
+    plain, splitting = NumpyBackend(repeats=1), NumpyBackend(repeats=1, split=True)
+    assert plain.cache_name(grouped) == splitting.cache_name(plain_p) == "numpy"
+    assert splitting.cache_name(grouped) == "numpy" + split.CACHE_SUFFIX
+    assert (Planner(plain, cache="off").key(grouped, "forward")
+            != Planner(splitting, cache="off").key(grouped, "forward"))
+    path = tmp_path / "c.sqlite"
+    cache = BenchmarkCache(path)
+    for be in (plain, splitting):
+        benchmark(be, grouped, Direction.FORWARD, "undivided", 1 << 30, cache=cache)
+    assert sorted(e.backend for e in cache.entries("numpy")) == ["numpy", "numpy+split"]
+    assert not any(split.parse_split_id(a.algo) for a in cache.get(plain, grouped, "forward"))
+    assert any(split.parse_split_id(a.algo) for a in cache.get(splitting, grouped, "forward"))
+    replay = CachedBackend("numpy", cache=path)
+    assert replay.cache_name(grouped) == "numpy+split" and replay.cache_name(plain_p) == "numpy"
+
+
+# -- cudnn-graph's search of factors (Note [split at the first find]) -----------------------------
+@pytest.fixture
+def no_device(monkeypatch):
+    """No device: DeviceBackend's set-up is a table's."""
+    from mucudnn.backends import _device
+
+    def init(self, device=None, stream=None, find_workspace_limit=None):
+        import threading
+        self.find_workspace_limit = find_workspace_limit
+        self.device = 0
+        self._lock = threading.RLock()
+        self.find_profile = _device.FindProfile()
+
+    monkeypatch.setattr(_device.DeviceBackend, "__init__", init)
+
+
+def _table_split_backend(bites: bool, **options):
+    """A cudnn-graph backend whose finds are tables: the whole problem's best
+    config takes 10 ms; a chunk problem's takes 1 ms per chunk times
+    ``FACTOR_MS[k]``; the limit bites where ``bites`` says."""
+    from mucudnn.backends.cudnn_graph import CudnnGraphBackend
+
+    class Table(CudnnGraphBackend):
+        def on_home_stream(self):
+            return contextlib.nullcontext()
+
+        def find_workspace_cap(self):
+            return 1 << 40
+
+        def _limit_bites(self, problem, direction, want):
+            return bites
+
+        def _find_configs(self, problem, direction, limit):
+            self.finds.append((problem.groups, problem.batch))
+            if problem.groups == WHOLE.groups:
+                return [AlgoPerf("e1", 10.0, 0)]
+            k = WHOLE.groups // problem.groups
+            return [AlgoPerf("e2", FACTOR_MS[k] / k * problem.batch / WHOLE.batch, 1 << 20)]
+
+        def _time_split(self, sp, direction, size):
+            return 0.0
+
+    be = Table(find_workspace_limit=1 << 40, **options)
+    be.finds = []
+    return be
+
+
+WHOLE = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
+#: a chunked call's time for the whole batch, by factor: 4 leads
+FACTOR_MS = {2: 12.0, 4: 8.0, 8: 9.0, 16: 11.0}
+
+
+def test_the_first_find_tries_every_factor_and_later_ones_the_factor_that_led(no_device):
+    be = _table_split_backend(bites=True)
+    d = Direction.BACKWARD_FILTER
+    first = be.find(WHOLE, d, 1 << 30)
+    assert be.finds == [(96, 64), (48, 64), (24, 64), (12, 64), (6, 64)]
+    assert first[0].algo == "split4|e2" and first[0].time_ms == pytest.approx(8.0)
+    assert {a.algo for a in first} == {"e1", "split2|e2", "split4|e2", "split8|e2", "split16|e2"}
+    assert first[0].workspace_bytes == (1 << 20) + split.regions(split.split_of(WHOLE, 4), 64).inner
+    be.finds.clear()
+    later = be.find(WHOLE.with_batch(32), d, 1 << 30)
+    assert be.finds == [(96, 32), (24, 32)]
+    assert {a.algo for a in later} == {"e1", "split4|e2"}
+    assert be.find_profile.split_finds == 5
+    # a kernel whose first split search did not lead tries none later
+    slow = _table_split_backend(bites=True)
+    old = dict(FACTOR_MS)
+    FACTOR_MS.update({k: 50.0 for k in FACTOR_MS})
+    try:
+        slow.find(WHOLE, d, 1 << 30)
+        slow.finds.clear()
+        slow.find(WHOLE.with_batch(32), d, 1 << 30)
+        assert slow.finds == [(96, 32)]
+    finally:
+        FACTOR_MS.update(old)
+
+
+def test_no_split_where_the_limit_does_not_bite_or_when_asked_not_to(no_device):
+    d = Direction.BACKWARD_FILTER
+    for be in (_table_split_backend(bites=False), _table_split_backend(bites=True, split=False)):
+        assert [a.algo for a in be.find(WHOLE, d, 64 << 20)] == ["e1"]
+        assert be.finds == [(96, 64)]
+    # the regions alone over the cap: that factor is not found
+    be = _table_split_backend(bites=True)
+    tight = split.regions(split.split_of(WHOLE, 8), 64).inner
+    be.find(WHOLE, d, tight)
+    assert (12, 64) in be.finds and (24, 64) not in be.finds and (48, 64) not in be.finds
+
+
+# -- the cuDNN copies (descriptors only) -----------------------------------------------------------
+@needs_cudnn_transforms
+@pytest.mark.parametrize("p", [CONVNEXT, RESNEXT], ids=["NHWC", "NCHW"])
+def test_cudnn_copy_descriptors_describe_the_slices_and_the_packed_chunks(p):
+    from mucudnn.backends.split_cudnn import SplitCopies
+
+    s = split.split_of(p, 4)
+    cp = SplitCopies(s, 8)
+    try:
+        c = s.chunk.with_batch(8)
+        assert cp.x_slice.dims == cp.x_chunk.dims == c.x_dims
+        assert cp.y_slice.dims == cp.y_chunk.dims == c.y_dims
+        from mucudnn.problem import packed_strides
+        assert cp.x_slice.strides == packed_strides(p.with_batch(8).x_dims, p.layout)
+        assert cp.x_chunk.strides == packed_strides(c.x_dims, p.layout)
+        assert cp.scratch_bytes[1] == max(c.x_shape[0] * np.prod(c.x_shape[1:]),
+                                          np.prod(c.output_shape)) * 4
+    finally:
+        cp.close()
