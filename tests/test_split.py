@@ -353,3 +353,18 @@ def test_cudnn_copy_descriptors_describe_the_slices_and_the_packed_chunks(p):
                                           np.prod(c.output_shape)) * 4
     finally:
         cp.close()
+
+
+def test_the_torch_report_names_the_rewrites_a_plan_runs():
+    pytest.importorskip("torch")
+    from mucudnn.torch.report import _plan_text
+
+    d = Direction.BACKWARD_FILTER
+    mbs = (MicroBatch(0, 32, "split8|e30", 0, 9 << 20), MicroBatch(32, 32, "split8|e30", 0, 9 << 20))
+    assert _plan_text(Plan(CONVNEXT, d, mbs, 9 << 20, 1.0, 1.0, None)) == \
+        "2 x 32 (split by 8), 9.0 MiB"
+    mixed = (MicroBatch(0, 48, "e30", 0, 1 << 20), MicroBatch(48, 16, "split4|e1", 0, 1 << 20))
+    assert _plan_text(Plan(CONVNEXT, d, mixed, 1 << 20, 1.0, 1.0, None)) == \
+        "48 + 16 (split by 4), 1.0 MiB"
+    plain = (MicroBatch(0, 64, "e30", 0, 0),)
+    assert _plan_text(Plan(CONVNEXT, d, plain, 0, 1.0, 1.0, None)) == "64, 0.0 MiB"

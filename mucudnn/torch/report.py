@@ -27,7 +27,9 @@ from typing import Any, Optional
 
 from torch import nn
 
-from ..problem import Direction
+from ..backends import fold as _fold
+from ..backends import split as _split
+from ..problem import Direction, Plan
 from . import native
 from .functional import options
 from .modules import MucudnnConvMixin
@@ -171,6 +173,23 @@ def _mib(v: Optional[int]) -> str:
     return "-" if v is None else f"{v / 2**20:.1f} MiB"
 
 
+def _plan_text(plan: Optional[Plan]) -> str:
+    """A plan's micro-batch sizes, the rewrites its configurations run (Note
+    [split groups], Note [folded first layers]) and its workspace:
+    ``"2 x 32 (split by 8), 9.0 MiB"``."""
+    if plan is None:
+        return "-"
+    ways = []
+    for m in plan.micro_batches:
+        sp, fo = _split.parse_split_id(m.algo), _fold.split_fold_id(m.algo)
+        if sp is not None:
+            ways.append(f"split by {sp[0]}")
+        elif fo is not None:
+            ways.append(f"folded by {fo[0]}")
+    how = f" ({', '.join(dict.fromkeys(ways))})" if ways else ""
+    return f"{plan.describe()}{how}, {plan.workspace_bytes / 2**20:.1f} MiB"
+
+
 def _matches(module: MucudnnConvMixin, rec: native.Record) -> bool:
     cfg = rec.cfg
     m: Any = module
@@ -205,8 +224,9 @@ def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[s
         plan = rec.plans.get(d)
         out[_SHORT[d]] = {
             "runs": c.runs,
-            "plan": "PyTorch's own" if c.runs == native.TORCH else
-            (f"{plan.describe()}, {plan.workspace_bytes / 2**20:.1f} MiB" if plan else "-"),
+            "plan": "PyTorch's own" if c.runs == native.TORCH else _plan_text(plan),
+            "configs": [] if plan is None else list(dict.fromkeys(
+                str(m.algo) for m in plan.micro_batches)),
             "ms": c.torch_ms if c.runs == native.TORCH else c.plan_ms,
             "plan_ms": c.plan_ms,
             "torch_ms": c.torch_ms,
