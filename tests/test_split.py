@@ -368,3 +368,33 @@ def test_the_torch_report_names_the_rewrites_a_plan_runs():
         "48 + 16 (split by 4), 1.0 MiB"
     plain = (MicroBatch(0, 64, "e30", 0, 0),)
     assert _plan_text(Plan(CONVNEXT, d, plain, 0, 1.0, 1.0, None)) == "64, 0.0 MiB"
+
+
+@settings(max_examples=200, deadline=None)
+@given(head=st.sampled_from(["split", "Split", "split ", "fold", "", "splitsplit"]),
+       k=st.one_of(st.integers(-3, 40).map(str), st.text(max_size=3)),
+       sep=st.sampled_from(["|", "||", "", ":"]),
+       inner=st.one_of(st.integers(-1, 4).map(str), st.text(max_size=6), st.just("split2|0")))
+def test_any_configuration_id_from_a_file_runs_or_is_refused_by_name(head, k, sep, inner):
+    """An id a plan file can hold: the NumPy backend supports it or not, and
+    workspace_size() either answers or raises a MucudnnError naming ``algo``."""
+    import mucudnn as mu
+
+    algo = f"{head}{k}{sep}{inner}"
+    p = ConvProblem((2, 8, 5, 5), (8, 2, 3, 3), padding=1, groups=4)
+    be = NumpyBackend()
+    parsed = split.parse_split_id(algo)
+    if parsed is not None:
+        assert split.split_id(*parsed) == algo or str(parsed[1]) != inner
+    try:
+        ok = be.supports(p, Direction.FORWARD, algo)
+    except mu.MucudnnError as exc:
+        assert isinstance(exc, (ValueError, TypeError)) and "algo" in str(exc)
+        ok = False
+    try:
+        need = be.workspace_size(p, Direction.FORWARD, algo)
+    except mu.MucudnnError as exc:
+        assert isinstance(exc, (ValueError, TypeError)) and "algo" in str(exc), exc
+        assert not ok
+    else:
+        assert need >= 0
