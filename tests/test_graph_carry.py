@@ -170,6 +170,8 @@ def tables(monkeypatch):
 P = ConvProblem((128, 27, 27, 96), (256, 5, 5, 96), padding=2, layout="NHWC")
 #: P in two groups: the tables answer for it as for P (Note [search parity] tells them apart)
 GROUPED = ConvProblem((128, 27, 27, 96), (256, 5, 5, 48), padding=2, groups=2, layout="NHWC")
+#: P's input channels as a depthwise convolution (Note [which convolutions split])
+DEPTHWISE = ConvProblem((128, 27, 27, 96), (96, 5, 5, 1), padding=2, groups=96, layout="NHWC")
 BWD_FILTER = Direction.BACKWARD_FILTER
 
 
@@ -310,16 +312,16 @@ def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(t
         be = _TableGraph(find=FindOptions(**{"retime": 0, name: value}))
         assert getattr(be.find_options, name) == (tuple(value) if name == "heuristic_modes"
                                                   else value)
-        for problem in (P, folds, GROUPED):
+        for problem in (P, folds, DEPTHWISE):
             key_changes = be.cache_name(problem) != base.cache_name(problem)
             plan_key_changes = (Planner(be, cache="off").key(problem, BWD_FILTER)
                                 != Planner(base, cache="off").key(problem, BWD_FILTER))
             assert key_changes == plan_key_changes
-            reaches = {"fold": folds, "split": GROUPED}
+            reaches = {"fold": folds, "split": DEPTHWISE}
             if name in reaches and problem is not reaches[name]:
                 assert not key_changes, (name, problem)
                 # find() adds folded (split) configs only where the problem folds (splits)
-                assert fold.fold_of(P) is None and not split.split_factors(P)
+                assert fold.fold_of(P) is None and not split.searched_factors(P)
                 assert ([r.algo for r in be.find(P.with_batch(32), BWD_FILTER, None)]
                         == [r.algo for r in base.find(P.with_batch(32), BWD_FILTER, None)])
             else:

@@ -59,7 +59,8 @@ def _tensors(p, rng):
 
 
 def test_depthwise_and_grouped_layers_split_into_what_the_note_says():
-    assert split.split_factors(CONVNEXT) == (2, 4, 8, 16)
+    assert split.split_factors(CONVNEXT) == split.searched_factors(CONVNEXT) == (2, 4, 8, 16)
+    assert split.split_factors(RESNEXT) == (2, 4, 8, 16) and split.searched_factors(RESNEXT) == ()
     s = split.split_of(CONVNEXT, 16)
     assert (s.chunk.x_shape, s.chunk.w_shape, s.chunk.groups) == ((64, 56, 56, 6), (6, 7, 7, 1), 6)
     assert s.chunk.output_shape == (64, 56, 56, 6)
@@ -170,8 +171,9 @@ def test_micro_batched_split_plan_equals_the_unsplit_reference(data, d, alpha, b
     assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-10
 
 
-def test_numpy_find_adds_split_configurations_only_where_asked_and_they_split():
-    p = ConvProblem((2, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)
+def test_numpy_find_adds_split_configurations_only_where_asked_and_they_are_searched():
+    """See Note [which convolutions split]: depthwise problems only."""
+    p = ConvProblem((2, 4, 9, 9), (4, 1, 3, 3), padding=1, groups=4)
     plain = NumpyBackend(repeats=1).find(p, Direction.BACKWARD_FILTER, None)
     assert all(isinstance(a.algo, int) for a in plain)
     be = NumpyBackend(repeats=1, split=True)
@@ -184,8 +186,12 @@ def test_numpy_find_adds_split_configurations_only_where_asked_and_they_split():
     limit = split.regions(split.split_of(p, 4), p.batch).inner - 1
     assert not [a for a in be.find(p, Direction.BACKWARD_FILTER, limit)
                 if isinstance(a.algo, str)]
-    q = ConvProblem((2, 8, 9, 9), (8, 8, 3, 3), padding=1)
-    assert all(isinstance(a.algo, int) for a in be.find(q, Direction.FORWARD, None))
+    # ungrouped, and grouped with several channels a group: not searched (their ids still run)
+    for q in (ConvProblem((2, 8, 9, 9), (8, 8, 3, 3), padding=1),
+              ConvProblem((2, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)):
+        assert all(isinstance(a.algo, int) for a in be.find(q, Direction.FORWARD, None))
+    assert split.split_factors(q) == (2, 4) and split.searched_factors(q) == ()
+    assert be.supports(q, Direction.FORWARD, "split2|0")
 
 
 class _SplitFirstBackend(NumpyBackend):
@@ -226,10 +232,12 @@ def test_cache_names_and_plans_mark_the_problems_whose_candidates_splitting_chan
     from mucudnn.optimizer.offline import CachedBackend
     from mucudnn.optimizer.planner import Planner
 
-    grouped = ConvProblem((4, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)
+    grouped = ConvProblem((4, 8, 9, 9), (8, 1, 3, 3), padding=1, groups=8)
     plain_p = ConvProblem((4, 8, 9, 9), (8, 8, 3, 3), padding=1)
+    wide = ConvProblem((4, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)
     plain, splitting = NumpyBackend(repeats=1), NumpyBackend(repeats=1, split=True)
     assert plain.cache_name(grouped) == splitting.cache_name(plain_p) == "numpy"
+    assert splitting.cache_name(wide) == "numpy"  # Note [which convolutions split]
     assert splitting.cache_name(grouped) == "numpy" + split.CACHE_SUFFIX
     assert (Planner(plain, cache="off").key(grouped, "forward")
             != Planner(splitting, cache="off").key(grouped, "forward"))

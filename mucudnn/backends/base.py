@@ -89,7 +89,7 @@ class Launcher(Protocol):
 # ``"+fold"`` for the problems that fold, so caches written before folding
 # existed, or with ``fold=False``, are measured again for those problems only:
 # the first layers, a few seconds, not the whole network; splitting (Note
-# [split groups] in :mod:`.split`) adds ``"+split"`` for grouped problems
+# [split groups] in :mod:`.split`) adds ``"+split"`` for depthwise problems
 # likewise. The knob search
 # changes every problem's set and so changes ``name`` itself
 # (``"cudnn-graph+knobs"``, Note [knob search]); every other search option of
@@ -234,7 +234,7 @@ class BackendBase:
     #: space-to-depth (Note [folded first layers] in :mod:`.fold`); it names
     #: their keys (:meth:`cache_name`).
     fold: bool = False
-    #: Whether find() also reports the configurations of grouped problems split
+    #: Whether find() also reports the configurations of depthwise problems split
     #: into chunks of their groups (Note [split groups] in :mod:`.split`); it
     #: names their keys (:meth:`cache_name`).
     split: bool = False

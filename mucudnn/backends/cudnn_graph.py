@@ -13,7 +13,7 @@ from which ``run()`` rebuilds the plan. With ``fold`` (the default) a strided
 first layer over few channels in channels-last also gets the configs of its
 problem folded by space-to-depth, ``"fold<s>|<engine config id>"``, timed
 with their transforms (Note [folded first layers] in :mod:`.fold`). With
-``split`` (the default) a grouped convolution whose configs the cap leaves
+``split`` (the default) a depthwise convolution whose configs the cap leaves
 out also gets those of its problem split into chunks of its groups,
 ``"split<k>|<engine config id>"``, timed with their copies (Note [split
 groups] in :mod:`.split`).

@@ -87,7 +87,7 @@ class FindOptions:
     per kernel]). ``carry``: time the configs that led other sizes (Note
     [carried to other sizes]). ``fold``: also time folded configurations of
     strided first layers (Note [folded first layers]). ``split``: also time
-    grouped convolutions split into chunks of their groups where the cap
+    depthwise convolutions split into chunks of their groups where the cap
     leaves configurations out (Note [split groups]). ``search``:
     ``"heuristics"`` or ``"knobs"`` (Note [knob search]), with
     ``knob_values`` values per knob and at most ``max_configs`` added configs.

@@ -252,7 +252,7 @@ class GraphFind(GraphEngines):
         regions' workspace (none where the problem does not split, the limit
         does not bite, or the regions alone exceed the cap); ``best_ms`` is
         the best time find() has without them."""
-        factors = _split.split_factors(problem)
+        factors = _split.searched_factors(problem)
         if not factors:
             return []
         with self.on_home_stream():

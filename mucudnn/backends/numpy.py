@@ -115,7 +115,7 @@ class NumpyBackend(BackendBase):
     ``fold``: find() also times each algorithm on the problem folded by
     space-to-depth, where it folds (ids ``"fold{s}|{algo}"``; Note [folded
     first layers] in :mod:`mucudnn.backends.fold`). ``split``: find() also
-    times each algorithm on every split of a grouped problem's groups (ids
+    times each algorithm on every split of a depthwise problem's groups (ids
     ``"split{k}|{algo}"``; Note [split groups] in
     :mod:`mucudnn.backends.split`). Both off by default here, the CPU
     reference; run() and workspace_size() take folded and split ids either way.
@@ -219,7 +219,7 @@ class NumpyBackend(BackendBase):
         if f is not None:  # Note [folded first layers]
             algos += [_fold.fold_id(f.s, int(a)) for a in NumpyAlgo]
         if self.split:  # Note [split groups]
-            algos += [_split.split_id(k, int(a)) for k in _split.split_factors(problem)
+            algos += [_split.split_id(k, int(a)) for k in _split.searched_factors(problem)
                       for a in NumpyAlgo]
         for algo in algos:
             ws_bytes = self.workspace_size(problem, direction, algo)

@@ -1,7 +1,8 @@
 """Grouped convolutions split into chunks of their groups (Note [split groups]).
 
 This module holds what every backend shares: which factors a problem splits
-by (:func:`split_factors`) and into what (:func:`split_of`), the ids of split
+by (:func:`split_factors`), which of them find() tries
+(:func:`searched_factors`), and into what (:func:`split_of`), the ids of split
 configurations (:func:`split_id`, :func:`parse_split_id`), where a split call
 keeps its chunk copies in its workspace (:func:`regions`), the split entries
 of a find() (:func:`split_perfs`), and where chunk ``i`` of each operand
@@ -29,6 +30,7 @@ from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction, channels_last
 
 __all__ = ["Split", "Regions", "SPLIT_FACTORS", "CACHE_SUFFIX", "cache_name", "split_factors",
+           "searched_factors",
            "split_of", "splitting", "split_id", "parse_split_id", "regions", "split_perfs",
            "chunk_offsets", "copies_of"]
 
@@ -50,10 +52,24 @@ __all__ = ["Split", "Regions", "SPLIT_FACTORS", "CACHE_SUFFIX", "cache_name", "s
 # (alpha and beta applied there; backward-filter applies them in the inner
 # call). Its workspace is the chunk copies' regions plus the inner
 # configuration's, its time k chunks of both. find() searches splits only
-# for grouped problems where the cap leaves out some configuration
-# heuristics list (the limit bites); the first such find() of a kernel tries
-# every factor, later ones (other micro-batch sizes) only the factor that led
-# there (Note [split at the first find] in graph_find.py).
+# for depthwise problems (Note [which convolutions split]) where the cap
+# leaves out some configuration heuristics list (the limit bites); the first
+# such find() of a kernel tries every factor, later ones (other micro-batch
+# sizes) only the factor that led there (Note [split at the first find] in
+# graph_find.py). Any split id of a grouped problem runs, whoever found it.
+
+# Note [which convolutions split]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Splitting pays where a layer's engines work channel by channel: depthwise
+# convolutions (one input channel per group), whose engines' workspace is
+# copies of x and dy and whose chunks run as fast as the whole. Grouped
+# convolutions of several channels per group (ResNeXt's and RegNet's 3x3s)
+# run on implicit GEMMs over the groups, and their chunks ran slower than
+# micro-batches of the whole (ResNeXt-50's first grouped 3x3: 8 chunks 2.5
+# times the whole call, 4 micro-batches 1.17 times; docs/BENCHMARKS.md),
+# while searching their factors quadrupled ResNeXt-50's planning (1.6 to
+# 5.8 s). So find() searches only depthwise problems
+# (:func:`searched_factors`), and only those are keyed ``+split``.
 
 #: The chunk counts a split tries (those that divide the groups).
 SPLIT_FACTORS = (2, 4, 8, 16)
@@ -71,16 +87,16 @@ CACHE_SUFFIX = "+split"
 
 def cache_name(name: str, problem: ConvProblem) -> str:
     """The name a backend ``name`` that splits keeps ``problem``'s measurements
-    and plans under: with :data:`CACHE_SUFFIX` where ``problem`` splits (its
-    find() may report split configurations), else ``name``.
+    and plans under: with :data:`CACHE_SUFFIX` where find() searches
+    ``problem``'s splits (:func:`searched_factors`), else ``name``.
 
     >>> from mucudnn.problem import ConvProblem
     >>> cache_name("cudnn-graph", ConvProblem((8, 32, 56, 56), (32, 1, 3, 3), groups=32))
     'cudnn-graph+split'
-    >>> cache_name("cudnn-graph", ConvProblem((8, 32, 56, 56), (32, 32, 3, 3)))
+    >>> cache_name("cudnn-graph", ConvProblem((8, 32, 56, 56), (32, 4, 3, 3), groups=8))
     'cudnn-graph'
     """
-    return name + CACHE_SUFFIX if split_factors(problem) else name
+    return name + CACHE_SUFFIX if searched_factors(problem) else name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +119,20 @@ def split_factors(problem: ConvProblem) -> tuple[int, ...]:
     """
     g = problem.groups
     return tuple(k for k in SPLIT_FACTORS if g > 1 and g % k == 0)
+
+
+def searched_factors(problem: ConvProblem) -> tuple[int, ...]:
+    """The factors find() tries for ``problem`` (Note [which convolutions
+    split]): its :func:`split_factors` where it is depthwise (one input channel
+    per group), none otherwise.
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> searched_factors(ConvProblem((8, 16, 56, 56), (16, 1, 3, 3), groups=16))
+    (2, 4, 8, 16)
+    >>> searched_factors(ConvProblem((8, 64, 56, 56), (64, 8, 3, 3), groups=8))
+    ()
+    """
+    return split_factors(problem) if problem.w_dims[1] == 1 else ()
 
 
 def split_of(problem: ConvProblem, k: int) -> Split | None:
