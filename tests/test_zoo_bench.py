@@ -125,6 +125,7 @@ def test_tiny_end_to_end(zb, tmp_path, capsys):
     assert [len(st["step_ms"][s]) for s in ("native", "converted")] == [2, 2]
     assert all(len(rnd) == 2 and min(rnd) > 0 for s in st["step_ms"].values() for rnd in s)
     assert st["memory"]["native"] == {"peak_bytes": None, "device_used_bytes": None}  # CPU
+    assert r["report"]["find_profile"] is None  # the CPU's backend keeps no find profile
     g = r["grad"]
     assert g["planned_kernels"] is None  # the CPU compares nothing with PyTorch's call
     assert g["batch"] == 2 and g["conv_layers"] == ["features.0.weight", "features.4.weight",
@@ -249,6 +250,7 @@ def test_cold_processes(zb, tmp_path):
         assert "profile" not in c and "profiled" not in c
     # the converted side says what its first calls cost (none on the CPU: no comparison)
     assert "first_calls" in r["cold"]["converted"] and "first_calls" not in r["cold"]["native"]
+    assert r["cold"]["converted"]["find_profile"] is None  # the CPU's backend keeps none
 
 
 @pytest.mark.slow
@@ -318,3 +320,28 @@ def test_a_control_run_builds_two_native_sides(zb, tmp_path, monkeypatch):
     (r,) = report["results"]
     assert not converted and "report" not in r and report["options"]["control"] is True
     assert r["steps"]["eager"]["ratio"] > 0
+
+
+def test_find_profile_is_the_default_gpu_backends_counts(monkeypatch):
+    """tools/train_steps.find_profile: the default backend's FindProfile as flat
+    numbers (its per-mode seconds left out), None on the CPU."""
+    import torch
+
+    from mucudnn.backends import _device
+    import mucudnn.backends as backends
+
+    ts = load_tool("train_steps")
+    assert ts.find_profile(torch.device("cpu")) is None
+    prof = _device.FindProfile()
+    prof.calls, prof.split_finds, prof.modes_s["A"] = 3, 2, 0.5
+    seen = {}
+
+    def fake(name, device=None):
+        seen.update(name=name, device=device)
+        return type("Be", (), {"find_profile": prof})()
+
+    monkeypatch.setattr(backends, "get_backend", fake)
+    got = ts.find_profile(torch.device("cuda", 1))
+    assert seen == {"name": backends.default_name(gpu=True), "device": 1}
+    assert got["calls"] == 3 and got["split_finds"] == 2 and "modes_s" not in got
+    assert set(got) == {f for f in prof.as_dict() if f != "modes_s"}

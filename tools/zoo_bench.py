@@ -339,7 +339,8 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None]) -> Non
         return
     try:
         rep = mt.report(model)
-        entry["report"] = rep.as_dict()
+        entry["report"] = rep.as_dict() | {"find_profile": ts.find_profile(
+            next(model.parameters()).device)}
         log(str(rep))
     except Exception as exc:  # noqa: BLE001 - a report is optional; the timing goes on
         entry.setdefault("errors", {})["report"] = f"{type(exc).__name__}: {exc}"
@@ -396,6 +397,7 @@ def cold_child(args: argparse.Namespace) -> int:
     if args.cold_child == "converted":
         # Note [first-call seconds] in mucudnn/torch/native.py: what the first calls paid for
         out["first_calls"] = mt.report(job.model).as_dict().get("first_calls")
+        out["find_profile"] = ts.find_profile(device)
     print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
                                     "build_s": build_s, **out}), flush=True)
     return 0
