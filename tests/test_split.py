@@ -59,7 +59,8 @@ def _tensors(p, rng):
 
 
 def test_depthwise_and_grouped_layers_split_into_what_the_note_says():
-    assert split.split_factors(CONVNEXT) == split.searched_factors(CONVNEXT) == (2, 4, 8, 16)
+    assert split.split_factors(CONVNEXT) == (2, 4, 8, 16)
+    assert split.searched_factors(CONVNEXT) == (2, 4, 8)  # 16 chunks: 6 x 196 B filter slices
     assert split.split_factors(RESNEXT) == (2, 4, 8, 16) and split.searched_factors(RESNEXT) == ()
     s = split.split_of(CONVNEXT, 16)
     assert (s.chunk.x_shape, s.chunk.w_shape, s.chunk.groups) == ((64, 56, 56, 6), (6, 7, 7, 1), 6)
@@ -172,8 +173,9 @@ def test_micro_batched_split_plan_equals_the_unsplit_reference(data, d, alpha, b
 
 
 def test_numpy_find_adds_split_configurations_only_where_asked_and_they_are_searched():
-    """See Note [which convolutions split]: depthwise problems only."""
-    p = ConvProblem((2, 4, 9, 9), (4, 1, 3, 3), padding=1, groups=4)
+    """See Note [which convolutions split]: depthwise problems only (2 x 2
+    float32 filters: 16-byte slices)."""
+    p = ConvProblem((2, 4, 9, 9), (4, 1, 2, 2), padding=1, groups=4)
     plain = NumpyBackend(repeats=1).find(p, Direction.BACKWARD_FILTER, None)
     assert all(isinstance(a.algo, int) for a in plain)
     be = NumpyBackend(repeats=1, split=True)
@@ -252,6 +254,25 @@ def test_cache_names_and_plans_mark_the_problems_whose_candidates_splitting_chan
     assert replay.cache_name(grouped) == "numpy+split" and replay.cache_name(plain_p) == "numpy"
 
 
+@settings(max_examples=60, deadline=None)
+@given(c=st.sampled_from([8, 16, 24, 32, 48, 96, 144, 384, 768]), r=st.integers(1, 7),
+       dtype=st.sampled_from(["float32", "float16", "bfloat16", "float64"]),
+       layout=st.sampled_from(["NCHW", "NHWC"]))
+def test_searched_factors_keep_every_filter_slice_aligned(c, r, dtype, layout):
+    """See Note [which convolutions split]: a depthwise problem's searched
+    factors are exactly its factors whose every chunk's filter slice starts at
+    a multiple of FILTER_ALIGNMENT bytes."""
+    w = (c, 1, r, r) if layout == "NCHW" else (c, r, r, 1)
+    x = (2, c, 9, 9) if layout == "NCHW" else (2, 9, 9, c)
+    p = ConvProblem(x, w, padding=r // 2, groups=c, layout=layout, dtype=dtype)
+    got = split.searched_factors(p)
+    for k in split.split_factors(p):
+        s = split.split_of(p, k)
+        aligned = all(split.chunk_offsets(s, i)[1] % split.FILTER_ALIGNMENT == 0
+                      for i in range(k))
+        assert (k in got) == aligned
+
+
 # -- cudnn-graph's search of factors (Note [split at the first find]) -----------------------------
 @pytest.fixture
 def no_device(monkeypatch):
@@ -299,7 +320,7 @@ def _table_split_backend(bites: bool, **options):
     return be
 
 
-WHOLE = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
+WHOLE = ConvProblem((64, 14, 14, 384), (384, 7, 7, 1), padding=3, groups=384, layout="NHWC")
 #: a chunked call's time for the whole batch, by factor: 4 leads
 FACTOR_MS = {2: 12.0, 4: 8.0, 8: 9.0, 16: 11.0}
 
@@ -308,13 +329,13 @@ def test_the_first_find_tries_every_factor_and_later_ones_the_factor_that_led(no
     be = _table_split_backend(bites=True)
     d = Direction.BACKWARD_FILTER
     first = be.find(WHOLE, d, 1 << 30)
-    assert be.finds == [(96, 64), (48, 64), (24, 64), (12, 64), (6, 64)]
+    assert be.finds == [(384, 64), (192, 64), (96, 64), (48, 64), (24, 64)]
     assert first[0].algo == "split4|e2" and first[0].time_ms == pytest.approx(8.0)
     assert {a.algo for a in first} == {"e1", "split2|e2", "split4|e2", "split8|e2", "split16|e2"}
     assert first[0].workspace_bytes == (1 << 20) + split.regions(split.split_of(WHOLE, 4), 64).inner
     be.finds.clear()
     later = be.find(WHOLE.with_batch(32), d, 1 << 30)
-    assert be.finds == [(96, 32), (24, 32)]
+    assert be.finds == [(384, 32), (96, 32)]
     assert {a.algo for a in later} == {"e1", "split4|e2"}
     assert be.find_profile.split_finds == 5
     # a kernel whose first split search did not lead tries none later
@@ -325,7 +346,7 @@ def test_the_first_find_tries_every_factor_and_later_ones_the_factor_that_led(no
         slow.find(WHOLE, d, 1 << 30)
         slow.finds.clear()
         slow.find(WHOLE.with_batch(32), d, 1 << 30)
-        assert slow.finds == [(96, 32)]
+        assert slow.finds == [(384, 32)]
     finally:
         FACTOR_MS.update(old)
 
@@ -334,12 +355,12 @@ def test_no_split_where_the_limit_does_not_bite_or_when_asked_not_to(no_device):
     d = Direction.BACKWARD_FILTER
     for be in (_table_split_backend(bites=False), _table_split_backend(bites=True, split=False)):
         assert [a.algo for a in be.find(WHOLE, d, 64 << 20)] == ["e1"]
-        assert be.finds == [(96, 64)]
+        assert be.finds == [(384, 64)]
     # the regions alone over the cap: that factor is not found
     be = _table_split_backend(bites=True)
     tight = split.regions(split.split_of(WHOLE, 8), 64).inner
     be.find(WHOLE, d, tight)
-    assert (12, 64) in be.finds and (24, 64) not in be.finds and (48, 64) not in be.finds
+    assert (48, 64) in be.finds and (96, 64) not in be.finds and (192, 64) not in be.finds
 
 
 # -- the cuDNN copies (descriptors only) -----------------------------------------------------------

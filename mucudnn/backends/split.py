@@ -29,10 +29,10 @@ from typing import Any, Iterable, NamedTuple, Union
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction, channels_last
 
-__all__ = ["Split", "Regions", "SPLIT_FACTORS", "CACHE_SUFFIX", "cache_name", "split_factors",
-           "searched_factors",
-           "split_of", "splitting", "split_id", "parse_split_id", "regions", "split_perfs",
-           "chunk_offsets", "copies_of"]
+__all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFIX",
+           "cache_name", "split_factors", "searched_factors", "split_of", "splitting",
+           "split_id", "parse_split_id", "regions", "split_perfs", "chunk_offsets",
+           "copies_of"]
 
 # Note [split groups]
 # ~~~~~~~~~~~~~~~~~~~
@@ -69,12 +69,20 @@ __all__ = ["Split", "Regions", "SPLIT_FACTORS", "CACHE_SUFFIX", "cache_name", "s
 # times the whole call, 4 micro-batches 1.17 times; docs/BENCHMARKS.md),
 # while searching their factors quadrupled ResNeXt-50's planning (1.6 to
 # 5.8 s). So find() searches only depthwise problems
-# (:func:`searched_factors`), and only those are keyed ``+split``.
+# (:func:`searched_factors`), and only those are keyed ``+split``. It also
+# leaves out a factor whose filter slices would start less aligned than
+# FILTER_ALIGNMENT bytes: the chunks run in place on those slices, while
+# find() times the chunk problem on aligned buffers (and cuDNN may refuse,
+# or slow down, a less aligned pointer).
 
 #: The chunk counts a split tries (those that divide the groups).
 SPLIT_FACTORS = (2, 4, 8, 16)
 #: Each region of a split call's workspace starts at a multiple of this.
 REGION_ALIGN = 256
+#: find() tries only factors whose filter slices start at multiples of this
+#: many bytes (the graph API's largest pointer alignment; Note [which
+#: convolutions split]).
+FILTER_ALIGNMENT = 16
 _PREFIX = "split"
 _SEP = "|"
 
@@ -123,16 +131,23 @@ def split_factors(problem: ConvProblem) -> tuple[int, ...]:
 
 def searched_factors(problem: ConvProblem) -> tuple[int, ...]:
     """The factors find() tries for ``problem`` (Note [which convolutions
-    split]): its :func:`split_factors` where it is depthwise (one input channel
-    per group), none otherwise.
+    split]): those of its :func:`split_factors` whose filter slices start at
+    multiples of :data:`FILTER_ALIGNMENT` bytes, where it is depthwise (one
+    input channel per group); none otherwise.
 
     >>> from mucudnn.problem import ConvProblem
-    >>> searched_factors(ConvProblem((8, 16, 56, 56), (16, 1, 3, 3), groups=16))
+    >>> searched_factors(ConvProblem((8, 64, 56, 56), (64, 1, 3, 3), groups=64))
     (2, 4, 8, 16)
+    >>> searched_factors(ConvProblem((8, 96, 56, 56), (96, 1, 7, 7), groups=96))  # 6 x 196 B
+    (2, 4, 8)
     >>> searched_factors(ConvProblem((8, 64, 56, 56), (64, 8, 3, 3), groups=8))
     ()
     """
-    return split_factors(problem) if problem.w_dims[1] == 1 else ()
+    if problem.w_dims[1] != 1:
+        return ()
+    per_filter = math.prod(problem.w_shape[1:]) * problem.itemsize
+    return tuple(k for k in split_factors(problem)
+                 if (problem.w_shape[0] // k * per_filter) % FILTER_ALIGNMENT == 0)
 
 
 def split_of(problem: ConvProblem, k: int) -> Split | None:
