@@ -363,6 +363,26 @@ def test_no_split_where_the_limit_does_not_bite_or_when_asked_not_to(no_device):
     assert (48, 64) in be.finds and (96, 64) not in be.finds and (192, 64) not in be.finds
 
 
+def test_a_factor_whose_copies_cannot_be_timed_is_left_out_and_find_goes_on(no_device):
+    """No memory to time a factor's copies (or cuDNN refusing them): that
+    factor is not reported, the others and the unsplit configs are."""
+    from mucudnn._cudnn.errors import CudnnError
+    from mucudnn.cuda import CudaOutOfMemoryError
+
+    be = _table_split_backend(bites=True)
+    fail = {4: CudaOutOfMemoryError("cudaMalloc", "cudaErrorMemoryAllocation", "out of memory"),
+            8: CudnnError("cudnnTransformTensor", 3)}
+
+    def time_split(sp, direction, size):
+        if sp.k in fail:
+            raise fail[sp.k]
+        return 0.0
+
+    be._time_split = time_split
+    got = {a.algo for a in be.find(WHOLE, Direction.BACKWARD_FILTER, 1 << 30)}
+    assert got == {"e1", "split2|e2", "split16|e2"}
+
+
 # -- the cuDNN copies (descriptors only) -----------------------------------------------------------
 @needs_cudnn_transforms
 @pytest.mark.parametrize("p", [CONVNEXT, RESNEXT], ids=["NHWC", "NCHW"])

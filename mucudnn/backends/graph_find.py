@@ -29,7 +29,7 @@ from .._cudnn.enums import BackendBehaviorNote as Behavior
 from .._cudnn.errors import CudnnError
 from .._cudnn.prototypes import lib
 from ..caches import LRU
-from ..cuda import CudaError, time_on_stream, using_device
+from ..cuda import CudaError, CudaOutOfMemoryError, time_on_stream, using_device
 from ..errors import InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
@@ -278,7 +278,8 @@ class GraphFind(GraphEngines):
                 continue
             try:
                 copy_ms = self._time_split(sp, direction, problem.batch)
-            except CudnnError as exc:
+            except (CudnnError, CudaOutOfMemoryError) as exc:
+                # a split is an extra: without its copies (or memory to time them) find() goes on
                 log.info("mucudnn: cannot split %s %s by %d: %s", problem, direction, k, exc)
                 continue
             out += _split.split_perfs(inner, sp, problem.batch, copy_ms)
