@@ -43,8 +43,9 @@ __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFI
 # backward-filter keep transformed copies of the whole of x and dy in their
 # workspace (hundreds of MiB at a training batch), so under a cap they run a
 # few samples a call, slower a sample than one call; a chunk of the channels
-# needs 1/k of that workspace at the whole batch, and chunks of 24 or so
-# channels ran as fast as the whole call or faster (docs/BENCHMARKS.md). A
+# needs 1/k of that workspace at the whole batch, and such chunks ran as
+# fast as the whole call or faster (docs/BENCHMARKS.md, "Splitting the
+# groups"). A
 # split configuration (id ``split{k}|{inner id}``) copies each chunk's input
 # slices into packed tensors in the plan's workspace, runs the inner
 # configuration of the chunk problem there (its filter slice and, for
@@ -64,11 +65,10 @@ __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFI
 # convolutions (one input channel per group), whose engines' workspace is
 # copies of x and dy and whose chunks run as fast as the whole. Grouped
 # convolutions of several channels per group (ResNeXt's and RegNet's 3x3s)
-# run on implicit GEMMs over the groups, and their chunks ran slower than
-# micro-batches of the whole (ResNeXt-50's first grouped 3x3: 8 chunks 2.5
-# times the whole call, 4 micro-batches 1.17 times; docs/BENCHMARKS.md),
-# while searching their factors quadrupled ResNeXt-50's planning (1.6 to
-# 5.8 s). So find() searches only depthwise problems
+# run on implicit GEMMs over the groups: their chunks ran slower than
+# micro-batches of the whole, and searching their factors added planning
+# time that no plan used (docs/BENCHMARKS.md, "Splitting the groups"). So
+# find() searches only depthwise problems
 # (:func:`searched_factors`), and only those are keyed ``+split``. It also
 # leaves out a factor whose filter slices would start less aligned than
 # FILTER_ALIGNMENT bytes: the chunks run in place on those slices, while
