@@ -383,6 +383,58 @@ def test_a_factor_whose_copies_cannot_be_timed_is_left_out_and_find_goes_on(no_d
     assert got == {"e1", "split2|e2", "split16|e2"}
 
 
+@needs_cudnn_transforms
+def test_the_copies_are_timed_on_scratch_buffers_freed_after(no_device, monkeypatch):
+    """_time_split times one chunk's copies (SplitCopies.run_chunk on the handle,
+    from a whole-tensor scratch to a chunk scratch of scratch_bytes), reports
+    the median and frees the buffers and the descriptors, on failure too."""
+    from mucudnn.backends import graph_find
+    from mucudnn.backends.split_cudnn import SplitCopies
+
+    from mucudnn.backends.cudnn_graph import CudnnGraphBackend
+
+    be = CudnnGraphBackend(find_workspace_limit=1 << 40)
+    be.on_home_stream = contextlib.nullcontext
+    bufs, ran, closed = [], [], []
+
+    class Buf:
+        def __init__(self, n):
+            self.nbytes, self.ptr, self.open = n, 4096 * (len(bufs) + 1), True
+            bufs.append(self)
+
+        def close(self):
+            self.open = False
+
+    be.alloc_workspace = Buf
+    be.handle = "h"
+    be.stream = type("S", (), {"synchronize": lambda self: None})()
+    monkeypatch.setattr(SplitCopies, "run_chunk",
+                        lambda self, h, d, a, b: ran.append((h, d, a, b)))
+    real_close = SplitCopies.close
+    monkeypatch.setattr(SplitCopies, "close", lambda self: (closed.append(1), real_close(self)))
+
+    def timing(fn, stream, warmup, repeat):
+        fn()
+        return [3.0, 1.0, 2.0]
+
+    monkeypatch.setattr(graph_find, "time_on_stream", timing)
+    sp = split.split_of(WHOLE, 8)
+    d = Direction.BACKWARD_FILTER
+    assert be._time_split(sp, d, 64) == 2.0
+    want = SplitCopies(sp, 64).scratch_bytes
+    assert [b.nbytes for b in bufs] == list(want) and not any(b.open for b in bufs)
+    assert ran == [("h", d, bufs[0].ptr, bufs[1].ptr)] and closed == [1]
+
+    def failing(fn, stream, warmup, repeat):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(graph_find, "time_on_stream", failing)
+    bufs.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        be._time_split(sp, d, 32)
+    assert len(bufs) == 2 and not any(b.open for b in bufs) and closed == [1, 1]
+
+
 # -- the cuDNN copies (descriptors only) -----------------------------------------------------------
 @needs_cudnn_transforms
 @pytest.mark.parametrize("p", [CONVNEXT, RESNEXT], ids=["NHWC", "NCHW"])

@@ -21,7 +21,7 @@ import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.backend_api import BackendDescriptor
@@ -215,24 +215,33 @@ class GraphFind(GraphEngines):
         """The median ms of the transforms one folded call of ``direction`` runs
         at ``size`` rows, on scratch buffers (Note [folded first layers])."""
         tf = FoldTransforms(fold, size)
+        try:
+            return self._time_on_scratch(
+                tf.scratch_bytes, lambda h, a, b: tf.run_all(h, direction, a, b))
+        finally:
+            tf.close()
+
+    def _time_on_scratch(self, scratch_bytes: tuple[int, int],
+                         run: Callable[[Any, int, int], None]) -> float:
+        """The median ms of ``run(handle, src, dst)`` on the home stream, on two
+        scratch buffers of ``scratch_bytes`` (a rewrite's transforms or copies:
+        Notes [folded first layers], [split groups]); freed before it returns."""
         src = dst = None
         try:
             with self.on_home_stream():
-                src_bytes, dst_bytes = tf.scratch_bytes
-                src = self.alloc_workspace(src_bytes)
-                dst = self.alloc_workspace(dst_bytes)
+                src = self.alloc_workspace(scratch_bytes[0])
+                dst = self.alloc_workspace(scratch_bytes[1])
                 h = self.handle
 
-                def run(a: int = src.ptr, b: int = dst.ptr) -> None:
-                    tf.run_all(h, direction, a, b)
+                def go(a: int = src.ptr, b: int = dst.ptr) -> None:
+                    run(h, a, b)
 
-                times = time_on_stream(run, self.stream, warmup=1, repeat=self.find_options.repeat)
+                times = time_on_stream(go, self.stream, warmup=1, repeat=self.find_options.repeat)
                 self.stream.synchronize()
         finally:
             for buf in (src, dst):
                 if buf is not None:
                     buf.close()
-            tf.close()
         return float(statistics.median(times))
 
     def _limit_bites(self, problem: ConvProblem, direction: Direction, want: int) -> bool:
@@ -296,25 +305,11 @@ class GraphFind(GraphEngines):
         """The median ms of the copies one chunk of a split call of ``direction``
         makes at ``size`` rows, on scratch buffers (Note [split groups])."""
         cp = SplitCopies(split, size)
-        src = dst = None
         try:
-            with self.on_home_stream():
-                whole_bytes, chunk_bytes = cp.scratch_bytes
-                src = self.alloc_workspace(whole_bytes)
-                dst = self.alloc_workspace(chunk_bytes)
-                h = self.handle
-
-                def run(a: int = src.ptr, b: int = dst.ptr) -> None:
-                    cp.run_chunk(h, direction, a, b)
-
-                times = time_on_stream(run, self.stream, warmup=1, repeat=self.find_options.repeat)
-                self.stream.synchronize()
+            return self._time_on_scratch(
+                cp.scratch_bytes, lambda h, a, b: cp.run_chunk(h, direction, a, b))
         finally:
-            for buf in (src, dst):
-                if buf is not None:
-                    buf.close()
             cp.close()
-        return float(statistics.median(times))
 
     def _find_configs(self, problem: ConvProblem, direction: Direction,
                       limit: Optional[int]) -> list[AlgoPerf]:
