@@ -84,7 +84,7 @@ def test_what_does_not_fold(p, why):
 @pytest.mark.parametrize("algo, want", [
     ("fold4|e12;k3=1", (4, "e12;k3=1")), ("fold2|1", (2, 1)), ("fold3|e0", (3, "e0")),
     (1, None), ("e12;k3=1", None), ("fold|e1", None), ("foldx|e1", None), ("fold4|", None),
-    ("fold4", None),
+    ("fold4", None), ("fold\u00b2|e1", None), ("fold2|\u00b2", (2, "\u00b2")),
 ])
 def test_fold_ids(algo, want):
     assert fold.split_fold_id(algo) == want

@@ -36,8 +36,8 @@ from ..problem import AlgoPerf, ConvProblem, Direction
 
 __all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "CACHE_SUFFIX", "cache_name",
            "fold_of", "folding",
-           "fold_id", "split_fold_id", "regions", "folded_perfs", "fold_x", "fold_w", "unfold_x",
-           "unfold_w"]
+           "fold_id", "split_fold_id", "parse_rewritten_id", "regions", "folded_perfs", "fold_x",
+           "fold_w", "unfold_x", "unfold_w"]
 
 # Note [folded first layers]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -171,13 +171,32 @@ def fold_id(s: int, inner: Algo) -> str:
 def split_fold_id(algo: Any) -> tuple[int, Algo] | None:
     """(s, inner id) of a folded configuration's id; None for any other id.
     An inner id of digits comes back as an int (the NumPy backend's)."""
-    if not isinstance(algo, str) or not algo.startswith(_PREFIX) or _SEP not in algo:
+    return parse_rewritten_id(algo, _PREFIX)
+
+
+def parse_rewritten_id(algo: Any, prefix: str) -> tuple[int, Algo] | None:
+    """(factor, inner id) of a rewritten configuration's id
+    ``{prefix}{factor}|{inner id}`` (a fold's, a split's); None for any other
+    id. The factor is ASCII digits; an inner id of ASCII digits comes back as
+    an int (the NumPy backend's).
+
+    >>> parse_rewritten_id("split4|e30;k3=1", "split"), parse_rewritten_id("fold2|7", "fold")
+    ((4, 'e30;k3=1'), (2, 7))
+    >>> parse_rewritten_id("split\u00b2|0", "split"), parse_rewritten_id("fold2|\u00b2", "fold")
+    (None, (2, '\xb2'))
+    """
+    if not isinstance(algo, str) or not algo.startswith(prefix) or _SEP not in algo:
         return None
     head, inner = algo.split(_SEP, 1)
-    s = head[len(_PREFIX):]
-    if not s.isdigit() or not inner:
+    factor = head[len(prefix):]
+    if not _ascii_digits(factor) or not inner:
         return None
-    return int(s), (int(inner) if inner.isdigit() else inner)
+    return int(factor), (int(inner) if _ascii_digits(inner) else inner)
+
+
+def _ascii_digits(text: str) -> bool:
+    # str.isdigit() alone also holds for digits int() refuses ("²")
+    return text.isascii() and text.isdigit()
 
 
 class Regions(NamedTuple):

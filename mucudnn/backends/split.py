@@ -28,6 +28,7 @@ from typing import Any, Iterable, NamedTuple, Union
 
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction, channels_last
+from .fold import parse_rewritten_id
 
 __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFIX",
            "cache_name", "split_factors", "searched_factors", "split_of", "splitting",
@@ -195,13 +196,7 @@ def split_id(k: int, inner: Algo) -> str:
 def parse_split_id(algo: Any) -> tuple[int, Algo] | None:
     """(k, inner id) of a split configuration's id; None for any other id. An
     inner id of digits comes back as an int (the NumPy backend's)."""
-    if not isinstance(algo, str) or not algo.startswith(_PREFIX) or _SEP not in algo:
-        return None
-    head, inner = algo.split(_SEP, 1)
-    k = head[len(_PREFIX):]
-    if not k.isdigit() or not inner:
-        return None
-    return int(k), (int(inner) if inner.isdigit() else inner)
+    return parse_rewritten_id(algo, _PREFIX)
 
 
 class Regions(NamedTuple):
