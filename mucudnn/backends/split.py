@@ -44,9 +44,9 @@ __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFI
 # backward-filter keep transformed copies of the whole of x and dy in their
 # workspace (hundreds of MiB at a training batch), so under a cap they run a
 # few samples a call, slower a sample than one call; a chunk of the channels
-# needs 1/k of that workspace at the whole batch, and such chunks ran as
-# fast as the whole call or faster (docs/BENCHMARKS.md, "Splitting the
-# groups"). A
+# needs 1/k of that workspace at the whole batch, and such chunks ran
+# about as fast as the whole call, in one layer faster (docs/BENCHMARKS.md,
+# "Splitting the groups"). A
 # split configuration (id ``split{k}|{inner id}``) copies each chunk's input
 # slices into packed tensors in the plan's workspace, runs the inner
 # configuration of the chunk problem there (its filter slice and, for
