@@ -287,9 +287,10 @@ def test_find_rtc_leaves_out_runtime_compiled_engines(direction):
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_a_first_find_compiles_for_depthwise_layers_and_not_for_ungrouped_ones(direction):
     """See Note [search parity]: under the default search a kernel's first find()
-    times runtime-compiled configs within the top k for a depthwise layer
-    (where cuDNN's specialised kernels compile at run time), and none for an
-    ungrouped layer where precompiled candidates exist."""
+    times runtime-compiled configs within the top k for a depthwise layer's
+    forward and backward-data (where cuDNN's specialised kernels compile at
+    run time), and none for its backward-filter or for an ungrouped layer,
+    where precompiled candidates exist."""
     from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
     rtc = int(Behavior.RUNTIME_COMPILATION)
     # MobileNet-V2's depthwise 3x3, whose forward PyTorch runs as conv2d_c1_k1_nhwc
@@ -308,10 +309,12 @@ def test_a_first_find_compiles_for_depthwise_layers_and_not_for_ungrouped_ones(d
                            any(rtc not in n for n in notes.values()))
     n_final, n_found, others = compiled[flat]
     assert others and n_final == 0 and n_found == 0
-    n_final, n_found, _ = compiled[depthwise]
+    n_final, n_found, others = compiled[depthwise]
     assert n_found <= n_final
     if direction is Direction.FORWARD:  # the c1_k1 kernel compiles at run time
         assert n_final >= 1
+    if direction is Direction.BACKWARD_FILTER:  # PyTorch's wgrad kernels are precompiled
+        assert others and n_final == 0 and n_found == 0
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)

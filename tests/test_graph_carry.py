@@ -175,8 +175,8 @@ DEPTHWISE = ConvProblem((128, 27, 27, 96), (96, 5, 5, 1), padding=2, groups=96, 
 BWD_FILTER = Direction.BACKWARD_FILTER
 
 
-def _descend(be, limit, problem=P):
-    return {b: be.find(problem.with_batch(b), BWD_FILTER, limit) for b in (128, 64, 32, 16)}
+def _descend(be, limit, problem=P, direction=BWD_FILTER):
+    return {b: be.find(problem.with_batch(b), direction, limit) for b in (128, 64, 32, 16)}
 
 
 def test_a_config_blocked_at_a_larger_size_is_timed_where_it_fits(tables):
@@ -247,11 +247,11 @@ def test_a_carried_config_that_does_not_lead_is_timed_once(tables, monkeypatch):
 def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
     """See Note [search parity]: the first find() of a kernel times every candidate
     that needs no compilation whatever its rank, and, for a grouped
-    convolution, the runtime-compiled ones within the top k (as PyTorch's
-    cudnn.benchmark times every config heuristics name); the finds of smaller
-    sizes after it are cut as before, and carry the configs that led,
-    runtime-compiled ones included. An ungrouped convolution's runtime-compiled
-    configs follow ``find_rtc`` at its first find too."""
+    convolution's forward and backward-data, the runtime-compiled ones within
+    the top k (as PyTorch's cudnn.benchmark times every config heuristics
+    name); the finds of smaller sizes after it are cut as before, and carry
+    the configs that led, runtime-compiled ones included. Other kernels'
+    runtime-compiled configs follow ``find_rtc`` at their first find too."""
     cut = _TableGraph(find_top_k=2)  # find_parity=False: the cuts everywhere
     missed = _descend(cut, None)
     par = _TableGraph(find_top_k=2, find_parity=True)
@@ -263,10 +263,11 @@ def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
     assert min(found[128], key=lambda r: r.time_ms).algo == "e17"
     assert missed[128] and min(missed[128], key=lambda r: r.time_ms).algo == "e17"
 
+    fwd = Direction.FORWARD  # the tables answer every direction alike
     cut4 = _TableGraph(find_top_k=4)
-    _descend(cut4, None, GROUPED)
+    _descend(cut4, None, GROUPED, fwd)
     par4 = _TableGraph(find_top_k=4, find_parity=True)
-    found4 = _descend(par4, None, GROUPED)
+    found4 = _descend(par4, None, GROUPED, fwd)
     assert "e70" not in cut4.rounds[128] and "e70" in par4.rounds[128]
     assert "e70" in par4.rounds[32] and "e70" not in cut4.rounds[32]  # carried: it led
     assert {r.algo for r in found4[32]} >= {"e70"}
@@ -275,17 +276,22 @@ def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
 @pytest.mark.parametrize("rtc", ["none", "first", "all"])
 def test_an_ungrouped_kernels_first_find_compiles_only_as_find_rtc_says(tables, rtc):
     """See Note [search parity]: e70 compiles at run time and ranks 4th; under
-    parity with the top 4 a grouped kernel's first find() times it whatever
-    ``find_rtc`` says, an ungrouped one's only where ``find_rtc`` would
-    anywhere ("all"; "first" keeps only a config ranked first)."""
+    parity with the top 4 a grouped kernel's first forward or backward-data
+    find() times it whatever ``find_rtc`` says; an ungrouped kernel's, and a
+    grouped backward-filter's, only where ``find_rtc`` would anywhere ("all";
+    "first" keeps only a config ranked first)."""
     flat = _TableGraph(find_top_k=4, find_parity=True, find_rtc=rtc)
     _descend(flat, None)
-    grouped = _TableGraph(find_top_k=4, find_parity=True, find_rtc=rtc)
-    _descend(grouped, None, GROUPED)
-    assert "e70" in grouped.rounds[128]
+    for direction in (Direction.FORWARD, Direction.BACKWARD_DATA):
+        grouped = _TableGraph(find_top_k=4, find_parity=True, find_rtc=rtc)
+        _descend(grouped, None, GROUPED, direction)
+        assert "e70" in grouped.rounds[128]
+        assert [c for c in flat.rounds[128] if c != "e70"] == \
+            [c for c in grouped.rounds[128] if c != "e70"]
+    wgrad = _TableGraph(find_top_k=4, find_parity=True, find_rtc=rtc)
+    _descend(wgrad, None, GROUPED)
     assert ("e70" in flat.rounds[128]) == (rtc == "all")
-    assert [c for c in flat.rounds[128] if c != "e70"] == \
-        [c for c in grouped.rounds[128] if c != "e70"]
+    assert wgrad.rounds[128] == flat.rounds[128]
     assert flat.find_profile.rtc_cut >= (0 if rtc == "all" else 1)
 
 

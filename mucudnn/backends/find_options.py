@@ -40,16 +40,20 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "default_search_name"]
 # ``parity`` (the default) the first find() of each kernel (a layer and
 # direction, at the largest micro-batch size, asked first) times every
 # candidate that needs no compilation, whatever its rank (finalizing and
-# timing one costs milliseconds), and, for a grouped convolution, the
-# runtime-compiled ones within the top-k of some heuristics mode (each
-# compilation costs a fraction of a second, and heuristics rank the
-# specialised engines high where they apply). An ungrouped convolution's
-# runtime-compiled configs follow ``rtc`` as at any other find(): the
-# kernels PyTorch runs for ungrouped convolutions are precompiled (implicit
-# GEMMs, cuBLASLt, CUTLASS; the specialised runtime-compiled ones are for
-# depthwise layers), while their compilation is most of a first layer's
-# planning (docs/BENCHMARKS.md, "Search parity"; the rule is
-# ``graph_candidates.parity_compiles``). The finds of the smaller
+# timing one costs milliseconds), and, for the forward and backward-data
+# of a grouped convolution, the runtime-compiled ones within the top-k of
+# some heuristics mode (each compilation costs a fraction of a second, and
+# heuristics rank the specialised engines high where they apply). Other
+# kernels' runtime-compiled configs follow ``rtc`` as at any other find():
+# the specialised runtime-compiled kernels PyTorch runs are a depthwise
+# layer's forward and backward-data (``conv2d_c1_k1_nhwc``,
+# ``dgrad2d_c1_k1_nhwc_specialized``); for ungrouped convolutions, and for
+# every backward-filter, grouped or not, it runs precompiled ones (implicit
+# GEMMs, cuBLASLt, CUTLASS, xmma depthwise and indexed wgrad kernels), while
+# compilation is most of the planning of the kernels a converted model plans,
+# its first layers and its grouped backward-filters, each first find of a
+# split's chunk problem included (docs/BENCHMARKS.md, "Search parity"; the
+# rule is ``graph_candidates.parity_compiles``). The finds of the smaller
 # sizes after the first are cut as before and carry the configurations that
 # led, runtime-compiled ones included: compilation is paid once per kernel,
 # and again only for a configuration that won. ``tools/search_parity.py``
@@ -75,8 +79,9 @@ class FindOptions:
     engines that compile kernels at run time find() times, ``"all"``,
     ``"first"`` or ``"none"`` (Note [runtime-compiled engines]). ``parity``:
     the first find() of a kernel times every candidate whatever its rank, and,
-    for a grouped convolution, the runtime-compiled ones within ``top_k``,
-    whatever ``rtc`` says (Note [search parity]).
+    for a grouped convolution's forward and backward-data, the
+    runtime-compiled ones within ``top_k``, whatever ``rtc`` says (Note
+    [search parity]).
     ``retime``: time the k fastest of each find() again (Note [re-timing the
     winners]). ``skip_ratio``: a config more than this many times behind the
     best at every size found before is not timed again (Note [far behind at

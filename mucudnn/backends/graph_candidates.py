@@ -16,6 +16,7 @@ from typing import Any, Collection, Iterable, Mapping, MutableMapping, Optional,
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.enums import BackendBehaviorNote as Behavior
 from .._cudnn.enums import BackendNumericalNote as Note
+from ..problem import Direction
 
 __all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed",
            "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
@@ -111,16 +112,16 @@ def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
 RTC_CHOICES = ("all", "first", "none")
 
 
-def parity_compiles(groups: int) -> bool:
+def parity_compiles(groups: int, direction: Direction) -> bool:
     """See Note [search parity]: whether a kernel's first find() times the
     runtime-compiled configs within the top k whatever ``find_rtc`` says:
-    for grouped convolutions (``groups`` > 1) only, where cuDNN's specialised
-    kernels are compiled at run time.
+    for the forward and backward-data of grouped convolutions (``groups`` >
+    1) only, where cuDNN's specialised kernels are compiled at run time.
 
-    >>> parity_compiles(32), parity_compiles(1)
-    (True, False)
+    >>> [parity_compiles(32, d) for d in Direction], parity_compiles(1, Direction.FORWARD)
+    ([True, True, False], False)
     """
-    return groups > 1
+    return groups > 1 and direction is not Direction.BACKWARD_FILTER
 
 
 def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,

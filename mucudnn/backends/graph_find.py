@@ -346,7 +346,7 @@ class GraphFind(GraphEngines):
                 kept = [c for c in cands if c.id in top or rtc not in c.behavior_notes]
                 prof.cut += len(cands) - len(kept)
                 cands = kept
-                if not parity_compiles(problem.groups):
+                if not parity_compiles(problem.groups, direction):
                     cands = rtc_cut(kept, self.find_options.rtc, rankings)
                     prof.rtc_cut += len(kept) - len(cands)
             else:
