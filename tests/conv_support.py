@@ -41,6 +41,22 @@ class AtomicNumpyBackend(NumpyBackend):
         return sorted(out, key=lambda a: a.time_ms)
 
 
+class RewritesFirstBackend(NumpyBackend):
+    """NumPy with one rewrite on (``rewrite``: ``"fold"`` or ``"split"``, Notes
+    [folded first layers], [split groups]), its rewritten configurations (string
+    ids) reported 1000x faster than measured, so the planner picks them
+    whenever they fit; a version of its own for the plan memo."""
+
+    def __init__(self, rewrite: str) -> None:
+        super().__init__(repeats=1, **{rewrite: True})
+        self.version = f"{self.version}+{rewrite}-first"
+
+    def find(self, problem, direction, workspace_limit):
+        out = [AlgoPerf(a.algo, a.time_ms / 1000 if isinstance(a.algo, str) else a.time_ms,
+                        a.workspace_bytes, a.math_type, a.determinism)
+               for a in super().find(problem, direction, workspace_limit)]
+        return sorted(out, key=lambda a: a.time_ms)
+
 # -- random problems --------------------------------------------------------------------------
 
 @st.composite

@@ -23,9 +23,9 @@ from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.fold_cudnn import FoldTransforms
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
-from mucudnn.problem import AlgoPerf, MicroBatch, Plan, packed_strides
+from mucudnn.problem import MicroBatch, Plan, packed_strides
 from conftest import needs_cudnn_transforms
-from conv_support import composition, convolution_for, run_direction
+from conv_support import RewritesFirstBackend, composition, convolution_for, run_direction
 from reference import reference, rel_err
 
 ALEXNET = ConvProblem((256, 227, 227, 3), (96, 11, 11, 3), stride=4, layout="NHWC")
@@ -193,22 +193,6 @@ def test_a_folded_id_for_a_problem_that_does_not_fold_is_refused():
         be.workspace_size(p, Direction.FORWARD, "fold3|0")
 
 
-class _FoldFirstBackend(NumpyBackend):
-    """NumPy with folding, its folded configurations reported 1000x faster (so
-    the planner picks them whenever they fit); a version of its own for the
-    plan memo."""
-
-    def __init__(self) -> None:
-        super().__init__(repeats=1, fold=True)
-        self.version = f"{self.version}+fold-first"
-
-    def find(self, problem, direction, workspace_limit):
-        out = [AlgoPerf(a.algo, a.time_ms / 1000 if isinstance(a.algo, str) else a.time_ms,
-                        a.workspace_bytes, a.math_type, a.determinism)
-               for a in super().find(problem, direction, workspace_limit)]
-        return sorted(out, key=lambda a: a.time_ms)
-
-
 @pytest.mark.parametrize("d", list(Direction), ids=str)
 def test_a_convolution_plans_and_runs_folded_configurations(d, tmp_path, monkeypatch):
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "c.sqlite"))
@@ -216,7 +200,7 @@ def test_a_convolution_plans_and_runs_folded_configurations(d, tmp_path, monkeyp
     p = ConvProblem((6, 24, 24, 3), (4, 7, 7, 3), stride=2, padding=3, layout="NHWC", math="fma")
     f = fold.fold_of(p)
     limit = fold.regions(f, 2).inner  # folded micro-batches of 2 (DIRECT needs no more) fit
-    conv = convolution_for(p, backend=_FoldFirstBackend(), workspace_limit=limit)
+    conv = convolution_for(p, backend=RewritesFirstBackend("fold"), workspace_limit=limit)
     x, w, y = _tensors(p, np.random.default_rng(3))
     got = run_direction(conv, d, x, w, y, alpha=0.5, beta=0.25)
     plan = conv.plans[d]
@@ -342,12 +326,12 @@ def test_a_cache_written_without_folding_is_measured_again_where_it_folds(tmp_pa
     assert not any(fold.split_fold_id(a.algo) for a in cache.get(again_old, _FOLDS, "forward"))
 
 
-class _FoldFirstSameKey(_FoldFirstBackend):
-    """_FoldFirstBackend under NumPy's own version: only cache_name tells it
-    from a plain NumpyBackend."""
+class _FoldFirstSameKey(RewritesFirstBackend):
+    """RewritesFirstBackend("fold") under NumPy's own version: only cache_name
+    tells it from a plain NumpyBackend."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__("fold")
         self.version = NumpyBackend().version
 
 

@@ -24,7 +24,7 @@ from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import AlgoPerf, MicroBatch, Plan
 from conftest import needs_cudnn_transforms
-from conv_support import composition, convolution_for, run_direction
+from conv_support import RewritesFirstBackend, composition, convolution_for, run_direction
 from reference import reference, rel_err
 
 CONVNEXT = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
@@ -198,29 +198,13 @@ def test_numpy_find_adds_split_configurations_only_where_asked_and_they_are_sear
     assert be.supports(q, Direction.FORWARD, "split2|0")
 
 
-class _SplitFirstBackend(NumpyBackend):
-    """NumPy with splitting, its split configurations reported 1000x faster (so
-    the planner picks them whenever they fit); a version of its own for the
-    plan memo."""
-
-    def __init__(self) -> None:
-        super().__init__(repeats=1, split=True)
-        self.version = f"{self.version}+split-first"
-
-    def find(self, problem, direction, workspace_limit):
-        out = [AlgoPerf(a.algo, a.time_ms / 1000 if isinstance(a.algo, str) else a.time_ms,
-                        a.workspace_bytes, a.math_type, a.determinism)
-               for a in super().find(problem, direction, workspace_limit)]
-        return sorted(out, key=lambda a: a.time_ms)
-
-
 @pytest.mark.parametrize("d", list(Direction), ids=str)
 def test_a_convolution_plans_and_runs_split_configurations(d, tmp_path, monkeypatch):
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "c.sqlite"))
     p = ConvProblem((6, 12, 12, 8), (8, 3, 3, 1), padding=1, groups=8, layout="NHWC",
                     math="fma")
     limit = split.regions(split.split_of(p, 2), 2).inner + 4096  # split micro-batches of 2 fit
-    conv = convolution_for(p, backend=_SplitFirstBackend(), workspace_limit=limit)
+    conv = convolution_for(p, backend=RewritesFirstBackend("split"), workspace_limit=limit)
     rng = np.random.default_rng(5)
     x, w, y = (a.astype(np.float32) for a in _tensors(p, rng))
     got = run_direction(conv, d, x, w, y, alpha=0.5, beta=0.25)
