@@ -8,6 +8,8 @@ API, ``cudnn-graph``: the backend API). Importing this module needs no GPU.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from mucudnn.api import Convolution
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.problem import AlgoPerf, ConvProblem, Direction, from_canonical
-from reference import to_canonical_array
+from reference import reference, rel_err, to_canonical_array
 
 # -- a backend with non-deterministic algorithms ------------------------------------------------
 
@@ -56,6 +58,21 @@ class RewritesFirstBackend(NumpyBackend):
                         a.workspace_bytes, a.math_type, a.determinism)
                for a in super().find(problem, direction, workspace_limit)]
         return sorted(out, key=lambda a: a.time_ms)
+
+
+def check_rewritten_run(be, p, d, algo, need, x, w, y, alpha, beta, tol):
+    """One call of ``algo`` (a folded or split configuration) on ``be`` with
+    ``need`` bytes of workspace matches the reference within ``tol`` (where
+    beta is 0 the output is poisoned with NaN first: it must not be read), and
+    one byte less is refused, naming the configuration and ``need``."""
+    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
+    if beta == 0:
+        getattr(t, OUTPUT_OF[d])[...] = np.nan
+    be.run(d, algo, 0, t, alpha, beta, be.alloc_workspace(need))
+    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < tol
+    with pytest.raises(ValueError, match=f"workspace: {re.escape(algo)} needs {need} bytes"):
+        be.run(d, algo, 0, ConvTensors(p, x, w, y.copy()), 1.0, 0.0,
+               be.alloc_workspace(need - 1))
 
 # -- random problems --------------------------------------------------------------------------
 

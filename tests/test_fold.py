@@ -8,7 +8,6 @@ descriptor (the real library, no GPU needed)."""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pytest
@@ -25,7 +24,8 @@ from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import MicroBatch, Plan, packed_strides
 from conftest import needs_cudnn_transforms
-from conv_support import RewritesFirstBackend, composition, convolution_for, run_direction
+from conv_support import (RewritesFirstBackend, check_rewritten_run, composition,
+                          convolution_for, run_direction)
 from reference import reference, rel_err
 
 ALEXNET = ConvProblem((256, 227, 227, 3), (96, 11, 11, 3), stride=4, layout="NHWC")
@@ -126,15 +126,7 @@ def test_numpy_folded_configuration_matches_the_reference(p, d, inner, alpha, be
     need = be.workspace_size(p, d, algo)
     assert need == fold.regions(f, p.batch).inner + be.workspace_size(f.inner, d, inner)
     x, w, y = _tensors(p, np.random.default_rng(seed))
-    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
-    if beta == 0:  # beta 0 never reads the output
-        getattr(t, OUTPUT_OF[d])[...] = np.nan
-    be.run(d, algo, 0, t, alpha, beta, be.alloc_workspace(need))
-    got = getattr(t, OUTPUT_OF[d])
-    assert rel_err(got, reference(p, d, x, w, y, alpha, beta)) < 1e-5
-    with pytest.raises(ValueError, match=f"workspace: {re.escape(algo)} needs {need} bytes"):
-        be.run(d, algo, 0, ConvTensors(p, x, w, y.copy()), 1.0, 0.0,
-               be.alloc_workspace(need - 1))
+    check_rewritten_run(be, p, d, algo, need, x, w, y, alpha, beta, 1e-5)
 
 
 @settings(max_examples=30, deadline=None)

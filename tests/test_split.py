@@ -10,7 +10,6 @@ library, no GPU needed)."""
 from __future__ import annotations
 
 import contextlib
-import re
 
 import numpy as np
 import pytest
@@ -24,7 +23,8 @@ from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import AlgoPerf, MicroBatch, Plan
 from conftest import needs_cudnn_transforms
-from conv_support import RewritesFirstBackend, composition, convolution_for, run_direction
+from conv_support import (RewritesFirstBackend, check_rewritten_run, composition,
+                          convolution_for, run_direction)
 from reference import reference, rel_err
 
 CONVNEXT = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
@@ -139,14 +139,7 @@ def test_numpy_split_configuration_matches_the_reference(p, d, inner, alpha, bet
     need = be.workspace_size(p, d, algo)
     assert need == split.regions(s, p.batch).inner + be.workspace_size(s.chunk, d, inner)
     x, w, y = _tensors(p, np.random.default_rng(seed))
-    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
-    if beta == 0:  # beta 0 never reads the output
-        getattr(t, OUTPUT_OF[d])[...] = np.nan
-    be.run(d, algo, 0, t, alpha, beta, be.alloc_workspace(need))
-    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-10
-    with pytest.raises(ValueError, match=f"workspace: {re.escape(algo)} needs {need} bytes"):
-        be.run(d, algo, 0, ConvTensors(p, x, w, y.copy()), 1.0, 0.0,
-               be.alloc_workspace(need - 1))
+    check_rewritten_run(be, p, d, algo, need, x, w, y, alpha, beta, 1e-10)
 
 
 @settings(max_examples=30, deadline=None)
