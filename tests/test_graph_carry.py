@@ -273,6 +273,27 @@ def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
     assert {r.algo for r in found4[32]} >= {"e70"}
 
 
+def test_a_blocked_config_that_compiles_is_carried_only_where_parity_compiles(tables, monkeypatch):
+    """See Note [search parity]: engine 17, over a 128 MiB cap at 128 rows and
+    fitting at 32, made to compile at run time: under parity it is carried to
+    32 rows for a grouped forward, whose first find compiles, and not for a
+    grouped backward-filter or an ungrouped kernel, whose first finds do not."""
+    monkeypatch.setitem(NOTES, 17, ((), (RTC,)))
+    rounds = {}
+    for name, problem, direction in (("grouped forward", GROUPED, Direction.FORWARD),
+                                     ("grouped backward-filter", GROUPED, BWD_FILTER),
+                                     ("ungrouped backward-filter", P, BWD_FILTER)):
+        be = _TableGraph(find_parity=True)
+        _descend(be, 128 * MiB, problem, direction)
+        rounds[name] = be.rounds
+    assert "e17" in rounds["grouped forward"][32]
+    assert "e17" not in rounds["grouped backward-filter"][32]
+    assert "e17" not in rounds["ungrouped backward-filter"][32]
+    every = _TableGraph(find_parity=True, find_rtc="all")
+    _descend(every, 128 * MiB)
+    assert "e17" in every.rounds[32]
+
+
 @pytest.mark.parametrize("rtc", ["none", "first", "all"])
 def test_an_ungrouped_kernels_first_find_compiles_only_as_find_rtc_says(tables, rtc):
     """See Note [search parity]: e70 compiles at run time and ranks 4th; under

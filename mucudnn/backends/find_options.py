@@ -55,8 +55,9 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "default_search_name"]
 # split's chunk problem included (docs/BENCHMARKS.md, "Search parity"; the
 # rule is ``graph_candidates.parity_compiles``). The finds of the smaller
 # sizes after the first are cut as before and carry the configurations that
-# led, runtime-compiled ones included: compilation is paid once per kernel,
-# and again only for a configuration that won. ``tools/search_parity.py``
+# led, runtime-compiled ones included where the first find compiled them:
+# compilation is paid once per kernel, and again only for a configuration
+# that won. ``tools/search_parity.py``
 # checks it per layer against the kernels PyTorch runs.
 
 

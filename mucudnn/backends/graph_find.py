@@ -405,12 +405,15 @@ class GraphFind(GraphEngines):
         """See Note [carried to other sizes]: the configs of ``ids`` on this
         problem's operation graph (heuristics' own where they name one) that
         cuDNN accepts, whose numerics the problem allows, that compile no
-        kernels at run time (unless ``find_rtc="all"``) and whose engine
-        config needs at most ``want`` bytes (or does not say)."""
+        kernels at run time (unless ``find_rtc="all"``, or parity compiles
+        for this kernel: Note [search parity]) and whose engine config needs
+        at most ``want`` bytes (or does not say)."""
         if not ids:
             return []
         named = {i.id: i for i in infos}
         rtc = int(Behavior.RUNTIME_COMPILATION)
+        compiles = self.find_options.rtc == "all" or (
+            self.find_options.parity and parity_compiles(problem.groups, direction))
         out: list[gd.EngineConfigInfo] = []
         with self._lock, using_device(self.device):
             g = self._graph(problem, direction, 1.0, 0.0, _FULL)
@@ -429,9 +432,8 @@ class GraphFind(GraphEngines):
                     info = gd.EngineConfigInfo(idx, knobs, notes, behavior, workspace_bytes=ws)
                 if not numerics_allowed(problem.math, info.numerical_notes):
                     continue
-                if self.find_options.rtc != "all" and not self.find_options.parity \
-                        and rtc in info.behavior_notes:
-                    continue  # See Note [search parity]: carried ones compile where they led
+                if not compiles and rtc in info.behavior_notes:
+                    continue  # See Note [search parity]: carried ones compile where parity does
                 if info.workspace_bytes is not None and info.workspace_bytes > want:
                     continue
                 out.append(info)
