@@ -62,7 +62,7 @@ __all__ = ["Fold", "Regions", "FOLD_MAX_CHANNELS", "FOLD_DTYPES", "CACHE_SUFFIX"
 FOLD_MAX_CHANNELS = 64
 #: The data types a fold runs in (cuDNN's transforms and the NumPy backend's).
 FOLD_DTYPES = frozenset({"float32", "float16", "bfloat16"})
-#: Each region of a folded call's workspace starts at a multiple of this.
+#: Each region of a rewritten (folded or split) call's workspace starts at a multiple of this.
 REGION_ALIGN = 256
 _PREFIX = "fold"
 _SEP = "|"
@@ -200,17 +200,28 @@ def _ascii_digits(text: str) -> bool:
 
 
 class Regions(NamedTuple):
-    """Byte offsets and sizes of a folded call's workspace: ``a`` holds the
-    folded x rows (forward, backward-filter) or the folded dx rows
-    (backward-data); ``b`` the folded filter (forward, backward-data) or the
-    folded dw (backward-filter); the inner configuration's own workspace
-    starts at ``inner``."""
+    """Byte offsets and sizes of a rewritten call's workspace (a folded one, or
+    a split one: Note [split groups] in :mod:`.split`): two regions, ``a`` and
+    ``b``, each starting at a multiple of REGION_ALIGN, and the inner
+    configuration's own workspace from ``inner``. What each region holds is
+    the rewrite's: for a fold, ``a`` the folded x rows (forward,
+    backward-filter) or the folded dx rows (backward-data), ``b`` the folded
+    filter (forward, backward-data) or the folded dw (backward-filter)."""
 
     a: int
     a_bytes: int
     b: int
     b_bytes: int
     inner: int
+
+    @classmethod
+    def of(cls, a_bytes: int, b_bytes: int) -> "Regions":
+        """``a_bytes`` at 0, then ``b_bytes``, each rounded up to REGION_ALIGN.
+
+        >>> Regions.of(1600, 1600)
+        Regions(a=0, a_bytes=1600, b=1792, b_bytes=1600, inner=3584)
+        """
+        return cls(0, a_bytes, _up(a_bytes), b_bytes, _up(a_bytes) + _up(b_bytes))
 
 
 def _up(n: int) -> int:
@@ -229,7 +240,7 @@ def regions(fold: Fold, size: int) -> Regions:
     inner = fold.inner
     a = int(size) * math.prod(inner.x_shape[1:]) * inner.itemsize
     b = math.prod(inner.w_shape) * inner.itemsize
-    return Regions(0, a, _up(a), b, _up(a) + _up(b))
+    return Regions.of(a, b)
 
 
 def folded_perfs(inner_perfs: Iterable[AlgoPerf], fold: Fold, size: int,

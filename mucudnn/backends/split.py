@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, NamedTuple, Union
+from typing import Any, Iterable, Union
 
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction, channels_last
-from .fold import parse_rewritten_id
+from .fold import Regions, parse_rewritten_id
 
 __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFIX",
            "cache_name", "split_factors", "searched_factors", "split_of", "splitting",
@@ -78,8 +78,6 @@ __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFI
 
 #: The chunk counts a split tries (those that divide the groups).
 SPLIT_FACTORS = (2, 4, 8, 16)
-#: Each region of a split call's workspace starts at a multiple of this.
-REGION_ALIGN = 256
 #: find() tries only factors whose filter slices start at multiples of this
 #: many bytes (the graph API's largest pointer alignment; Note [which
 #: convolutions split]).
@@ -199,25 +197,10 @@ def parse_split_id(algo: Any) -> tuple[int, Algo] | None:
     return parse_rewritten_id(algo, _PREFIX)
 
 
-class Regions(NamedTuple):
-    """Byte offsets and sizes of a split call's workspace: ``a`` holds one
-    chunk of x (forward, backward-filter) or of dx (backward-data), ``b`` one
-    chunk of y (forward) or of dy (backward-data, backward-filter); the inner
-    configuration's own workspace starts at ``inner``."""
-
-    a: int
-    a_bytes: int
-    b: int
-    b_bytes: int
-    inner: int
-
-
-def _up(n: int) -> int:
-    return -(-n // REGION_ALIGN) * REGION_ALIGN
-
-
 def regions(split: Split, size: int) -> Regions:
-    """The workspace regions of a split call of ``size`` rows.
+    """The workspace regions of a split call of ``size`` rows: ``a`` holds one
+    chunk of x (forward, backward-filter) or of dx (backward-data), ``b`` one
+    chunk of y (forward) or of dy (backward-data, backward-filter).
 
     >>> from mucudnn.problem import ConvProblem
     >>> p = ConvProblem((8, 4, 5, 5), (4, 1, 3, 3), padding=1, groups=4)
@@ -227,7 +210,7 @@ def regions(split: Split, size: int) -> Regions:
     c = split.chunk.with_batch(int(size))
     a = math.prod(c.x_shape) * c.itemsize
     b = math.prod(c.output_shape) * c.itemsize
-    return Regions(0, a, _up(a), b, _up(a) + _up(b))
+    return Regions.of(a, b)
 
 
 def chunk_offsets(split: Split, i: int) -> tuple[int, int, int]:
