@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -132,7 +133,7 @@ class _TableGraph(CudnnGraphBackend):
         ids = [a for a, _ws, _t in NAMED[problem.batch]]
         return SimpleNamespace(mode_ids={"A": ids}, conv=SimpleNamespace(graph=problem.batch))
 
-    def _find_round(self, problem, direction, cands, want, timed):
+    def _find_round(self, problem, direction, cands, want, timed, beat_ms=float("inf")):
         b = problem.batch
         self.rounds[b] = [c.id for c in cands]
         named = {a: t for a, _ws, t in NAMED[b]}
@@ -314,6 +315,106 @@ def test_an_ungrouped_kernels_first_find_compiles_only_as_find_rtc_says(tables, 
     assert ("e70" in flat.rounds[128]) == (rtc == "all")
     assert wgrad.rounds[128] == flat.rounds[128]
     assert flat.find_profile.rtc_cut >= (0 if rtc == "all" else 1)
+
+
+class _LoggedGraph(_TableGraph):
+    """A :class:`_TableGraph` that logs each find()'s (groups, candidates timed);
+    ``slow`` is not a candidate of the whole problem (96 groups) and a chunk
+    problem of ``slow_at`` groups times ``slow_ms`` for it."""
+
+    slow, slow_at, slow_ms = None, None, 0.0
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.log: list[tuple[int, list[str]]] = []
+        self.beats: list[float] = []
+
+    def _find_round(self, problem, direction, cands, want, timed, beat_ms=float("inf")):
+        self.beats.append(beat_ms)
+        if problem.groups == 96:
+            cands = [c for c in cands if c.id != self.slow]
+        self.log.append((problem.groups, [c.id for c in cands]))
+        out = super()._find_round(problem, direction, cands, want, timed, beat_ms)
+        if problem.groups == self.slow_at:
+            out = [dataclasses.replace(a, time_ms=self.slow_ms) if a.algo == self.slow else a
+                   for a in out]
+        return out
+
+    def _time_split(self, sp, direction, size):
+        return 0.0
+
+
+def test_a_config_far_behind_the_whole_problem_is_not_timed_in_its_chunks(tables, monkeypatch):
+    """See Note [far behind in another split]: DEPTHWISE's backward-filter under
+    128 MiB splits by 2, 4 and 8. e5 took 24 times the best of the whole
+    problem's find: no factor times it (find_skip_ratio 16, the default);
+    e6, 6 times behind, is timed at every factor. e4, not a candidate of the
+    whole problem, falls 30 times behind at the factor 2: the factors after it
+    leave it out, and the whole problem's ratios keep only its own finds'.
+    With find_skip_ratio=None every factor times them all."""
+    monkeypatch.setitem(NAMED, 128, NAMED[128] + [("e5", 8, 20.0), ("e6", 8, 5.0),
+                                                  ("e4", 8, 0.9)])
+    assert split.searched_factors(DEPTHWISE) == (2, 4, 8)
+    groups = [96, 48, 24, 12]
+    be = _LoggedGraph()
+    be.slow, be.slow_at, be.slow_ms = "e4", 48, 150.0
+    be.find(DEPTHWISE, BWD_FILTER, 128 * MiB)
+    assert [g for g, _ in be.log] == groups
+    timed = dict(be.log)
+    assert "e5" in timed[96] and all("e5" not in timed[g] for g in groups[1:])
+    assert all("e6" in timed[g] for g in groups)
+    assert "e4" in timed[48] and all("e4" not in timed[g] for g in (24, 12))
+    assert be.find_profile.far_cut == 3 + 2
+    # See Note [a chunk's time to beat]: 1/k of the whole problem's best (e48's)
+    assert be.beats == [math.inf] + [pytest.approx(0.827 / k) for k in (2, 4, 8)]
+    whole = be._behind.get((DEPTHWISE.with_batch(1).key(), BWD_FILTER.value))
+    assert set(whole) == set(timed[96]) - {"e17", "e34"} and "e4" not in whole
+
+    every = _LoggedGraph(find_skip_ratio=None)
+    every.slow, every.slow_at, every.slow_ms = "e4", 48, 150.0
+    every.find(DEPTHWISE, BWD_FILTER, 128 * MiB)
+    assert all({"e4", "e5", "e6"} <= set(ids) for g, ids in every.log if g != 96)
+    assert every.find_profile.far_cut == 0
+
+
+@pytest.mark.parametrize("beat_ms", [math.inf, 1.0])
+def test_a_chunk_find_judges_its_first_candidates_by_the_time_to_beat(tables, monkeypatch,
+                                                                      beat_ms):
+    """See Note [a chunk's time to beat]: e1 (10 ms a run, heuristics' first) is
+    timed in full (warm-up and three runs) where nothing is to beat, and stops
+    after its warm-up against 1 ms; e2 (0.5 ms) is timed in full either way and
+    the times reported are the runs'."""
+    ms = {"e1": 10.0, "e2": 0.5}
+    runs = {a: 0 for a in ms}
+
+    def time_on_stream(fn, stream=None, warmup=0, repeat=1):
+        for _ in range(warmup + repeat):
+            fn()
+        return [ms[fn.algo]] * repeat
+
+    class Run:
+        def __init__(self, algo):
+            self.algo = algo
+
+        def __call__(self):
+            runs[self.algo] += 1
+
+    be = _TableGraph()
+    be.stream = SimpleNamespace(synchronize=lambda: None)
+    monkeypatch.setattr(graph_find, "time_on_stream", time_on_stream)
+    monkeypatch.setattr(be, "_find_pointers", lambda problem, direction: (256, 512, 768),
+                        raising=False)
+    monkeypatch.setattr(be, "_find_workspace", lambda n: (1024, 1 << 30), raising=False)
+    monkeypatch.setattr(be, "_find_run", lambda problem, direction, p, ptrs, ws: (
+        p, SimpleNamespace(close=lambda: None), Run(p.id)))
+    monkeypatch.setattr(graph_find.FirstTimed, "__getattr__",
+                        lambda self, name: getattr(self.run, name), raising=False)
+    plans = [(SimpleNamespace(id=a, workspace_bytes=0), gd.EngineConfigInfo(int(a[1:]), ()), 0)
+             for a in ms]
+    out = graph_find.GraphFind._time_plans(be, P, BWD_FILTER, plans, {}, beat_ms)
+    assert {a.algo: a.time_ms for a in out} == ms
+    assert runs == {"e1": 1 if beat_ms == 1.0 else 4, "e2": 4}
+    assert be.find_profile.cold_out == (1 if beat_ms == 1.0 else 0)
 
 
 #: A value other than the default for every FindOptions field.

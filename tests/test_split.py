@@ -284,7 +284,7 @@ def _table_split_backend(bites: bool, **options):
         def _limit_bites(self, problem, direction, want):
             return bites
 
-        def _find_configs(self, problem, direction, limit):
+        def _find_configs(self, problem, direction, limit, whole=None, beat_ms=None):
             self.finds.append((problem.groups, problem.batch))
             if problem.groups == WHOLE.groups:
                 return [AlgoPerf("e1", 10.0, 0)]

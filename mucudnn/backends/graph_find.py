@@ -87,6 +87,40 @@ log = logging.getLogger("mucudnn")
 # ordinary one (its own parity, carry and cut-offs).
 
 
+# Note [far behind in another split]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A split's chunk problems (Note [split groups]) are the layer's convolution
+# on fewer groups, each factor a kernel of its own, so each factor's first
+# find() would time every candidate again, the configs far behind included:
+# most of a depthwise backward-filter's cold GPU time is the first runs of
+# such configs. The ratios of Note [far behind at another size] carry over:
+# a chunk problem's find() also cuts the configs more than ``skip_ratio``
+# times behind at every find() of the whole problem and of the factors found
+# before it, and adds its own ratios to the factors' (``_split_key``), not to
+# the whole problem's, whose own finds keep their evidence. Configs the cap
+# kept out of the whole problem's find() have no ratio there and are timed
+# where they fit a chunk.
+
+
+# Note [a chunk's time to beat]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A split by k runs its chunk problem k times (Note [split groups]), so a chunk
+# configuration slower than 1/k of the whole problem's best time at the size
+# cannot give a split that beats it, whatever its copies cost. A chunk
+# problem's find() therefore starts the cut-offs of Note [find cut-offs] and
+# Note [cold probe] from that time, as if a candidate had already run at it:
+# the first candidates are no longer timed in full where they cannot win,
+# which, on a depthwise backward-filter, is most of them. Their times (a
+# warm-up run, or one probe run) can only overstate, and only for configs
+# that lose to the whole problem at this size.
+
+
+def _split_key(whole: tuple) -> tuple:
+    """The key of the ratios the chunk problems of kernel ``whole`` share
+    (Note [far behind in another split])."""
+    return ("split",) + tuple(whole)
+
+
 class GraphFind(GraphEngines):
     """find() of the cudnn-graph backend and the memory it keeps between calls
     (per kernel: configs far behind, configs carried, kernels searched)."""
@@ -94,7 +128,9 @@ class GraphFind(GraphEngines):
     def _init_find_memory(self) -> None:
         """The empty per-kernel memories of find() (the graph cache's bound)."""
         #: See Note [far behind at another size]: per kernel (batch 1) and direction,
-        #: each config's least time over its find()'s best
+        #: each config's least time over its find()'s best; and per split kernel
+        #: (:func:`_split_key`), over the finds of its chunk problems
+        #: (Note [far behind in another split])
         self._behind: LRU[tuple, dict[str, float]] = LRU("cudnn_graph.behind",
                                                          self.graph_cache_size)
         #: See Note [carried to other sizes]: per kernel (batch 1) and direction,
@@ -282,7 +318,8 @@ class GraphFind(GraphEngines):
             if want < extra:
                 continue
             self.find_profile.split_finds += 1
-            inner = self._find_configs(sp.chunk, direction, want - extra)
+            # See Note [a chunk's time to beat]
+            inner = self._find_configs(sp.chunk, direction, want - extra, kernel, best_ms / k)
             if not inner:
                 continue
             try:
@@ -312,9 +349,13 @@ class GraphFind(GraphEngines):
             cp.close()
 
     def _find_configs(self, problem: ConvProblem, direction: Direction,
-                      limit: Optional[int]) -> list[AlgoPerf]:
+                      limit: Optional[int], whole: Optional[tuple] = None,
+                      beat_ms: float = math.inf) -> list[AlgoPerf]:
         """find() of ``problem`` as it is (the engine configs heuristics, carried
-        configs and the knob search name)."""
+        configs and the knob search name); ``whole``: for a split's chunk
+        problem, the kernel (batch 1, direction) of the problem it splits
+        (Note [far behind in another split]), and ``beat_ms`` the time it must
+        beat (Note [a chunk's time to beat])."""
         prof = self.find_profile
         t_start = time.perf_counter()
         out: list[AlgoPerf] = []
@@ -356,6 +397,10 @@ class GraphFind(GraphEngines):
                 prof.rtc_cut += len(kept) - len(cands)
             with self._lock:
                 behind = dict(self._behind.get(kernel) or {})
+                if whole is not None:  # Note [far behind in another split]
+                    for other in (self._behind.get(whole), self._behind.get(_split_key(whole))):
+                        for algo, r in (other or {}).items():
+                            behind[algo] = min(behind.get(algo, math.inf), r)
             extra: list[gd.EngineConfigInfo] = []  # Note [carried to other sizes]
             if self.find_options.skip_ratio is not None:
                 near = far_cut(cands, behind, self.find_options.skip_ratio, keep_zero)
@@ -382,7 +427,7 @@ class GraphFind(GraphEngines):
                 prof.knob_configs += len(extra)
                 cands = cands + extra
             timed: dict[str, CachedPlan] = {}
-            out = self._find_round(problem, direction, cands, want, timed)
+            out = self._find_round(problem, direction, cands, want, timed, beat_ms)
             if self.find_options.retime and out:
                 t = time.perf_counter()
                 out = self._retime_best(problem, direction, out, timed)
@@ -390,6 +435,8 @@ class GraphFind(GraphEngines):
             if self.find_options.skip_ratio is not None and out:
                 with self._lock:
                     note_ratios(self._behind.get_or_create(kernel, dict), out)
+                    if whole is not None:
+                        note_ratios(self._behind.get_or_create(_split_key(whole), dict), out)
             if self.find_options.carry and out:
                 with self._lock:  # Note [carried to other sizes]
                     remember(self._carry.get_or_create(kernel, dict), out,
@@ -441,10 +488,10 @@ class GraphFind(GraphEngines):
 
     def _find_round(self, problem: ConvProblem, direction: Direction,
                     cands: list[gd.EngineConfigInfo], want: int,
-                    timed: dict[str, CachedPlan]) -> list[AlgoPerf]:
+                    timed: dict[str, CachedPlan], beat_ms: float = math.inf) -> list[AlgoPerf]:
         """Finalize ``cands`` (on the pool), keep those that fit ``want`` (Note
-        [beta and workspace]) and time them; the plans that ran go into
-        ``timed`` by id."""
+        [beta and workspace]) and time them (``beat_ms``: Note [a chunk's time
+        to beat]); the plans that ran go into ``timed`` by id."""
         prof = self.find_profile
         t = time.perf_counter()
         built = self._build_plans(problem, direction, [(i.id, 0.0) for i in cands])
@@ -463,15 +510,17 @@ class GraphFind(GraphEngines):
         plans, refused = fitting(found, want)
         prof.no_accumulate += refused
         t = time.perf_counter()
-        out = self._time_plans(problem, direction, plans, timed) if plans else []
+        out = self._time_plans(problem, direction, plans, timed, beat_ms) if plans else []
         prof.timing_s += time.perf_counter() - t
         return out
 
     def _time_plans(self, problem: ConvProblem, direction: Direction,
                     plans: list[tuple[CachedPlan, gd.EngineConfigInfo, int]],
-                    timed: dict[str, CachedPlan]) -> list[AlgoPerf]:
+                    timed: dict[str, CachedPlan], beat_ms: float = math.inf) -> list[AlgoPerf]:
         """Time each (plan, its config, its workspace need) on Find's scratch (home
-        stream, held by the caller); the plans that ran go into ``timed``."""
+        stream, held by the caller), the cut-offs judging against ``beat_ms``
+        until a candidate beats it (Note [a chunk's time to beat]); the plans
+        that ran go into ``timed``."""
         prof = self.find_profile
         t = time.perf_counter()
         ptrs = self._find_pointers(problem, direction)
@@ -482,7 +531,7 @@ class GraphFind(GraphEngines):
         ws_ptr, have = self._find_workspace(max(p.workspace_bytes for p, _, _ in plans))
         prof.scratch_s += time.perf_counter() - t
         out: list[AlgoPerf] = []
-        ratio, cold, best = self.find_options.probe_ratio, self.find_options.cold_ratio, math.inf
+        ratio, cold, best = self.find_options.probe_ratio, self.find_options.cold_ratio, beat_ms
         for p, info, need in plans:
             if p.workspace_bytes > have:
                 continue
