@@ -3,9 +3,11 @@ logic of DeviceArray (dtypes, typestrs, __cuda_array_interface__, views)."""
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ PUBLIC = [
     "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check",
     "device_count", "require_device", "current_device", "set_device",
     "device_name", "device_properties", "mem_get_info", "synchronize",
-    "Stream", "default_stream", "Event", "time_on_stream", "time_interleaved",
+    "Stream", "default_stream", "Event", "time_on_stream", "time_interleaved", "holding",
     "DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
     "CudaGraph",
 ]
@@ -414,3 +416,67 @@ def test_deferred_release_during_capture():
     assert calls == [1] and not _lifetime.capturing()
     _lifetime.release(calls.append, 2)
     assert calls == [1, 2]
+
+
+class _HostFuncRuntime:
+    """cuda.bindings.runtime's cudaLaunchHostFunc as a driver would run it: the
+    host function called on a thread of its own (``fail``: the launch fails)."""
+
+    cudaHostFn_t = staticmethod(lambda init_value: init_value)
+
+    def __init__(self, fail=False):
+        self.fail, self.threads, self.streams = fail, [], []
+
+    def cudaLaunchHostFunc(self, stream, fn, key):
+        if self.fail:
+            return (rt.cudaError_t.cudaErrorInvalidValue,)
+        self.streams.append(stream)
+        call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)
+        t = threading.Thread(target=call, args=(key,), daemon=True)
+        t.start()
+        self.threads.append(t)
+        return (rt.cudaError_t.cudaSuccess,)
+
+
+def test_holding_holds_the_stream_until_the_block_ends(monkeypatch):
+    """See Note [held timing]: the host function queued on the stream (the
+    stream's own handle) waits while the block runs and returns when it
+    ends, or when the block raises; no hold is left behind."""
+    from mucudnn.cuda import stream as st
+    fake = _HostFuncRuntime()
+    monkeypatch.setattr(st._runtime, "get", lambda: fake)
+    with mc.holding(1234):
+        fake.threads[0].join(0.2)
+        assert fake.threads[0].is_alive()  # the stream is held
+    fake.threads[0].join(5.0)
+    assert not fake.threads[0].is_alive() and fake.streams == [1234]
+    with pytest.raises(KeyError):
+        with mc.holding(1234):
+            raise KeyError("inside")
+    fake.threads[1].join(5.0)
+    assert not fake.threads[1].is_alive()
+    assert st._HOLDS == {}
+
+
+def test_a_hold_gives_up_after_its_timeout(monkeypatch):
+    """A block that waits on the held stream (which it must not) would wait
+    for ever; the host function returns after HOLD_TIMEOUT_S instead."""
+    from mucudnn.cuda import stream as st
+    fake = _HostFuncRuntime()
+    monkeypatch.setattr(st._runtime, "get", lambda: fake)
+    monkeypatch.setattr(st, "HOLD_TIMEOUT_S", 0.05)
+    with mc.holding(7):
+        fake.threads[0].join(5.0)
+        assert not fake.threads[0].is_alive()  # released while the block still runs
+    assert st._HOLDS == {}
+
+
+def test_a_hold_that_cannot_be_queued_raises_cudas_error_by_name(monkeypatch):
+    from mucudnn.cuda import stream as st
+    fake = _HostFuncRuntime(fail=True)
+    monkeypatch.setattr(st._runtime, "get", lambda: fake)
+    ran = []
+    with pytest.raises(mc.CudaError, match="cudaLaunchHostFunc.*cudaErrorInvalidValue"):
+        with mc.holding(7):
+            ran.append(1)
+    assert ran == [] and st._HOLDS == {}

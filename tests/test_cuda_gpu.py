@@ -523,3 +523,32 @@ def test_out_of_memory_raises_and_device_stays_usable():
     with mc.DeviceArray.from_numpy(host) as a:
         assert np.array_equal(a.to_numpy(), host)
     mc.synchronize()
+
+
+def test_holding_queues_the_blocks_work_until_it_ends(caplog):
+    """See Note [held timing]: what a held block queues has not run before the
+    block ends and runs after; held timing of a call of many launches returns
+    its times without waiting for the hold's timeout."""
+    import time as _time
+    caplog.set_level("DEBUG", logger="mucudnn")
+    buf = mc.DeviceArray((64 * MiB,), "uint8")
+    small = mc.DeviceArray((4096,), "uint8")
+    with mc.Stream() as s:
+        done = mc.Event(timing=False)
+        with mc.holding(s):
+            buf.fill_bytes(3, stream=s)
+            done.record(s)
+            _time.sleep(0.05)
+            assert not done.query() and not s.query()
+        done.synchronize()
+        assert buf[:16].to_numpy().tolist() == [3] * 16
+
+        def many():
+            for _ in range(50):
+                small.fill_bytes(1, stream=s)
+        times = mc.time_on_stream(many, s, warmup=1, repeat=5, held=True)
+        assert len(times) == 5 and all(t > 0 for t in times)
+        done.close()
+    assert not any("released after" in r.getMessage() for r in caplog.records)
+    buf.close()
+    small.close()

@@ -197,6 +197,33 @@ def test_parallel_finalization_finds_what_serial_finds(case, direction):
     assert found[1] == found[8]
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
+def test_held_timing_finds_configs_that_run_correctly(direction, caplog):
+    """See Note [held timing]: find_hold=True times the same candidates, each
+    found config runs correctly, and no hold waits for its timeout."""
+    caplog.set_level("DEBUG", logger="mucudnn")
+    p = ConvProblem((8, 14, 14, 32), (64, 3, 3, 1), padding=1, groups=32, layout="NHWC")
+    found = {}
+    for hold in (False, True):
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_hold=hold,
+                               find_probe_ratio=None, find_cold_ratio=None) as b:
+            res = b.find(p, direction, 8 * MiB)
+            found[hold] = {r.algo for r in res}
+            assert res and all(r.time_ms > 0 for r in res)
+            if hold:
+                rng = np.random.default_rng(5)
+                hx, hw, hy = _host(p, rng)
+                for r in res:
+                    x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
+                    ws = b.alloc_workspace(r.workspace_bytes or 1)
+                    b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
+                    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
+                    want = reference(p, direction, hx, hw, hy)
+                    assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+    assert found[True] == found[False]
+    assert not any("released after" in r.getMessage() for r in caplog.records)
+
+
 def test_engine_config_workspace_is_the_plans():
     """CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE (read from heuristics results before any
     plan exists) equals the finalized plan's workspace, so the pre-filter of

@@ -97,6 +97,9 @@ class FindOptions:
     leaves configurations out (Note [split groups]). ``search``:
     ``"heuristics"`` or ``"knobs"`` (Note [knob search]), with
     ``knob_values`` values per knob and at most ``max_configs`` added configs.
+    ``hold``: time the GPU alone, each candidate's timed runs queued on the
+    stream held until they are all issued (Note [held timing]); off: the
+    host's time to issue a call counts where the GPU waits for it.
     """
 
     heuristic_modes: tuple[str, ...] = ("A", "B", "FALLBACK")
@@ -118,6 +121,7 @@ class FindOptions:
     search: str = "heuristics"
     knob_values: int = 6
     max_configs: int = 256
+    hold: bool = False
 
     def __post_init__(self) -> None:
         modes = self.heuristic_modes
@@ -144,7 +148,7 @@ class FindOptions:
             if not v > 0.0:
                 raise InvalidValueError(f"long_ms: expected None or a number of ms > 0, got "
                                         f"{self.long_ms!r}")
-        for name in ("prefilter", "parity", "carry", "fold", "split"):
+        for name in ("prefilter", "parity", "carry", "fold", "split", "hold"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidTypeError(f"{name}: expected True or False, got "
                                        f"{getattr(self, name)!r}")
@@ -232,7 +236,7 @@ LEGACY_KEYWORDS = {
     "find_rtc": "rtc", "find_parity": "parity", "find_retime": "retime",
     "find_skip_ratio": "skip_ratio", "find_long_ms": "long_ms", "find_zero": "zero",
     "find_carry": "carry", "find_split": "split", "search_knob_values": "knob_values",
-    "search_max_configs": "max_configs",
+    "search_max_configs": "max_configs", "find_hold": "hold",
 }
 
 #: Fields whose effect on the candidates is keyed by other means.

@@ -19,15 +19,15 @@ from .errors import CudaError, CudaOutOfMemoryError, NoDeviceError
 from .graph import CudaGraph
 from .memory import (DeviceArray, allocation_count, as_device_array, is_device_array_like,
                      memory_allocated)
-from .stream import (Event, Stream, as_stream, default_stream, is_capturing, stream_handle,
-                     time_interleaved, time_on_stream)
+from .stream import (Event, Stream, as_stream, default_stream, holding, is_capturing,
+                     stream_handle, time_interleaved, time_on_stream)
 
 __all__ = [
     "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check",
     "device_count", "require_device", "current_device", "set_device", "using_device",
     "device_name", "device_properties", "mem_get_info", "synchronize",
     "Stream", "default_stream", "stream_handle", "is_capturing", "as_stream", "Event",
-    "time_on_stream", "time_interleaved",
+    "time_on_stream", "time_interleaved", "holding",
     "DeviceArray", "as_device_array", "is_device_array_like", "memory_allocated",
     "allocation_count",
     "BFLOAT16", "SUPPORTED_DTYPES", "dtype_name", "normalize_dtype", "typestr",
