@@ -165,6 +165,19 @@ def test_caches_are_bounded_and_closed():
     assert live_backend_descriptors() == live0
 
 
+def _each_runs_correctly(b, p, direction, found, seed):
+    """Each of find()'s ``found`` configs of ``p``, run by backend ``b``,
+    matches the float64 reference."""
+    hx, hw, hy = _host(p, np.random.default_rng(seed))
+    want = reference(p, direction, hx, hw, hy)
+    for r in found:
+        x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
+        ws = b.alloc_workspace(r.workspace_bytes or 1)
+        b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
+        out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
+        assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 @pytest.mark.parametrize("case", ["2d-nchw", "2d-grouped-dilated", "2d-nhwc-stride2"])
 def test_parallel_finalization_finds_what_serial_finds(case, direction):
@@ -184,15 +197,7 @@ def test_parallel_finalization_finds_what_serial_finds(case, direction):
             assert prof.workspace_mismatch == 0
             if threads == 8:
                 assert prof.skipped >= 0 and prof.finalized <= 2 * prof.configs
-                rng = np.random.default_rng(3)
-                hx, hw, hy = _host(p, rng)
-                for r in res:
-                    x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
-                    ws = b.alloc_workspace(r.workspace_bytes or 1)
-                    b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
-                    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
-                    want = reference(p, direction, hx, hw, hy)
-                    assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+                _each_runs_correctly(b, p, direction, res, seed=3)
     # the pre-filter only skips configs that could not fit 8 MiB anyway
     assert found[1] == found[8]
 
@@ -211,15 +216,7 @@ def test_held_timing_finds_configs_that_run_correctly(direction, caplog):
             found[hold] = {r.algo for r in res}
             assert res and all(r.time_ms > 0 for r in res)
             if hold:
-                rng = np.random.default_rng(5)
-                hx, hw, hy = _host(p, rng)
-                for r in res:
-                    x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
-                    ws = b.alloc_workspace(r.workspace_bytes or 1)
-                    b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
-                    out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
-                    want = reference(p, direction, hx, hw, hy)
-                    assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+                _each_runs_correctly(b, p, direction, res, seed=5)
     assert found[True] == found[False]
     assert not any("released after" in r.getMessage() for r in caplog.records)
 
@@ -649,17 +646,9 @@ def test_knob_search_adds_configs_that_run_correctly(direction):
         # heuristics' own configs are all still candidates (Note [knob search]);
         # which of them runs fastest is a benchmark's question, not a test's
         assert {q.algo for q in base} <= {r.algo for r in res}
-        rng = np.random.default_rng(5)
-        hx, hw, hy = _host(p, rng)
-        want = reference(p, direction, hx, hw, hy)
         extra = [r for r in res if r.algo not in {q.algo for q in base}][:6]
         assert extra
-        for r in extra:
-            x, w, y = b.from_host(hx), b.from_host(hw), b.from_host(hy)
-            ws = b.alloc_workspace(r.workspace_bytes or 1)
-            b.run(direction, r.algo, 0, ConvTensors(p, x, w, y), 1.0, 0.0, ws)
-            out = {"x": x, "w": w, "y": y}[OUTPUT_OF[direction]]
-            assert rel_err(b.to_host(out), want) < 2e-2, r.algo
+        _each_runs_correctly(b, p, direction, extra, seed=5)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
