@@ -7,7 +7,6 @@ import ctypes
 import pickle
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -418,65 +417,108 @@ def test_deferred_release_during_capture():
     assert calls == [1, 2]
 
 
-class _HostFuncRuntime:
-    """cuda.bindings.runtime's cudaLaunchHostFunc as a driver would run it: the
-    host function called on a thread of its own (``fail``: the launch fails)."""
+class _HoldDriver:
+    """What holding() asks of cuda-bindings, without a device: pinned memory is
+    a host buffer, a launch is recorded with its decoded parameters (``fail``:
+    launches fail)."""
 
-    cudaHostFn_t = staticmethod(lambda init_value: init_value)
+    cudaHostAllocMapped = 2
 
     def __init__(self, fail=False):
-        self.fail, self.threads, self.streams = fail, [], []
+        self.fail, self.launches, self.buffers = fail, [], []
 
-    def cudaLaunchHostFunc(self, stream, fn, key):
+    def cudaHostAlloc(self, size, flags):
+        assert flags == self.cudaHostAllocMapped
+        buf = ctypes.create_string_buffer(size)
+        self.buffers.append(buf)
+        return (rt.cudaError_t.cudaSuccess, ctypes.addressof(buf))
+
+    def cudaHostGetDevicePointer(self, host, flags):
+        return (rt.cudaError_t.cudaSuccess, host)
+
+    def cuModuleLoadData(self, image):
+        assert b".entry mucudnn_hold" in ctypes.string_at(image)
+        return (rt.cudaError_t.cudaSuccess, "module")
+
+    def cuModuleGetFunction(self, module, name):
+        return (rt.cudaError_t.cudaSuccess, (module, name))
+
+    CUstream = staticmethod(int)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         if self.fail:
             return (rt.cudaError_t.cudaErrorInvalidValue,)
-        self.streams.append(stream)
-        call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)
-        t = threading.Thread(target=call, args=(key,), daemon=True)
-        t.start()
-        self.threads.append(t)
+        ptrs = (ctypes.c_void_p * 3).from_address(params)
+        values = [ctypes.c_uint64.from_address(p).value for p in ptrs]
+        self.launches.append((f, (gx, gy, gz, bx, by, bz, shared), stream, values))
         return (rt.cudaError_t.cudaSuccess,)
 
 
-def test_holding_holds_the_stream_until_the_block_ends(monkeypatch):
-    """See Note [held timing]: the host function queued on the stream (the
-    stream's own handle) waits while the block runs and returns when it
-    ends, or when the block raises; no hold is left behind."""
-    from mucudnn.cuda import stream as st
-    fake = _HostFuncRuntime()
-    monkeypatch.setattr(st._runtime, "get", lambda: fake)
-    with mc.holding(1234):
-        fake.threads[0].join(0.2)
-        assert fake.threads[0].is_alive()  # the stream is held
-    fake.threads[0].join(5.0)
-    assert not fake.threads[0].is_alive() and fake.streams == [1234]
+@pytest.fixture
+def hold_driver(monkeypatch):
+    from mucudnn.cuda import hold
+    fake = _HoldDriver()
+    monkeypatch.setattr(hold._runtime, "get", lambda: fake)
+    monkeypatch.setattr(hold._runtime, "driver", lambda: fake)
+    monkeypatch.setattr(hold, "current_device", lambda: 0)
+    monkeypatch.setattr(hold, "_DEVICES", {})
+    return fake
+
+
+def test_holding_queues_the_hold_kernel_and_raises_its_flag_when_the_block_ends(hold_driver):
+    """See Note [held timing]: one thread of the hold kernel is queued on the
+    stream, waiting for the flag (the pinned word's device address) to reach
+    its ticket within HOLD_TIMEOUT_S; the flag stays below the ticket while
+    the block runs and reaches it when the block ends, or raises."""
+    from mucudnn.cuda import hold
+    with mc.holding(1234) as h:
+        (f, dims, stream, (flag, ticket, timeout_ns)), = hold_driver.launches
+        assert f == ("module", b"mucudnn_hold") and dims == (1, 1, 1, 1, 1, 1, 0)
+        assert stream == 1234 and ticket == h.ticket == 1
+        assert timeout_ns == int(hold.HOLD_TIMEOUT_S * 1e9)
+        word = ctypes.c_uint64.from_address(flag)
+        assert word.value < ticket
+    assert word.value == 1 and not h.timed_out()
     with pytest.raises(KeyError):
-        with mc.holding(1234):
+        with mc.holding(1234) as h2:
+            assert hold_driver.launches[-1][3][:2] == [flag, 2] and word.value == 1
             raise KeyError("inside")
-    fake.threads[1].join(5.0)
-    assert not fake.threads[1].is_alive()
-    assert st._HOLDS == {}
+    assert word.value == 2 and h2.ticket == 2
+    assert len(hold_driver.buffers) == 1  # one flag per device, made once
 
 
-def test_a_hold_gives_up_after_its_timeout(monkeypatch):
-    """A block that waits on the held stream (which it must not) would wait
-    for ever; the host function returns after HOLD_TIMEOUT_S instead."""
-    from mucudnn.cuda import stream as st
-    fake = _HostFuncRuntime()
-    monkeypatch.setattr(st._runtime, "get", lambda: fake)
-    monkeypatch.setattr(st, "HOLD_TIMEOUT_S", 0.05)
-    with mc.holding(7):
-        fake.threads[0].join(5.0)
-        assert not fake.threads[0].is_alive()  # released while the block still runs
-    assert st._HOLDS == {}
+def test_a_hold_that_timed_out_says_so(hold_driver):
+    """The kernel stores its ticket in the word after the flag when it gives
+    up; Hold.timed_out reads it."""
+    with mc.holding(7) as h:
+        pass
+    assert not h.timed_out()
+    flag = hold_driver.launches[-1][3][0]
+    ctypes.c_uint64.from_address(flag + 8).value = h.ticket
+    assert h.timed_out()
 
 
-def test_a_hold_that_cannot_be_queued_raises_cudas_error_by_name(monkeypatch):
-    from mucudnn.cuda import stream as st
-    fake = _HostFuncRuntime(fail=True)
-    monkeypatch.setattr(st._runtime, "get", lambda: fake)
+def test_a_hold_that_cannot_be_queued_raises_cudas_error_by_name(hold_driver):
+    hold_driver.fail = True
     ran = []
-    with pytest.raises(mc.CudaError, match="cudaLaunchHostFunc.*cudaErrorInvalidValue"):
+    with pytest.raises(mc.CudaError, match="cuLaunchKernel.*cudaErrorInvalidValue"):
         with mc.holding(7):
             ran.append(1)
-    assert ran == [] and st._HOLDS == {}
+    assert ran == []
+
+
+def test_the_hold_kernel_assembles_for_the_gpus_we_run_on(tmp_path):
+    """The hold kernel's PTX (Note [held timing]) assembles with ptxas for
+    Hopper and Ampere, where a CUDA toolkit is installed."""
+    import glob
+    import shutil
+    from mucudnn.cuda import hold
+    ptxas = shutil.which("ptxas") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/ptxas"))), None)
+    if ptxas is None:
+        pytest.skip("no ptxas (CUDA toolkit) on this machine")
+    src = tmp_path / "hold.ptx"
+    src.write_bytes(hold._PTX)
+    for arch in ("sm_80", "sm_90"):
+        out = subprocess.run([ptxas, f"-arch={arch}", str(src), "-o", str(tmp_path / f"{arch}.cubin")],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr

@@ -206,7 +206,7 @@ def test_parallel_finalization_finds_what_serial_finds(case, direction):
 def test_held_timing_finds_configs_that_run_correctly(direction, caplog):
     """See Note [held timing]: find_hold=True times the same candidates, each
     found config runs correctly, and no hold waits for its timeout."""
-    caplog.set_level("DEBUG", logger="mucudnn")
+    caplog.set_level("DEBUG", logger="mucudnn")  # a timed-out hold is logged
     p = ConvProblem((8, 14, 14, 32), (64, 3, 3, 1), padding=1, groups=32, layout="NHWC")
     found = {}
     for hold in (False, True):
@@ -218,7 +218,7 @@ def test_held_timing_finds_configs_that_run_correctly(direction, caplog):
             if hold:
                 _each_runs_correctly(b, p, direction, res, seed=5)
     assert found[True] == found[False]
-    assert not any("released after" in r.getMessage() for r in caplog.records)
+    assert not any("timed out" in r.getMessage() for r in caplog.records)
 
 
 def test_engine_config_workspace_is_the_plans():

@@ -19,8 +19,9 @@ from .errors import CudaError, CudaOutOfMemoryError, NoDeviceError
 from .graph import CudaGraph
 from .memory import (DeviceArray, allocation_count, as_device_array, is_device_array_like,
                      memory_allocated)
-from .stream import (Event, Stream, as_stream, default_stream, holding, is_capturing,
-                     stream_handle, time_interleaved, time_on_stream)
+from .hold import holding
+from .stream import (Event, Stream, as_stream, default_stream, is_capturing, stream_handle,
+                     time_interleaved, time_on_stream)
 
 __all__ = [
     "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check",

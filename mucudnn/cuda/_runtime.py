@@ -15,7 +15,7 @@ from .errors import (NO_DEVICE_ERRORS, NO_DEVICE_MESSAGE, OUT_OF_MEMORY_ERRORS,
 from .._optional import install_hint
 from ..errors import InvalidValueError
 
-__all__ = ["get", "available", "check", "make_error"]
+__all__ = ["get", "driver", "available", "check", "make_error"]
 
 _lock = threading.Lock()
 _rt = None
@@ -46,6 +46,14 @@ def get():
             "import cuda.bindings.runtime", type(_import_error).__name__,
             f"{NO_DEVICE_MESSAGE} (cuda-bindings could not be imported: {_import_error})")
     return _rt
+
+
+def driver():
+    """Return the ``cuda.bindings.driver`` module (for what the runtime has no
+    call for: loading a module of PTX); errors as :func:`get`'s."""
+    get()
+    from cuda.bindings import driver as drv
+    return drv
 
 
 def _not_installed(exc: BaseException | None) -> bool:

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import itertools
 import logging
 import threading
 import weakref
-from typing import Iterator
 
 from . import _lifetime, _runtime
 from .device import current_device, require_device, using_device
 from ._runtime import check
 from ..errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["Stream", "default_stream", "stream_handle", "is_capturing", "Event", "time_on_stream",
-           "holding"]
+__all__ = ["Stream", "default_stream", "stream_handle", "is_capturing", "Event", "time_on_stream"]
 
 log = logging.getLogger("mucudnn")
 
@@ -303,58 +299,6 @@ class Event:
         return f"<Event 0x{self.handle:x} timing={self.timing}{state}>"
 
 
-# Note [held timing]
-# ~~~~~~~~~~~~~~~~~~
-# Events around a call time the GPU from one event to the next. Where the GPU
-# is idle when the start event is recorded, the figure includes the host's
-# time to issue the call: for a call of several launches (a split's copies
-# and chunk calls, Note [split groups]) or a short one (a small micro-batch),
-# tens of microseconds a launch that a step whose GPU runs behind its host
-# never pays, so such calls are timed slower than they run there. With
-# ``held=True`` the timed runs are queued behind a host function
-# (``cudaLaunchHostFunc``) that holds the stream until all of them are
-# issued, and the GPU then runs them back to back: GPU time alone, as
-# ``mucudnn.torch`` times PyTorch's calls (Note [timing the GPU alone]). The
-# host function waits on a ``threading.Event`` and gives up after
-# :data:`HOLD_TIMEOUT_S`: a call that synchronises the held stream then waits
-# that long, and its runs are timed as without holding.
-
-#: Seconds a held stream waits for its timed runs to be issued (Note [held timing]).
-HOLD_TIMEOUT_S = 1.0
-_HOLDS: dict[int, threading.Event] = {}
-_HOLD_IDS = itertools.count(1)
-
-
-def _hold(key: int | None) -> None:
-    """The host function of :func:`holding`: wait until the hold ``key`` is released."""
-    gate = _HOLDS.get(int(key or 0))
-    if gate is not None and not gate.wait(HOLD_TIMEOUT_S):
-        log.debug("mucudnn: a held stream was released after %.1f s", HOLD_TIMEOUT_S)
-
-
-#: The C function pointer of :func:`_hold` (kept alive for the process).
-_HOLD_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_hold)
-
-
-@contextlib.contextmanager
-def holding(stream=None) -> Iterator[None]:
-    """Hold ``stream`` while the block issues work on it: what the block queues
-    starts when it ends, back to back (Note [held timing]). The block must
-    not wait for the stream's work (a synchronisation inside waits
-    :data:`HOLD_TIMEOUT_S`).
-    """
-    rt = _runtime.get()
-    key = next(_HOLD_IDS)
-    gate = _HOLDS[key] = threading.Event()
-    try:
-        fn = rt.cudaHostFn_t(init_value=ctypes.cast(_HOLD_FN, ctypes.c_void_p).value)
-        check(rt.cudaLaunchHostFunc(stream_handle(stream), fn, key), "cudaLaunchHostFunc")
-        yield
-    finally:
-        gate.set()
-        del _HOLDS[key]
-
-
 def time_on_stream(fn, stream=None, warmup: int = 3, repeat: int = 10,
                    held: bool = False) -> list[float]:
     """Time ``fn()`` with CUDA events on ``stream``; a list of ``repeat`` times in ms.
@@ -362,7 +306,7 @@ def time_on_stream(fn, stream=None, warmup: int = 3, repeat: int = 10,
     ``fn`` takes no arguments and must queue its work on ``stream`` (it should
     not synchronise the host itself). ``warmup`` untimed calls come first. The
     host synchronises once, at the end. ``held``: the GPU's time alone (Note
-    [held timing]).
+    [held timing] in mucudnn/cuda/hold.py).
     """
     return time_interleaved([fn], stream, warmup=warmup, repeat=repeat, held=held)[0]
 
@@ -377,8 +321,8 @@ def time_interleaved(fns, stream=None, warmup: int = 3, repeat: int = 10,
     synchronises once, at the end. Interleaving makes the functions' times
     comparable on a GPU whose clock drifts (Note [interleaved timing] in
     mucudnn/bench.py). ``held``: the timed rounds are queued on the stream
-    held (:func:`holding`), so that each time is the GPU's alone (Note [held
-    timing]).
+    held (:func:`~mucudnn.cuda.hold.holding`), so that each time is the GPU's
+    alone (Note [held timing] in mucudnn/cuda/hold.py).
     """
     warmup, repeat = int(warmup), int(repeat)
     fns = list(fns)
@@ -392,13 +336,17 @@ def time_interleaved(fns, stream=None, warmup: int = 3, repeat: int = 10,
             fn()
     events = [[(Event(), Event()) for _ in fns] for _ in range(repeat)]
     try:
-        with holding(s) if held else contextlib.nullcontext():
+        from .hold import holding
+
+        with holding(s) if held else contextlib.nullcontext() as hold:
             for row in events:
                 for fn, (start, end) in zip(fns, row):
                     start.record(s)
                     fn()
                     end.record(s)
         events[-1][-1][1].synchronize()
+        if hold is not None and hold.timed_out():
+            log.debug("mucudnn: a held timing's hold timed out; its times include the host's")
         return [[Event.elapsed_ms(*row[i]) for row in events] for i in range(len(fns))]
     finally:
         for row in events:
