@@ -20,8 +20,8 @@ from .graph import CudaGraph
 from .memory import (DeviceArray, allocation_count, as_device_array, is_device_array_like,
                      memory_allocated)
 from .hold import holding
-from .stream import (Event, Stream, as_stream, default_stream, is_capturing, stream_handle,
-                     time_interleaved, time_on_stream)
+from .stream import Event, Stream, as_stream, default_stream, is_capturing, stream_handle
+from .timing import time_interleaved, time_on_stream
 
 __all__ = [
     "CudaError", "CudaOutOfMemoryError", "NoDeviceError", "check",

@@ -8,7 +8,7 @@ time to issue the call: for a call of several launches (a split's copies
 and chunk calls, Note [split groups]) or a short one (a small micro-batch),
 tens of microseconds a launch that a step whose GPU runs behind its host
 never pays, so such calls are timed slower than they run there. With
-``held=True`` (:func:`~mucudnn.cuda.stream.time_interleaved`) the timed runs
+``held=True`` (:func:`~mucudnn.cuda.timing.time_interleaved`) the timed runs
 are queued behind a kernel that spins on a flag in pinned host memory until
 the host, having issued them all, raises the flag; the GPU then runs them
 back to back: its time alone, as ``mucudnn.torch`` times PyTorch's calls
@@ -32,6 +32,7 @@ from typing import Iterator
 from . import _runtime
 from ._runtime import check
 from .device import current_device
+from .stream import stream_handle
 
 __all__ = ["HOLD_TIMEOUT_S", "Hold", "holding"]
 
@@ -135,8 +136,6 @@ def holding(stream=None) -> Iterator[Hold]:
     >>> stream.synchronize(); hold.timed_out()          # doctest: +SKIP
     False
     """
-    from .stream import stream_handle
-
     handle = stream_handle(stream)
     d = _device(current_device())
     with _LOCK:

@@ -1,9 +1,7 @@
-"""Streams and events: :class:`Stream`, :func:`default_stream`, :class:`Event`, :func:`time_on_stream`."""
+"""Streams and events: :class:`Stream`, :func:`default_stream`, :class:`Event`."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import threading
 import weakref
 
@@ -12,9 +10,7 @@ from .device import current_device, require_device, using_device
 from ._runtime import check
 from ..errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["Stream", "default_stream", "stream_handle", "is_capturing", "Event", "time_on_stream"]
-
-log = logging.getLogger("mucudnn")
+__all__ = ["Stream", "default_stream", "stream_handle", "is_capturing", "Event"]
 
 
 def _destroy_stream(handle: int) -> None:
@@ -297,59 +293,3 @@ class Event:
     def __repr__(self) -> str:
         state = ", closed" if self.closed else ""
         return f"<Event 0x{self.handle:x} timing={self.timing}{state}>"
-
-
-def time_on_stream(fn, stream=None, warmup: int = 3, repeat: int = 10,
-                   held: bool = False) -> list[float]:
-    """Time ``fn()`` with CUDA events on ``stream``; a list of ``repeat`` times in ms.
-
-    ``fn`` takes no arguments and must queue its work on ``stream`` (it should
-    not synchronise the host itself). ``warmup`` untimed calls come first. The
-    host synchronises once, at the end. ``held``: the GPU's time alone (Note
-    [held timing] in mucudnn/cuda/hold.py).
-    """
-    return time_interleaved([fn], stream, warmup=warmup, repeat=repeat, held=held)[0]
-
-
-def time_interleaved(fns, stream=None, warmup: int = 3, repeat: int = 10,
-                     held: bool = False) -> list[list[float]]:
-    """Time several functions in turn with CUDA events on ``stream``: ``repeat``
-    rounds, each running every function once, in order; per function, its list of
-    ``repeat`` times in ms.
-
-    Each function is first called ``warmup`` times, untimed. The host
-    synchronises once, at the end. Interleaving makes the functions' times
-    comparable on a GPU whose clock drifts (Note [interleaved timing] in
-    mucudnn/bench.py). ``held``: the timed rounds are queued on the stream
-    held (:func:`~mucudnn.cuda.hold.holding`), so that each time is the GPU's
-    alone (Note [held timing] in mucudnn/cuda/hold.py).
-    """
-    warmup, repeat = int(warmup), int(repeat)
-    fns = list(fns)
-    if warmup < 0 or repeat < 1:
-        raise InvalidValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
-    if not fns:
-        raise InvalidValueError("fns: expected at least one function to time, got none")
-    s = as_stream(stream)
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    events = [[(Event(), Event()) for _ in fns] for _ in range(repeat)]
-    try:
-        from .hold import holding
-
-        with holding(s) if held else contextlib.nullcontext() as hold:
-            for row in events:
-                for fn, (start, end) in zip(fns, row):
-                    start.record(s)
-                    fn()
-                    end.record(s)
-        events[-1][-1][1].synchronize()
-        if hold is not None and hold.timed_out():
-            log.debug("mucudnn: a held timing's hold timed out; its times include the host's")
-        return [[Event.elapsed_ms(*row[i]) for row in events] for i in range(len(fns))]
-    finally:
-        for row in events:
-            for start, end in row:
-                start.close()
-                end.close()
