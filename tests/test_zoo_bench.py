@@ -48,7 +48,39 @@ def test_parse_args_defaults_and_errors(zb):
             zb.parse_args(TINY + bad)
 
 
-def test_step_stats_by_hand(zb):
+def test_backend_options_reach_the_converted_sides_of_every_process(zb, monkeypatch):
+    """--backend-option KEY=VALUE (repeatable) names the converted side's
+    cudnn-graph backend options: refused on the CPU, kept in the options and
+    passed on to each cold process; without it the default backend runs."""
+    import argparse
+    import subprocess
+    import torch
+
+    with pytest.raises(SystemExit):
+        zb.parse_args(TINY + ["--backend-option", "find_hold=True"])
+    with pytest.raises(SystemExit):
+        zb.parse_args(TINY + ["--backend-option", "no equals sign"])
+    args = argparse.Namespace(backend_options=[("find_hold", True), ("find_rtc", "all")],
+                              device="cuda", batch=2, workspace=1 << 20, seed=0, lr=0.01,
+                              cold_profile=0, cold_timeout=5.0)
+    seen = {}
+
+    def run(cmd, **kw):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 1, "", "stopped here")
+
+    monkeypatch.setattr(zb.subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="stopped here"):
+        zb.run_cold(args, zb.model_spec("tiny", None), "fp32cl", "converted")
+    passed = [a for a in seen["cmd"] if a.startswith("--backend-option=")]
+    assert passed == ["--backend-option=find_hold=True", "--backend-option=find_rtc='all'"]
+    assert zb.parse_args(["--device", "cpu", "--models", "tiny"]).backend_options == []
+    assert [zb.parse_option(a.split("=", 1)[1]) for a in passed] == args.backend_options
+    assert zb.converted_backend(argparse.Namespace(backend_options=[]),
+                                torch.device("cuda", 0)) is None
+
+
+
     step_ms = {"native": [[10.0, 10.0, 12.0], [20.0, 22.0, 21.0], [30.0, 30.0, 30.0]],
                "converted": [[11.0, 12.0, 13.0], [21.0, 20.0, 19.0], [36.0, 33.0, 33.0]]}
     s = zb.step_stats(step_ms)
@@ -345,3 +377,9 @@ def test_find_profile_is_the_default_gpu_backends_counts(monkeypatch):
     assert seen == {"name": backends.default_name(gpu=True), "device": 1}
     assert got["calls"] == 3 and got["split_finds"] == 2 and "modes_s" not in got
     assert set(got) == {f for f in prof.as_dict() if f != "modes_s"}
+    # a backend given (zoo_bench's --backend-option) is read, not the default one
+    seen.clear()
+    own = _device.FindProfile()
+    own.calls = 7
+    assert ts.find_profile(torch.device("cuda", 1), type("Be", (), {"find_profile": own})()
+                           )["calls"] == 7 and seen == {}

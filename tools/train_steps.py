@@ -333,18 +333,19 @@ def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
 
 
 # -- the machine --------------------------------------------------------------------------------
-def find_profile(device: torch.device) -> dict | None:
-    """What the default GPU backend's find() did in this process (its
-    ``FindProfile``'s counts and seconds: finds, split and runtime-compiled
-    configurations; its per-mode seconds left out, so that samples median
-    field by field), as a dict; None on the CPU or for a backend that keeps
-    none. Call it once the converted side has planned (it builds the backend
-    otherwise)."""
+def find_profile(device: torch.device, backend: Any = None) -> dict | None:
+    """What the GPU backend's find() did in this process (``backend``'s, or
+    the default one's: its ``FindProfile``'s counts and seconds: finds, split
+    and runtime-compiled configurations; its per-mode seconds left out, so
+    that samples median field by field), as a dict; None on the CPU or for a
+    backend that keeps none. Call it once the converted side has planned (it
+    builds the default backend otherwise)."""
     if device.type != "cuda":
         return None
     from mucudnn.backends import default_name, get_backend
 
-    be = get_backend(default_name(gpu=True), device=device.index or 0)
+    be = backend if backend is not None else get_backend(default_name(gpu=True),
+                                                         device=device.index or 0)
     prof = getattr(be, "find_profile", None)
     if prof is None:
         return None

@@ -9,7 +9,9 @@ smoke tests), each precision (``fp32cl``: float32 with TF32, channels-last;
 warm-up), on synthetic data with SGD, it compares two sides:
 
 * ``native``: PyTorch's own convolutions, ``torch.backends.cudnn.benchmark=True``;
-* ``converted``: ``mucudnn.torch.convert(model, workspace_limit=--workspace)``.
+* ``converted``: ``mucudnn.torch.convert(model, workspace_limit=--workspace)``
+  (with ``--backend-option KEY=VALUE``: on a cudnn-graph backend with those
+  options, e.g. ``find_hold=True``).
 
 Measured per model and precision:
 
@@ -69,12 +71,14 @@ from torch import nn
 
 import train_bench as tb  # tools/, beside this script: argument types, the progress bar
 import train_steps as ts  # training state, timing, rounds
+from frontier import parse_option  # tools/: KEY=VALUE of --backend-option
 from round_stats import extra_rounds, geomean, ratio_text  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     BATCH, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
 import mucudnn
 import mucudnn.torch as mt
+from mucudnn.backends import get_backend
 
 torchvision = ts.torchvision
 tqdm = tb.tqdm
@@ -105,7 +109,8 @@ class ZooJob(ts.TrainJob):
         model.load_state_dict(init_state)
         self.model = model.to(device).to(memory_format=torch.channels_last)
         if side == "converted" and not args.control:  # Note [control runs]
-            mt.convert(self.model, workspace_limit=args.workspace)
+            mt.convert(self.model, workspace_limit=args.workspace,
+                       backend=converted_backend(args, device))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         b, s = args.batch, spec.size
         self.x = torch.empty(b, 3, s, s, device=device, memory_format=torch.channels_last)
@@ -184,6 +189,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "(Note [isolated models])")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds allowed for each --isolate process (default 600)")
+    ap.add_argument("--backend-option", action="append", type=parse_option, default=[],
+                    metavar="KEY=VALUE", dest="backend_options",
+                    help="an option of the converted side's cudnn-graph backend (repeatable; "
+                         "e.g. find_hold=True); none: the default backend")
     ap.add_argument("--cold-child", choices=SIDES, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     classification, segmentation = zoo_names()
@@ -207,6 +216,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--no-steps: give --cold or --grad-check (there is nothing else to measure)")
     if "graph" in args.execution and args.warmup < 3:
         ap.error("--warmup: CUDA-graph capture needs at least 3 warm-up steps")
+    if args.backend_options and args.device != "cuda":
+        ap.error("--backend-option: the cudnn-graph backend's options need --device cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU (use --device cpu for a smoke test)")
     return args
@@ -306,7 +317,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             ts.sync(device)
             log(f"  {execution} {side}: built and warmed up in {time.perf_counter() - t0:.1f} s")
             if side == "converted" and "report" not in entry and not args.control:
-                add_report(job.model, entry, log)
+                add_report(job.model, entry, log, converted_backend(args, device))
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             job.timed_steps(MEMORY_STEPS, ts.Timer(device))
@@ -333,14 +344,32 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
     return out
 
 
-def add_report(model: nn.Module, entry: dict, log: Callable[[str], None]) -> None:
-    """mucudnn.torch.report's account of the converted model (where it exists)."""
+#: the converted side's backends made from --backend-option, per (options, device)
+_BACKENDS: dict[tuple[str, int], Any] = {}
+
+
+def converted_backend(args: argparse.Namespace, device: torch.device) -> Any:
+    """The converted side's backend: None (the default one) without
+    ``--backend-option``, else one cudnn-graph backend with those options per
+    process and device."""
+    if not args.backend_options:
+        return None
+    key = (repr(args.backend_options), device.index or 0)
+    if key not in _BACKENDS:
+        _BACKENDS[key] = get_backend("cudnn-graph", device=key[1], **dict(args.backend_options))
+    return _BACKENDS[key]
+
+
+def add_report(model: nn.Module, entry: dict, log: Callable[[str], None],
+               backend: Any = None) -> None:
+    """mucudnn.torch.report's account of the converted model (where it exists);
+    ``backend``: the one it was converted with (None: the default)."""
     if not hasattr(mt, "report"):
         return
     try:
         rep = mt.report(model)
         entry["report"] = rep.as_dict() | {"find_profile": ts.find_profile(
-            next(model.parameters()).device)}
+            next(model.parameters()).device, backend)}
         log(str(rep))
     except Exception as exc:  # noqa: BLE001 - a report is optional; the timing goes on
         entry.setdefault("errors", {})["report"] = f"{type(exc).__name__}: {exc}"
@@ -397,7 +426,7 @@ def cold_child(args: argparse.Namespace) -> int:
     if args.cold_child == "converted":
         # Note [first-call seconds] in mucudnn/torch/native.py: what the first calls paid for
         out["first_calls"] = mt.report(job.model).as_dict().get("first_calls")
-        out["find_profile"] = ts.find_profile(device)
+        out["find_profile"] = ts.find_profile(device, converted_backend(args, device))
     print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
                                     "build_s": build_s, **out}), flush=True)
     return 0
@@ -466,7 +495,8 @@ def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: st
                "--models", spec.name, "--precisions", precision, "--device", args.device,
                "--batch", str(args.batch), "--size", str(spec.size),
                "--workspace", str(args.workspace), "--seed", str(args.seed), "--lr", str(args.lr),
-               "--cold-profile", str(args.cold_profile)]
+               "--cold-profile", str(args.cold_profile),
+               *(f"--backend-option={k}={v!r}" for k, v in args.backend_options)]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cold_timeout)
         wall = time.perf_counter() - t0
@@ -502,7 +532,8 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
             mode="native", precision=precision, deterministic=False))
         model = copy.deepcopy(base).to(device).to(memory_format=torch.channels_last)
         if side == "converted":
-            mt.convert(model, workspace_limit=args.workspace)
+            mt.convert(model, workspace_limit=args.workspace,
+                       backend=converted_backend(args, device))
         out[side] = grad_error.grad_errors(
             grad_error.two_pass_grads(model, xs, t, precision == "amp"), g64, conv_keys)
         if side == "converted":
