@@ -344,8 +344,9 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
     return out
 
 
-#: the converted side's backends made from --backend-option, per (options, device)
-_BACKENDS: dict[tuple[str, int], Any] = {}
+#: the converted side's backend made from --backend-option, per device (the
+#: options are the process's own)
+_BACKENDS: dict[int, Any] = {}
 
 
 def converted_backend(args: argparse.Namespace, device: torch.device) -> Any:
@@ -354,10 +355,10 @@ def converted_backend(args: argparse.Namespace, device: torch.device) -> Any:
     process and device."""
     if not args.backend_options:
         return None
-    key = (repr(args.backend_options), device.index or 0)
-    if key not in _BACKENDS:
-        _BACKENDS[key] = get_backend("cudnn-graph", device=key[1], **dict(args.backend_options))
-    return _BACKENDS[key]
+    index = device.index or 0
+    if index not in _BACKENDS:
+        _BACKENDS[index] = get_backend("cudnn-graph", device=index, **dict(args.backend_options))
+    return _BACKENDS[index]
 
 
 def add_report(model: nn.Module, entry: dict, log: Callable[[str], None],
