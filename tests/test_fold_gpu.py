@@ -150,7 +150,7 @@ def test_a_cache_from_fold_off_is_measured_again_by_the_folding_backend(be, tmp_
     fresh = benchmark(be, p, Direction.FORWARD, "undivided", 256 * MiB, cache=cache)[8]
     assert any(fold.split_fold_id(a.algo) for a in fresh)
     # the default search's key (See Note [search parity]), with "+fold" where it folds
-    assert {k[0] for k in cache.keys()} == {"cudnn-graph+parity", "cudnn-graph+parity+fold"}
+    assert {k[0] for k in cache.keys()} == {"cudnn-graph+parity+hold", "cudnn-graph+parity+hold+fold"}
 
 
 @pytest.mark.parametrize("direction", list(Direction), ids=str)

@@ -421,7 +421,7 @@ def test_a_chunk_find_judges_its_first_candidates_by_the_time_to_beat(tables, mo
 OTHER = {"heuristic_modes": ("A",), "warmup": 0, "repeat": 5, "prefilter": False, "top_k": None,
          "probe_ratio": None, "cold_ratio": None, "rtc": "all", "parity": False, "retime": 1,
          "skip_ratio": None, "long_ms": 5.0, "zero": "once", "carry": False, "fold": False,
-         "split": False, "search": "knobs", "knob_values": 3, "max_configs": 16, "hold": True}
+         "split": False, "search": "knobs", "knob_values": 3, "max_configs": 16, "hold": False}
 
 
 def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(tables):

@@ -8,9 +8,9 @@ sets in keys] in :mod:`mucudnn.backends.base`): two differently configured
 backends never share entries or plans.
 
 >>> FindOptions().key()
-'+parity'
+'+parity+hold'
 >>> FindOptions(rtc="all", top_k=None).key()
-'+top_k=None+rtc=all+parity'
+'+top_k=None+rtc=all+parity+hold'
 >>> FindOptions.from_kwargs(find_rtc="none", find_repeat=5).repeat
 5
 """
@@ -97,8 +97,9 @@ class FindOptions:
     leaves configurations out (Note [split groups]). ``search``:
     ``"heuristics"`` or ``"knobs"`` (Note [knob search]), with
     ``knob_values`` values per knob and at most ``max_configs`` added configs.
-    ``hold``: time the GPU alone, each candidate's timed runs queued on the
-    stream held until they are all issued (Note [held timing]); off: the
+    ``hold`` (the default): time the GPU alone, each candidate's timed runs
+    queued on the stream held until they are all issued (Note [held
+    timing]), as a step whose GPU runs behind its host runs them; off: the
     host's time to issue a call counts where the GPU waits for it.
     """
 
@@ -121,7 +122,7 @@ class FindOptions:
     search: str = "heuristics"
     knob_values: int = 6
     max_configs: int = 256
-    hold: bool = False
+    hold: bool = True
 
     def __post_init__(self) -> None:
         modes = self.heuristic_modes
@@ -188,8 +189,9 @@ class FindOptions:
         (the search under which entries of the bare name were measured), in
         field order; ``fold``, ``split`` and ``search`` are keyed elsewhere
         (the ``"+fold"`` suffix of problems that fold, the ``"+split"`` suffix
-        of problems that split, the ``"cudnn-graph+knobs"`` name) and
-        ``parity`` reads ``"+parity"``."""
+        of problems that split, the ``"cudnn-graph+knobs"`` name), and
+        ``parity`` and ``hold`` read ``"+parity"`` / ``"+noparity"`` and
+        ``"+hold"`` / ``"+nohold"``."""
         parts = []
         for f in dataclasses.fields(self):
             if f.name in _KEYED_ELSEWHERE:
@@ -197,8 +199,8 @@ class FindOptions:
             v = getattr(self, f.name)
             if v == getattr(BASELINE, f.name):
                 continue
-            if f.name == "parity":
-                parts.append("+parity" if v else "+noparity")
+            if f.name in ("parity", "hold"):
+                parts.append(("+" if v else "+no") + f.name)
             elif f.name == "heuristic_modes":
                 parts.append("+modes=" + ",".join(v))
             else:
@@ -243,8 +245,9 @@ LEGACY_KEYWORDS = {
 _KEYED_ELSEWHERE = ("fold", "split", "search")
 
 #: The search under which the bare backend name's entries were measured
-#: (before ``parity`` existed); :meth:`FindOptions.key` is the difference.
-BASELINE = FindOptions(parity=False)
+#: (before ``parity`` and ``hold`` existed); :meth:`FindOptions.key` is the
+#: difference.
+BASELINE = FindOptions(parity=False, hold=False)
 
 
 def default_search_name(name: str) -> str:
@@ -252,7 +255,7 @@ def default_search_name(name: str) -> str:
     keeps its measurements under (``name`` itself for other backends).
 
     >>> default_search_name("cudnn-graph"), default_search_name("numpy")
-    ('cudnn-graph+parity', 'numpy')
+    ('cudnn-graph+parity+hold', 'numpy')
     """
     if name == "cudnn-graph":
         return name + FindOptions().key()
