@@ -46,7 +46,7 @@ def test_every_section_has_its_table():
     text = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
     names = [m.group(2) for m in rp.BLOCK.finditer(text)]
     assert names == ["kernels", "training", "cold-start", "call-overhead", "zoo", "zoo-cold",
-                     "search-parity"]
+                     "search-parity", "zoo-elsewhere"]
     assert len(text.splitlines()) <= 700
     assert "Not measured: no two-GPU machine was available" in text
 
@@ -124,6 +124,34 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     (tmp_path / "2026-12-04-x-zoo-control.json").write_text(json.dumps(control))
     z = rz.zoo(rp.load_results(tmp_path))
     assert "densenet121" not in z and "mobilenet_v2 1.200" in z
+
+
+def test_each_gpus_zoo_runs_get_tables_of_their_own(tmp_path):
+    """Two GPUs' numbers never share a table or a mean: the page's tables
+    hold the TABLE_GPU's files (and those that record no GPU), and the
+    zoo-elsewhere block each other GPU's, under its name."""
+    def doc(gpu, ratio):
+        env = {"date": "2026-12-03T10:00:00+00:00"} | ({"gpu": gpu} if gpu else {})
+        return {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+                "results": [{"model": "resnet18", "precision": "fp32cl", "errors": {},
+                             "steps": {"eager": {"native_ms": 10.0, "converted_ms": 10.0 * ratio,
+                                                 "ratio": ratio}}}], "skipped": []}
+    (tmp_path / "2026-12-03-s1-call1-zoo.json").write_text(json.dumps(doc(None, 1.5)))
+    (tmp_path / "2026-12-03-s2-call1-zoo.json").write_text(json.dumps(doc("NVIDIA H100 X", 1.25)))
+    (tmp_path / "2026-12-03-s2-call2-zoo.json").write_text(json.dumps(doc("Other GPU", 1.125)))
+    page = ("<!-- generated: zoo -->\n<!-- end generated -->\n"
+            "<!-- generated: zoo-elsewhere -->\n<!-- end generated -->\n")
+    out = rp.render(page, rp.load_results(tmp_path))
+    main, elsewhere = out.split("<!-- generated: zoo-elsewhere -->")
+    assert "resnet18 1.500" in main and "1.250" not in main and "1.125" not in main
+    assert "Later runs" not in main  # a later session on another GPU is not the H200's
+    h100, other = elsewhere.split("#### NVIDIA H100 X")[1].split("#### Other GPU")
+    assert "resnet18 1.250" in h100 and "1.125" not in h100 and "1.500" not in h100
+    assert "resnet18 1.125" in other and "1.250" not in other
+    assert rt.gpu_of(json.loads((tmp_path / "2026-12-03-s1-call1-zoo.json").read_text())) \
+        == rt.TABLE_GPU
+    only_main = rp.render(page, rp.load_results(tmp_path)[:1])
+    assert "None: every zoo and search-parity run is on the NVIDIA H200." in only_main
 
 
 def test_zoo_conv_ms_is_what_ran_under_the_step_trials_way(tmp_path):

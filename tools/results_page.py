@@ -26,9 +26,9 @@ import re
 import sys
 from typing import Any, Callable
 
-from results_tables import (LIMIT, NR, PRECISION_LABEL, ROOT, Sources, finish, load_results,  # tools/
-                            num, of_kind, pct, source_line, table, MIB)
-from results_zoo import search_parity, zoo, zoo_cold, zoo_source, zoo_steps
+from results_tables import (LIMIT, NR, PRECISION_LABEL, ROOT, TABLE_GPU, Sources, finish,  # tools/
+                            load_results, num, of_kind, on_gpu, pct, source_line, table, MIB)
+from results_zoo import search_parity, zoo, zoo_cold, zoo_elsewhere, zoo_source, zoo_steps
 from round_stats import geomean
 
 PAGES = ("docs/BENCHMARKS.md", "README.md")
@@ -239,15 +239,22 @@ def headline(results: list[tuple[str, Any]]) -> str:
 TABLES: dict[str, Callable[[list[tuple[str, Any]]], str]] = {
     "headline": headline, "kernels": kernels, "training": training, "cold-start": cold_start,
     "zoo-cold": zoo_cold,
-    "call-overhead": call_overhead, "zoo": zoo, "search-parity": search_parity}
+    "call-overhead": call_overhead, "zoo": zoo, "search-parity": search_parity,
+    "zoo-elsewhere": zoo_elsewhere}
+#: The tables made from every GPU's files; the others see the TABLE_GPU's alone.
+ALL_GPUS = ("zoo-elsewhere",)
 
 
 def render(text: str, results: list[tuple[str, Any]]) -> str:
-    """``text`` with every generated block rewritten from ``results``."""
+    """``text`` with every generated block rewritten from ``results`` (those
+    made on the :data:`TABLE_GPU`, except for the :data:`ALL_GPUS` tables)."""
+    here = on_gpu(results, TABLE_GPU)
+
     def sub(m: re.Match) -> str:
         if m.group(2) not in TABLES:
             raise ValueError(f"no table named {m.group(2)!r} (known: {', '.join(TABLES)})")
-        return m.group(1) + TABLES[m.group(2)](results) + m.group(4)
+        return m.group(1) + TABLES[m.group(2)](results if m.group(2) in ALL_GPUS else here) \
+            + m.group(4)
     return BLOCK.sub(sub, text)
 
 

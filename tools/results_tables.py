@@ -16,6 +16,11 @@ PRECISION_LABEL = {"fp32": "fp32 NCHW", "fp32cl": "fp32 channels-last", "bf16cl"
 MIB = 1 << 20
 LIMIT = 64 * MIB  # the per-kernel workspace limit every headline number is taken at
 NR = "not recorded"
+#: The GPU the tables report: the issues' targets are set on it, and numbers
+#: of different GPUs never share a table or a mean. Runs on other GPUs get
+#: tables of their own (the ``zoo-elsewhere`` block); a file that records no
+#: GPU was made before other GPUs were lent, on this one.
+TABLE_GPU = "NVIDIA H200"
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -61,6 +66,28 @@ def kind(doc: Any) -> str | None:
 
 def of_kind(results: list[tuple[str, Any]], k: str) -> list[tuple[str, Any]]:
     return [(n, d) for n, d in results if kind(d) == k]
+
+
+def gpu_of(doc: Any) -> str:
+    """The GPU a result file records (its environment's ``gpu`` or ``device``,
+    or its own ``device``); :data:`TABLE_GPU` where it records none.
+
+    >>> gpu_of({"environment": {"gpu": "NVIDIA H100 80GB HBM3"}})
+    'NVIDIA H100 80GB HBM3'
+    >>> gpu_of({"environment": {"device": "cuda"}}), gpu_of([])
+    ('NVIDIA H200', 'NVIDIA H200')
+    """
+    if isinstance(doc, dict):
+        env = doc.get("environment") if isinstance(doc.get("environment"), dict) else {}
+        for v in (env.get("gpu"), env.get("device"), doc.get("device")):
+            if isinstance(v, str) and v and v.split(":")[0] not in ("cuda", "cpu"):
+                return v  # a GPU's name, not torch's device string
+    return TABLE_GPU
+
+
+def on_gpu(results: list[tuple[str, Any]], gpu: str) -> list[tuple[str, Any]]:
+    """The results made on ``gpu`` (:func:`gpu_of`)."""
+    return [(n, d) for n, d in results if gpu_of(d) == gpu]
 
 
 # -- what a source records ----------------------------------------------------------------------

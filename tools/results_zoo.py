@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from round_stats import STEP_TARGET, geomean, median_interval, ratio_text  # tools/, beside this script
-from results_tables import (LIMIT, MIB, NR, PRECISION_LABEL, Sources, finish, num,
-                            of_kind, source_line, table, newness)
+from results_tables import (LIMIT, MIB, NR, PRECISION_LABEL, TABLE_GPU, Sources, finish, gpu_of,
+                            kind, num, of_kind, on_gpu, source_line, table, newness)
 
 
 # -- the zoo (tools/zoo_bench.py) ----------------------------------------------------------------
@@ -32,8 +32,10 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     for name, doc in docs:
         for e in doc["results"]:
             for ex, st in (e.get("steps") or {}).items():
-                picked[e["model"], e["precision"], ex, doc["options"].get("workspace"),
-                       torch_search(doc)] = (name, doc, e, ex, st)
+                key = (e["model"], e["precision"], ex, doc["options"].get("workspace"),
+                       torch_search(doc))
+                picked.pop(key, None)  # the newer run's place: rows in the order they ran
+                picked[key] = (name, doc, e, ex, st)
     return list(picked.values())
 
 
@@ -336,6 +338,25 @@ def _peaks(st: dict) -> str:
     control = peak("control")
     return f"{num(peak('native'), '.1f')} / {num(peak('converted'), '.1f')}" + (
         "" if control is None else f" (A/A {control:.1f})")
+
+
+def zoo_elsewhere(results: list[tuple[str, Any]]) -> str:
+    """The zoo's tables (:func:`zoo`, :func:`zoo_cold`, :func:`search_parity`)
+    of each GPU other than :data:`TABLE_GPU`, each made from that GPU's files
+    alone, under its name."""
+    gpus = sorted({gpu_of(d) for _, d in results if kind(d) in ("zoo", "parity")} - {TABLE_GPU})
+    if not gpus:
+        return f"None: every zoo and search-parity run is on the {TABLE_GPU}.\n"
+    parts = []
+    for gpu in gpus:
+        mine = on_gpu(results, gpu)
+        text = f"#### {gpu}\n\n"
+        if of_kind(mine, "zoo"):
+            text += zoo(mine) + "\n" + zoo_cold(mine)
+        if of_kind(mine, "parity"):
+            text += "\n" + search_parity(mine)
+        parts.append(text)
+    return "\n".join(parts)
 
 
 # -- search parity (tools/search_parity.py) ------------------------------------------------------
