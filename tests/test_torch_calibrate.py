@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
 
 from mucudnn.problem import Direction  # noqa: E402
-from mucudnn.torch import native  # noqa: E402
+from mucudnn.torch import measure, native  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
 
 LIMIT = 1 << 20
@@ -76,7 +76,7 @@ class Device:
     def _last(self):
         return self.calls[-1]
 
-    def time(self, fns, repeat=native.REPEAT):
+    def time(self, fns, repeat=measure.REPEAT):
         out = []
         for fn in fns:
             fn()
@@ -91,7 +91,7 @@ class Device:
         return self.workspace[d]
 
     def first(self, fn):
-        """native._probe: a warm-up call, then one timed and measured."""
+        """measure.probe: a warm-up call, then one timed and measured."""
         fn()
         fn()
         side, d = self._last()
@@ -108,7 +108,7 @@ def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, 
         mp.setattr(native, "native_backward", dev.native_backward)
         mp.setattr(native, "time_ms", dev.time)
         mp.setattr(native, "workspace_of", dev.probe)
-        mp.setattr(native, "_probe", dev.first)
+        mp.setattr(native, "probe", dev.first)
         mp.setattr(native, "on_step_thread", dev.on_step_thread)
         cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, LIMIT, "fitted", "", "")
         x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)

@@ -21,7 +21,7 @@ import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.optimizer import optimize_wr  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
-from mucudnn.torch import native  # noqa: E402
+from mucudnn.torch import measure, native  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
 from mucudnn.torch.report import TRIAL_REASON  # noqa: E402
 
@@ -332,7 +332,7 @@ def test_a_capture_runs_the_plans_the_gpu_chose_where_eager_steps_run_pytorchs(m
     mt.clear()
     real_time = native.time_ms
 
-    def plans_faster(fns, repeat=native.REPEAT):  # both sides run; the plan is said faster
+    def plans_faster(fns, repeat=measure.REPEAT):  # both sides run; the plan is said faster
         real_time(fns, repeat)
         return [0.1, 1.0]
 
@@ -411,11 +411,11 @@ def test_timed_calls_take_the_gpus_time_not_the_hosts():
     def busy_gpu() -> None:
         torch.cuda._sleep(1 << 22)  # about 2 ms at 2 GHz
 
-    fast, busy = native.time_ms([slow_host, busy_gpu])
+    fast, busy = measure.time_ms([slow_host, busy_gpu])
     assert fast < 0.2, fast
     assert busy > 1.0, busy
     torch.cuda.synchronize()
-    assert float(x[0]) >= 1 + native.REPEAT
+    assert float(x[0]) >= 1 + measure.REPEAT
 
 
 @pytest.mark.gpu
@@ -441,7 +441,7 @@ def test_pytorch_workspace_is_measured_not_understated():
     del y
     # the output as the allocator counts it: See Note [outputs as the allocator counts them]
     peak_ws = peak - base - (held - torch.cuda.memory_allocated())
-    ws = native.workspace_of(call)
+    ws = measure.workspace_of(call)
     assert ws is not None and ws >= peak_ws
     assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)
 
@@ -502,7 +502,7 @@ def test_pytorch_workspace_is_the_peak_over_its_outputs_as_the_allocator_counts_
         return out
 
     try:
-        got = native.workspace_of(call)
+        got = measure.workspace_of(call)
     finally:
         mp.undo()
     assert got == _block_bytes(ws) + _block_bytes(kept)
@@ -523,12 +523,12 @@ def test_a_call_that_meets_the_limit_exactly_fits_it(monkeypatch):
         del scratch
         return dw
 
-    got = native.workspace_of(call)
+    got = measure.workspace_of(call)
     assert got == 64 << 20 and native.within_limit(got, 64 << 20)
 
 
 def test_a_first_call_is_warmed_up_then_timed_and_measured_in_one_call(monkeypatch):
-    """native._probe: PyTorch's call once to warm up (cudnn.benchmark's trials,
+    """measure.probe: PyTorch's call once to warm up (cudnn.benchmark's trials,
     whose workspace does not count), then once with CUDA events around it and
     its workspace measured: two calls in all, the time and bytes the second's."""
     alloc = _Allocator()
@@ -558,7 +558,7 @@ def test_a_first_call_is_warmed_up_then_timed_and_measured_in_one_call(monkeypat
         del trials, scratch
         return out
 
-    assert native._probe(call) == (0.25, 3 << 20)
+    assert measure.probe(call) == (0.25, 3 << 20)
     assert calls == [True, False] and alloc.allocated == 0
 
 

@@ -52,7 +52,7 @@ from mucudnn.__main__ import parse_size  # argparse errors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.find_options import FindOptions
 from mucudnn.problem import ConvProblem, Direction
-from mucudnn.torch import native
+from mucudnn.torch import measure, native
 
 
 def model_convs(name: str, batch: int, size: Optional[int], dtype: torch.dtype
@@ -156,13 +156,13 @@ def torch_under_limit(conv: dict[str, Any], direction: Direction, dtype: torch.d
     def workspace_at(b: int) -> Optional[int]:
         calls[b] = call = torch_call(dict(conv, x=(b, *conv["x"][1:])), direction, dtype)
         call()  # its benchmark
-        return native.workspace_of(call)
+        return measure.workspace_of(call)
 
     fit = largest_fitting_batch(n, workspace_at, limit)
     if fit is None:
         return None
     b, ws = fit
-    ms = native.time_ms([calls[b]])[0]
+    ms = measure.time_ms([calls[b]])[0]
     return {"batch": b, "workspace_bytes": ws, "ms": ms, "ms_whole_batch": ms * n / b,
             "torch_kernels": cuda_kernels(calls[b])}
 
@@ -187,13 +187,13 @@ def check(conv: dict[str, Any], direction: Direction, precision: str,
         call()  # PyTorch's own search
         torch.cuda.synchronize()
         theirs = cuda_kernels(call)
-        workspace = native.workspace_of(call)
+        workspace = measure.workspace_of(call)
         problem = problem_of(conv, "bfloat16" if precision == "amp" else "float32")
         if over_limit is not None and native.within_limit(workspace, over_limit):
             return {"layer": conv["layer"], "problem": problem.key(),
                     "direction": direction.value, "torch_kernels": theirs,
                     "torch_workspace": workspace, "fits": True, "held": None, "missing": []}
-        torch_ms = native.time_ms([call])[0]
+        torch_ms = measure.time_ms([call])[0]
         under = None if over_limit is None else \
             torch_under_limit(conv, direction, dtype, over_limit)
     found: list[Any] = []

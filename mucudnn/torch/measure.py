@@ -1,0 +1,154 @@
+"""Measuring PyTorch's own convolution calls for the comparison of Note [never
+slower than native] (:mod:`mucudnn.torch.native`): their GPU time alone, the
+host's time to issue them, and the workspace they take from torch's caching
+allocator."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+__all__ = ["REPEAT", "HOST_REPEAT", "MAX_SPIN", "time_ms", "host_ms", "workspace_of", "probe"]
+
+log = logging.getLogger("mucudnn")
+
+#: Timed runs of each side per direction (medians; alternated).
+REPEAT = 5
+#: Host-timed forward-and-backward calls of each side (Note [host cost of a
+#: converted layer] in :mod:`mucudnn.torch.native`).
+HOST_REPEAT = 5
+
+
+# Note [timing the GPU alone]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Events around a call time the GPU from one event to the next; where the host
+# takes longer to issue the call than the GPU takes to run it (small kernels;
+# PyTorch's grouped calls take up to 150 us of host time), the GPU waits in
+# between and the figure is the host's. The comparisons here are of GPU time:
+# the host's share has its own rule (Note [host cost of a converted layer])
+# and a CUDA graph does not pay it (Note [captured steps run the GPU's
+# choice]). So :func:`time_ms` first holds the stream with a spin kernel
+# (``torch.cuda._sleep``) and issues every timed call behind it, so that the
+# GPU runs them back to back. Where the spin had ended before the host was
+# done issuing (an event recorded after it reads complete), the timing is
+# repeated behind a spin twice as long, up to :data:`MAX_SPIN` cycles; the
+# length is kept for the next timing.
+
+#: Cycles of the spin before timed calls (doubled where too short; Note [timing the GPU alone]).
+_SPIN = [1 << 20]
+#: The longest spin: about a tenth of a second at 2 GHz.
+MAX_SPIN = 1 << 28
+
+
+def time_ms(fns: list[Callable[[], Any]], repeat: int = REPEAT) -> list[float]:
+    """Median GPU ms of each of ``fns``, alternated on torch's current stream
+    behind a spin kernel (one warm-up each first; Note [timing the GPU alone])."""
+    for fn in fns:
+        fn()
+    while True:
+        spin = _SPIN[0]
+        torch.cuda._sleep(spin)
+        held = torch.cuda.Event()
+        held.record()
+        events: list[list[tuple[Any, Any]]] = [[] for _ in fns]
+        for r in range(repeat):
+            order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+            for i in order:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[i]()
+                end.record()
+                events[i].append((start, end))
+        if not held.query() or spin >= MAX_SPIN:
+            break
+        _SPIN[0] = spin * 2  # the host issued for longer than the spin held the GPU
+    torch.cuda.current_stream().synchronize()
+    return [statistics.median(a.elapsed_time(b) for a, b in pairs) for pairs in events]
+
+
+def host_ms(fn: Callable[[], Any], repeat: int = HOST_REPEAT) -> float:
+    """Median host milliseconds of ``fn()`` issued on an idle stream (one
+    warm-up first): the time its launches take, not the GPU's."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        torch.cuda.current_stream().synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.current_stream().synchronize()
+    return statistics.median(times) * 1e3
+
+
+# Note [outputs as the allocator counts them]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's peak counts blocks, rounded up (to 512 bytes by default), not the
+# bytes a tensor asked for; an output's ``nbytes`` subtracted from the peak
+# leaves that rounding in the workspace. A call whose workspace meets the
+# limit exactly (say beside a 46,464-byte weight gradient, which sits in a
+# 46,592-byte block) then reads as over the limit, and the layer runs a plan
+# where it could run PyTorch's own call. So the outputs' share is what ``memory_allocated`` drops by when
+# they are freed: the allocator's own count. Anything else the call leaves
+# allocated still counts as its workspace.
+def workspace_of(fn: Callable[[], Any]) -> Optional[int]:
+    """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
+    outputs: the allocator's peak during the call over what was allocated
+    before it and what the call returns, each as the allocator counts it (None
+    where torch cannot say). It resets torch's peak-memory statistics of the
+    current device (See Note [never slower than native]; Note [outputs as the
+    allocator counts them])."""
+    try:
+        return _measured(fn)
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
+        return None
+
+
+def probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
+    """PyTorch's call ``fn`` as Note [plans only over the limit] measures it: once
+    to warm up (its ``cudnn.benchmark`` runs there; a RuntimeError there means
+    PyTorch cannot run it), then once timed with CUDA events while its
+    workspace is measured as :func:`workspace_of` does: (ms, bytes or None). One
+    call does both, so a layer's first call costs one PyTorch call per
+    direction beyond native's first."""
+    fn()
+    try:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ws = _measured(fn, (start, end))
+        return float(start.elapsed_time(end)), ws
+    except (RuntimeError, AttributeError, TypeError) as exc:  # time it alone
+        log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
+        return time_ms([fn], 1)[0], None
+
+
+def _allocated() -> tuple[int, int]:
+    """torch's allocated bytes on the current device, now and at their peak: one
+    read of the allocator's nested statistics (``memory_allocated()`` and
+    ``max_memory_allocated()`` each flatten all of them, and a model's first
+    step measures every direction of every signature)."""
+    stats = torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]
+    return int(stats["current"]), int(stats["peak"])
+
+
+def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
+    """The workspace bytes of one call of ``fn`` on an idle stream
+    (:func:`workspace_of`); ``events``: CUDA events (start, end) recorded around it."""
+    stream = torch.cuda.current_stream()
+    stream.synchronize()
+    base = _allocated()[0]
+    torch.cuda.reset_peak_memory_stats()
+    if events is not None:
+        events[0].record()
+    out = fn()
+    if events is not None:
+        events[1].record()
+    stream.synchronize()
+    held, peak = _allocated()
+    del out
+    kept = held - _allocated()[0]
+    return max(0, peak - base - kept)
