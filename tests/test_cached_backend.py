@@ -77,3 +77,22 @@ def test_cli_offline(h200_cache, capsys, tmp_path):
         main(["bench", "--net", "alexnet", "--offline"])
     assert e.value.code == 2
     assert "unrecognized arguments: --offline" in capsys.readouterr().err
+
+
+def test_a_cache_from_an_earlier_default_search_is_replayed(tmp_path):
+    """A cache made while the graph backend's default search was another
+    (``cudnn-graph+parity``, before held timing) still replays offline, before
+    the bare name's entries; the current default's entries come first."""
+    q = network("alexnet", 1)["conv5"]
+    cache = BenchmarkCache(tmp_path / "old.sqlite")
+    for name, ms in (("cudnn-graph", 3.0), ("cudnn-graph+parity", 2.0)):
+        cache.put((name, "NVIDIA H200", "9.19.0"), q, Direction.FORWARD, [AlgoPerf(0, ms, 0)],
+                  1 << 40)
+    be = CachedBackend("cudnn-graph", cache=cache)
+    assert be.name == "cudnn-graph+parity"
+    assert [r.time_ms for r in cache.get(be, q, Direction.FORWARD, 1 << 40)] == [2.0]
+    cache.put(("cudnn-graph+parity+hold", "NVIDIA H200", "9.19.0"), q, Direction.FORWARD,
+              [AlgoPerf(0, 1.0, 0)], 1 << 40)
+    be = CachedBackend("cudnn-graph", cache=cache)
+    assert be.name == "cudnn-graph+parity+hold"
+    assert [r.time_ms for r in cache.get(be, q, Direction.FORWARD, 1 << 40)] == [1.0]

@@ -25,7 +25,8 @@ from .._cudnn.graph_descriptors import HEUR_MODE_NAMES
 from ..errors import InvalidTypeError, InvalidValueError
 from .graph_candidates import LONG_RUN_MS, RTC_CHOICES, SEARCH_MODES, ZERO_CHOICES
 
-__all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "default_search_name"]
+__all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "EARLIER_DEFAULTS", "default_search_name",
+           "stored_search_names"]
 
 
 # Note [search parity]
@@ -262,3 +263,29 @@ def default_search_name(name: str) -> str:
     if name == "cudnn-graph+knobs":
         return name + FindOptions(search="knobs").key()
     return name
+
+
+#: The searches that were the default before the current one, newest first
+#: (``hold`` off: before Note [held timing]). A cache made by an earlier
+#: release keeps its measurements under their names.
+EARLIER_DEFAULTS = (FindOptions(hold=False),)
+
+
+def stored_search_names(name: str) -> tuple[str, ...]:
+    """The names under which a cache may hold backend ``name``'s measurements
+    made with default options, in the order to prefer them: the default
+    search's (:func:`default_search_name`), then the earlier defaults' (a
+    cache from an earlier release; :data:`EARLIER_DEFAULTS`), then the bare
+    name (before ``parity`` existed). Other backends: ``name`` alone.
+
+    >>> stored_search_names("cudnn-graph")
+    ('cudnn-graph+parity+hold', 'cudnn-graph+parity', 'cudnn-graph')
+    >>> stored_search_names("numpy")
+    ('numpy',)
+    """
+    first = default_search_name(name)
+    if first == name:
+        return (name,)
+    search = "knobs" if name == "cudnn-graph+knobs" else "heuristics"
+    earlier = [name + dataclasses.replace(o, search=search).key() for o in EARLIER_DEFAULTS]
+    return tuple(dict.fromkeys([first, *earlier, name]))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, NoReturn, Union
 
 from ..backends.base import BackendBase
-from ..backends.find_options import default_search_name
+from ..backends.find_options import stored_search_names
 from ..backends.fold import CACHE_SUFFIX
 from ..backends.split import CACHE_SUFFIX as SPLIT_SUFFIX
 from ..errors import InvalidValueError, MucudnnError, UnsupportedOperationError
@@ -43,8 +43,9 @@ class CachedBackend(BackendBase):
         if not self.cache.enabled:
             raise InvalidValueError("cache: the cached backend needs a benchmark cache "
                              "(MUCUDNN_CACHE is 'off' or the file could not be opened)")
-        # the default search's entries first (Note [search parity]), else the bare name's
-        for cand in (default_search_name(name), name):
+        # the default search's entries first (Note [search parity]), else an
+        # earlier default's (a cache from an earlier release), else the bare name's
+        for cand in stored_search_names(name):
             found = sorted({k[:3] for k in keys if k[0] == cand})
             if found:
                 break
