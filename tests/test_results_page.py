@@ -428,7 +428,7 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
                "results": [{"model": m, "precision": "fp32cl", "steps": steps(ratio, **extra)}
                            for m in models], "skipped": []}
         (tmp_path / name).write_text(json.dumps(doc))
-    zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS)]
+    zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS - len(rz.BENCH_NETS))] + sorted(rz.BENCH_NETS)
     write("2026-12-03-h200-s1-call1-zoo.json", zoo, 1.05)
     mem = {"native": {"peak_bytes": 100 << 20}, "converted": {"peak_bytes": 99 << 20},
            "control": {"peak_bytes": 101 << 20}}
@@ -455,6 +455,14 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     assert f"| 2026-12-03 s2 | fp32 channels-last | eager | 64 | all | {rz.MIN_ZOO_MODELS} | " \
         "0.900 | 0 (0) | m0 0.900 |" in later
     assert later.count("| 2026-12-03 s2 |") == 1
+    # a later session over as many models, none of the bench networks (a held-out set), is
+    # a later run with its means, not the zoo table's run
+    heldout = [f"h{i}" for i in range(rz.MIN_ZOO_MODELS + 2)]
+    write("2026-12-03-h200-s3-call1-zoo.json", heldout, 1.25)
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Later runs**")
+    assert "| 1.050 |" in main and "1.250" not in main
+    assert f"| 2026-12-03 s3 | fp32 channels-last | eager | 64 | over-limit | " \
+        f"{rz.MIN_ZOO_MODELS + 2} | 1.250 |" in later
     # so is one with the comparisons with PyTorch's call off (every direction on plans)
     write("2026-12-03-h200-s2-call4-zoo.json", zoo, 0.95, native="0")
     z = rz.zoo(rp.load_results(tmp_path))
