@@ -251,6 +251,16 @@ _KEYED_ELSEWHERE = ("fold", "split", "search")
 BASELINE = FindOptions(parity=False, hold=False)
 
 
+def _default_options(name: str) -> Optional[FindOptions]:
+    """The options a graph backend named ``name`` searches with by default
+    (None for other backends)."""
+    if name == "cudnn-graph":
+        return FindOptions()
+    if name == "cudnn-graph+knobs":
+        return FindOptions(search="knobs")
+    return None
+
+
 def default_search_name(name: str) -> str:
     """The name a graph backend ``name`` with default :class:`FindOptions`
     keeps its measurements under (``name`` itself for other backends).
@@ -258,17 +268,14 @@ def default_search_name(name: str) -> str:
     >>> default_search_name("cudnn-graph"), default_search_name("numpy")
     ('cudnn-graph+parity+hold', 'numpy')
     """
-    if name == "cudnn-graph":
-        return name + FindOptions().key()
-    if name == "cudnn-graph+knobs":
-        return name + FindOptions(search="knobs").key()
-    return name
+    opts = _default_options(name)
+    return name if opts is None else name + opts.key()
 
 
-#: The searches that were the default before the current one, newest first
-#: (``hold`` off: before Note [held timing]). A cache made by an earlier
-#: release keeps its measurements under their names.
-EARLIER_DEFAULTS = (FindOptions(hold=False),)
+#: The searches that were the default before the current one, newest first,
+#: as their changes to it (``hold`` off: before Note [held timing]). A cache
+#: made by an earlier release keeps its measurements under their names.
+EARLIER_DEFAULTS: tuple[dict[str, Any], ...] = ({"hold": False},)
 
 
 def stored_search_names(name: str) -> tuple[str, ...]:
@@ -283,9 +290,8 @@ def stored_search_names(name: str) -> tuple[str, ...]:
     >>> stored_search_names("numpy")
     ('numpy',)
     """
-    first = default_search_name(name)
-    if first == name:
+    opts = _default_options(name)
+    if opts is None:
         return (name,)
-    search = "knobs" if name == "cudnn-graph+knobs" else "heuristics"
-    earlier = [name + dataclasses.replace(o, search=search).key() for o in EARLIER_DEFAULTS]
-    return tuple(dict.fromkeys([first, *earlier, name]))
+    earlier = [name + dataclasses.replace(opts, **changes).key() for changes in EARLIER_DEFAULTS]
+    return tuple(dict.fromkeys([name + opts.key(), *earlier, name]))
