@@ -474,6 +474,17 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     write("2026-12-03-h200-s3-call1-zoo.json", zoo, 1.02)
     z = rz.zoo(rp.load_results(tmp_path))
     assert "| 1.020 |" in z and "1.050" not in z and "Later runs" not in z
+    # a whole zoo run on a backend with other find options (zoo_bench --backend-option)
+    # is not the default search's: never the zoo table's run, its rows its own
+    write("2026-12-03-h200-s4-call1-zoo.json", zoo, 0.80)
+    name = tmp_path / "2026-12-03-h200-s4-call1-zoo.json"
+    doc = json.loads(name.read_text())
+    doc["options"]["backend_options"] = [["find_hold", False]]
+    name.write_text(json.dumps(doc))
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Later runs**")
+    assert "| 1.020 |" in main and "0.800" not in main
+    assert "| m0 | fp32 channels-last | eager | 64 | over-limit, find_hold=False | 10 | " \
+        "10.00 | 8.00 | 0.800 |" in later
 
 
 def test_over_limit_parity_keeps_each_models_newest_run(tmp_path):

@@ -44,20 +44,25 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
 
 def torch_search(doc: dict, unset: str = "over-limit") -> str:
     """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (``unset`` where the
-    file does not say: by default, the search's default), and ``", NATIVE=0"``
+    file does not say: by default, the search's default), ``", NATIVE=0"``
     where ``MUCUDNN_TORCH_NATIVE`` turned the comparisons with PyTorch's call
-    off (every direction on plans): runs under other settings are not the
+    off (every direction on plans), and the converted side's backend options
+    (zoo_bench's ``--backend-option``): runs under other settings are not the
     default's.
 
     >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_NATIVE": "0"}}})
     'over-limit, NATIVE=0'
     >>> torch_search({"environment": {}}), torch_search({"environment": {}}, "-")
     ('over-limit', '-')
+    >>> torch_search({"environment": {}, "options": {"backend_options": [["find_hold", False]]}})
+    'over-limit, find_hold=False'
     """
     settings = doc["environment"].get("settings") or {}
     search = settings.get("MUCUDNN_TORCH_SEARCH", unset)
     native = str(settings.get("MUCUDNN_TORCH_NATIVE", "1")).strip().lower()
-    return search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
+    options = (doc.get("options") or {}).get("backend_options") or []
+    return (search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
+            + "".join(f", {k}={v}" for k, v in options))
 
 
 def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
