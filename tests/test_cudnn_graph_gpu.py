@@ -313,8 +313,9 @@ def test_a_first_find_compiles_for_depthwise_layers_and_not_for_ungrouped_ones(d
     """See Note [search parity]: under the default search a kernel's first find()
     times runtime-compiled configs within the top k for a depthwise layer's
     forward and backward-data (where cuDNN's specialised kernels compile at
-    run time), and none for its backward-filter or for an ungrouped layer,
-    where precompiled candidates exist."""
+    run time) and its 16-bit backward-filter, and none for its fp32
+    backward-filter or for an ungrouped layer, where precompiled candidates
+    exist."""
     from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
     rtc = int(Behavior.RUNTIME_COMPILATION)
     # MobileNet-V2's depthwise 3x3, whose forward PyTorch runs as conv2d_c1_k1_nhwc
@@ -337,8 +338,15 @@ def test_a_first_find_compiles_for_depthwise_layers_and_not_for_ungrouped_ones(d
     assert n_found <= n_final
     if direction is Direction.FORWARD:  # the c1_k1 kernel compiles at run time
         assert n_final >= 1
-    if direction is Direction.BACKWARD_FILTER:  # PyTorch's wgrad kernels are precompiled
+    if direction is Direction.BACKWARD_FILTER:  # PyTorch's fp32 wgrad kernels are precompiled
         assert others and n_final == 0 and n_found == 0
+        # in 16 bits PyTorch's is runtime-compiled (wgrad2d_c1_k1_nhwc): the first find compiles
+        dw16 = ConvProblem((32, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144,
+                           layout="NHWC", dtype="bfloat16")
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_retime=0) as b:
+            got = b.find(dw16, direction, FIND_LIMIT)
+            assert got and b.find_profile.finalized_rtc >= 1
+            _each_runs_correctly(b, dw16, direction, got, seed=11)
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)

@@ -173,6 +173,8 @@ P = ConvProblem((128, 27, 27, 96), (256, 5, 5, 96), padding=2, layout="NHWC")
 GROUPED = ConvProblem((128, 27, 27, 96), (256, 5, 5, 48), padding=2, groups=2, layout="NHWC")
 #: P's input channels as a depthwise convolution (Note [which convolutions split])
 DEPTHWISE = ConvProblem((128, 27, 27, 96), (96, 5, 5, 1), padding=2, groups=96, layout="NHWC")
+#: DEPTHWISE in bfloat16, whose backward-filter parity compiles (Note [search parity])
+DEPTHWISE16 = dataclasses.replace(DEPTHWISE, dtype="bfloat16")
 BWD_FILTER = Direction.BACKWARD_FILTER
 
 
@@ -277,18 +279,24 @@ def test_parity_times_every_candidate_at_a_kernels_first_find(tables):
 def test_a_blocked_config_that_compiles_is_carried_only_where_parity_compiles(tables, monkeypatch):
     """See Note [search parity]: engine 17, over a 128 MiB cap at 128 rows and
     fitting at 32, made to compile at run time: under parity it is carried to
-    32 rows for a grouped forward, whose first find compiles, and not for a
-    grouped backward-filter or an ungrouped kernel, whose first finds do not."""
+    32 rows for a grouped forward and a 16-bit depthwise backward-filter,
+    whose first finds compile, and not for a grouped or 32-bit depthwise
+    backward-filter or an ungrouped kernel, whose first finds do not."""
     monkeypatch.setitem(NOTES, 17, ((), (RTC,)))
+    dw16 = dataclasses.replace(DEPTHWISE, dtype="bfloat16")
     rounds = {}
     for name, problem, direction in (("grouped forward", GROUPED, Direction.FORWARD),
                                      ("grouped backward-filter", GROUPED, BWD_FILTER),
+                                     ("depthwise backward-filter", DEPTHWISE, BWD_FILTER),
+                                     ("bf16 depthwise backward-filter", dw16, BWD_FILTER),
                                      ("ungrouped backward-filter", P, BWD_FILTER)):
-        be = _TableGraph(find_parity=True)
+        be = _TableGraph(find_parity=True, find_split=False)
         _descend(be, 128 * MiB, problem, direction)
         rounds[name] = be.rounds
     assert "e17" in rounds["grouped forward"][32]
+    assert "e17" in rounds["bf16 depthwise backward-filter"][32]
     assert "e17" not in rounds["grouped backward-filter"][32]
+    assert "e17" not in rounds["depthwise backward-filter"][32]
     assert "e17" not in rounds["ungrouped backward-filter"][32]
     every = _TableGraph(find_parity=True, find_rtc="all")
     _descend(every, 128 * MiB)
@@ -440,13 +448,13 @@ def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(t
         be = _TableGraph(find=FindOptions(**{"retime": 0, name: value}))
         assert getattr(be.find_options, name) == (tuple(value) if name == "heuristic_modes"
                                                   else value)
-        for problem in (P, folds, DEPTHWISE):
+        for problem in (P, folds, DEPTHWISE, DEPTHWISE16):
             key_changes = be.cache_name(problem) != base.cache_name(problem)
             plan_key_changes = (Planner(be, cache="off").key(problem, BWD_FILTER)
                                 != Planner(base, cache="off").key(problem, BWD_FILTER))
             assert key_changes == plan_key_changes
-            reaches = {"fold": folds, "split": DEPTHWISE}
-            if name in reaches and problem is not reaches[name]:
+            reaches = {"fold": (folds,), "split": (DEPTHWISE, DEPTHWISE16)}
+            if name in reaches and problem not in reaches[name]:
                 assert not key_changes, (name, problem)
                 # find() adds folded (split) configs only where the problem folds (splits)
                 assert fold.fold_of(P) is None and not split.searched_factors(P)
@@ -454,6 +462,38 @@ def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(t
                         == [r.algo for r in base.find(P.with_batch(32), BWD_FILTER, None)])
             else:
                 assert key_changes, (name, problem)
+
+
+def test_parity_keys_the_problems_whose_backward_filter_it_compiles_apart(tables, tmp_path):
+    """See Note [candidate sets in keys]: a search with ``parity`` compiles a
+    16-bit depthwise backward-filter (Note [search parity]), so that problem's
+    name gets ``+wgrad-rtc`` (before ``+split``): a cache measured before it did
+    is measured again for those problems alone, and an offline replay reads the
+    variant where the cache holds it."""
+    from mucudnn.backends.find_options import FindOptions
+    from mucudnn.backends.graph_candidates import PARITY_SUFFIX
+    from mucudnn.optimizer import BenchmarkCache
+    from mucudnn.optimizer.cache import Entry
+    from mucudnn.optimizer.offline import CachedBackend
+
+    on, off = _TableGraph(find=FindOptions()), _TableGraph(find=FindOptions(parity=False))
+    key = on.name + on.find_options.key()
+    assert on.cache_name(DEPTHWISE16) == key + PARITY_SUFFIX + split.CACHE_SUFFIX
+    assert [on.cache_name(p) for p in (P, GROUPED, DEPTHWISE)] == [key, key,
+                                                                    key + split.CACHE_SUFFIX]
+    assert PARITY_SUFFIX not in off.cache_name(DEPTHWISE16)
+    cache = BenchmarkCache(tmp_path / "c.sqlite")
+    perf = AlgoPerf("e1", 1.0, 0)
+    assert cache.put_many(
+        Entry(name, "dev", "v", problem.key(), "backward_filter", 1 << 20, [perf])
+        for name, problem in ((key + split.CACHE_SUFFIX, DEPTHWISE16),  # before parity compiled it
+                              (key + PARITY_SUFFIX + split.CACHE_SUFFIX, DEPTHWISE16),
+                              (key, P))) == 3
+    assert {e.backend for e in cache.entries(key)} == {
+        key, key + split.CACHE_SUFFIX, key + PARITY_SUFFIX + split.CACHE_SUFFIX}
+    replay = CachedBackend("cudnn-graph", cache=cache)
+    assert replay.cache_name(DEPTHWISE16) == key + PARITY_SUFFIX + split.CACHE_SUFFIX
+    assert replay.cache_name(P) == key
 
 
 def test_find_options_name_the_argument_as_given():

@@ -90,14 +90,16 @@ class Launcher(Protocol):
 # existed, or with ``fold=False``, are measured again for those problems only:
 # the first layers, a few seconds, not the whole network; splitting (Note
 # [split groups] in :mod:`.split`) adds ``"+split"`` for depthwise problems
-# likewise. The knob search
+# likewise, and the graph backend's ``parity`` ``"+wgrad-rtc"`` (before
+# ``"+split"``) for the 16-bit depthwise problems whose backward-filter it
+# compiles (``graph_candidates.parity_cache_name``). The knob search
 # changes every problem's set and so changes ``name`` itself
 # (``"cudnn-graph+knobs"``, Note [knob search]); every other search option of
 # the graph backend enters through ``FindOptions.key()`` (Note [search parity]
 # in :mod:`.find_options`). A cache read offline
-# (:class:`~mucudnn.optimizer.offline.CachedBackend`) prefers the folded
-# entries where it holds them. Raw string problem keys (the cache's own tools)
-# use ``name`` as it is.
+# (:class:`~mucudnn.optimizer.offline.CachedBackend`) prefers a variant's
+# entries where it holds them (``optimizer.cache.VARIANT_SUFFIXES``). Raw
+# string problem keys (the cache's own tools) use ``name`` as it is.
 
 
 @runtime_checkable

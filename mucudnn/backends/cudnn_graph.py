@@ -60,7 +60,7 @@ from . import fold as _fold
 from . import split as _split
 from .find_options import FindOptions
 from .graph_bind import GraphBind
-from .graph_candidates import SEARCH_MODES, knob_variants, numerics_allowed
+from .graph_candidates import SEARCH_MODES, knob_variants, numerics_allowed, parity_cache_name
 from .graph_find import GraphFind
 from .graph_plans import canonical_id
 
@@ -128,10 +128,13 @@ class CudnnGraphBackend(GraphBind, GraphFind):
 
     def cache_name(self, problem: ConvProblem) -> str:
         """``name`` with the search's key (:meth:`FindOptions.key`),
-        ``"+fold"`` for problems that fold while ``fold`` is on and
-        ``"+split"`` for problems that split while ``split`` is on (Note
-        [candidate sets in keys])."""
+        ``"+fold"`` for problems that fold while ``fold`` is on,
+        ``"+wgrad-rtc"`` for problems whose backward-filter ``parity``
+        compiles, and ``"+split"`` for problems that split while ``split`` is
+        on (Note [candidate sets in keys])."""
         name = _fold.cache_name(self._search_key, problem) if self.fold else self._search_key
+        if self.find_options.parity:
+            name = parity_cache_name(name, problem)
         return _split.cache_name(name, problem) if self.split else name
 
     def clear_cache(self) -> None:

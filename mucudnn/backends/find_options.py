@@ -42,14 +42,16 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "EARLIER_DEFAULTS", "de
 # direction, at the largest micro-batch size, asked first) times every
 # candidate that needs no compilation, whatever its rank (finalizing and
 # timing one costs milliseconds), and, for the forward and backward-data
-# of a grouped convolution, the runtime-compiled ones within the top-k of
-# some heuristics mode (each compilation costs a fraction of a second, and
-# heuristics rank the specialised engines high where they apply). Other
-# kernels' runtime-compiled configs follow ``rtc`` as at any other find():
-# the specialised runtime-compiled kernels PyTorch runs are a depthwise
-# layer's forward and backward-data (``conv2d_c1_k1_nhwc``,
-# ``dgrad2d_c1_k1_nhwc_specialized``); for ungrouped convolutions, and for
-# every backward-filter, grouped or not, it runs precompiled ones (implicit
+# of a grouped convolution and the backward-filter of a 16-bit depthwise
+# one, the runtime-compiled ones within the top-k of some heuristics mode
+# (each compilation costs a fraction of a second, and heuristics rank the
+# specialised engines high where they apply). Other kernels'
+# runtime-compiled configs follow ``rtc`` as at any other find(): the
+# specialised runtime-compiled kernels PyTorch runs are a depthwise layer's
+# forward and backward-data (``conv2d_c1_k1_nhwc``,
+# ``dgrad2d_c1_k1_nhwc_specialized``) and, in bf16 and fp16, its
+# backward-filter (``wgrad2d_c1_k1_nhwc``); for ungrouped convolutions, and
+# for every other backward-filter, it runs precompiled ones (implicit
 # GEMMs, cuBLASLt, CUTLASS, xmma depthwise and indexed wgrad kernels), while
 # compilation is most of the planning of the kernels a converted model plans,
 # its first layers and its grouped backward-filters, each first find of a

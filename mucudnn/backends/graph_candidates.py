@@ -16,9 +16,10 @@ from typing import Any, Collection, Iterable, Mapping, MutableMapping, Optional,
 from .._cudnn import graph_descriptors as gd
 from .._cudnn.enums import BackendBehaviorNote as Behavior
 from .._cudnn.enums import BackendNumericalNote as Note
-from ..problem import Direction
+from ..problem import ConvProblem, Direction
 
-__all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "RTC_CHOICES", "SEARCH_MODES", "FirstTimed",
+__all__ = ["CARRY_LEAD", "COLD_PROBE_FLOOR_MS", "PARITY_SUFFIX", "RTC_CHOICES", "SEARCH_MODES",
+           "FirstTimed", "parity_cache_name",
            "carried_ids", "cold_out", "far_cut", "fitting", "knob_variants",
            "leaders", "note_ratios", "over_cap", "numerics_allowed", "parity_compiles",
            "remember", "rtc_cut", "top_k_cut"]
@@ -112,16 +113,49 @@ def top_k_cut(cands: list[gd.EngineConfigInfo], k: Optional[int],
 RTC_CHOICES = ("all", "first", "none")
 
 
-def parity_compiles(groups: int, direction: Direction) -> bool:
+def parity_compiles(problem: ConvProblem, direction: Direction) -> bool:
     """See Note [search parity]: whether a kernel's first find() times the
     runtime-compiled configs within the top k whatever ``find_rtc`` says:
-    for the forward and backward-data of grouped convolutions (``groups`` >
-    1) only, where cuDNN's specialised kernels are compiled at run time.
+    for the forward and backward-data of grouped convolutions, and the
+    backward-filter of 16-bit depthwise ones (one input channel per group),
+    where cuDNN's specialised kernels are compiled at run time.
 
-    >>> [parity_compiles(32, d) for d in Direction], parity_compiles(1, Direction.FORWARD)
-    ([True, True, False], False)
+    >>> dw = ConvProblem((8, 7, 7, 64), (64, 7, 7, 1), padding=3, groups=64, layout="NHWC")
+    >>> [parity_compiles(dw, d) for d in Direction]
+    [True, True, False]
+    >>> dw16 = ConvProblem((8, 7, 7, 64), (64, 7, 7, 1), padding=3, groups=64, layout="NHWC",
+    ...                    dtype="bfloat16")
+    >>> [parity_compiles(dw16, d) for d in Direction]
+    [True, True, True]
+    >>> parity_compiles(ConvProblem((8, 64, 7, 7), (64, 64, 3, 3)), Direction.FORWARD)
+    False
     """
-    return groups > 1 and direction is not Direction.BACKWARD_FILTER
+    if problem.groups == 1:
+        return False
+    if direction is not Direction.BACKWARD_FILTER:
+        return True
+    return problem.w_dims[1] == 1 and problem.itemsize == 2
+
+
+#: See Note [candidate sets in keys]: what a search with ``parity`` appends to its
+#: name in the keys of problems whose backward-filter it compiles
+#: (:func:`parity_cache_name`), so that their measurements from before it did are
+#: taken again rather than replayed without that kernel.
+PARITY_SUFFIX = "+wgrad-rtc"
+
+
+def parity_cache_name(name: str, problem: ConvProblem) -> str:
+    """The name a search with ``parity`` keeps ``problem``'s measurements and
+    plans under: with :data:`PARITY_SUFFIX` where its backward-filter compiles
+    (:func:`parity_compiles`), else ``name``.
+
+    >>> dw = dict(padding=3, groups=64, layout="NHWC")
+    >>> parity_cache_name("g", ConvProblem((8, 7, 7, 64), (64, 7, 7, 1), dtype="bfloat16", **dw))
+    'g+wgrad-rtc'
+    >>> parity_cache_name("g", ConvProblem((8, 7, 7, 64), (64, 7, 7, 1), **dw))
+    'g'
+    """
+    return name + PARITY_SUFFIX if parity_compiles(problem, Direction.BACKWARD_FILTER) else name
 
 
 def rtc_cut(cands: list[gd.EngineConfigInfo], rule: str,

@@ -388,7 +388,7 @@ class GraphFind(GraphEngines):
                 kept = [c for c in cands if c.id in top or rtc not in c.behavior_notes]
                 prof.cut += len(cands) - len(kept)
                 cands = kept
-                if not parity_compiles(problem.groups, direction):
+                if not parity_compiles(problem, direction):
                     cands = rtc_cut(kept, self.find_options.rtc, rankings)
                     prof.rtc_cut += len(kept) - len(cands)
             else:
@@ -461,7 +461,7 @@ class GraphFind(GraphEngines):
         named = {i.id: i for i in infos}
         rtc = int(Behavior.RUNTIME_COMPILATION)
         compiles = self.find_options.rtc == "all" or (
-            self.find_options.parity and parity_compiles(problem.groups, direction))
+            self.find_options.parity and parity_compiles(problem, direction))
         out: list[gd.EngineConfigInfo] = []
         with self._lock, using_device(self.device):
             g = self._graph(problem, direction, 1.0, 0.0, _FULL)

@@ -46,7 +46,8 @@ import time
 from typing import Any, Iterable, Iterator, NamedTuple
 
 from ..backends.base import Backend
-from ..backends.fold import CACHE_SUFFIX
+from ..backends.fold import CACHE_SUFFIX as FOLD_SUFFIX
+from ..backends.graph_candidates import PARITY_SUFFIX
 from ..backends.split import CACHE_SUFFIX as SPLIT_SUFFIX
 from ..caches import LRU
 from ..problem import AlgoPerf, ConvProblem, Direction
@@ -54,6 +55,12 @@ from . import cache_files as files
 from .cache_entries import BadEntry, check_cap, decode_results, encode_results
 from .cache_store import (SCHEMA_VERSION, CacheArgumentError, CacheFile, CacheFileError,
                           CacheWarning, default_cache_path, warn)
+
+#: What a backend's ``cache_name(problem)`` may append to its name for the
+#: problems an option reaches (Note [candidate sets in keys] in
+#: :mod:`mucudnn.backends.base`), most specific first: a backend's entries are
+#: its name's and these variants'.
+VARIANT_SUFFIXES = (PARITY_SUFFIX + SPLIT_SUFFIX, SPLIT_SUFFIX, PARITY_SUFFIX, FOLD_SUFFIX)
 
 __all__ = ["BenchmarkCache", "CacheWarning", "CacheFileError", "CacheArgumentError", "Entry",
            "default_cache_path", "default_cache", "resolve", "SCHEMA_VERSION"]
@@ -262,19 +269,19 @@ class BenchmarkCache(CacheFile):
     def entries(self, backend: str | None = None, device: str | None = None,
                 version: str | None = None) -> Iterator[Entry]:
         """Every valid stored entry (optionally of one backend, device, version).
-        A backend's entries include its folded and split variants'
-        (``backend + "+fold"``, ``backend + "+split"``, Note [candidate sets in
-        keys] in :mod:`mucudnn.backends.base`)."""
+        A backend's entries include its variants' (``backend + "+fold"``,
+        ``backend + "+split"``, ...: :data:`VARIANT_SUFFIXES`, Note [candidate
+        sets in keys] in :mod:`mucudnn.backends.base`)."""
         if not self.enabled:
             return
-        folded = None if backend is None else backend + CACHE_SUFFIX
-        split = None if backend is None else backend + SPLIT_SUFFIX
+        names = [None if backend is None else backend + s for s in ("", *VARIANT_SUFFIXES)]
+        marks = ", ".join("?" * len(names))
         rows = self._run(lambda c: c.execute(
             f"SELECT backend, device, version, problem, direction, workspace_cap, results, "
-            f"created FROM {_TABLE} WHERE (? IS NULL OR backend IN (?, ?, ?)) "
+            f"created FROM {_TABLE} WHERE (? IS NULL OR backend IN ({marks})) "
             "AND (? IS NULL OR device = ?) AND (? IS NULL OR version = ?) "
             "ORDER BY backend, device, version, problem, direction",
-            (backend, backend, folded, split, device, device, version, version)).fetchall()) or []
+            (backend, *names, device, device, version, version)).fetchall()) or []
         skipped = 0
         for r in rows:
             if not all(isinstance(c, str) and c for c in r[:5]):

@@ -17,11 +17,10 @@ from typing import Any, NoReturn, Union
 
 from ..backends.base import BackendBase
 from ..backends.find_options import stored_search_names
-from ..backends.fold import CACHE_SUFFIX
-from ..backends.split import CACHE_SUFFIX as SPLIT_SUFFIX
 from ..errors import InvalidValueError, MucudnnError, UnsupportedOperationError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from .benchmark import resolve_cache
+from .cache import VARIANT_SUFFIXES
 
 
 class CacheMissError(MucudnnError, LookupError):
@@ -62,20 +61,21 @@ class CachedBackend(BackendBase):
             raise InvalidValueError(f"device_name/version: the cache holds {name!r} measurements of "
                              f"several devices or versions {found}; choose one")
         self.name, self.device_name, self.version = found[0]
-        #: problem keys measured with folding or splitting (Note [candidate sets in keys])
-        variant = (self.name + CACHE_SUFFIX, self.device_name, self.version)
-        self._folded = frozenset(k[3] for k in keys if k[:3] == variant)
-        variant = (self.name + SPLIT_SUFFIX, self.device_name, self.version)
-        self._split = frozenset(k[3] for k in keys if k[:3] == variant)
+        #: per variant (folded, split, ...: VARIANT_SUFFIXES, most specific first),
+        #: the problem keys measured under it (Note [candidate sets in keys])
+        self._variants = [(self.name + suffix, frozenset(
+            k[3] for k in keys if k[:3] == (self.name + suffix, self.device_name, self.version)))
+            for suffix in VARIANT_SUFFIXES]
 
     def cache_name(self, problem: ConvProblem) -> str:
-        """The name of the measurements replayed for ``problem``: the folded or
-        split variant's (Note [candidate sets in keys] in
-        :mod:`mucudnn.backends.base`) where the cache holds it, else ``name``."""
-        if problem.key() in self._folded:
-            return self.name + CACHE_SUFFIX
-        if problem.key() in self._split:
-            return self.name + SPLIT_SUFFIX
+        """The name of the measurements replayed for ``problem``: the most
+        specific variant's (folded, split, ...: Note [candidate sets in keys]
+        in :mod:`mucudnn.backends.base`) where the cache holds it, else
+        ``name``."""
+        key = problem.key()
+        for name, problems in self._variants:
+            if key in problems:
+                return name
         return self.name
 
     def __repr__(self) -> str:
