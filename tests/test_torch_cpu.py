@@ -328,6 +328,52 @@ def test_channels_last_runs_nhwc_without_copies_and_returns_channels_last():
     assert v.data_ptr() == x.data_ptr() and v.shape == (3, 6, 6, 4)
 
 
+@settings(max_examples=300, deadline=None)
+@given(shape=st.lists(st.integers(0, 3), min_size=4, max_size=5),
+       order=st.permutations(range(5)), strides=st.lists(st.integers(0, 40), min_size=5,
+                                                          max_size=5), data=st.data())
+def test_layout_rule_is_pytorchs_suggested_memory_format(shape, order, strides, data):
+    """See Note [the layout PyTorch suggests]: the rule, on any sizes and strides
+    (packed in some dimension order, or arbitrary), against PyTorch's own port of
+    c10's stride test (torch._prims_common, independent of ours)."""
+    from torch._prims_common import suggest_memory_format
+    nd = len(shape)
+    perm = [d for d in order if d < nd]
+    if data.draw(st.booleans(), label="packed"):
+        t = torch.empty([shape[d] for d in perm]).permute([perm.index(d) for d in range(nd)])
+    else:
+        t = torch.empty_strided(shape, strides[:nd])
+    want = suggest_memory_format(t) is not torch.contiguous_format
+    assert engine._is_cl(t) == want
+    assert engine._is_cl(t.double()) is False
+
+
+def test_ambiguous_weights_run_as_pytorch_suggests_and_outputs_follow():
+    """A 1x1 and a depthwise weight moved to channels-last are plainly contiguous
+    too; PyTorch's cuDNN convolution runs them NHWC after an NCHW input (Note [the
+    layout PyTorch suggests]), and so does the converted layer: output format and
+    values as the float64 convolution's, gradients too."""
+    clear_all()
+    g = torch.Generator().manual_seed(9)
+    for w_shape, groups in (((6, 4, 1, 1), 1), ((4, 1, 3, 3), 4)):
+        x = torch.randn(2, 4, 5, 5, generator=g, dtype=torch.float64)
+        w = torch.randn(*w_shape, generator=g, dtype=torch.float64)
+        wc = w.float().to(memory_format=torch.channels_last)
+        assert wc.is_contiguous() and engine.channels_last(x.float(), wc)
+        assert not engine.channels_last(x.float(), w.float())
+        xm, wm = x.float().requires_grad_(True), wc.clone().requires_grad_(True)
+        ym = mt.conv2d(xm, wm, padding=1, groups=groups)
+        assert ym.is_contiguous(memory_format=torch.channels_last) and not ym.is_contiguous()
+        xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        yr = F.conv2d(xr, wr, padding=1, groups=groups)
+        _close(ym.double(), yr)
+        dy = torch.randn(yr.shape, generator=g, dtype=torch.float64)
+        ym.backward(dy.float())
+        yr.backward(dy)
+        _close(xm.grad.double(), xr.grad)
+        _close(wm.grad.double(), wr.grad)
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_in_place_op_on_the_output_is_allowed_as_after_a_native_conv(channels_last, bias):

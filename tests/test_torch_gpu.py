@@ -154,6 +154,45 @@ def test_channels_last_module_matches_native(dtype):
     assert layouts == {"NHWC"}
 
 
+@pytest.mark.parametrize("w_shape,groups", [((16, 8, 1, 1), 1), ((8, 1, 3, 3), 8),
+                                             ((16, 8, 3, 3), 1)], ids=["1x1", "depthwise", "3x3"])
+@pytest.mark.parametrize("x_fmt", ["nchw", "cl", "nchw-1x1-spatial"])
+@pytest.mark.parametrize("w_cl", [False, True], ids=["w-nchw", "w-cl"])
+def test_layouts_and_strides_follow_pytorchs_cudnn_convolution(w_shape, groups, x_fmt, w_cl,
+                                                               no_tf32):
+    """See Note [the layout PyTorch suggests]: on every mix of input and weight
+    formats (plainly contiguous 1x1 and depthwise weights in channels-last
+    included), the converted convolution's output has the strides PyTorch's own
+    cuDNN convolution gives, its gradients the same layout in memory, and their
+    values match float64."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    size = 1 if x_fmt == "nchw-1x1-spatial" else 9
+    x = torch.randn(4, 8, size, size, device="cuda", generator=g)
+    if x_fmt == "cl":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(w_shape, device="cuda", generator=g) / 10
+    if w_cl:
+        w = w.to(memory_format=torch.channels_last)
+    pad = w_shape[-1] // 2
+    y64, dy64, (dx64, dw64, _) = _reference(
+        lambda a, b, c: F.conv2d(a, b, padding=pad, groups=groups), x, w, w[:, 0, 0, 0])
+    outs = []
+    for fn in (F.conv2d, mt.conv2d):
+        xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        y = fn(xs, ws, padding=pad, groups=groups)
+        y.backward(dy64.float().contiguous(memory_format=torch.channels_last)
+                   if y.is_contiguous(memory_format=torch.channels_last) else dy64.float())
+        outs.append((y, xs.grad, ws.grad))
+    (yn, dxn, dwn), (ym, dxm, dwm) = outs
+    assert ym.stride() == yn.stride()
+    # a gradient's layout in memory: strides of a size-1 dimension never address anything
+    for got, want in ((dxm, dxn), (dwm, dwn)):
+        assert [s for s, n in zip(got.stride(), got.shape) if n > 1] == \
+            [s for s, n in zip(want.stride(), want.shape) if n > 1]
+    assert rel(ym, y64) < FMA_TOL
+    assert rel(dxm, dx64) < 10 * FMA_TOL and rel(dwm, dw64) < 10 * FMA_TOL
+
+
 class SmallCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()

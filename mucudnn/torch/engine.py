@@ -123,14 +123,52 @@ def output_shape(x_shape: Any, w_shape: Any, stride: Any, padding: Any,
     return out
 
 
+# Note [the layout PyTorch suggests]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A converted convolution runs in the memory format PyTorch's own cuDNN
+# convolution would (cudnn_conv_suggest_memory_format in ATen's ConvUtils.h):
+# channels-last where the input or the weight suggests it, and its output
+# comes back in that format, so the ops after it see the tensors a native
+# model gives them. A tensor suggests channels-last by its strides alone
+# (c10's is_channels_last_strides_2d_s4 / _3d_s5), which also holds where the
+# tensor is plainly contiguous too: a 1x1 weight (K, C, 1, 1) or a depthwise
+# weight (C, 1, kh, kw) of a model moved to channels-last, or an input whose
+# spatial size is 1x1. Asking ``is_contiguous(memory_format=...)`` instead
+# runs such convolutions NCHW after an NCHW input (a ShuffleNet's channel
+# shuffle, a squeeze-and-excitation block), where PyTorch runs them NHWC.
+# Float64 runs NCHW, as in PyTorch.
+def _strides_like_cl(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """c10's is_channels_last_strides_2d_s4 / _3d_s5 on a 4-d / 5-d tensor's
+    sizes and strides (dimensions in the order C, innermost spatial ..., N)."""
+    nd = len(shape)
+    if strides[1] == 0:
+        return False  # a trivial (broadcast) C dimension: NCHW
+    least = 0
+    for d in (1, *range(nd - 1, 1, -1), 0):
+        if shape[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:
+            return False  # ambiguous (N111 and the like): NCHW, as c10 falls back
+        least = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
 def _is_cl(t: torch.Tensor) -> bool:
-    fmt = _CL.get(t.dim())
-    return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
+    """Whether ``t`` suggests channels-last (Note [the layout PyTorch suggests])."""
+    return t.dim() in _CL and t.dtype is not torch.float64 \
+        and _strides_like_cl(t.shape, t.stride())
 
 
 def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """True when the convolution runs NHWC/NDHWC: ``x`` or ``w`` is channels-last
-    (and not also plainly contiguous), as PyTorch's cuDNN convolutions decide."""
+    """True when the convolution runs NHWC/NDHWC: ``x`` or ``w`` suggests
+    channels-last, as PyTorch's cuDNN convolutions decide (Note [the layout
+    PyTorch suggests]).
+
+    >>> x, w = torch.empty(2, 4, 5, 5), torch.empty(8, 4, 1, 1)
+    >>> wc = w.to(memory_format=torch.channels_last)  # plainly contiguous too
+    >>> wc.is_contiguous(), channels_last(x, wc), channels_last(x, w)
+    (True, True, False)
+    """
     return _is_cl(x) or _is_cl(w)
 
 
