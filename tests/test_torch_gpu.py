@@ -193,6 +193,20 @@ def test_layouts_and_strides_follow_pytorchs_cudnn_convolution(w_shape, groups, 
     assert rel(dxm, dx64) < 10 * FMA_TOL and rel(dwm, dw64) < 10 * FMA_TOL
 
 
+def test_float64_on_the_gpu_runs_nchw_as_pytorchs_cudnn_convolution():
+    """See Note [the layout PyTorch suggests]: PyTorch's cuDNN path runs float64
+    NCHW whatever the strides, so a channels-last float64 input gives an NCHW
+    output there and in the converted call, with the same values."""
+    g = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(2, 4, 6, 6, device="cuda", generator=g, dtype=torch.float64)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(5, 4, 3, 3, device="cuda", generator=g, dtype=torch.float64)
+    w = w.to(memory_format=torch.channels_last)
+    yn, ym = F.conv2d(x, w, padding=1), mt.conv2d(x, w, padding=1)
+    assert ym.stride() == yn.stride() and yn.is_contiguous()
+    assert rel(ym, yn) < 1e-12
+
+
 class SmallCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -136,7 +136,8 @@ def output_shape(x_shape: Any, w_shape: Any, stride: Any, padding: Any,
 # spatial size is 1x1. Asking ``is_contiguous(memory_format=...)`` instead
 # runs such convolutions NCHW after an NCHW input (a ShuffleNet's channel
 # shuffle, a squeeze-and-excitation block), where PyTorch runs them NHWC.
-# Float64 runs NCHW, as in PyTorch.
+# Float64 on a GPU runs NCHW, as PyTorch's cuDNN path does (its CPU
+# convolutions follow the strides in float64 too).
 def _strides_like_cl(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """c10's is_channels_last_strides_2d_s4 / _3d_s5 on a 4-d / 5-d tensor's
     sizes and strides (dimensions in the order C, innermost spatial ..., N)."""
@@ -155,8 +156,7 @@ def _strides_like_cl(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 def _is_cl(t: torch.Tensor) -> bool:
     """Whether ``t`` suggests channels-last (Note [the layout PyTorch suggests])."""
-    return t.dim() in _CL and t.dtype is not torch.float64 \
-        and _strides_like_cl(t.shape, t.stride())
+    return t.dim() in _CL and _strides_like_cl(t.shape, t.stride())
 
 
 def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -169,6 +169,8 @@ def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
     >>> wc.is_contiguous(), channels_last(x, wc), channels_last(x, w)
     (True, True, False)
     """
+    if x.is_cuda and (x.dtype is torch.float64 or w.dtype is torch.float64):
+        return False
     return _is_cl(x) or _is_cl(w)
 
 
