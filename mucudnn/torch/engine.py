@@ -563,7 +563,7 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
-        warm = _Warm(x, w, _is_cl(x) or _is_cl(w), cfg, key)
+        warm = _Warm(x, w, channels_last(x, w), cfg, key)
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
         if _native.enabled() and not torch.cuda.is_current_stream_capturing():
             warm.calibrate(x, w, key, step)
