@@ -137,7 +137,9 @@ def output_shape(x_shape: Any, w_shape: Any, stride: Any, padding: Any,
 # runs such convolutions NCHW after an NCHW input (a ShuffleNet's channel
 # shuffle, a squeeze-and-excitation block), where PyTorch runs them NHWC.
 # Float64 on a GPU runs NCHW, as PyTorch's cuDNN path does (its CPU
-# convolutions follow the strides in float64 too).
+# convolutions follow the strides in float64 too). The stride test is ported
+# here because torch keeps its own Python copy private (torch._prims_common);
+# tests/test_torch_cpu.py holds the port to it.
 def _strides_like_cl(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """c10's is_channels_last_strides_2d_s4 / _3d_s5 on a 4-d / 5-d tensor's
     sizes and strides (dimensions in the order C, innermost spatial ..., N)."""
