@@ -76,7 +76,7 @@ from ..caches import LRU
 from ..optimizer import DEFAULT_POLICY, optimize_network
 from ..problem import ConvProblem, Direction, Plan
 from ..typing_aliases import PolicyLike
-from . import engine, step_trial
+from . import engine, step_guard, step_trial
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
 from .modules import Conv2d, Conv3d, MucudnnConvMixin
 
@@ -325,6 +325,7 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
         planner = _reuse_planner(module, planner)
     _drop_planners(module)
     trial = step_trial.install(module)  # Note [the whole-step trial]
+    step_guard.install(module, trial)  # Note [guarded steps]
     converted, native = 0, []
     for name, m in module.named_modules():
         if not _convert_one(m):

@@ -34,6 +34,7 @@ from ..problem import Direction
 from ..typing_aliases import PolicyLike
 from . import engine, native
 from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
+from .step_guard import RECORDING
 from .step_trial import StepTrial
 
 __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
@@ -84,6 +85,9 @@ class MucudnnConvMixin:
     _mu_converted: bool = False
     #: torch's ``_conv_forward`` for this class (set for each subclass)
     _mu_torch_conv: Any = None
+    #: whether the class runs the mixin's own ``_conv_forward``, so that the
+    #: step guard may set torch's in its place (Note [guarded steps])
+    _mu_guardable: bool = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
@@ -114,6 +118,8 @@ class MucudnnConvMixin:
         # torch's own ``_conv_forward`` past this mixin in the subclass's order,
         # as ``super()`` finds it, looked up once (the settled path's call)
         cls._mu_torch_conv = getattr(super(MucudnnConvMixin, cls), "_conv_forward", None)
+        cls._mu_guardable = cls._mu_torch_conv is not None \
+            and cls._conv_forward is MucudnnConvMixin._conv_forward
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: "torch.Tensor | None") -> torch.Tensor:
@@ -125,6 +131,7 @@ class MucudnnConvMixin:
         # (under torch.compile the signature is not traced: the check stops first)
         # A capture takes the converted path, which runs the GPU's choices
         # (Note [captured steps run the GPU's choice] in mucudnn/torch/native.py).
+        # A checked forward of the step guard records each call (Note [guarded steps]).
         gen, settled, fits = self._mu_torch
         if fits and gen == _GENERATION[0] and engine.RECORDER is None and not _COMPILING():
             trial = self._mu_step
@@ -132,7 +139,13 @@ class MucudnnConvMixin:
             if settled or torch_way:
                 sig = _signature(input, weight)
                 if (sig in settled or (torch_way and sig in fits)) and not engine.CAPTURING():
+                    calls = RECORDING.calls
+                    if calls is not None:
+                        calls.append((self, sig))
                     return self._mu_torch_conv(input, weight, bias)
+        calls = RECORDING.calls
+        if calls is not None:
+            calls.append((self, None))
         if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
             # meta tensors (shape inference, deferred initialisation) and devices
             # mucudnn does not run on: PyTorch's own convolution, as before converting
@@ -168,6 +181,9 @@ class MucudnnConvMixin:
         # settled signatures are this process's measurements, not the model's
         state: dict = dict(super().__getstate__())  # type: ignore[misc, call-overload]
         state.pop("_mu_torch", None)  # the step trial pickles empty (StepTrial.__getstate__)
+        call = state.get("_conv_forward")  # set only within a guarded forward
+        if call is not None and getattr(call, "__func__", None) is type(self)._mu_torch_conv:
+            del state["_conv_forward"]
         return state
 
     def _mu_repr(self) -> str:

@@ -7,7 +7,8 @@ the plan (micro-batches and workspace), the time of each in one harness and
 PyTorch's workspace, with totals of what runs and of what native PyTorch
 would run, and what the limit costs: the kernels whose PyTorch workspace is
 over it, the time their plans add and the limit that would admit them; and
-the model's step trial (Note [the whole-step trial]); and, where a CUDA-graph
+the model's step trial (Note [the whole-step trial]) and step guard (Note
+[guarded steps]); and, where a CUDA-graph
 capture would run the other side (Note [captured steps run the GPU's choice]
 in :mod:`.native`), that side. ``print(report(model))``
 gives a table; ``as_dict()`` the data.
@@ -33,6 +34,7 @@ from ..problem import Direction, Plan
 from . import native
 from .functional import options
 from .modules import MucudnnConvMixin
+from .step_guard import guard_of
 from .step_trial import trial_of
 
 __all__ = ["Report", "LayerReport", "report"]
@@ -83,6 +85,10 @@ class Report:
     #: ``signatures`` timed, their ``seconds``, the ``planning_seconds`` of it and
     #: the ``planned_signatures``; each signature once, however many layers share it
     first_calls: Optional[dict[str, Any]] = None
+    #: the model's step guard (Note [guarded steps]): ``guarded_layers``, the
+    #: converted layers that run torch.nn's call unchecked in training forwards
+    #: like the last two checked ones; None: no guard
+    step_guard: Optional[dict[str, Any]] = None
 
     @property
     def total_ms(self) -> float:
@@ -104,6 +110,7 @@ class Report:
                        for layer in self.layers],
             "unmeasured": list(self.unmeasured),
             "step_trial": self.step_trial,
+            "step_guard": self.step_guard,
             "first_calls": self.first_calls,
             "totals": {"ms": self.total_ms, "torch_ms": self.total_torch_ms,
                        "kernels": len(runs), "torch_kernels": runs.count(native.TORCH)},
@@ -151,6 +158,9 @@ class Report:
                          f"({f['planned_signatures']} signature(s) planned)"]
         if self.step_trial is not None:
             rows += ["", _trial_line(self.step_trial)]
+        if self.step_guard is not None and self.step_guard["guarded_layers"]:
+            rows.append(f"step guard: {self.step_guard['guarded_layers']} layer(s) run "
+                        "torch.nn's call unchecked in training forwards like the last two")
         return "\n".join(rows)
 
 
@@ -270,8 +280,10 @@ def report(model: nn.Module) -> Report:
             used[id(r)] = r
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
                                       _directions(r, torch_way), r.host))
+    guard = guard_of(model)
     return Report(layers, unmeasured, trials[0].as_dict() if trials else None,
-                  _first_calls(list(used.values())))
+                  _first_calls(list(used.values())),
+                  None if guard is None else {"guarded_layers": len(guard.guarded)})
 
 
 def _first_calls(recs: list[native.Record]) -> Optional[dict[str, Any]]:
