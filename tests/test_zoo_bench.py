@@ -26,8 +26,9 @@ pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def test_doctests(zb):
-    result = doctest.testmod(zb)
-    assert result.attempted > 0 and result.failed == 0
+    for mod in (zb, zb.zoo_cold):
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0
 
 
 def test_parse_args_defaults_and_errors(zb):
@@ -69,9 +70,9 @@ def test_backend_options_reach_the_converted_sides_of_every_process(zb, monkeypa
         seen["cmd"] = cmd
         return subprocess.CompletedProcess(cmd, 1, "", "stopped here")
 
-    monkeypatch.setattr(zb.subprocess, "run", run)
+    monkeypatch.setattr(zb.zoo_cold.subprocess, "run", run)
     with pytest.raises(RuntimeError, match="stopped here"):
-        zb.run_cold(args, zb.model_spec("tiny", None), "fp32cl", "converted")
+        zb.zoo_cold.run_cold(args, zb.model_spec("tiny", None), "fp32cl", "converted")
     passed = [a for a in seen["cmd"] if a.startswith("--backend-option=")]
     assert passed == ["--backend-option=find_hold=True", "--backend-option=find_rtc='all'"]
     assert zb.parse_args(["--device", "cpu", "--models", "tiny"]).backend_options == []
@@ -246,14 +247,14 @@ def test_cold_repeat_alternates_the_sides_and_keeps_medians(zb, monkeypatch):
                                   "planning_seconds": first / 10}
         return run
 
-    monkeypatch.setattr(zb, "run_cold", run_cold)
+    monkeypatch.setattr(zb.zoo_cold, "run_cold", run_cold)
     tags = []
 
     def stage(tag, work):
         tags.append(tag)
         return work()
 
-    zb.run_cold_pairs(args, zb.model_spec("tiny", 32), "fp32cl", stage, out)
+    zb.zoo_cold.run_cold_pairs(args, zb.model_spec("tiny", 32), "fp32cl", stage, out)
     assert order == ["native", "converted", "converted", "native", "native", "converted"]
     assert tags[:2] == ["cold native 1/3", "cold converted 1/3"]
     assert out["native"]["first_step_samples"] == [5.0, 9.0, 6.0]
@@ -268,7 +269,7 @@ def test_cold_repeat_alternates_the_sides_and_keeps_medians(zb, monkeypatch):
 
 @pytest.mark.slow
 def test_cold_processes(zb, tmp_path):
-    """Each side's first step in a fresh process (this script, --cold-child);
+    """Each side's first step in a fresh process (zoo_bench.py --cold-child);
     --no-steps measures nothing else."""
     out = tmp_path / "zoo.json"
     assert zb.main(TINY + ["--cold", "--no-steps", "--json", str(out)]) == 0

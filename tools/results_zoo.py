@@ -198,7 +198,7 @@ def _first_calls(side: dict) -> str:
 
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
-    tools/zoo_bench.py) and one step's gradient errors against float64 (Note
+    tools/zoo_cold.py) and one step's gradient errors against float64 (Note
     [gradient check]), the newest measurement of each model and precision: its
     cold steps (with the search in force and whether a primer ran first) and
     its gradients each from the newest file that measured them, both cited. A

@@ -74,21 +74,20 @@ import train_steps as ts  # training state, timing, rounds
 from frontier import parse_option  # tools/: KEY=VALUE of --backend-option
 from round_stats import extra_rounds, geomean, ratio_text  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
+import zoo_cold  # tools/: cold first steps in fresh processes
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     BATCH, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
-import mucudnn
 import mucudnn.torch as mt
 from mucudnn.backends import get_backend
 
 torchvision = ts.torchvision
 tqdm = tb.tqdm
 
-SIDES = ("native", "converted")
+SIDES = zoo_cold.SIDES  # ("native", "converted")
 PRECISIONS = ("fp32cl", "amp")
 EXECUTIONS = ("eager", "graph")
 #: the memory of each side is read over this many steps after its warm-up
 MEMORY_STEPS = 2
-COLD_PREFIX = "ZOO_COLD "
 
 
 # -- models: tools/zoo_models.py ---------------------------------------------------------------
@@ -376,31 +375,10 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None],
         entry.setdefault("errors", {})["report"] = f"{type(exc).__name__}: {exc}"
 
 
-# -- cold first steps -----------------------------------------------------------------------------
-# Note [cold steps]
-# ~~~~~~~~~~~~~~~~~
-# The first training step of a process is where PyTorch's cudnn.benchmark times
-# its algorithms and mucudnn.torch benchmarks its configurations and plans, so
-# it is measured in a fresh process per side (this script with --cold-child),
-# the converted side with MUCUDNN_CACHE set to a new file: nothing carried over
-# from earlier runs or the parent. The clock starts after the model is built,
-# moved to the device (CUDA initialised) and converted, and stops when the
-# step's optimizer update has finished; the second step's time shows what is
-# left when nothing needs planning. The first process on a machine also pays
-# for reading the CUDA libraries from disk and filling the CUDA JIT cache, which
-# later processes find ready: so a primer (one native child, its numbers kept
-# apart as ``cold_primer``) runs before the measured pair, and neither side is
-# charged for what the other left behind. PyTorch's own benchmarking makes a
-# first step's seconds vary by several seconds from one process to the next,
-# so ``--cold-repeat N`` runs N pairs, native first in the odd ones and
-# converted first in the even ones, and keeps each side's medians
-# (:func:`cold_medians`) with every sample. ``--cold-profile N`` runs each
-# side's first step under cProfile and keeps the N functions of most
-# cumulative and of most own host time (``profile``; ``profiled`` marks such
-# a side): where a slow first step spends its time, at the price of slowing
-# its Python.
+# -- cold first steps (Note [cold steps] in zoo_cold.py) --------------------------------------
 def cold_child(args: argparse.Namespace) -> int:
-    """One side's first and second step (Note [cold steps]), printed as JSON."""
+    """One side's first and second step in this fresh process (Note [cold steps]
+    in zoo_cold.py), printed as JSON after :data:`zoo_cold.COLD_PREFIX`."""
     device = torch.device(args.device)
     spec = model_spec(args.models[0], args.size)
     t0 = time.perf_counter()
@@ -428,84 +406,9 @@ def cold_child(args: argparse.Namespace) -> int:
         # Note [first-call seconds] in mucudnn/torch/native.py: what the first calls paid for
         out["first_calls"] = mt.report(job.model).as_dict().get("first_calls")
         out["find_profile"] = ts.find_profile(device, converted_backend(args, device))
-    print(COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
+    print(zoo_cold.COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
                                     "build_s": build_s, **out}), flush=True)
     return 0
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a child running this script: PYTHONPATH
-    leads to the mucudnn this process imported (installed or not)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mucudnn.__file__)))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, **extra)
-
-
-def cold_medians(samples: Sequence[dict]) -> dict:
-    """One side's cold figures over its ``samples`` (:func:`run_cold`'s dicts, in
-    the order run): the median of each number, those in nested dicts (the
-    report's ``first_calls``) included, every first step in
-    ``first_step_samples``, and the first sample's profile where one was kept.
-
-    >>> m = cold_medians([{"first_step_s": 9.0, "first_calls": {"seconds": 8.5}},
-    ...                   {"first_step_s": 7.0, "first_calls": {"seconds": 6.5}},
-    ...                   {"first_step_s": 8.0, "first_calls": {"seconds": 7.5}}])
-    >>> m["first_step_s"], m["first_calls"], m["first_step_samples"]
-    (8.0, {'seconds': 7.5}, [9.0, 7.0, 8.0])
-    >>> cold_medians([{"first_step_s": 2.0, "signatures": 11},
-    ...               {"first_step_s": 3.0, "signatures": 11}])["signatures"]
-    11
-    """
-    def medians(dicts: list[dict]) -> dict:
-        out = dict(dicts[0])
-        for key, value in dicts[0].items():
-            if isinstance(value, int) and not isinstance(value, bool):  # a count stays one
-                out[key] = statistics.median_low(d[key] for d in dicts)
-            elif isinstance(value, float):
-                out[key] = statistics.median(d[key] for d in dicts)
-            elif isinstance(value, dict) and all(isinstance(d.get(key), dict) for d in dicts):
-                out[key] = medians([d[key] for d in dicts])
-        return out
-
-    out = medians(list(samples))
-    out["first_step_samples"] = [s["first_step_s"] for s in samples]
-    return out
-
-
-def run_cold_pairs(args: argparse.Namespace, spec: ModelSpec, precision: str,
-                   stage: Callable[[str, Callable[[], Any]], Any], out: dict[str, dict]) -> None:
-    """``--cold-repeat`` pairs of :func:`run_cold` (Note [cold steps]), each run
-    through ``stage(tag, work)``; after each run, ``out[side]`` is that side's
-    :func:`cold_medians` so far (a side none of whose runs finished is absent)."""
-    n = args.cold_repeat
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for i in range(n):
-        for side in SIDES if i % 2 == 0 else SIDES[::-1]:
-            tag = f"cold {side}" + (f" {i + 1}/{n}" if n > 1 else "")
-            c = stage(tag, lambda side=side: run_cold(args, spec, precision, side))
-            if c is not None:
-                runs[side].append(c)
-                out[side] = cold_medians(runs[side])
-
-
-def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: str) -> dict:
-    """:func:`cold_child` in a fresh process; its numbers and the process's wall seconds."""
-    with tempfile.TemporaryDirectory(prefix="zoo-cold-") as tmp:
-        env = child_env(MUCUDNN_CACHE=os.path.join(tmp, "cache.sqlite"))
-        cmd = [sys.executable, os.path.abspath(__file__), "--cold-child", side,
-               "--models", spec.name, "--precisions", precision, "--device", args.device,
-               "--batch", str(args.batch), "--size", str(spec.size),
-               "--workspace", str(args.workspace), "--seed", str(args.seed), "--lr", str(args.lr),
-               "--cold-profile", str(args.cold_profile),
-               *(f"--backend-option={k}={v!r}" for k, v in args.backend_options)]
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cold_timeout)
-        wall = time.perf_counter() - t0
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(COLD_PREFIX)]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"cold {side} process exited {r.returncode}: "
-                           f"{(r.stderr or r.stdout)[-1500:]}")
-    return {**json.loads(lines[-1][len(COLD_PREFIX):]), "process_s": wall}
 
 
 # -- gradient check (Note [gradient check] in grad_error.py) ------------------------------------
@@ -624,10 +527,10 @@ def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
                 f"ratio {st['ratio']:.3f}")
     if args.cold:
         entry["cold"] = {}
-        primer = stage("cold primer", lambda: run_cold(args, spec, precision, "native"))
+        primer = stage("cold primer", lambda: zoo_cold.run_cold(args, spec, precision, "native"))
         if primer is not None:
             entry["cold_primer"] = primer
-        run_cold_pairs(args, spec, precision, stage, entry["cold"])
+        zoo_cold.run_cold_pairs(args, spec, precision, stage, entry["cold"])
         for side, c in entry["cold"].items():
             log(f"  cold {side}: first step {c['first_step_s']:.2f} s"
                 + (f" (median of {len(c['first_step_samples'])})" if args.cold_repeat > 1 else ""))
@@ -658,7 +561,7 @@ def run_isolated(argv: Sequence[str], args: argparse.Namespace, name: str,
                "--precisions", precision, "--json", out, "--no-progress", "--max-seconds", "inf"]
         cmd.remove("--isolate")  # spelled out: the parser takes no abbreviations
         try:
-            rc = subprocess.run(cmd, env=child_env(), timeout=args.timeout,
+            rc = subprocess.run(cmd, env=zoo_cold.child_env(), timeout=args.timeout,
                                 stdout=subprocess.DEVNULL).returncode
             status = f"exited {rc}" if rc not in (0, 1) else None
         except subprocess.TimeoutExpired:
