@@ -176,6 +176,70 @@ def test_a_layer_settled_late_joins_the_guarded_ones(monkeypatch):
     assert _all(watch.run(lambda: model(x)), "armed")
 
 
+class Pyramid(nn.Module):
+    """One converted layer called twice a forward, on two sizes (as a
+    feature pyramid's shared head), and a checkpointed block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(2, 4, 3, padding=1)
+        self.head = nn.Conv2d(4, 4, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = torch.utils.checkpoint.checkpoint(self.block, y, use_reentrant=False)
+        small = self.head(F.avg_pool2d(y, 2))
+        return self.head(y).mean() + small.mean()
+
+
+def _pyramid_reference(m: Pyramid, x: torch.Tensor) -> torch.Tensor:
+    def conv(layer, t):
+        return F.conv2d(t, layer.weight.double(), layer.bias.double(), padding=layer.padding)
+    y = conv(m.stem, x.double())
+    y = conv(m.block[0], y).relu()
+    return conv(m.head, y).mean() + conv(m.head, F.avg_pool2d(y, 2)).mean()
+
+
+def test_a_layer_called_twice_and_a_checkpointed_block_are_guarded_and_match_float64(monkeypatch):
+    """The head's two calls (two sizes) are both settled and recorded, so it is
+    guarded; the checkpointed block's recomputation in the backward runs
+    after the post-hook, so it is checked; gradients match float64."""
+    torch.manual_seed(2)
+    model = mt.convert(Pyramid())
+    x = torch.randn(2, 2, 8, 8)
+    _settle(model, x)
+    assert len(model.head._mu_torch[1]) == 2
+    watch = Watch(model, monkeypatch)
+    for _ in range(2):
+        watch.run(lambda: model(x))
+    ref = Pyramid().double()
+    ref.load_state_dict(model.state_dict())  # float64 copies of the weights
+    for _ in range(2):
+        model.zero_grad()
+        out: list[torch.Tensor] = []
+        ran = watch.run(lambda: out.append(model(x)))  # noqa: B023 (called at once)
+        assert ran == {"stem": ["armed"], "block.0": ["armed"], "head": ["armed", "armed"]}
+        recomputed = watch.run(lambda: out[0].backward())  # noqa: B023
+        assert recomputed == {"block.0": ["checked"]}
+        y64 = _pyramid_reference(ref, x)
+        torch.testing.assert_close(out[0].double(), y64, rtol=1e-6, atol=1e-7)
+        grads = torch.autograd.grad(y64, list(ref.parameters()))
+        for p, g64 in zip(model.parameters(), grads):
+            torch.testing.assert_close(p.grad.double(), g64, rtol=1e-5, atol=1e-6)
+
+
+def test_a_dataparallel_replica_is_never_guarded():
+    """``nn.DataParallel``'s replicas share the root's hooks, and run in threads."""
+    model = _model()
+    x = torch.randn(2, 2, 6, 6)
+    _settle(model, x)
+    model._is_replica = True
+    for _ in range(4):
+        model(x)
+    assert step_guard.guard_of(model).guarded == ()
+
+
 class Crop(nn.Module):
     """Data decides the width: one column fewer where the input's first value is negative."""
 
