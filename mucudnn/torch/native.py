@@ -34,7 +34,9 @@ layer does not run it). Where PyTorch may run all of them (its workspace fits)
 and the plans' GPU saving over PyTorch's calls there is no more than that host
 cost, the whole layer runs PyTorch's own call
 (:func:`settle`), and a converted module whose every signature met is settled
-so calls ``torch.nn``'s own ``_conv_forward`` before any of mucudnn's code.
+so calls ``torch.nn``'s own ``_conv_forward`` after a check of the call's
+signature alone, and in training steps like the ones before without even
+that (Note [guarded steps] in :mod:`.step_guard`).
 
 Note [captured steps run the GPU's choice]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
