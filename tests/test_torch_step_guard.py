@@ -427,3 +427,29 @@ def test_a_trained_model_reaches_guarded_steps_and_matches_float64(monkeypatch, 
     assert history[16:19] == [False] * 3 and all(history[-3:]), history
     assert "step guard: 3 layer(s)" in str(mt.report(model))
     mt.clear()
+
+
+def test_a_compiled_part_of_a_guarded_model_compiles_once(monkeypatch):
+    """A submodule compiled on its own (``torch.compile``, one whole graph)
+    inside a converted model run eagerly: its layers run mucudnn's op in the
+    graph, are never guarded (no instance attribute flips its guards), and
+    it compiles once."""
+    torch._dynamo.reset()
+    model = _model()
+    x = torch.randn(2, 2, 6, 6)
+    _settle(model, x)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model[2] = torch.compile(model[2], backend=backend, fullgraph=True)
+    for _ in range(5):
+        y = model(x)
+        torch.testing.assert_close(y.double(), _reference(nn.Sequential(
+            model[0], model[1], model[2]._orig_mod, model[3], model[4]), x), rtol=1e-5, atol=1e-6)
+    assert len(graphs) == 1
+    guarded = {m for m, _ in step_guard.guard_of(model).guarded}
+    assert model[0] in guarded and model[4] in guarded and model[2]._orig_mod not in guarded
+    torch._dynamo.reset()

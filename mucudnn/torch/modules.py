@@ -143,9 +143,8 @@ class MucudnnConvMixin:
                     if calls is not None:
                         calls.append((self, sig))
                     return self._mu_torch_conv(input, weight, bias)
-        calls = RECORDING.calls
-        if calls is not None:
-            calls.append((self, None))
+        if not _COMPILING() and RECORDING.calls is not None:  # a graph records nothing
+            RECORDING.calls.append((self, None))
         if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
             # meta tensors (shape inference, deferred initialisation) and devices
             # mucudnn does not run on: PyTorch's own convolution, as before converting

@@ -36,7 +36,9 @@ those forwards called: a weight's layout decides the layouts after it
 
 Nothing is guarded while the model's step trial runs (which signatures run
 PyTorch's call depends on the way it tries), under CUDA-graph capture,
-``torch.compile`` or a ``mode="wd"`` recording, in a ``DataParallel``
+``torch.compile`` (a part compiled on its own records nothing, so its layers
+stay as its graph holds them and no instance attribute trips its guards) or
+a ``mode="wd"`` recording, in a ``DataParallel``
 replica, for a forward with an argument that is neither a tensor nor a plain
 scalar (a list of images: detection models, whose head shapes data decides),
 or for a layer whose calls differed between the two checked forwards. What
