@@ -21,6 +21,7 @@ from torch import nn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.torch import engine, modules, step_guard, step_trial  # noqa: E402
 from mucudnn.torch.step_trial import TORCH  # noqa: E402
+from torch_support import step_against_float64  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
 
@@ -382,10 +383,6 @@ def test_an_unchecked_call_runs_only_a_settled_signature(steps):
         assert not armed or sig in m._mu_torch[1]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
-
-
 @pytest.mark.gpu
 @gpu
 def test_a_trained_model_reaches_guarded_steps_and_matches_float64(monkeypatch, tmp_path):
@@ -409,16 +406,7 @@ def test_a_trained_model_reaches_guarded_steps_and_matches_float64(monkeypatch, 
         for n in [4] * 16 + [6] * 8:
             armed.clear()
             x = torch.randn(n, 8, 10, 10, device="cuda").to(memory_format=torch.channels_last)
-            model.zero_grad()
-            ref.zero_grad()
-            y = model(x)
-            dy = torch.randn_like(y)
-            y.backward(dy)
-            y64 = ref(x.double())
-            y64.backward(dy.double())
-            assert _rel(y, y64) < 1e-5
-            for p, p64 in zip(model.parameters(), ref.parameters()):
-                assert _rel(p.grad, p64.grad) < 1e-5
+            step_against_float64(model, ref, x)
             assert len(armed) == 3
             history.append(all(armed))
     assert step_trial.trial_of(model).kept is not None

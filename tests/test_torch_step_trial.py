@@ -20,6 +20,7 @@ from torch import nn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.torch import engine, native, step_trial  # noqa: E402
 from mucudnn.torch.step_trial import PLANS, TORCH, TRIAL_STEPS, StepTrial  # noqa: E402
+from torch_support import step_against_float64  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")
 
@@ -236,10 +237,6 @@ def test_convert_hooks_one_trial_shared_by_its_layers_and_the_report_shows_it():
     assert mt.report(nn.Linear(1, 1)).step_trial is None
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("kept", [PLANS, TORCH])
@@ -267,16 +264,7 @@ def test_a_trained_model_keeps_a_way_and_computes_its_convolutions(monkeypatch, 
         for _ in range(3 * (TRIAL_STEPS + 2)):
             calls.clear()
             x = torch.randn(4, 8, 10, 10, device="cuda").to(memory_format=torch.channels_last)
-            model.zero_grad()
-            ref.zero_grad()
-            y = model(x)
-            dy = torch.randn_like(y)
-            y.backward(dy)
-            y64 = ref(x.double())
-            y64.backward(dy.double())
-            assert _rel(y, y64) < 1e-5
-            for p, p64 in zip(model.parameters(), ref.parameters()):
-                assert _rel(p.grad, p64.grad) < 1e-5
+            step_against_float64(model, ref, x)
     assert trial.kept == kept
     convs = [m for m in model.modules() if isinstance(m, mt.Conv2d)]
     if kept == TORCH:
