@@ -136,7 +136,8 @@ class StepGuard:
         #: layer -> :func:`_weight_key` of every layer the validating forwards
         #: called: part of the key, as a weight's layout decides the layouts after it
         self.weights: "dict[nn.Module, tuple]" = {}
-        self._armed: "list[nn.Module]" = []
+        #: the guarded layers set on in the forward now running (``guarded``'s own tuple)
+        self._armed: "tuple[tuple[nn.Module, Any], ...]" = ()
 
     # settled measurements are this process's, not the model's
     def __getstate__(self) -> dict:
@@ -165,7 +166,7 @@ class StepGuard:
             self._reset(key)
         for layer, call in self.guarded:
             layer.__dict__[_ATTR] = call
-        self._armed = [layer for layer, _ in self.guarded]
+        self._armed = self.guarded
         RECORDING.calls = []  # the layers not guarded yet
 
     def post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -173,9 +174,9 @@ class StepGuard:
         compare the checked forward with the one before it."""
         if _COMPILING():
             return
-        for layer in self._armed:
+        for layer, _ in self._armed:
             layer.__dict__.pop(_ATTR, None)
-        self._armed = []
+        self._armed = ()
         calls, RECORDING.calls = RECORDING.calls, None
         if calls is None or output is None:
             return
