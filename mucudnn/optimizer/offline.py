@@ -63,9 +63,11 @@ class CachedBackend(BackendBase):
         self.name, self.device_name, self.version = found[0]
         #: per variant (folded, split, ...: VARIANT_SUFFIXES, most specific first),
         #: the problem keys measured under it (Note [candidate sets in keys])
-        self._variants = [(self.name + suffix, frozenset(
-            k[3] for k in keys if k[:3] == (self.name + suffix, self.device_name, self.version)))
-            for suffix in VARIANT_SUFFIXES]
+        variants: dict[str, set[str]] = {self.name + s: set() for s in VARIANT_SUFFIXES}
+        for k in keys:
+            if k[0] in variants and k[1:3] == (self.device_name, self.version):
+                variants[k[0]].add(k[3])
+        self._variants = [(n, frozenset(problems)) for n, problems in variants.items()]
 
     def cache_name(self, problem: ConvProblem) -> str:
         """The name of the measurements replayed for ``problem``: the most
