@@ -507,3 +507,24 @@ def test_find_options_name_the_argument_as_given():
         FindOptions.from_kwargs(find_bogus=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         FindOptions().rtc = "all"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("rtc", ["none", "all"])
+def test_a_chunks_find_compiles_only_as_find_rtc_says_and_leaves_a_layers_parity(tables, rtc):
+    """See Note [search parity] and Note [split at the first find]: e70 compiles
+    at run time. Under parity, a 16-bit depthwise backward-filter's first
+    find() times it; its split's chunk problems (48 and 24 groups) are
+    mucudnn's own, so their finds time it only where ``find_rtc`` says. A
+    layer whose problem is one of those chunks keeps a first find of its own,
+    which compiles."""
+    be = _LoggedGraph(find_parity=True, find_rtc=rtc)
+    be.find(DEPTHWISE16, BWD_FILTER, 300 * MiB)
+    assert split.searched_factors(DEPTHWISE16) == (2, 4)
+    assert [g for g, _ in be.log] == [96, 48, 24]
+    assert all(("e70" in ids) == (g == 96 or rtc == "all") for g, ids in be.log), be.log
+    assert be.find_profile.rtc_cut == (0 if rtc == "all" else 2)
+    chunk = split.splitting(DEPTHWISE16, 2).chunk
+    assert chunk.groups == 48
+    n = len(be.log)
+    be.find(chunk, BWD_FILTER, 300 * MiB)
+    assert be.log[n][0] == 48 and "e70" in be.log[n][1]

@@ -54,9 +54,12 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "EARLIER_DEFAULTS", "de
 # for every other backward-filter, it runs precompiled ones (implicit
 # GEMMs, cuBLASLt, CUTLASS, xmma depthwise and indexed wgrad kernels), while
 # compilation is most of the planning of the kernels a converted model plans,
-# its first layers and its grouped backward-filters, each first find of a
-# split's chunk problem included (docs/BENCHMARKS.md, "Search parity"; the
-# rule is ``graph_candidates.parity_compiles``). The finds of the smaller
+# its first layers and its grouped backward-filters (docs/BENCHMARKS.md,
+# "Search parity"; the rule is ``graph_candidates.parity_compiles``). A
+# split's chunk problems (Note [split groups]) are mucudnn's own, not what
+# PyTorch runs, so their finds compile only where ``rtc`` says: each factor is
+# a kernel of its own, and compiling for every one multiplied the cold cost of
+# a 16-bit depthwise backward-filter whose unsplit plan won. The finds of the smaller
 # sizes after the first are cut as before and carry the configurations that
 # led, runtime-compiled ones included where the first find compiled them:
 # compilation is paid once per kernel, and again only for a configuration

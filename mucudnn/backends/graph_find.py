@@ -84,7 +84,9 @@ log = logging.getLogger("mucudnn")
 # gave the fastest configuration of all, split or not, is kept per kernel
 # (``cudnn_graph.split_led``), and later finds of the kernel try that factor
 # alone, or none where no split led. A chunk problem's find() is an
-# ordinary one (its own parity, carry and cut-offs).
+# ordinary one (its own first find, carry and cut-offs), except that it
+# compiles only where ``rtc`` says (Note [search parity]), and its first-find
+# state is its own, so a layer whose problem equals a chunk keeps its parity.
 
 
 # Note [far behind in another split]
@@ -378,17 +380,20 @@ class GraphFind(GraphEngines):
             keep_zero = not self.finds_zero_once or want == 0
             rtc = int(Behavior.RUNTIME_COMPILATION)
             kernel = (problem.with_batch(1).key(), direction.value)
-            # See Note [search parity]: a kernel's first find() times every candidate
+            # See Note [search parity]: a kernel's first find() times every candidate,
+            # and compiles only for a layer's own problem, never a split's chunk
+            compiles = whole is None and parity_compiles(problem, direction)
+            searched = kernel if whole is None else (_split_key(whole), kernel)
             with self._lock:
-                first = self.find_options.parity and self._searched.get(kernel) is None
-                self._searched.put(kernel, True)
+                first = self.find_options.parity and self._searched.get(searched) is None
+                self._searched.put(searched, True)
             if first:
                 prof.parity += 1
                 top = {c.id for c in top_k_cut(cands, self.find_options.top_k, rankings, keep_zero)}
                 kept = [c for c in cands if c.id in top or rtc not in c.behavior_notes]
                 prof.cut += len(cands) - len(kept)
                 cands = kept
-                if not parity_compiles(problem, direction):
+                if not compiles:
                     cands = rtc_cut(kept, self.find_options.rtc, rankings)
                     prof.rtc_cut += len(kept) - len(cands)
             else:
@@ -415,7 +420,7 @@ class GraphFind(GraphEngines):
                                         self.find_options.skip_ratio)
                     for i in over_cap(infos, want, rankings, self.find_options.top_k):
                         memory.setdefault(i, None)
-                extra = self._carried_configs(problem, direction, carry, infos, want)
+                extra = self._carried_configs(problem, direction, carry, infos, want, compiles)
                 prof.carried += len(extra)
                 cands = cands + extra
             if self.find_options.search == "knobs":
@@ -449,19 +454,18 @@ class GraphFind(GraphEngines):
 
     def _carried_configs(self, problem: ConvProblem, direction: Direction,
                          ids: Sequence[str], infos: Sequence[gd.EngineConfigInfo],
-                         want: int) -> list[gd.EngineConfigInfo]:
+                         want: int, parity: bool) -> list[gd.EngineConfigInfo]:
         """See Note [carried to other sizes]: the configs of ``ids`` on this
         problem's operation graph (heuristics' own where they name one) that
         cuDNN accepts, whose numerics the problem allows, that compile no
-        kernels at run time (unless ``find_rtc="all"``, or parity compiles
-        for this kernel: Note [search parity]) and whose engine config needs
-        at most ``want`` bytes (or does not say)."""
+        kernels at run time (unless ``find_rtc="all"``, or ``parity``: parity
+        compiles for this problem, Note [search parity]) and whose engine
+        config needs at most ``want`` bytes (or does not say)."""
         if not ids:
             return []
         named = {i.id: i for i in infos}
         rtc = int(Behavior.RUNTIME_COMPILATION)
-        compiles = self.find_options.rtc == "all" or (
-            self.find_options.parity and parity_compiles(problem, direction))
+        compiles = self.find_options.rtc == "all" or (self.find_options.parity and parity)
         out: list[gd.EngineConfigInfo] = []
         with self._lock, using_device(self.device):
             g = self._graph(problem, direction, 1.0, 0.0, _FULL)
