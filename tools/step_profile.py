@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, precision, execution = known.model, known.precision, known.execution
     batch = known.batch or tb.DEFAULT_BATCH.get(name, zoo_models.BATCH)
     torch.manual_seed(args.seed)
-    init_state = {k: v.clone() for k, v in ts.build_model(name).state_dict().items()}
+    init_state = ts.build_model(name).state_dict()  # its _metadata too (MNASNet reads it)
     jobs = []
     for mode in known.modes:
         jobs.append(ts.TrainJob(args, name, mode, precision, execution, batch, init_state,

@@ -533,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def init_state(name: str) -> dict:
         if name not in inits:
             torch.manual_seed(args.seed)
-            inits[name] = {k: v.clone() for k, v in build_model(name).state_dict().items()}
+            inits[name] = build_model(name).state_dict()  # its _metadata too (MNASNet reads it)
         return inits[name]
 
     def attempt(tag: str, fields: dict, work: Callable[[], dict]) -> dict | None:
