@@ -40,7 +40,10 @@ def test_parse_args_defaults_and_errors(zb):
     assert not a.control and not a.no_steps
     a = zb.parse_args(TINY + ["--workspace", "8MiB", "--rounds", "2", "--grad-check"])
     assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
-    for bad in (["--models", "lenet"], ["--precisions", "amp"], ["--execution", "graph"],
+    for names in (["tiny,tiny"], ["tiny", "tiny,"], [",tiny"]):  # commas as spaces, once each
+        assert zb.parse_args(["--device", "cpu", "--models", *names]).models == ["tiny"]
+    for bad in (["--models", "lenet"], ["--models", "tiny,lenet"], ["--models", ","],
+                ["--precisions", "amp"], ["--execution", "graph"],
                 ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
                 ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"],
                 ["--cold-profile", "5"], ["--cold", "--cold-profile", "-1"],

@@ -130,7 +130,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
     ap.add_argument("--models", nargs="+", default=["resnet50"], metavar="NAME",
-                    help="torchvision classification or segmentation models, or tiny")
+                    help="torchvision classification or segmentation models, or tiny "
+                         "(space- or comma-separated)")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
                     help="default: fp32cl amp (fp32cl on the CPU)")
     ap.add_argument("--execution", nargs="+", choices=EXECUTIONS, default=["eager"])
@@ -196,6 +197,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     classification, segmentation = zoo_names()
     known = {"tiny", *classification, *segmentation}
+    args.models = list(dict.fromkeys(m for item in args.models for m in item.split(",") if m))
+    if not args.models:
+        ap.error("--models: expected at least one model name")
     unknown = [m for m in args.models if m not in known]
     if unknown:
         hint = ("torchvision is not installed: only tiny" if torchvision is None else
