@@ -410,8 +410,9 @@ def cold_child(args: argparse.Namespace) -> int:
         # Note [first-call seconds] in mucudnn/torch/native.py: what the first calls paid for
         out["first_calls"] = mt.report(job.model).as_dict().get("first_calls")
         out["find_profile"] = ts.find_profile(device, converted_backend(args, device))
-    print(zoo_cold.COLD_PREFIX + json.dumps({"first_step_s": seconds[0], "second_step_s": seconds[1],
-                                    "build_s": build_s, **out}), flush=True)
+    print(zoo_cold.COLD_PREFIX + json.dumps({"first_step_s": seconds[0],
+                                             "second_step_s": seconds[1],
+                                             "build_s": build_s, **out}), flush=True)
     return 0
 
 
