@@ -478,3 +478,45 @@ def test_any_configuration_id_from_a_file_runs_or_is_refused_by_name(head, k, se
         assert not ok
     else:
         assert need >= 0
+
+
+@needs_cudnn_transforms
+@pytest.mark.parametrize("k", [2, 8])
+def test_the_chunk_copies_pass_each_operands_descriptors_and_raise_cudnns_status(k):
+    """SplitCopies issues cudnnTransformTensor through the raw binding (Note [raw
+    bindings]): gathers from the whole tensor's slice to the packed chunk with
+    alpha 1 and beta 0, scatters the other way with the caller's scalars, on
+    the handle's pointer; a non-zero status raises cuDNN's error naming the
+    call; after close() the descriptors passed are NULL."""
+    import ctypes
+
+    from mucudnn.backends.split_cudnn import SplitCopies
+    from mucudnn._cudnn.errors import CudnnError
+
+    sp = split.splitting(WHOLE, k)
+    cp = SplitCopies(sp, 64)
+    xs, xc, ys, yc = (d.handle for d in (cp.x_slice, cp.x_chunk, cp.y_slice, cp.y_chunk))
+    assert len({xs, xc, ys, yc}) == 4 and 0 not in (xs, xc, ys, yc)
+    calls, status = [], [0]
+
+    def raw(h, alpha, src_d, src, beta, dst_d, dst):
+        a = ctypes.cast(alpha, ctypes.POINTER(ctypes.c_float)).contents.value
+        b = ctypes.cast(beta, ctypes.POINTER(ctypes.c_float)).contents.value
+        calls.append((h, a, src_d, src, b, dst_d, dst))
+        return status[0]
+
+    cp._run = raw
+    handle = type("H", (), {"handle": 77})()
+    cp.gather_x(handle, 1000, 2000)
+    cp.gather_y(handle, 3000, 4000)
+    cp.scatter_x(handle, 2000, 1000, cp.scalar(2.0), cp.scalar(0.5))
+    cp.scatter_y(handle, 4000, 3000, cp.scalar(1.0), cp.scalar(1.0))
+    assert calls == [(77, 1.0, xs, 1000, 0.0, xc, 2000), (77, 1.0, ys, 3000, 0.0, yc, 4000),
+                     (77, 2.0, xc, 2000, 0.5, xs, 1000), (77, 1.0, yc, 4000, 1.0, ys, 3000)]
+    status[0] = 3  # CUDNN_STATUS_BAD_PARAM
+    with pytest.raises(CudnnError, match="cudnnTransformTensor"):
+        cp.gather_x(handle, 1000, 2000)
+    cp.close()
+    status[0] = 0
+    cp.gather_x(handle, 1000, 2000)
+    assert calls[-1][2] == calls[-1][5] == 0

@@ -16,11 +16,14 @@ import math
 from typing import Any
 
 from .._cudnn.descriptors import TensorDescriptor
-from .._cudnn.prototypes import lib
+from .._cudnn.prototypes import lib, raise_status
 from ..problem import Direction, packed_strides
 from .split import Split, copies_of
 
 __all__ = ["SplitCopies"]
+
+#: indices of the four descriptors in ``SplitCopies._descs`` (their creation order)
+_X_SLICE, _X_CHUNK, _Y_SLICE, _Y_CHUNK = range(4)
 
 
 class SplitCopies:
@@ -48,32 +51,38 @@ class SplitCopies:
         scalar = ctypes.c_double if dt == "float64" else ctypes.c_float
         self.scalar = scalar
         self._one, self._zero = scalar(1.0), scalar(0.0)
-        self._run = lib.cudnnTransformTensor
+        # A launcher issues 2k of these copies a call: the raw binding, with
+        # the descriptors' pointers read once (Note [raw bindings]); close()
+        # zeroes them, so a call after it fails in cuDNN's check, not on freed memory.
+        self._run = lib.raw("cudnnTransformTensor")
+        self._ptrs = [d.handle for d in self._descs]
         isz = p.itemsize
         #: (whole, chunk) bytes of the scratch :meth:`run_chunk` needs
         self.scratch_bytes = (max(math.prod(p.x_shape), math.prod(p.output_shape)) * isz,
                               max(math.prod(c.x_shape), math.prod(c.output_shape)) * isz)
 
-    def _go(self, handle: Any, src_d: Any, src: int, dst_d: Any, dst: int,
+    def _go(self, handle: Any, src_d: int, src: int, dst_d: int, dst: int,
             alpha: Any, beta: Any) -> None:
-        self._run(handle, ctypes.byref(alpha), src_d, ctypes.c_void_p(src),
-                  ctypes.byref(beta), dst_d, ctypes.c_void_p(dst))
+        st = self._run(handle.handle, ctypes.byref(alpha), self._ptrs[src_d], src,
+                       ctypes.byref(beta), self._ptrs[dst_d], dst)
+        if st:
+            raise_status(st, "cudnnTransformTensor", split=self.split.k, size=self.size)
 
     def gather_x(self, handle: Any, x: int, a: int) -> None:
         """The x chunk starting at ``x`` (a slice of the whole x) packed into ``a``."""
-        self._go(handle, self.x_slice, x, self.x_chunk, a, self._one, self._zero)
+        self._go(handle, _X_SLICE, x, _X_CHUNK, a, self._one, self._zero)
 
     def gather_y(self, handle: Any, y: int, b: int) -> None:
         """The y (dy) chunk starting at ``y`` packed into ``b``."""
-        self._go(handle, self.y_slice, y, self.y_chunk, b, self._one, self._zero)
+        self._go(handle, _Y_SLICE, y, _Y_CHUNK, b, self._one, self._zero)
 
     def scatter_x(self, handle: Any, a: int, x: int, alpha: Any, beta: Any) -> None:
         """dx chunk at ``x`` = alpha * (packed chunk at ``a``) + beta * dx chunk."""
-        self._go(handle, self.x_chunk, a, self.x_slice, x, alpha, beta)
+        self._go(handle, _X_CHUNK, a, _X_SLICE, x, alpha, beta)
 
     def scatter_y(self, handle: Any, b: int, y: int, alpha: Any, beta: Any) -> None:
         """y chunk at ``y`` = alpha * (packed chunk at ``b``) + beta * y chunk."""
-        self._go(handle, self.y_chunk, b, self.y_slice, y, alpha, beta)
+        self._go(handle, _Y_CHUNK, b, _Y_SLICE, y, alpha, beta)
 
     def run_chunk(self, handle: Any, direction: Direction, whole: int, chunk: int) -> None:
         """The copies one chunk of a call of ``direction`` makes, on scratch of
@@ -90,5 +99,6 @@ class SplitCopies:
 
     def close(self) -> None:
         """Destroy the descriptors now (idempotent)."""
+        self._ptrs = [0] * len(self._descs)
         for d in self._descs:
             d.close()
