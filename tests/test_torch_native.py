@@ -7,6 +7,7 @@ and a layer that runs PyTorch's call, or the plan, computes the convolution
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -686,3 +687,36 @@ def test_pytorchs_backward_calls_are_measured_on_the_thread_that_runs_a_steps_ba
     assert len(step) == 1 and step[0] != threading.get_ident()  # autograd's worker thread
     assert at_first_call == {step[0]}
     mt.clear()
+
+
+@pytest.mark.parametrize("need_dx", [False, True])
+@pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=3)))
+def test_all_in_step_is_every_direction_a_step_runs(flags, need_dx):
+    """all_in_step, which a converted layer reads on every unsettled call, is
+    in_step's rule over Direction's order: backward-data counts only where the
+    input needs its gradient."""
+    expected = all(f for f, d in zip(flags, Direction) if native.in_step(d, need_dx))
+    assert native.all_in_step(flags, need_dx) is expected
+
+
+@given(groups=st.sampled_from([1, 2, 4]), stride=st.integers(1, 2), pad=st.integers(0, 2),
+       dil=st.integers(1, 2), need=st.sampled_from([(True, False), (False, True), (True, True)]))
+def test_pytorchs_own_calls_compute_the_convolution_and_its_gradients(groups, stride, pad, dil,
+                                                                      need):
+    """native_forward and native_backward (PyTorch's calls a layer runs where
+    they win) against autograd of torch.nn.functional.conv2d in float64."""
+    g = torch.Generator().manual_seed(groups * 100 + stride * 10 + pad + dil)
+    x = torch.randn(3, 4, 7, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(8, 4 // groups, 3, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    cfg = ConvConfig((stride,) * 2, (pad,) * 2, (dil,) * 2, groups, -1, "undivided", "", "")
+    ref = F.conv2d(x, w, None, stride, pad, dil, groups)
+    y = native.native_forward(x.detach(), w.detach(), cfg, False, False)
+    torch.testing.assert_close(y, ref.detach())
+    dy = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    rdx, rdw = torch.autograd.grad(ref, (x, w), dy)
+    dx, dw = native.native_backward(dy, x.detach(), w.detach(), cfg, *need, False, False)
+    assert (dx is not None, dw is not None) == need
+    if need[0]:
+        torch.testing.assert_close(dx, rdx)
+    if need[1]:
+        torch.testing.assert_close(dw, rdw)

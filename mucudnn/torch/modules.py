@@ -30,7 +30,6 @@ from torch import nn
 
 from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
-from ..problem import Direction
 from ..typing_aliases import PolicyLike
 from . import engine, native
 from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
@@ -156,10 +155,10 @@ class MucudnnConvMixin:
         warm = engine.last_warm()
         if warm is not None and len(fits) < MAX_SETTLED:
             # over the directions a training step runs (native.in_step)
-            run = [i for i, d in enumerate(Direction) if native.in_step(d, input.requires_grad)]
-            if all(warm.fits[i] for i in run):
+            need_dx = input.requires_grad
+            if native.all_in_step(warm.fits, need_dx):
                 sig = _signature(input, weight)
-                if all(warm.native[i] for i in run):
+                if native.all_in_step(warm.native, need_dx):
                     settled = settled | {sig}
                 self._mu_torch = (gen, settled, fits | {sig})
         return y

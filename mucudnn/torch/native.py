@@ -93,7 +93,7 @@ from ..problem import Direction, Plan
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
-           "in_step", "enabled",
+           "in_step", "all_in_step", "enabled",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
            "records", "calibrate", "native_forward", "native_backward"]
 
@@ -298,6 +298,17 @@ def in_step(direction: Direction, need_dx: bool) -> bool:
     return need_dx or direction is not Direction.BACKWARD_DATA
 
 
+def all_in_step(flags: "tuple[bool, bool, bool]", need_dx: bool) -> bool:
+    """Whether per-direction ``flags`` (in :class:`Direction`'s order) hold in
+    every direction a training step runs (:func:`in_step`); read on every
+    call of a converted layer not settled yet, so without iterating the enum.
+
+    >>> all_in_step((True, False, True), False), all_in_step((True, False, True), True)
+    (True, False)
+    """
+    return flags[0] and flags[2] and (flags[1] or not need_dx)
+
+
 def _run(choices: dict[Direction, Choice], need_dx: bool) -> list[Choice]:
     """The choices of the directions a training step runs (:func:`in_step`)."""
     return [c for d, c in choices.items() if in_step(d, need_dx)]
@@ -379,11 +390,16 @@ def _flags(deterministic: bool, tf32: bool) -> Any:
 
 def native_forward(x: torch.Tensor, w: torch.Tensor, cfg: Any, deterministic: bool,
                    tf32: bool) -> torch.Tensor:
-    """PyTorch's own cuDNN forward (no bias)."""
+    """PyTorch's own cuDNN forward (no bias): ``aten::convolution`` through
+    its ``torch`` binding, which parses arguments in C++ (the ``torch.ops``
+    packet resolves its overload in Python first)."""
     with _flags(deterministic, tf32):
-        return torch.ops.aten.convolution(x, w, None, list(cfg.stride), list(cfg.padding),
-                                          list(cfg.dilation), False, [0] * len(cfg.stride),
-                                          cfg.groups)
+        return torch.convolution(x, w, None, list(cfg.stride), list(cfg.padding),
+                                 list(cfg.dilation), False, [0] * len(cfg.stride), cfg.groups)
+
+
+#: ``aten::convolution_backward`` has no ``torch`` binding: its overload, resolved once
+_CONV_BACKWARD: Any = torch.ops.aten.convolution_backward.default
 
 
 def native_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: Any,
@@ -391,7 +407,7 @@ def native_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cfg: Any
                     ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """PyTorch's own cuDNN backward-data and/or backward-filter."""
     with _flags(deterministic, tf32):
-        dx, dw, _ = torch.ops.aten.convolution_backward(
+        dx, dw, _ = _CONV_BACKWARD(
             dy, x, w, None, list(cfg.stride), list(cfg.padding), list(cfg.dilation), False,
             [0] * len(cfg.stride), cfg.groups, [need_x, need_w, False])
     return dx, dw
