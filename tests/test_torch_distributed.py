@@ -74,15 +74,15 @@ def test_needs_an_initialised_process_group():
 
 
 def test_recording_runs_no_convolution_and_plans_nothing():
-    from mucudnn.torch import engine
+    from mucudnn.torch import recording
     net = mt.convert(model(), workspace_limit=1 << 16)
     mt.clear()
-    with engine.recording() as rec, torch.no_grad():
+    with recording.recording() as rec, torch.no_grad():
         y = net(torch.randn(2, 3, 12, 12))
     assert tuple(y.shape) == (2, 100)
     assert len(rec.convs) == 3 and mt.cached_convolutions() == []
     assert [c.problem.w_shape for c in rec.convs] == [(8, 3, 3, 3), (8, 8, 3, 3), (4, 8, 1, 1)]
     with pytest.raises(mt.TorchBridgeError, match="already recording"):
-        with engine.recording(), engine.recording():
+        with recording.recording(), recording.recording():
             pass
-    assert engine.RECORDER is None
+    assert recording.RECORDER is None

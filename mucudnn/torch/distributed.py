@@ -3,7 +3,7 @@
 Every rank of a data-parallel job runs the same convolutions, so each would
 pay the same cold benchmark and, from Find's single-shot timings, could pick
 different plans. :func:`share_plans` finds the model's convolutions from one
-recorded forward pass (no plan is made there; :func:`.engine.recording`),
+recorded forward pass (no plan is made there; :func:`.recording.recording`),
 spreads the distinct kernels over the ranks (or gives them all to ``src``),
 has each rank benchmark its share, exchanges the measurements over the
 group's collectives (``all_gather_object``: JSON-able cache entries), stores
@@ -32,7 +32,8 @@ from ..optimizer import Planner, benchmark
 from ..optimizer.benchmark import resolve_cache
 from ..optimizer.cache import Entry
 from ..problem import UNLIMITED_WORKSPACE, Direction
-from .engine import RecordedConv, TorchBridgeError, recording
+from .recording import RecordedConv, recording
+from .tokens import TorchBridgeError
 
 __all__ = ["share_plans", "SharedPlans"]
 

@@ -52,7 +52,6 @@ from ..caches import LRU
 from .. import dtypes as _dtypes
 from ..errors import UnsupportedDtypeError
 from ..exec.arrays import torch_workspace
-from ..backends import Backend
 from ..problem import ConvProblem, Direction
 from . import native as _native
 from .tokens import (PlanSource, TorchBridgeError, backend_for as _backend_for, backend_token,
@@ -309,76 +308,6 @@ def _make(key: tuple, xv: torch.Tensor, wv: torch.Tensor, layout: str, math: str
                        groups=problem.groups, dtype=dtype, layout=layout, math=math,
                        workspace_limit=limit, policy=_policy(cfg.policy), backend=be,
                        plans=dict(plans) if plans else None, deterministic=det)
-
-
-# -- recording a model's convolutions -------------------------------------------------------------
-class RecordedConv(NamedTuple):
-    """One distinct convolution met while :func:`recording`: its problem, the
-    backend it runs on and the options and determinism its Convolution would
-    plan with (what :class:`mucudnn.optimizer.Planner` takes)."""
-
-    problem: ConvProblem
-    backend: Backend
-    workspace_limit: "int | None"
-    policy: Any
-    deterministic: bool
-    wd: bool  #: planned jointly (convert's mode="wd"), not per kernel
-
-
-class Recorder:
-    """What a :func:`recording` forward met: :attr:`convs`, distinct, in order."""
-
-    def __init__(self) -> None:
-        self.convs: dict[RecordedConv, None] = {}
-
-
-#: The active recorder (None: convolutions run). One at a time, process-wide.
-RECORDER: "Recorder | None" = None
-_RECORD_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def recording() -> Any:
-    """Within it, mucudnn.torch's convolutions are recorded instead of run:
-    each call returns an uninitialised output of the right shape, dtype and
-    memory format, and no plan is made. For finding a model's convolutions
-    from one forward pass (:func:`mucudnn.torch.distributed.share_plans`).
-
-    >>> import torch
-    >>> cfg = ConvConfig((1, 1), (1, 1), (1, 1), 1, 1 << 20, "powerOfTwo", "", "")
-    >>> from mucudnn.torch import ops
-    >>> with recording() as rec:
-    ...     y = ops.apply(torch.ones(2, 3, 5, 5), torch.ones(4, 3, 3, 3), None, cfg)
-    >>> tuple(y.shape), [c.problem.key()[:22] for c in rec.convs]
-    ((2, 4, 5, 5), ['conv2d:x=2x3x5x5:w=4x3'])
-    """
-    global RECORDER
-    with _RECORD_LOCK:
-        if RECORDER is not None:
-            raise TorchBridgeError("recording: already recording (one at a time)")
-        rec = RECORDER = Recorder()
-    try:
-        yield rec
-    finally:
-        RECORDER = None
-
-
-def record(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig) -> torch.Tensor:
-    """Record the convolution of ``x`` and ``w`` (see :func:`recording`) and
-    return an uninitialised output for it."""
-    rec = RECORDER
-    assert rec is not None
-    cl = channels_last(x, w)
-    nd = x.dim()
-    layout = _LAYOUT[(nd, cl)]
-    xv, wv = _view(x, cl), _view(w, cl)
-    problem = _problem(xv, wv, layout, _math(x.dtype, x.device), cfg)
-    rec.convs.setdefault(RecordedConv(
-        problem, _backend_for(cfg.backend, x.device),
-        None if cfg.workspace_limit < 0 else cfg.workspace_limit, _policy(cfg.policy),
-        deterministic(), bool(cfg.plans)), None)
-    return _empty(output_shape(x.shape, w.shape, cfg.stride, cfg.padding, cfg.dilation),
-                  x.dtype, x.device, cl)
 
 
 def forget(key: tuple) -> None:

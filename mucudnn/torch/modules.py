@@ -31,7 +31,7 @@ from torch import nn
 from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
 from ..typing_aliases import PolicyLike
-from . import engine, native
+from . import engine, native, recording
 from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
 from .step_guard import RECORDING
 from .step_trial import StepTrial
@@ -132,7 +132,7 @@ class MucudnnConvMixin:
         # (Note [captured steps run the GPU's choice] in mucudnn/torch/native.py).
         # A checked forward of the step guard records each call (Note [guarded steps]).
         gen, settled, fits = self._mu_torch
-        if fits and gen == _GENERATION[0] and engine.RECORDER is None and not _COMPILING():
+        if fits and gen == _GENERATION[0] and recording.RECORDER is None and not _COMPILING():
             trial = self._mu_step
             torch_way = trial is not None and trial.torch
             if settled or torch_way:

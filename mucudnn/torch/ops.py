@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad as _forward_ad
 
-from . import autodiff, engine
+from . import autodiff, engine, recording
 from .engine import ConvConfig
 
 __all__ = ["ConvFunction", "apply", "conv", "conv_backward"]
@@ -214,9 +214,9 @@ def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig) -> Tens
     """The convolution through the custom op while compiling; under a
     ``torch.func`` transform or forward-mode AD through :func:`autodiff.conv`;
     else through :class:`ConvFunction` (or, with no gradient needed, the engine
-    directly); within :func:`engine.recording`, only records it."""
-    if engine.RECORDER is not None:
-        return engine.record(x, w, cfg)
+    directly); within :func:`.recording.recording`, only records it."""
+    if recording.RECORDER is not None:
+        return recording.record(x, w, cfg)
     if torch.compiler.is_compiling():
         return conv(x, w, bias, list(cfg.stride), list(cfg.padding), list(cfg.dilation),
                     cfg.groups, cfg.workspace_limit, cfg.policy, cfg.backend, cfg.plans)

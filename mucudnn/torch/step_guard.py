@@ -56,7 +56,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from . import engine
+from . import engine, recording
 from .step_trial import StepTrial
 
 __all__ = ["StepGuard", "guard_of", "install", "drop"]
@@ -155,7 +155,7 @@ class StepGuard:
         if self.trial.kept is None and (self.key is not None or self.guarded):
             self._reset(None)  # mucudnn.torch.clear() started the trial again
         if self.trial.kept is None or not module.training or not torch.is_grad_enabled() \
-                or engine.RECORDER is not None or engine.CAPTURING() \
+                or recording.RECORDER is not None or engine.CAPTURING() \
                 or getattr(module, "_is_replica", False):
             return
         key = _key(args, kwargs)
