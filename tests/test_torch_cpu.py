@@ -889,7 +889,7 @@ def test_ci_installs_what_readme_says_with_the_torch_extra():
     assert "torch==2.13.0+cpu" in section and "nvidia-cudnn-cu13==9.24.0.43" in section
 
 
-@pytest.mark.parametrize("name", ["", ".engine", ".ops", ".functional", ".modules", ".convert",
+@pytest.mark.parametrize("name", ["", ".engine", ".recording", ".ops", ".functional", ".modules", ".convert",
                                   ".autodiff"])
 def test_docstring_examples(name):
     import doctest
