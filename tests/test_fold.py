@@ -360,3 +360,47 @@ def test_an_offline_backend_replays_the_folded_measurements_where_the_cache_has_
     assert (replay.cache_name(_FOLDS), replay.cache_name(_STAYS)) == ("numpy+fold", "numpy")
     got = benchmark(replay, _FOLDS, "forward", "undivided", 1 << 30, cache=path)[4]
     assert any(fold.split_fold_id(a.algo) for a in got)
+
+
+@needs_cudnn_transforms
+def test_the_fold_transforms_pass_each_descriptor_and_raise_cudnns_status():
+    """FoldTransforms issues cudnnTransformTensorEx through the raw binding (Note
+    [raw bindings]): each transform with its own transform, source and
+    destination descriptors, folds with alpha 1 and beta 0, unfolds with the
+    caller's scalars, on the handle's pointer; a non-zero status raises cuDNN's
+    error naming the call; after close() the descriptors passed are NULL."""
+    import ctypes
+
+    from mucudnn._cudnn.errors import CudnnError
+
+    f = fold.fold_of(RESNET)
+    tf = FoldTransforms(f, 8)
+    h = {name: getattr(tf, name).handle for name in
+         ("x", "xf", "w", "wf", "fold_x_t", "unfold_x_t", "fold_w_t", "unfold_w_t")}
+    assert len(set(h.values())) == 8 and 0 not in h.values()
+    calls, status = [], [0]
+
+    def raw(hd, t, alpha, src_d, src, beta, dst_d, dst):
+        a = ctypes.cast(alpha, ctypes.POINTER(ctypes.c_float)).contents.value
+        b = ctypes.cast(beta, ctypes.POINTER(ctypes.c_float)).contents.value
+        calls.append((hd, t, a, src_d, src, b, dst_d, dst))
+        return status[0]
+
+    tf._run = raw
+    handle = type("H", (), {"handle": 77})()
+    tf.fold_x(handle, 1000, 2000)
+    tf.fold_w(handle, 3000, 4000)
+    tf.unfold_x(handle, 2000, 1000, ctypes.c_float(2.0), ctypes.c_float(0.5))
+    tf.unfold_w(handle, 4000, 3000, ctypes.c_float(1.0), ctypes.c_float(1.0))
+    assert calls == [
+        (77, h["fold_x_t"], 1.0, h["x"], 1000, 0.0, h["xf"], 2000),
+        (77, h["fold_w_t"], 1.0, h["w"], 3000, 0.0, h["wf"], 4000),
+        (77, h["unfold_x_t"], 2.0, h["xf"], 2000, 0.5, h["x"], 1000),
+        (77, h["unfold_w_t"], 1.0, h["wf"], 4000, 1.0, h["w"], 3000)]
+    status[0] = 3  # CUDNN_STATUS_BAD_PARAM
+    with pytest.raises(CudnnError, match="cudnnTransformTensorEx"):
+        tf.fold_x(handle, 1000, 2000)
+    tf.close()
+    status[0] = 0
+    tf.fold_x(handle, 1000, 2000)
+    assert calls[-1][1] == calls[-1][3] == calls[-1][6] == 0

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from .._cudnn.descriptors import TensorDescriptor, TensorTransformDescriptor
-from .._cudnn.prototypes import lib
+from .._cudnn.prototypes import lib, raise_status
 from ..problem import Direction, packed_strides
 from .fold import Fold, transforms_of
 
@@ -59,7 +59,11 @@ class FoldTransforms:
             self.close()
             raise
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        self._run = lib.cudnnTransformTensorEx
+        # A folded launcher issues two of these a call: the raw binding, with
+        # the descriptors' pointers read once (Note [raw bindings]); close()
+        # zeroes them, so a call after it fails in cuDNN's check, not on freed memory.
+        self._run = lib.raw("cudnnTransformTensorEx")
+        self._ptrs = {id(d): d.handle for d in self._descs}
         #: bytes of the x rows and of the folded rows
         self.x_bytes = math.prod(p.x_shape[1:]) * p.itemsize * self.size
         self.xf_bytes = math.prod(inner.x_shape) * inner.itemsize
@@ -70,8 +74,11 @@ class FoldTransforms:
 
     def _go(self, handle: Any, t: Any, src: Any, sp: int, dst: Any, dp: int,
             alpha: Any, beta: Any) -> None:
-        self._run(handle, t, ctypes.byref(alpha), src, ctypes.c_void_p(sp),
-                  ctypes.byref(beta), dst, ctypes.c_void_p(dp))
+        ptrs = self._ptrs
+        st = self._run(handle.handle, ptrs[id(t)], ctypes.byref(alpha), ptrs[id(src)], sp,
+                       ctypes.byref(beta), ptrs[id(dst)], dp)
+        if st:
+            raise_status(st, "cudnnTransformTensorEx", fold=self.fold.s, size=self.size)
 
     def fold_x(self, handle: Any, x: int, xf: int) -> None:
         """x rows at ``x`` folded into ``xf``."""
@@ -104,5 +111,6 @@ class FoldTransforms:
 
     def close(self) -> None:
         """Destroy the descriptors now (idempotent)."""
+        self._ptrs = dict.fromkeys(self._ptrs, 0)
         for d in self._descs:
             d.close()
