@@ -57,7 +57,7 @@ def test_overview_names_the_three_ways_in():
 @pytest.mark.parametrize("module", ["mucudnn", "mucudnn.plans_io", "mucudnn._optional",
                                     "mucudnn.units", "mucudnn.__main__", "mucudnn.problem",
                                     "mucudnn.problem.conv_problem", "mucudnn.problem.plan",
-                                    "mucudnn.problem.layouts",
+                                    "mucudnn.problem.layouts", "mucudnn.problem.slice_problem",
                                     "mucudnn.backends.cudnn_graph", "mucudnn.backends.graph_candidates",
                                     # its examples call the loaded libcudnn (the cudnn extra)
                                     pytest.param("mucudnn._cudnn.prototypes", marks=needs_cudnn),

@@ -571,10 +571,13 @@ class ConvGraph:
         self.alignments = tuple(int(a) for a in alignments)
         self.descriptors: list[BackendDescriptor] = []
         try:
+            # x and y as the problem strides them (a chunk's slices of its whole
+            # tensors, Note [chunks as slices]); the filter is packed
             dims = (problem.x_dims, problem.w_dims, problem.y_dims)
-            for uid, d, al in zip((UID_X, UID_W, UID_Y), dims, self.alignments):
-                self.descriptors.append(tensor(uid, d, packed_strides(d, problem.layout),
-                                               problem.dtype, al))
+            strides = (problem.x_strides, packed_strides(problem.w_dims, problem.layout),
+                       problem.y_strides)
+            for uid, d, st, al in zip((UID_X, UID_W, UID_Y), dims, strides, self.alignments):
+                self.descriptors.append(tensor(uid, d, st, problem.dtype, al))
             self.x, self.w, self.y = self.descriptors
             self.conv = convolution(problem.padding, problem.stride, problem.dilation,
                                     problem.compute_type)

@@ -14,7 +14,7 @@ from ..errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
 from ..typing_aliases import DTypeLike
 from ..units import format_bytes, int_tuple, is_integer, shape_tuple
 from .dict_form import check_keys, construct
-from .layouts import LAYOUTS, channels_last, from_canonical, to_canonical
+from .layouts import LAYOUTS, channels_last, from_canonical, packed_strides, to_canonical
 
 __all__ = ["ConvProblem", "conv_dtype", "problem_from_dict", "DTYPES", "ITEMSIZE",
            "MICRO_BATCH_ALIGNMENT", "MATH_MODES", "MAX_DIM", "MAX_TENSOR_BYTES", "IntOrTuple"]
@@ -196,6 +196,17 @@ class ConvProblem:
     def y_dims(self) -> tuple[int, ...]:
         """Output shape in canonical (N, K, spatial...) order."""
         return (self.x_dims[0], self.w_dims[0]) + self._spatial_out()
+
+    @property
+    def x_strides(self) -> tuple[int, ...]:
+        """x's element strides in canonical order: packed here; a
+        :class:`~mucudnn.problem.slice_problem.SliceProblem`'s are its whole tensor's."""
+        return packed_strides(self.x_dims, self.layout)
+
+    @property
+    def y_strides(self) -> tuple[int, ...]:
+        """y's element strides in canonical order (as :attr:`x_strides`)."""
+        return packed_strides(self.y_dims, self.layout)
 
     @property
     def output_shape(self) -> tuple[int, ...]:
