@@ -111,3 +111,39 @@ def test_the_graphs_tensors_carry_the_slices_strides(direction):
             got = [t.get_int64(A.TENSOR_STRIDES) for t in (g.x, g.w, g.y)]
         assert got == [p.x_strides, packed_strides(p.w_dims, p.layout), p.y_strides]
     assert s.x_strides != CHUNK.x_strides
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=slices())
+def test_a_slice_spans_its_whole_tensors_and_its_own_filter(case):
+    """What find's scratch must hold for a slice (``extent``): the whole x and y
+    its strides reach into, the chunk's own filter; a packed problem's, its size."""
+    chunk, k = case
+    s = SliceProblem.of(chunk, k * chunk.x_dims[1])
+    for which, dims in (("x", s.whole_x_dims), ("y", s.whole_y_dims)):
+        assert s.extent(which) == int(np.prod(dims)) == k * chunk.extent(which)
+        # the last element the slice's strides reach, for every chunk, lies inside
+        last = sum((d - 1) * st for d, st in zip(getattr(s, which + "_dims"),
+                                                 getattr(s, which + "_strides")))
+        offset = (k - 1) * getattr(chunk, which + "_dims")[1] * (
+            1 if s.channels_last else int(np.prod(getattr(s, which + "_dims")[2:])))
+        assert last + offset < s.extent(which)
+    assert s.extent("w") == chunk.extent("w") == int(np.prod(chunk.w_shape))
+
+
+def test_a_split_runs_in_place_as_slice_configurations():
+    from mucudnn.backends import split
+    from mucudnn.problem import AlgoPerf
+
+    whole = ConvProblem((64, 14, 14, 672), (672, 5, 5, 1), stride=2, padding=2, groups=672,
+                        layout="NHWC", dtype="bfloat16")
+    sp = split.split_of(whole, 2)
+    s = split.slice_of(sp)
+    assert isinstance(s, SliceProblem) and s.whole_channels == 672
+    assert (s.x_shape, s.w_shape) == (sp.chunk.x_shape, sp.chunk.w_shape)
+    perfs = split.slice_perfs([AlgoPerf("e19;k2=0", 0.041, 0, 0, 1),
+                               AlgoPerf("e0", 0.2, 0, 0, 1)], sp)
+    assert [(a.algo, round(a.time_ms, 3), a.workspace_bytes) for a in perfs] == [
+        ("slice2|e19;k2=0", 0.082, 0), ("slice2|e0", 0.4, 0)]
+    assert split.parse_slice_id(perfs[0].algo) == (2, "e19;k2=0")
+    assert split.parse_slice_id("split2|e0") is None and split.parse_split_id(perfs[0].algo) is None

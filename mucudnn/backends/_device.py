@@ -311,7 +311,8 @@ class DeviceBackend(BackendBase):
         and no host random numbers are needed; release_find_buffers() frees them.
         """
         item = problem.itemsize
-        nbytes = {name: int(np.prod(problem.shape_of(name))) * item for name in "xwy"}
+        # what each tensor's strides span (a slice's whole tensor; Note [chunks as slices])
+        nbytes = {name: problem.extent(name) * item for name in "xwy"}
         out = {Direction.FORWARD: "y", Direction.BACKWARD_DATA: "x",
                Direction.BACKWARD_FILTER: "w"}[direction]
         src_need = max(n for k, n in nbytes.items() if k != out)

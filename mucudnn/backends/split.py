@@ -28,12 +28,13 @@ from typing import Any, Iterable, Union
 
 from ..errors import UnsupportedConfigError
 from ..problem import AlgoPerf, ConvProblem, Direction, channels_last
+from ..problem.slice_problem import SliceProblem
 from .fold import Regions, parse_rewritten_id
 
 __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFIX",
            "cache_name", "split_factors", "searched_factors", "split_of", "splitting",
            "split_id", "parse_split_id", "regions", "split_perfs", "chunk_offsets",
-           "copies_of"]
+           "copies_of", "slice_id", "parse_slice_id", "slice_of", "slice_perfs"]
 
 # Note [split groups]
 # ~~~~~~~~~~~~~~~~~~~
@@ -195,6 +196,49 @@ def parse_split_id(algo: Any) -> tuple[int, Algo] | None:
     """(k, inner id) of a split configuration's id; None for any other id. An
     inner id of digits comes back as an int (the NumPy backend's)."""
     return parse_rewritten_id(algo, _PREFIX)
+
+
+#: The id prefix of a split run in place on slices (Note [chunks as slices]).
+_SLICE_PREFIX = "slice"
+
+
+def slice_id(k: int, inner: Algo) -> str:
+    """The id of inner configuration ``inner`` run on ``k`` chunks of the groups
+    in place, each a slice of the whole tensors (Note [chunks as slices] in
+    :mod:`mucudnn.problem.slice_problem`): no copies and no regions.
+
+    >>> slice_id(2, "e19;k2=0"), parse_slice_id("slice2|e19;k2=0"), parse_slice_id("split2|e0")
+    ('slice2|e19;k2=0', (2, 'e19;k2=0'), None)
+    """
+    return f"{_SLICE_PREFIX}{int(k)}{_SEP}{inner}"
+
+
+def parse_slice_id(algo: Any) -> tuple[int, Algo] | None:
+    """(k, inner id) of a slice configuration's id; None for any other id."""
+    return parse_rewritten_id(algo, _SLICE_PREFIX)
+
+
+def slice_of(split: Split) -> SliceProblem:
+    """``split``'s chunk problem in place: x and y slices of the whole tensors.
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> p = ConvProblem((64, 14, 14, 672), (672, 5, 5, 1), stride=2, padding=2, groups=672,
+    ...                 layout="NHWC", dtype="bfloat16")
+    >>> s = slice_of(split_of(p, 2))
+    >>> s.x_shape, s.whole_channels, s.x_strides
+    ((64, 14, 14, 336), 672, (131712, 1, 9408, 672))
+    """
+    return SliceProblem.of(split.chunk, split.problem.x_dims[1])
+
+
+def slice_perfs(inner_perfs: Iterable[AlgoPerf], split: Split) -> list[AlgoPerf]:
+    """The entries of a find() for ``split``'s problem made from its slice
+    problem's (:func:`slice_of`): each inner configuration's id as a slice
+    configuration's, its time taken ``k`` times, its own workspace (no copies,
+    no regions)."""
+    return [AlgoPerf(algo=slice_id(split.k, a.algo), time_ms=split.k * a.time_ms,
+                     workspace_bytes=a.workspace_bytes, math_type=a.math_type,
+                     determinism=a.determinism) for a in inner_perfs]
 
 
 def regions(split: Split, size: int) -> Regions:

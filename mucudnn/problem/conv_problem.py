@@ -225,6 +225,12 @@ class ConvProblem:
         """Shape of tensor ``"x"``, ``"w"`` or ``"y"`` in the layout's own order."""
         return {"x": self.x_shape, "w": self.w_shape, "y": self.output_shape}[which]
 
+    def extent(self, which: str) -> int:
+        """Elements a buffer of tensor ``"x"``, ``"w"`` or ``"y"`` must span for
+        its strides: its size here; a slice's whole tensor
+        (:class:`~mucudnn.problem.slice_problem.SliceProblem`)."""
+        return math.prod(self.shape_of(which))
+
     def flops(self) -> int:
         """Multiply-adds x 2 of one direction (all three are equal)."""
         y = self.y_dims

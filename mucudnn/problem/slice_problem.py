@@ -29,6 +29,7 @@ found for it is never taken for the packed chunk's.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,13 @@ class SliceProblem(ConvProblem):
     @property
     def y_strides(self) -> tuple[int, ...]:
         return packed_strides(self.whole_y_dims, self.layout)
+
+    def extent(self, which: str) -> int:
+        """Elements of the whole tensor for x and y (a slice spans its rows), of
+        the filter for w."""
+        if which == "w":
+            return super().extent(which)
+        return math.prod({"x": self.whole_x_dims, "y": self.whole_y_dims}[which])
 
     def key(self) -> str:
         """The chunk's key and ``:slice=<whole_channels>``: never the packed chunk's."""
