@@ -90,6 +90,10 @@ class GraphBind(GraphEngines):
             sp = _split.splitting(problem, split[0])
             return (_split.regions(sp, problem.batch).inner
                     + self.workspace_size(sp.chunk, direction, split[1], math_type))
+        sliced = _split.parse_slice_id(algo)
+        if sliced is not None:  # Note [chunks as slices]: no copies, no regions
+            sp = _split.splitting(problem, sliced[0])
+            return self.workspace_size(_split.slice_of(sp), direction, sliced[1], math_type)
         return self._workspace_need(problem, direction, canonical_id(algo))
 
     def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
@@ -146,6 +150,10 @@ class GraphBind(GraphEngines):
         split = _split.parse_split_id(algo)
         if split is not None:
             return self._bind_split(direction, split, math_type, problem, offset, size,
+                                    alpha, beta, aligns)
+        sliced = _split.parse_slice_id(algo)
+        if sliced is not None:
+            return self._bind_slice(direction, sliced, math_type, problem, offset, size,
                                     alpha, beta, aligns)
         algo_id = canonical_id(algo)
         sub = problem.with_batch(size)
@@ -292,3 +300,29 @@ class GraphBind(GraphEngines):
                     inner(a, w + cw, b, wi, rest)
 
         return self._launcher(call, (inner, cp, handle), need, name)
+
+    def _bind_slice(self, direction: Direction, sliced: tuple[int, Union[int, str]],
+                    math_type: Union[int, str], problem: ConvProblem, offset: int, size: int,
+                    alpha: float, beta: float, aligns: tuple[int, int, int]) -> Launcher:
+        """See Note [chunks as slices]: a launcher that runs the inner config's
+        launcher on each chunk in place, its x and y slices of this micro-batch's
+        whole tensors and its filter slice (alpha and beta applied by each call)."""
+        k, inner_algo = sliced
+        sp = _split.splitting(problem, k)
+        ox, oy = row_offsets(problem, offset)
+        offs = [_split.chunk_offsets(sp, i) for i in range(k)]
+        # every chunk's offsets are multiples of the second chunk's
+        inner_aligns = (min(int(aligns[0]), lowbit(ox), lowbit(offs[1][0])),
+                        min(int(aligns[1]), lowbit(offs[1][1])),
+                        min(int(aligns[2]), lowbit(oy), lowbit(offs[1][2])))
+        inner = self.bind(direction, inner_algo, math_type, _split.slice_of(sp).with_batch(size),
+                          0, size, alpha, beta, inner_aligns)
+        need = int(inner.workspace_bytes)
+        name = _split.slice_id(k, inner_algo)
+        starts = [(ox + cx, cw, oy + cy) for cx, cw, cy in offs]
+
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            for cx, cw, cy in starts:
+                inner(x + cx, w + cw, y + cy, ws, ws_size)
+
+        return self._launcher(call, (inner,), need, name)
