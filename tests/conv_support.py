@@ -8,6 +8,7 @@ API, ``cudnn-graph``: the backend API). Importing this module needs no GPU.
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -342,3 +343,25 @@ def _torch_conv(torch, p, direction, hx, hw, hy, via_float32):
         r = (G.conv2d_weight if p.nd == 2 else G.conv3d_weight)(x, p.w_dims, dy, **kw)
     torch.cuda.synchronize()
     return r.double().cpu().numpy()
+
+
+class FakeRawTransform:
+    """A stand-in for a raw ``cudnnTransformTensor``/``cudnnTransformTensorEx``
+    binding (Note [raw bindings]): records each call's arguments, with the
+    float scalars at positions ``scalars`` (alpha, beta) read back through
+    their pointers, and returns :attr:`status`."""
+
+    #: an object a transform takes as its cuDNN handle (``.handle``: the pointer passed)
+    HANDLE = type("FakeHandle", (), {"handle": 77})()
+
+    def __init__(self, scalars: tuple[int, int]) -> None:
+        self.scalars = scalars
+        self.calls: list[tuple] = []
+        self.status = 0
+
+    def __call__(self, *args):
+        args = list(args)
+        for i in self.scalars:
+            args[i] = ctypes.cast(args[i], ctypes.POINTER(ctypes.c_float)).contents.value
+        self.calls.append(tuple(args))
+        return self.status

@@ -24,8 +24,8 @@ from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import MicroBatch, Plan, packed_strides
 from conftest import needs_cudnn_transforms
-from conv_support import (RewritesFirstBackend, check_rewritten_run, composition,
-                          convolution_for, run_direction)
+from conv_support import (FakeRawTransform, RewritesFirstBackend, check_rewritten_run,
+                          composition, convolution_for, run_direction)
 from reference import reference, rel_err
 
 ALEXNET = ConvProblem((256, 227, 227, 3), (96, 11, 11, 3), stride=4, layout="NHWC")
@@ -378,16 +378,8 @@ def test_the_fold_transforms_pass_each_descriptor_and_raise_cudnns_status():
     h = {name: getattr(tf, name).handle for name in
          ("x", "xf", "w", "wf", "fold_x_t", "unfold_x_t", "fold_w_t", "unfold_w_t")}
     assert len(set(h.values())) == 8 and 0 not in h.values()
-    calls, status = [], [0]
-
-    def raw(hd, t, alpha, src_d, src, beta, dst_d, dst):
-        a = ctypes.cast(alpha, ctypes.POINTER(ctypes.c_float)).contents.value
-        b = ctypes.cast(beta, ctypes.POINTER(ctypes.c_float)).contents.value
-        calls.append((hd, t, a, src_d, src, b, dst_d, dst))
-        return status[0]
-
-    tf._run = raw
-    handle = type("H", (), {"handle": 77})()
+    raw = tf._run = FakeRawTransform(scalars=(2, 5))  # (h, t, alpha, src_d, src, beta, dst_d, dst)
+    calls, handle = raw.calls, raw.HANDLE
     tf.fold_x(handle, 1000, 2000)
     tf.fold_w(handle, 3000, 4000)
     tf.unfold_x(handle, 2000, 1000, ctypes.c_float(2.0), ctypes.c_float(0.5))
@@ -397,10 +389,10 @@ def test_the_fold_transforms_pass_each_descriptor_and_raise_cudnns_status():
         (77, h["fold_w_t"], 1.0, h["w"], 3000, 0.0, h["wf"], 4000),
         (77, h["unfold_x_t"], 2.0, h["xf"], 2000, 0.5, h["x"], 1000),
         (77, h["unfold_w_t"], 1.0, h["wf"], 4000, 1.0, h["w"], 3000)]
-    status[0] = 3  # CUDNN_STATUS_BAD_PARAM
+    raw.status = 3  # CUDNN_STATUS_BAD_PARAM
     with pytest.raises(CudnnError, match="cudnnTransformTensorEx"):
         tf.fold_x(handle, 1000, 2000)
     tf.close()
-    status[0] = 0
+    raw.status = 0
     tf.fold_x(handle, 1000, 2000)
     assert calls[-1][1] == calls[-1][3] == calls[-1][6] == 0

@@ -23,8 +23,8 @@ from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import AlgoPerf, MicroBatch, Plan
 from conftest import needs_cudnn_transforms
-from conv_support import (RewritesFirstBackend, check_rewritten_run, composition,
-                          convolution_for, run_direction)
+from conv_support import (FakeRawTransform, RewritesFirstBackend, check_rewritten_run,
+                          composition, convolution_for, run_direction)
 from reference import reference, rel_err
 
 CONVNEXT = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
@@ -488,8 +488,6 @@ def test_the_chunk_copies_pass_each_operands_descriptors_and_raise_cudnns_status
     alpha 1 and beta 0, scatters the other way with the caller's scalars, on
     the handle's pointer; a non-zero status raises cuDNN's error naming the
     call; after close() the descriptors passed are NULL."""
-    import ctypes
-
     from mucudnn.backends.split_cudnn import SplitCopies
     from mucudnn._cudnn.errors import CudnnError
 
@@ -497,26 +495,18 @@ def test_the_chunk_copies_pass_each_operands_descriptors_and_raise_cudnns_status
     cp = SplitCopies(sp, 64)
     xs, xc, ys, yc = (d.handle for d in (cp.x_slice, cp.x_chunk, cp.y_slice, cp.y_chunk))
     assert len({xs, xc, ys, yc}) == 4 and 0 not in (xs, xc, ys, yc)
-    calls, status = [], [0]
-
-    def raw(h, alpha, src_d, src, beta, dst_d, dst):
-        a = ctypes.cast(alpha, ctypes.POINTER(ctypes.c_float)).contents.value
-        b = ctypes.cast(beta, ctypes.POINTER(ctypes.c_float)).contents.value
-        calls.append((h, a, src_d, src, b, dst_d, dst))
-        return status[0]
-
-    cp._run = raw
-    handle = type("H", (), {"handle": 77})()
+    raw = cp._run = FakeRawTransform(scalars=(1, 4))  # (h, alpha, src_d, src, beta, dst_d, dst)
+    calls, handle = raw.calls, raw.HANDLE
     cp.gather_x(handle, 1000, 2000)
     cp.gather_y(handle, 3000, 4000)
     cp.scatter_x(handle, 2000, 1000, cp.scalar(2.0), cp.scalar(0.5))
     cp.scatter_y(handle, 4000, 3000, cp.scalar(1.0), cp.scalar(1.0))
     assert calls == [(77, 1.0, xs, 1000, 0.0, xc, 2000), (77, 1.0, ys, 3000, 0.0, yc, 4000),
                      (77, 2.0, xc, 2000, 0.5, xs, 1000), (77, 1.0, yc, 4000, 1.0, ys, 3000)]
-    status[0] = 3  # CUDNN_STATUS_BAD_PARAM
+    raw.status = 3  # CUDNN_STATUS_BAD_PARAM
     with pytest.raises(CudnnError, match="cudnnTransformTensor"):
         cp.gather_x(handle, 1000, 2000)
     cp.close()
-    status[0] = 0
+    raw.status = 0
     cp.gather_x(handle, 1000, 2000)
     assert calls[-1][2] == calls[-1][5] == 0
