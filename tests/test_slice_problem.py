@@ -147,3 +147,18 @@ def test_a_split_runs_in_place_as_slice_configurations():
         ("slice2|e19;k2=0", 0.082, 0), ("slice2|e0", 0.4, 0)]
     assert split.parse_slice_id(perfs[0].algo) == (2, "e19;k2=0")
     assert split.parse_slice_id("split2|e0") is None and split.parse_split_id(perfs[0].algo) is None
+
+
+def test_the_numpy_backend_refuses_a_slice_id_naming_the_argument():
+    """Slices are the cudnn-graph backend's (Note [chunks as slices]): the NumPy
+    backend names ``algo`` and what it takes, before any work."""
+    from mucudnn.backends.numpy import NumpyBackend
+    from mucudnn.errors import InvalidValueError, MucudnnError
+
+    whole = ConvProblem((4, 6, 6, 8), (8, 3, 3, 1), padding=1, groups=8, layout="NHWC")
+    be = NumpyBackend()
+    for call in (lambda: be.workspace_size(whole, "backward_filter", "slice2|0"),
+                 lambda: be.supports(whole, "forward", "slice2|0")):
+        with pytest.raises(InvalidValueError, match=r"algo: expected one of .*slice2\|0") as e:
+            call()
+        assert isinstance(e.value, (MucudnnError, ValueError))

@@ -22,6 +22,7 @@ from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
 from mucudnn.exec import execute
 from mucudnn.problem import AlgoPerf, MicroBatch, Plan
+from mucudnn.problem.slice_problem import SliceProblem
 from conftest import needs_cudnn_transforms
 from conv_support import (FakeRawTransform, RewritesFirstBackend, check_rewritten_run,
                           composition, convolution_for, run_direction)
@@ -285,10 +286,13 @@ def _table_split_backend(bites: bool, **options):
             return bites
 
         def _find_configs(self, problem, direction, limit, whole=None, beat_ms=None):
-            self.finds.append((problem.groups, problem.batch))
+            sliced = isinstance(problem, SliceProblem)
+            self.finds.append((problem.groups, problem.batch) + (("slice",) if sliced else ()))
             if problem.groups == WHOLE.groups:
                 return [AlgoPerf("e1", 10.0, 0)]
             k = WHOLE.groups // problem.groups
+            if sliced:
+                return [AlgoPerf("e19;k2=0", SLICE_MS / k * problem.batch / WHOLE.batch, 0)]
             return [AlgoPerf("e2", FACTOR_MS[k] / k * problem.batch / WHOLE.batch, 1 << 20)]
 
         def _time_split(self, sp, direction, size):
@@ -302,6 +306,41 @@ def _table_split_backend(bites: bool, **options):
 WHOLE = ConvProblem((64, 14, 14, 384), (384, 7, 7, 1), padding=3, groups=384, layout="NHWC")
 #: a chunked call's time for the whole batch, by factor: 4 leads
 FACTOR_MS = {2: 12.0, 4: 8.0, 8: 9.0, 16: 11.0}
+#: a call on slices' time for the whole batch (bf16 only, where slices are searched)
+SLICE_MS = 6.0
+
+
+def test_a_16_bit_depthwise_backward_filter_also_tries_slices_and_keeps_them_where_they_led(
+        no_device):
+    """Note [which slices are searched]: in bf16 the first find also times the
+    chunks as slices at the fewest chunks (no regions, the inner time twice);
+    they led, so a later size tries them alone; forward never tries them."""
+    be = _table_split_backend(bites=True)
+    d = Direction.BACKWARD_FILTER
+    bf16 = ConvProblem(WHOLE.x_shape, WHOLE.w_shape, padding=3, groups=384, layout="NHWC",
+                       dtype="bfloat16")
+    first = be.find(bf16, d, 1 << 30)
+    assert be.finds == [(384, 64), (192, 64), (96, 64), (48, 64), (24, 64), (192, 64, "slice")]
+    assert first[0].algo == "slice2|e19;k2=0" and first[0].time_ms == pytest.approx(SLICE_MS)
+    assert first[0].workspace_bytes == 0
+    be.finds.clear()
+    later = be.find(bf16.with_batch(32), d, 1 << 30)
+    assert be.finds == [(384, 32), (192, 32, "slice")]
+    assert {a.algo for a in later} == {"e1", "slice2|e19;k2=0"}
+    be.finds.clear()
+    be.find(bf16, Direction.FORWARD, 1 << 30)
+    assert be.finds == [(384, 64), (192, 64), (96, 64), (48, 64), (24, 64)]
+    # where slices lose, a later size tries the packed factor that led
+    old = SLICE_MS
+    globals()["SLICE_MS"] = 50.0
+    try:
+        other = _table_split_backend(bites=True)
+        other.find(bf16, d, 1 << 30)
+        other.finds.clear()
+        assert other.find(bf16.with_batch(32), d, 1 << 30)[0].algo == "split4|e2"
+        assert other.finds == [(384, 32), (96, 32)]
+    finally:
+        globals()["SLICE_MS"] = old
 
 
 def test_the_first_find_tries_every_factor_and_later_ones_the_factor_that_led(no_device):
@@ -446,6 +485,9 @@ def test_the_torch_report_names_the_rewrites_a_plan_runs():
     mixed = (MicroBatch(0, 48, "e30", 0, 1 << 20), MicroBatch(48, 16, "split4|e1", 0, 1 << 20))
     assert _plan_text(Plan(CONVNEXT, d, mixed, 1 << 20, 1.0, 1.0, None)) == \
         "48 + 16 (split by 4), 1.0 MiB"
+    sliced = (MicroBatch(0, 64, "slice2|e19;k2=0", 0, 0),)
+    assert _plan_text(Plan(CONVNEXT, d, sliced, 0, 1.0, 1.0, None)) == \
+        "64 (split by 2 as slices), 0.0 MiB"
     plain = (MicroBatch(0, 64, "e30", 0, 0),)
     assert _plan_text(Plan(CONVNEXT, d, plain, 0, 1.0, 1.0, None)) == "64, 0.0 MiB"
 

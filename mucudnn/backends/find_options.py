@@ -59,8 +59,10 @@ __all__ = ["FindOptions", "LEGACY_KEYWORDS", "BASELINE", "EARLIER_DEFAULTS", "de
 # split's chunk problems (Note [split groups]) are mucudnn's own, not what
 # PyTorch runs, so their finds compile only where ``rtc`` says: each factor
 # is a kernel of its own, and compiling for every one multiplied the cold
-# cost of a 16-bit depthwise backward-filter whose unsplit plan won. The
-# finds of the smaller sizes after the first are cut as before and carry the
+# cost of a 16-bit depthwise backward-filter whose unsplit plan won. The one
+# exception is the chunks as slices of Note [which slices are searched] (one
+# factor, where a compiled engine is what wins there). The finds of the
+# smaller sizes after the first are cut as before and carry the
 # configurations that led, runtime-compiled ones included where the first
 # find compiled them: compilation is paid once per kernel, and again only
 # for a configuration that won. ``tools/search_parity.py`` checks it per

@@ -32,6 +32,7 @@ from ..caches import LRU
 from ..cuda import CudaError, CudaOutOfMemoryError, time_on_stream, using_device
 from ..errors import InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
+from ..problem.slice_problem import SliceProblem
 from . import fold as _fold
 from . import split as _split
 from .fold_cudnn import FoldTransforms
@@ -80,13 +81,15 @@ log = logging.getLogger("mucudnn")
 # Each split factor is a find() of another problem, so a search of every
 # factor at every micro-batch size would multiply a grouped kernel's cold
 # cost. The first find() of a kernel whose limit bites (the largest size,
-# asked first) tries every factor of Note [split groups]; the factor that
-# gave the fastest configuration of all, split or not, is kept per kernel
-# (``cudnn_graph.split_led``), and later finds of the kernel try that factor
-# alone, or none where no split led. A chunk problem's find() is an
-# ordinary one (its own first find, carry and cut-offs), except that it
-# compiles only where ``rtc`` says (Note [search parity]), and its first-find
-# state is its own, so a layer whose problem equals a chunk keeps its parity.
+# asked first) tries every factor of Note [split groups], and the chunks as
+# slices where Note [which slices are searched] says; the factor (and
+# whether as slices) that gave the fastest configuration of all, split or
+# not, is kept per kernel (``cudnn_graph.split_led``), and later finds of the
+# kernel try that alone, or none where no split led. A chunk problem's find()
+# is an ordinary one (its own first find, carry and cut-offs), except that a
+# packed chunk compiles only where ``rtc`` says (Note [search parity]), and
+# its first-find state is its own, so a layer whose problem equals a chunk
+# keeps its parity.
 
 
 # Note [far behind in another split]
@@ -101,7 +104,9 @@ log = logging.getLogger("mucudnn")
 # before it, and adds its own ratios to the factors' (``_split_key``), not to
 # the whole problem's, whose own finds keep their evidence. Configs the cap
 # kept out of the whole problem's find() have no ratio there and are timed
-# where they fit a chunk.
+# where they fit a chunk. Chunks as slices (Note [chunks as slices]) run
+# other engines than packed chunks, so they share ratios only with the whole
+# problem's finds and with slices of other sizes (``_split_key(whole, True)``).
 
 
 # Note [a chunk's time to beat]
@@ -117,10 +122,10 @@ log = logging.getLogger("mucudnn")
 # that lose to the whole problem at this size.
 
 
-def _split_key(whole: tuple) -> tuple:
-    """The key of the ratios the chunk problems of kernel ``whole`` share
-    (Note [far behind in another split])."""
-    return ("split",) + tuple(whole)
+def _split_key(whole: tuple, as_slices: bool = False) -> tuple:
+    """The key of the ratios the chunk problems (``as_slices``: the slices) of
+    kernel ``whole`` share (Note [far behind in another split])."""
+    return ("slice" if as_slices else "split",) + tuple(whole)
 
 
 class GraphFind(GraphEngines):
@@ -142,8 +147,9 @@ class GraphFind(GraphEngines):
         #: See Note [search parity]: the kernels (batch 1, direction) found before
         self._searched: LRU[tuple, bool] = LRU("cudnn_graph.searched", self.graph_cache_size)
         #: See Note [split at the first find]: per kernel (batch 1) and direction,
-        #: the split factor that led its first split search (0: none)
-        self._split_led: LRU[tuple, int] = LRU("cudnn_graph.split_led", self.graph_cache_size)
+        #: the (factor, as slices) that led its first split search (``()``: none)
+        self._split_led: LRU[tuple, tuple[int, bool] | tuple[()]] = LRU(
+            "cudnn_graph.split_led", self.graph_cache_size)
 
     def _build_plans(self, problem: ConvProblem, direction: Direction,
                      wanted: Sequence[tuple[str, float]]) -> dict[tuple[str, float], CachedPlan]:
@@ -216,7 +222,7 @@ class GraphFind(GraphEngines):
             if folded:
                 self.find_profile.folded += len(folded)
                 out = sorted(out + folded, key=lambda a: a.time_ms)
-        if self.split:
+        if self.split and not isinstance(problem, SliceProblem):  # a slice is a chunk already
             split = self._find_split(problem, direction, limit,
                                      out[0].time_ms if out else math.inf)
             if split:
@@ -297,9 +303,10 @@ class GraphFind(GraphEngines):
                     best_ms: float) -> list[AlgoPerf]:
         """See Note [split groups] and Note [split at the first find]: the configs
         of ``problem``'s chunk problems, each with its copies' time and its
-        regions' workspace (none where the problem does not split, the limit
-        does not bite, or the regions alone exceed the cap); ``best_ms`` is
-        the best time find() has without them."""
+        regions' workspace, and those of its chunks as slices (Note [which
+        slices are searched]: no copies, no regions); none where the problem
+        does not split, the limit does not bite, or the regions alone exceed
+        the cap. ``best_ms`` is the best time find() has without them."""
         factors = _split.searched_factors(problem)
         if not factors:
             return []
@@ -312,16 +319,25 @@ class GraphFind(GraphEngines):
         with self._lock:
             led = self._split_led.get(kernel)
             if led is None:
-                self._split_led.put(kernel, 0)
-        tries = factors if led is None else tuple(k for k in (led,) if k)
+                self._split_led.put(kernel, ())
+        if led is None:
+            sliced = _split.slice_factor(problem, direction)
+            tries = [(k, False) for k in factors] + ([(sliced, True)] if sliced else [])
+        else:
+            tries = [led] if led else []
         out: list[AlgoPerf] = []
-        for k in tries:
+        for k, as_slices in tries:
             sp = _split.splitting(problem, k)
+            self.find_profile.split_finds += 1
+            if as_slices:
+                # See Note [a chunk's time to beat]; a slice needs no regions
+                inner = self._find_configs(_split.slice_of(sp), direction, want, kernel,
+                                           best_ms / k)
+                out += _split.slice_perfs(inner, sp)
+                continue
             extra = _split.regions(sp, problem.batch).inner
             if want < extra:
                 continue
-            self.find_profile.split_finds += 1
-            # See Note [a chunk's time to beat]
             inner = self._find_configs(sp.chunk, direction, want - extra, kernel, best_ms / k)
             if not inner:
                 continue
@@ -335,10 +351,11 @@ class GraphFind(GraphEngines):
         if led is None and out:
             top = min(out, key=lambda a: a.time_ms)
             if top.time_ms < best_ms:
-                parsed = _split.parse_split_id(top.algo)
+                as_split = _split.parse_split_id(top.algo)
+                parsed = as_split or _split.parse_slice_id(top.algo)
                 assert parsed is not None
                 with self._lock:
-                    self._split_led.put(kernel, parsed[0])
+                    self._split_led.put(kernel, (parsed[0], as_split is None))
         return out
 
     def _time_split(self, split: _split.Split, direction: Direction, size: int) -> float:
@@ -381,9 +398,12 @@ class GraphFind(GraphEngines):
             rtc = int(Behavior.RUNTIME_COMPILATION)
             kernel = (problem.with_batch(1).key(), direction.value)
             # See Note [search parity]: a kernel's first find() times every candidate,
-            # and compiles only for a layer's own problem, never a split's chunk
-            compiles = whole is None and parity_compiles(problem, direction)
-            searched = kernel if whole is None else (_split_key(whole), kernel)
+            # and compiles only for a layer's own problem and a chunk as slices
+            # (Note [which slices are searched]), never a split's packed chunk
+            as_slices = isinstance(problem, SliceProblem)
+            compiles = (whole is None or as_slices) and parity_compiles(problem, direction)
+            shared = None if whole is None else _split_key(whole, as_slices)
+            searched = kernel if shared is None else (shared, kernel)
             with self._lock:
                 first = self.find_options.parity and self._searched.get(searched) is None
                 self._searched.put(searched, True)
@@ -403,8 +423,8 @@ class GraphFind(GraphEngines):
                 prof.rtc_cut += len(kept) - len(cands)
             with self._lock:
                 behind = dict(self._behind.get(kernel) or {})
-                if whole is not None:  # Note [far behind in another split]
-                    for other in (self._behind.get(whole), self._behind.get(_split_key(whole))):
+                if whole is not None and shared is not None:  # Note [far behind in another split]
+                    for other in (self._behind.get(whole), self._behind.get(shared)):
                         for algo, r in (other or {}).items():
                             behind[algo] = min(behind.get(algo, math.inf), r)
             extra: list[gd.EngineConfigInfo] = []  # Note [carried to other sizes]
@@ -441,8 +461,8 @@ class GraphFind(GraphEngines):
             if self.find_options.skip_ratio is not None and out:
                 with self._lock:
                     note_ratios(self._behind.get_or_create(kernel, dict), out)
-                    if whole is not None:
-                        note_ratios(self._behind.get_or_create(_split_key(whole), dict), out)
+                    if shared is not None:
+                        note_ratios(self._behind.get_or_create(shared, dict), out)
             if self.find_options.carry and out:
                 with self._lock:  # Note [carried to other sizes]
                     remember(self._carry.get_or_create(kernel, dict), out,

@@ -34,7 +34,8 @@ from .fold import Regions, parse_rewritten_id
 __all__ = ["Split", "Regions", "SPLIT_FACTORS", "FILTER_ALIGNMENT", "CACHE_SUFFIX",
            "cache_name", "split_factors", "searched_factors", "split_of", "splitting",
            "split_id", "parse_split_id", "regions", "split_perfs", "chunk_offsets",
-           "copies_of", "slice_id", "parse_slice_id", "slice_of", "slice_perfs"]
+           "copies_of", "SLICE_SUFFIX", "slice_factor", "slice_id", "parse_slice_id", "slice_of",
+           "slice_perfs"]
 
 # Note [split groups]
 # ~~~~~~~~~~~~~~~~~~~
@@ -91,6 +92,9 @@ Algo = Union[int, str]
 #: See Note [candidate sets in keys]: what a backend that splits appends to its
 #: name in the keys of problems that split.
 CACHE_SUFFIX = "+split"
+#: ... and, after it, in the keys of problems whose chunks it also times as
+#: slices (:func:`slice_factor`).
+SLICE_SUFFIX = "+slice"
 
 
 def cache_name(name: str, problem: ConvProblem) -> str:
@@ -103,8 +107,14 @@ def cache_name(name: str, problem: ConvProblem) -> str:
     'cudnn-graph+split'
     >>> cache_name("cudnn-graph", ConvProblem((8, 32, 56, 56), (32, 4, 3, 3), groups=8))
     'cudnn-graph'
+    >>> cache_name("g", ConvProblem((8, 56, 56, 32), (32, 3, 3, 1), groups=32, layout="NHWC",
+    ...                             dtype="bfloat16"))
+    'g+split+slice'
     """
-    return name + CACHE_SUFFIX if searched_factors(problem) else name
+    if not searched_factors(problem):
+        return name
+    sliced = slice_factor(problem, Direction.BACKWARD_FILTER) is not None
+    return name + CACHE_SUFFIX + (SLICE_SUFFIX if sliced else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +158,47 @@ def searched_factors(problem: ConvProblem) -> tuple[int, ...]:
     per_filter = math.prod(problem.w_shape[1:]) * problem.itemsize
     return tuple(k for k in split_factors(problem)
                  if (problem.w_shape[0] // k * per_filter) % FILTER_ALIGNMENT == 0)
+
+
+# Note [which slices are searched]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Chunks as slices (Note [chunks as slices] in
+# mucudnn/problem/slice_problem.py) won where cuDNN's heuristics list a
+# runtime-compiled engine for the slices: the backward-filter of 16-bit
+# depthwise convolutions in a channels-last layout. Elsewhere they ran
+# slower than packed chunks or lost the specialised engines. A slice's
+# find() is a find of its own, compilations included, so find() times
+# slices only there, and at one factor, the fewest chunks (the fewer calls,
+# the less host time a step; on the layers probed two chunks ran faster
+# than four). A slice's x and y pointers start at multiples of its chunk's
+# channels, so the factor must also leave those FILTER_ALIGNMENT-aligned, as
+# find() times it on aligned buffers.
+
+
+def slice_factor(problem: ConvProblem, direction: Direction) -> int | None:
+    """The factor find() times ``problem``'s chunks as slices at in
+    ``direction`` (Note [which slices are searched]): the fewest chunks among
+    its :func:`searched_factors` whose x and y slices start
+    FILTER_ALIGNMENT-aligned, for the backward-filter of a 16-bit depthwise
+    convolution in a channels-last layout; None elsewhere.
+
+    >>> from mucudnn.problem import ConvProblem
+    >>> p = ConvProblem((64, 14, 14, 672), (672, 5, 5, 1), stride=2, padding=2, groups=672,
+    ...                 layout="NHWC", dtype="bfloat16")
+    >>> slice_factor(p, Direction.BACKWARD_FILTER), slice_factor(p, Direction.FORWARD)
+    (2, None)
+    >>> f32 = ConvProblem((64, 14, 14, 672), (672, 5, 5, 1), stride=2, padding=2, groups=672,
+    ...                   layout="NHWC")
+    >>> slice_factor(f32, Direction.BACKWARD_FILTER) is None
+    True
+    """
+    if (Direction.parse(direction) is not Direction.BACKWARD_FILTER or problem.itemsize != 2
+            or not channels_last(problem.layout)):
+        return None
+    channels = (problem.x_dims[1], problem.y_dims[1])
+    return next((k for k in searched_factors(problem)
+                 if all(c // k * problem.itemsize % FILTER_ALIGNMENT == 0 for c in channels)),
+                None)
 
 
 def split_of(problem: ConvProblem, k: int) -> Split | None:

@@ -192,8 +192,11 @@ def _plan_text(plan: Optional[Plan]) -> str:
     ways = []
     for m in plan.micro_batches:
         sp, fo = _split.parse_split_id(m.algo), _fold.split_fold_id(m.algo)
+        sl = _split.parse_slice_id(m.algo)
         if sp is not None:
             ways.append(f"split by {sp[0]}")
+        elif sl is not None:
+            ways.append(f"split by {sl[0]} as slices")
         elif fo is not None:
             ways.append(f"folded by {fo[0]}")
     how = f" ({', '.join(dict.fromkeys(ways))})" if ways else ""
