@@ -467,7 +467,8 @@ def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(t
 def test_parity_keys_the_problems_whose_backward_filter_it_compiles_apart(tables, tmp_path):
     """See Note [candidate sets in keys]: a search with ``parity`` compiles a
     16-bit depthwise backward-filter (Note [search parity]), so that problem's
-    name gets ``+wgrad-rtc`` (before ``+split``): a cache measured before it did
+    name gets ``+wgrad-rtc`` (before ``+split``, and ``+slice`` after it where its chunks
+    are timed as slices): a cache measured before it did
     is measured again for those problems alone, and an offline replay reads the
     variant where the cache holds it."""
     from mucudnn.backends.find_options import FindOptions
@@ -478,7 +479,8 @@ def test_parity_keys_the_problems_whose_backward_filter_it_compiles_apart(tables
 
     on, off = _TableGraph(find=FindOptions()), _TableGraph(find=FindOptions(parity=False))
     key = on.name + on.find_options.key()
-    assert on.cache_name(DEPTHWISE16) == key + PARITY_SUFFIX + split.CACHE_SUFFIX
+    sliced = PARITY_SUFFIX + split.CACHE_SUFFIX + split.SLICE_SUFFIX
+    assert on.cache_name(DEPTHWISE16) == key + sliced
     assert [on.cache_name(p) for p in (P, GROUPED, DEPTHWISE)] == [key, key,
                                                                     key + split.CACHE_SUFFIX]
     assert PARITY_SUFFIX not in off.cache_name(DEPTHWISE16)
@@ -487,12 +489,13 @@ def test_parity_keys_the_problems_whose_backward_filter_it_compiles_apart(tables
     assert cache.put_many(
         Entry(name, "dev", "v", problem.key(), "backward_filter", 1 << 20, [perf])
         for name, problem in ((key + split.CACHE_SUFFIX, DEPTHWISE16),  # before parity compiled it
-                              (key + PARITY_SUFFIX + split.CACHE_SUFFIX, DEPTHWISE16),
-                              (key, P))) == 3
+                              (key + PARITY_SUFFIX + split.CACHE_SUFFIX, DEPTHWISE16),  # or slices
+                              (key + sliced, DEPTHWISE16),
+                              (key, P))) == 4
     assert {e.backend for e in cache.entries(key)} == {
-        key, key + split.CACHE_SUFFIX, key + PARITY_SUFFIX + split.CACHE_SUFFIX}
+        key, key + split.CACHE_SUFFIX, key + PARITY_SUFFIX + split.CACHE_SUFFIX, key + sliced}
     replay = CachedBackend("cudnn-graph", cache=cache)
-    assert replay.cache_name(DEPTHWISE16) == key + PARITY_SUFFIX + split.CACHE_SUFFIX
+    assert replay.cache_name(DEPTHWISE16) == key + sliced
     assert replay.cache_name(P) == key
 
 
@@ -514,14 +517,17 @@ def test_a_chunks_find_compiles_only_as_find_rtc_says_and_leaves_a_layers_parity
     """See Note [search parity] and Note [split at the first find]: e70 compiles
     at run time. Under parity, a 16-bit depthwise backward-filter's first
     find() times it; its split's chunk problems (48 and 24 groups) are
-    mucudnn's own, so their finds time it only where ``find_rtc`` says. A
-    layer whose problem is one of those chunks keeps a first find of its own,
-    which compiles."""
+    mucudnn's own, so their finds time it only where ``find_rtc`` says; the
+    chunks as slices (the last find, Note [which slices are searched]) are
+    timed for the compiled engines and time it. A layer whose problem is one
+    of those chunks keeps a first find of its own, which compiles."""
     be = _LoggedGraph(find_parity=True, find_rtc=rtc)
     be.find(DEPTHWISE16, BWD_FILTER, 300 * MiB)
     assert split.searched_factors(DEPTHWISE16) == (2, 4)
-    assert [g for g, _ in be.log] == [96, 48, 24]
-    assert all(("e70" in ids) == (g == 96 or rtc == "all") for g, ids in be.log), be.log
+    assert split.slice_factor(DEPTHWISE16, BWD_FILTER) == 2
+    assert [g for g, _ in be.log] == [96, 48, 24, 48]
+    compiled = [("e70" in ids) for _, ids in be.log]
+    assert compiled == [True, rtc == "all", rtc == "all", True], be.log
     assert be.find_profile.rtc_cut == (0 if rtc == "all" else 2)
     chunk = split.splitting(DEPTHWISE16, 2).chunk
     assert chunk.groups == 48

@@ -312,9 +312,10 @@ SLICE_MS = 6.0
 
 def test_a_16_bit_depthwise_backward_filter_also_tries_slices_and_keeps_them_where_they_led(
         no_device):
-    """Note [which slices are searched]: in bf16 the first find also times the
-    chunks as slices at the fewest chunks (no regions, the inner time twice);
-    they led, so a later size tries them alone; forward never tries them."""
+    """In bf16 the first find also times the chunks as slices at the fewest
+    chunks (Note [which slices are searched]; no regions, the inner time
+    twice); they led, so a later size tries them alone; forward never tries
+    them."""
     be = _table_split_backend(bites=True)
     d = Direction.BACKWARD_FILTER
     bf16 = ConvProblem(WHOLE.x_shape, WHOLE.w_shape, padding=3, groups=384, layout="NHWC",

@@ -92,7 +92,9 @@ class Launcher(Protocol):
 # [split groups] in :mod:`.split`) adds ``"+split"`` for depthwise problems
 # likewise, and the graph backend's ``parity`` ``"+wgrad-rtc"`` (before
 # ``"+split"``) for the 16-bit depthwise problems whose backward-filter it
-# compiles (``graph_candidates.parity_cache_name``). The knob search
+# compiles (``graph_candidates.parity_cache_name``), and ``"+slice"`` after
+# ``"+split"`` for those whose chunks find() also times as slices (Note
+# [which slices are searched] in :mod:`.split`). The knob search
 # changes every problem's set and so changes ``name`` itself
 # (``"cudnn-graph+knobs"``, Note [knob search]); every other search option of
 # the graph backend enters through ``FindOptions.key()`` (Note [search parity]

@@ -49,6 +49,7 @@ from ..backends.base import Backend
 from ..backends.fold import CACHE_SUFFIX as FOLD_SUFFIX
 from ..backends.graph_candidates import PARITY_SUFFIX
 from ..backends.split import CACHE_SUFFIX as SPLIT_SUFFIX
+from ..backends.split import SLICE_SUFFIX
 from ..caches import LRU
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import cache_files as files
@@ -60,7 +61,8 @@ from .cache_store import (SCHEMA_VERSION, CacheArgumentError, CacheFile, CacheFi
 #: problems an option reaches (Note [candidate sets in keys] in
 #: :mod:`mucudnn.backends.base`), most specific first: a backend's entries are
 #: its name's and these variants'.
-VARIANT_SUFFIXES = (PARITY_SUFFIX + SPLIT_SUFFIX, SPLIT_SUFFIX, PARITY_SUFFIX, FOLD_SUFFIX)
+VARIANT_SUFFIXES = (PARITY_SUFFIX + SPLIT_SUFFIX + SLICE_SUFFIX, PARITY_SUFFIX + SPLIT_SUFFIX,
+                    SPLIT_SUFFIX + SLICE_SUFFIX, SPLIT_SUFFIX, PARITY_SUFFIX, FOLD_SUFFIX)
 
 __all__ = ["BenchmarkCache", "CacheWarning", "CacheFileError", "CacheArgumentError", "Entry",
            "default_cache_path", "default_cache", "resolve", "SCHEMA_VERSION"]
