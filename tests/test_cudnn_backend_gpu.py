@@ -19,7 +19,7 @@ from mucudnn._cudnn import (
     live_descriptors, live_handles,
 )
 from mucudnn.backends.cudnn import CudnnBackend
-from mucudnn.errors import UnsupportedConfigError
+from mucudnn.errors import InvalidValueError, UnsupportedConfigError
 from conv_support import MiB, backend_fixture, problem
 
 pytestmark = pytest.mark.gpu
@@ -40,6 +40,20 @@ def test_an_algorithm_cudnn_refuses_is_a_typed_error(be):
     p = problem("3d-ncdhw", "float32", "fma")
     with pytest.raises(UnsupportedConfigError, match="algorithm 99"):  # no such algorithm
         be.bind(Direction.FORWARD, 99, 0, p, 0, p.batch, 1.0, 0.0, (16, 16, 16))
+
+
+@pytest.mark.parametrize("algo", ["e19;k2=0", "split2|0", "slice2|e0", "fold2|1", True, 1.5])
+def test_another_backends_id_is_refused_naming_algo(be, algo):
+    """The graph backend's and the rewrites' ids are not legacy algorithms: a
+    clear InvalidValueError naming ``algo`` and the names it takes."""
+    p = problem("2d-nchw", "float32", "fma")
+    for call in (lambda: be.workspace_size(p, Direction.BACKWARD_FILTER, algo),
+                 lambda: be.bind(Direction.BACKWARD_FILTER, algo, 0, p, 0, p.batch)):
+        with pytest.raises(InvalidValueError, match=r"^algo: expected a backward_filter "
+                                                    r"algorithm .*'ALGO_0=0'"):
+            call()
+    assert be.workspace_size(p, Direction.BACKWARD_FILTER, "algo_1") == \
+        be.workspace_size(p, Direction.BACKWARD_FILTER, 1)
 
 
 # -- handles and descriptors -----------------------------------------------------------------

@@ -561,7 +561,7 @@ def math_type(math: Union[str, int, MathType]) -> MathType:
     return MathType(int(math))
 
 
-def algo_enum(direction) -> type:
+def algo_enum(direction) -> type[enum.IntEnum]:
     """The algorithm enum of a Direction (or its value)."""
     key = getattr(direction, "value", direction)
     return {"forward": ConvolutionFwdAlgo, "backward_data": ConvolutionBwdDataAlgo,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import time
 from typing import Any, Optional, Union
 
@@ -98,6 +99,40 @@ class _Descriptors:
                 d.close()
         self.convs.clear()
         self.ws_sizes.clear()
+
+
+def _algo_int(direction: Direction, algo: Union[int, str]) -> int:
+    """``algo`` as a legacy-API algorithm number for ``direction``: an int (not
+    a bool), its digits, or an algorithm's name (``"implicit_gemm"``); another
+    backend's id (``"e19"``, ``"split2|0"``) raises InvalidValueError naming
+    ``algo``, before any cuDNN call.
+
+    >>> _algo_int(Direction.FORWARD, "winograd"), _algo_int(Direction.FORWARD, "1")
+    (6, 1)
+    >>> _algo_int(Direction.BACKWARD_FILTER, "slice2|e19;k2=0")
+    Traceback (most recent call last):
+    ...
+    mucudnn.errors.InvalidValueError: algo: expected a backward_filter algorithm of cuDNN's \
+legacy API, an int or one of ['ALGO_0=0', 'ALGO_1=1', 'FFT=2', 'ALGO_3=3', 'WINOGRAD=4', \
+'WINOGRAD_NONFUSED=5', 'FFT_TILING=6'], got 'slice2|e19;k2=0'
+    """
+    kinds = enums.algo_enum(direction)
+    members = [k for k in kinds if k.name != "COUNT"]
+    if isinstance(algo, str):
+        text = algo.strip()
+        if text.isdigit():
+            return int(text)
+        for k in members:
+            if k.name == text.upper():
+                return int(k)
+    elif not isinstance(algo, bool):
+        try:
+            return operator.index(algo)  # an int, a NumPy integer, an enum member
+        except TypeError:
+            pass
+    raise InvalidValueError(
+        f"algo: expected a {direction.value} algorithm of cuDNN's legacy API, an int or one of "
+        f"{[f'{k.name}={int(k)}' for k in members]}, got {algo!r}")
 
 
 def _math_int(math_type: Union[int, str, MathType, None]) -> int:
@@ -220,8 +255,9 @@ class CudnnBackend(DeviceBackend):
                        algo: Union[int, str], math_type: Union[int, str] = 0) -> int:
         """``cudnnGet*WorkspaceSize`` of ``algo`` with ``math_type`` for ``problem``."""
         direction = Direction.parse(direction)
+        algo_int = _algo_int(direction, algo)
         d = self.descriptors(problem)
-        return self._workspace_size(d, direction, int(algo), _math_int(math_type))
+        return self._workspace_size(d, direction, algo_int, _math_int(math_type))
 
     def _workspace_size(self, d: _Descriptors, direction: Direction, algo: int, math: int) -> int:
         key = (direction, algo, math)
@@ -282,7 +318,7 @@ class CudnnBackend(DeviceBackend):
         refuses the algorithm for this problem.
         """
         direction = Direction.parse(direction)
-        algo = int(algo)
+        algo = _algo_int(direction, algo)
         mt = _math_int(math_type)
         if problem.math == "fma" and mt == int(MathType.DEFAULT_MATH):
             # Note: a plan's default math type on an "fma" problem means the
