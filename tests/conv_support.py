@@ -16,10 +16,13 @@ import pytest
 from hypothesis import strategies as st
 
 import mucudnn.cuda as mc
+from mucudnn._cudnn.errors import CudnnError
 from mucudnn.api import Convolution
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
-from mucudnn.problem import AlgoPerf, ConvProblem, Direction, from_canonical
+from mucudnn.errors import UnsupportedConfigError
+from mucudnn.exec import execute
+from mucudnn.problem import AlgoPerf, ConvProblem, Direction, MicroBatch, Plan, from_canonical
 from reference import reference, rel_err, to_canonical_array
 
 # -- a backend with non-deterministic algorithms ------------------------------------------------
@@ -295,6 +298,51 @@ def run_algo(be, p, direction, algo, math_type, hx, hw, hy, alpha=1.0, beta=0.0,
     result = be.to_host(out)
     release(x, w, y, *(() if workspace is not None or ws is None else (ws,)))
     return result
+
+
+def run_plan(be, p, direction, plan, hx, hw, hy, alpha=1.0, beta=0.0):
+    """``plan`` executed on ``be`` over device copies of the host tensors, with
+    its workspace; the written tensor on the host, in float64."""
+    x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
+    ws = be.alloc_workspace(plan.workspace_bytes)
+    try:
+        t = ConvTensors(p, x, w, y)
+        execute(plan, be, t, alpha, beta, ws)
+        return be.to_host(getattr(t, OUTPUT_OF[direction])).astype(np.float64)
+    finally:
+        release(x, w, y, ws)
+
+
+def check_micro_batched(be, p, direction, algos, host, tol):
+    """Each of ``algos`` run as three micro-batches of ``p`` (4 + 2 + 2 rows, the
+    later backward-filter ones accumulating) with alpha, beta (1, 0) and
+    (0.5, 0.75) matches the float64 reference within ``tol``. A configuration
+    cuDNN refuses at a smaller size, or for those scalars, is skipped (the
+    engine would re-plan). Returns how many runs were compared, and each
+    run's workspace need at 4 rows by id."""
+    hx, hw, hy = host
+    ran, needs4 = 0, {}
+    for a in algos:
+        try:
+            needs = [be.workspace_size(p.with_batch(size), direction, a) for size in (4, 2, 2)]
+        except (CudnnError, UnsupportedConfigError):
+            continue
+        needs4[a] = needs[0]
+        mbs, off = [], 0
+        for size, need in zip((4, 2, 2), needs):
+            mbs.append(MicroBatch(off, size, a, 0, need))
+            off += size
+        plan = Plan(p, direction, tuple(mbs), max(needs), 0.0, 0.0, None)
+        for alpha, beta in ((1.0, 0.0), (0.5, 0.75)):
+            try:
+                got = run_plan(be, p, direction, plan, hx, hw, hy, alpha, beta)
+            except UnsupportedConfigError:
+                continue
+            want = reference(p, direction, hx.astype(np.float64), hw.astype(np.float64),
+                             hy.astype(np.float64), alpha, beta)
+            assert rel_err(got, want) < tol, (a, alpha, beta)
+            ran += 1
+    return ran, needs4
 
 
 def torch_or_skip():

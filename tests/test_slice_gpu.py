@@ -13,14 +13,11 @@ import numpy as np
 import pytest
 
 from mucudnn import ConvProblem, Direction
-from mucudnn._cudnn.errors import CudnnError
 from mucudnn.backends import split
-from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.errors import UnsupportedConfigError
-from mucudnn.exec import execute
 from mucudnn.problem import MicroBatch, Plan
-from conv_support import MiB, backend_fixture, uniform_tensors
+from conv_support import MiB, backend_fixture, check_micro_batched, run_plan, uniform_tensors
 from reference import reference, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -50,18 +47,6 @@ def _problem(layer, config):
                        math=math)
 
 
-def _run(be, p, direction, plan, hx, hw, hy, alpha, beta):
-    x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
-    ws = be.alloc_workspace(plan.workspace_bytes)
-    try:
-        t = ConvTensors(p, x, w, y)
-        execute(plan, be, t, alpha, beta, ws)
-        return be.to_host(getattr(t, OUTPUT_OF[direction])).astype(np.float64)
-    finally:
-        for arr in (x, w, y, ws):
-            arr.close()
-
-
 def _want(p, direction, hx, hw, hy, alpha=1.0, beta=0.0):
     return reference(p, direction, hx.astype(np.float64), hw.astype(np.float64),
                      hy.astype(np.float64), alpha, beta)
@@ -80,26 +65,9 @@ def test_slice_configurations_run_micro_batched_as_the_reference(be, layer, conf
         s = split.split_of(p, k)
         inner = [a.algo for a in be.find(split.slice_of(s), direction, 256 * MiB)][:3]
         assert inner, (k, direction)
-        for a in (split.slice_id(k, i) for i in inner):
-            # three micro-batches (4 + 2 + 2), the later backward-filter ones
-            # accumulating; a config cuDNN refuses at a smaller size is skipped
-            try:
-                needs = [be.workspace_size(p.with_batch(size), direction, a) for size in (4, 2, 2)]
-            except (CudnnError, UnsupportedConfigError):
-                continue
-            mbs, off = [], 0
-            for size, need in zip((4, 2, 2), needs):
-                mbs.append(MicroBatch(off, size, a, 0, need))
-                off += size
-            plan = Plan(p, direction, tuple(mbs), max(needs), 0.0, 0.0, None)
-            for alpha, beta in ((1.0, 0.0), (0.5, 0.75)):
-                try:
-                    got = _run(be, p, direction, plan, hx, hw, hy, alpha, beta)
-                except UnsupportedConfigError:
-                    continue  # cuDNN refuses these scalars for it: the engine would re-plan
-                assert rel_err(got, _want(p, direction, hx, hw, hy, alpha, beta)) < tol, (
-                    a, alpha, beta)
-                ran += 1
+        n, _ = check_micro_batched(be, p, direction, [split.slice_id(k, i) for i in inner],
+                                   (hx, hw, hy), tol)
+        ran += n
     assert ran >= 4
 
 
@@ -122,7 +90,7 @@ def test_find_times_a_16_bit_depthwise_backward_filter_as_slices_where_the_cap_b
     hx, hw, hy = uniform_tensors(p, rng, via_float32=True)
     plan = Plan(p, d, (MicroBatch(0, p.batch, best.algo, 0, best.workspace_bytes),),
                 best.workspace_bytes, 0.0, 0.0, None)
-    got = _run(be, p, d, plan, hx, hw, hy, 1.0, 0.0)
+    got = run_plan(be, p, d, plan, hx, hw, hy)
     assert rel_err(got, _want(p, d, hx, hw, hy)) < 3e-2, best.algo
     fwd = be.find(p, Direction.FORWARD, cap)
     assert all(split.parse_slice_id(a.algo) is None for a in fwd)

@@ -12,14 +12,11 @@ import numpy as np
 import pytest
 
 from mucudnn import ConvProblem, Direction
-from mucudnn._cudnn.errors import CudnnError
 from mucudnn.backends import split
-from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.errors import UnsupportedConfigError
-from mucudnn.exec import execute
 from mucudnn.problem import MicroBatch, Plan
-from conv_support import MiB, backend_fixture, uniform_tensors
+from conv_support import MiB, backend_fixture, check_micro_batched, run_plan, uniform_tensors
 from reference import reference, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -44,18 +41,6 @@ def _problem(layer, config, batch=None):
     return p if batch is None else p.with_batch(batch)
 
 
-def _run(be, p, direction, plan, hx, hw, hy, alpha, beta):
-    x, w, y = be.from_host(hx), be.from_host(hw), be.from_host(hy)
-    ws = be.alloc_workspace(plan.workspace_bytes)
-    try:
-        t = ConvTensors(p, x, w, y)
-        execute(plan, be, t, alpha, beta, ws)
-        return be.to_host(getattr(t, OUTPUT_OF[direction])).astype(np.float64)
-    finally:
-        for arr in (x, w, y, ws):
-            arr.close()
-
-
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("direction", list(Direction), ids=str)
@@ -69,28 +54,10 @@ def test_split_configurations_run_micro_batched_as_the_reference(be, layer, conf
         s = split.split_of(p, k)
         inner = [a.algo for a in be.find(s.chunk, direction, 256 * MiB)][:2]
         assert inner, (k, direction)
-        for a in (split.split_id(k, i) for i in inner):
-            # three micro-batches (4 + 2 + 2), the later backward-filter ones
-            # accumulating; a config cuDNN refuses at a smaller size is skipped
-            try:
-                needs = [be.workspace_size(p.with_batch(size), direction, a) for size in (4, 2, 2)]
-            except (CudnnError, UnsupportedConfigError):
-                continue
-            assert needs[0] >= split.regions(s, 4).inner
-            mbs, off = [], 0
-            for size, need in zip((4, 2, 2), needs):
-                mbs.append(MicroBatch(off, size, a, 0, need))
-                off += size
-            plan = Plan(p, direction, tuple(mbs), max(needs), 0.0, 0.0, None)
-            for alpha, beta in ((1.0, 0.0), (0.5, 0.75)):
-                try:
-                    got = _run(be, p, direction, plan, hx, hw, hy, alpha, beta)
-                except UnsupportedConfigError:
-                    continue  # cuDNN refuses these scalars for it: the engine would re-plan
-                want = reference(p, direction, hx.astype(np.float64), hw.astype(np.float64),
-                                 hy.astype(np.float64), alpha, beta)
-                assert rel_err(got, want) < tol, (a, alpha, beta)
-                ran += 1
+        n, needs = check_micro_batched(be, p, direction, [split.split_id(k, i) for i in inner],
+                                       (hx, hw, hy), tol)
+        assert all(need >= split.regions(s, 4).inner for need in needs.values())
+        ran += n
     assert ran >= 4
 
 
@@ -115,7 +82,7 @@ def test_find_splits_a_depthwise_backward_filter_where_the_cap_bites(be):
     hx, hw, hy = uniform_tensors(p, rng, via_float32=True)
     plan = Plan(p, d, (MicroBatch(0, p.batch, best.algo, 0, best.workspace_bytes),),
                 best.workspace_bytes, 0.0, 0.0, None)
-    got = _run(be, p, d, plan, hx, hw, hy, 1.0, 0.0)
+    got = run_plan(be, p, d, plan, hx, hw, hy)
     want = reference(p, d, hx.astype(np.float64), hw.astype(np.float64), hy.astype(np.float64))
     assert rel_err(got, want) < 5e-3, best.algo
 
