@@ -328,8 +328,8 @@ class GraphFind(GraphEngines):
         out: list[AlgoPerf] = []
         for k, as_slices in tries:
             sp = _split.splitting(problem, k)
-            self.find_profile.split_finds += 1
             if as_slices:
+                self.find_profile.split_finds += 1
                 # See Note [a chunk's time to beat]; a slice needs no regions
                 inner = self._find_configs(_split.slice_of(sp), direction, want, kernel,
                                            best_ms / k)
@@ -338,6 +338,7 @@ class GraphFind(GraphEngines):
             extra = _split.regions(sp, problem.batch).inner
             if want < extra:
                 continue
+            self.find_profile.split_finds += 1
             inner = self._find_configs(sp.chunk, direction, want - extra, kernel, best_ms / k)
             if not inner:
                 continue

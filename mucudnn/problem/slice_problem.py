@@ -10,9 +10,9 @@ tensors with the whole tensors' strides (a slice of ``whole_channels``
 channels' rows), so no copy runs and no region is kept. cuDNN's heuristics
 then list other engines: on MobileNet-V3's and MNASNet's bf16 depthwise 5x5
 backward-filters they list a runtime-compiled one for the slices that they
-list for neither the packed chunk nor the whole layer, at 2 x 0.041 ms
-against PyTorch's 0.315 ms (docs/BENCHMARKS.md, "Chunks as slices, a
-probe"); elsewhere slices run slower or lose the specialised engines. So a
+list for neither the packed chunk nor the whole layer, several times faster
+than PyTorch's kernel (docs/BENCHMARKS.md, "Chunks as slices"); elsewhere
+slices run slower or lose the specialised engines. So a
 slice is its own problem: its key names ``whole_channels``, and what is
 found for it is never taken for the packed chunk's.
 
