@@ -88,6 +88,8 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
                for d, t, ws in zip(Direction, (0.5, 2.0, 0.5), (0, 0, 2 << 20))}
     native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
                                               {}, choices))
+    assert mt.report(model).layers == []  # a record no layer ran is no layer's
+    model[2]._mu_seen.append(("k",))  # as its call would (MucudnnConvMixin._conv_forward)
     rep = mt.report(model)
     assert rep.unmeasured == ["0"]
     (layer,) = rep.layers
@@ -122,6 +124,29 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
     assert mt.report(model).layers == []
 
 
+def test_report_lists_each_layer_with_the_signatures_it_ran_alone():
+    """Two layers of one weight shape and options that run on inputs of other
+    sizes (a squeeze-and-excitation block's 1x1 convolutions beside a 1x1
+    expansion) share no record: each is listed, and totalled, with its own
+    signature only, and a layer that ran both is listed with both."""
+    model = mt.convert(nn.Sequential(nn.Conv2d(8, 16, 1), nn.Conv2d(8, 16, 1),
+                                     nn.Conv2d(8, 16, 1)), workspace_limit=1 << 20)
+    mt.clear()
+    cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, 1 << 20, model[0]._mu_options.policy, "", "")
+    for key, ms, hw in ((("big",), 2.0, 56), (("small",), 0.5, 1)):
+        choices = {d: native.decide(d, None, ms, 0, 1 << 20) for d in Direction}
+        native._RECORDS.put(key, native.Record(cfg, (4, 8, hw, hw), (16, 8, 1, 1), "float32",
+                                               True, {}, choices))
+    model[0]._mu_seen.append(("big",))
+    model[1]._mu_seen.append(("small",))
+    model[2]._mu_seen.extend([("big",), ("small",)])
+    rep = mt.report(model)
+    assert [(layer.name, layer.x_shape[2]) for layer in rep.layers] == [
+        ("0", 56), ("1", 1), ("2", 56), ("2", 1)]
+    assert rep.as_dict()["totals"]["torch_ms"] == pytest.approx(3 * (2 * 2.0 + 2 * 0.5))
+    mt.clear()
+
+
 def test_report_shows_pytorchs_call_where_the_step_trial_runs_it():
     """See Note [the whole-step trial]: while the model's trial runs PyTorch's
     way, a layer whose PyTorch workspace fits in every direction a step runs
@@ -137,6 +162,7 @@ def test_report_shows_pytorchs_call_where_the_step_trial_runs_it():
            for d, p in zip(Direction, (0.5, 2.0, 0.25))}  # plans faster in two directions
     native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
                                               {}, fit))
+    model[0]._mu_seen.append(("k",))
     trial = trial_of(model)
     assert trial is not None and not trial.torch
     rows = mt.report(model).layers[0].directions
@@ -182,6 +208,8 @@ def test_report_says_what_the_first_calls_cost_counting_each_signature_once():
                                                plan, choices, first_s=2.5, plan_s=2.0))
     native._RECORDS.put(("pw",), native.Record(pw, (4, 8, 6, 6), (8, 8, 1, 1), "float32", True,
                                                {}, choices, first_s=0.25, plan_s=0.0))
+    for layer, key in zip(model, (("dw",), ("dw",), ("pw",))):
+        layer._mu_seen.append(key)
     rep = mt.report(model)
     assert [layer.name for layer in rep.layers] == ["0", "1", "2"]
     assert rep.as_dict()["first_calls"] == {"signatures": 2, "seconds": pytest.approx(2.75),
@@ -635,6 +663,40 @@ def test_pytorch_first_plans_only_layers_over_the_limit_and_computes_the_convolu
         else:  # over the limit: planned and compared as without the setting
             assert c.runs == native.MUCUDNN and c.plan_ms is not None and d in rec.plans
     mt.clear()
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_report_lists_the_signatures_each_layer_ran_on_a_gpu(monkeypatch, tmp_path):
+    """A squeeze-and-excitation block's shape: a 1x1 convolution on the full
+    map and another of the same weight shape on its pooled 1x1 map. After a
+    training step each layer is listed with the one signature it ran, a
+    layer called on two batches with both, and a copy keeps none (it is this
+    process's record of what the layer ran, dropped as pickling drops it)."""
+    import copy
+
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    mt.clear()
+
+    class SE(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.full, self.pooled = nn.Conv2d(8, 16, 1), nn.Conv2d(8, 16, 1)
+
+        def forward(self, x):
+            return self.full(x).sum() + self.pooled(x.mean((2, 3), keepdim=True)).sum()
+
+    model = mt.convert(SE().cuda(), workspace_limit=16 << 20)
+    for batch in (4, 4, 2):
+        x = torch.randn(batch, 8, 10, 10, device="cuda", requires_grad=batch == 2)
+        model(x).backward()
+    got = [(layer.name, layer.x_shape) for layer in mt.report(model).layers]
+    assert got == [("full", (4, 8, 10, 10)), ("full", (2, 8, 10, 10)),
+                   ("pooled", (4, 8, 1, 1)), ("pooled", (2, 8, 1, 1))]
+    twin = copy.deepcopy(model)
+    assert [layer.name for layer in mt.report(twin).layers] == []
+    mt.clear()
+    assert mt.report(model).layers == []
 
 
 @pytest.mark.parametrize("direction", list(Direction))

@@ -524,7 +524,7 @@ class _Warm:
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "captured",
-                  "fits", "host_pending")
+                  "fits", "host_pending", "key")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple) -> None:
@@ -557,6 +557,8 @@ class _Warm:
         self.fits = (False, False, False)
         #: compared without the host timing (a first call outside autograd)
         self.host_pending = False
+        #: the signature's key (:func:`warm_call`'s), which its record is kept under
+        self.key = key
 
     def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,
                   step: "HostStep | None") -> None:

@@ -41,6 +41,8 @@ __all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
 #: Input signatures a module remembers as settled on PyTorch's own call or as
 #: fitting its limit (every settled one fits).
 MAX_SETTLED = 8
+#: Signatures a module remembers having run, for :func:`mucudnn.torch.report`.
+MAX_SEEN = 32
 _COMPILING = torch.compiler.is_compiling
 _GENERATION = engine.GENERATION
 _UNSETTLED: "tuple[int, frozenset, frozenset]" = (-1, frozenset(), frozenset())
@@ -87,6 +89,11 @@ class MucudnnConvMixin:
     #: whether the class runs the mixin's own ``_conv_forward``, so that the
     #: step guard may set torch's in its place (Note [guarded steps])
     _mu_guardable: bool = False
+    #: the keys of the signatures this module ran (up to :data:`MAX_SEEN`, in
+    #: the order first met), which :func:`mucudnn.torch.report` lists it with;
+    #: a list made at setup, so that a ``DataParallel`` replica's calls add to
+    #: it; None after unpickling (made at the next call)
+    _mu_seen: "list[tuple] | None" = None
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
@@ -111,6 +118,7 @@ class MucudnnConvMixin:
         self._mu_options = opts
         self._mu_plans = plans
         self._mu_torch = _UNSETTLED
+        self._mu_seen = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -148,12 +156,21 @@ class MucudnnConvMixin:
             # meta tensors (shape inference, deferred initialisation) and devices
             # mucudnn does not run on: PyTorch's own convolution, as before converting
             return self._mu_torch_conv(input, weight, bias)
-        if gen != _GENERATION[0]:  # engine.clear() forgot the verdicts
+        if gen != _GENERATION[0]:  # engine.clear() forgot the verdicts and their records
             gen, settled, fits = self._mu_torch = (_GENERATION[0], frozenset(), frozenset())
+            if self._mu_seen:
+                self._mu_seen.clear()
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
         warm = engine.last_warm()
-        if warm is not None and len(fits) < MAX_SETTLED:
+        if warm is None:
+            return y
+        seen = self._mu_seen
+        if seen is None:
+            seen = self._mu_seen = []
+        if warm.key not in seen and len(seen) < MAX_SEEN:  # a few keys, found by identity
+            seen.append(warm.key)
+        if len(fits) < MAX_SETTLED:
             # over the directions a training step runs (native.in_step)
             need_dx = input.requires_grad
             if native.all_in_step(warm.fits, need_dx):
@@ -179,6 +196,7 @@ class MucudnnConvMixin:
         # settled signatures are this process's measurements, not the model's
         state: dict = dict(super().__getstate__())  # type: ignore[misc, call-overload]
         state.pop("_mu_torch", None)  # the step trial pickles empty (StepTrial.__getstate__)
+        state.pop("_mu_seen", None)
         call = state.get("_conv_forward")  # set only within a guarded forward
         if call is not None and getattr(call, "__func__", None) is type(self)._mu_torch_conv:
             del state["_conv_forward"]

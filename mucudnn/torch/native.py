@@ -95,7 +95,7 @@ from .measure import host_ms, probe, time_ms, workspace_of
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
            "in_step", "all_in_step", "enabled",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
-           "records", "calibrate", "native_forward", "native_backward"]
+           "records", "record", "calibrate", "native_forward", "native_backward"]
 
 log = logging.getLogger("mucudnn")
 
@@ -232,6 +232,11 @@ def to_plan(choices: dict[Direction, Choice], need_dx: bool) -> list[Direction]:
 def records() -> list[Record]:
     """The kept records, least recently made first."""
     return _RECORDS.values()
+
+
+def record(key: tuple) -> Optional[Record]:
+    """The kept record of the signature ``key`` (None: none kept)."""
+    return _RECORDS.peek(key)
 
 
 def decide(direction: Direction, plan_ms: Optional[float], torch_ms: Optional[float],

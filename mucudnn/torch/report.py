@@ -32,7 +32,6 @@ from ..backends import fold as _fold
 from ..backends import split as _split
 from ..problem import Direction, Plan
 from . import native
-from .functional import options
 from .modules import MucudnnConvMixin
 from .step_guard import guard_of
 from .step_trial import trial_of
@@ -203,17 +202,6 @@ def _plan_text(plan: Optional[Plan]) -> str:
     return f"{plan.describe()}{how}, {plan.workspace_bytes / 2**20:.1f} MiB"
 
 
-def _matches(module: MucudnnConvMixin, rec: native.Record) -> bool:
-    cfg = rec.cfg
-    m: Any = module
-    opts = options(m.workspace_limit, m.policy, m.backend)
-    return (tuple(rec.w_shape) == tuple(m.weight.shape) and tuple(cfg.stride) == tuple(m.stride)
-            and tuple(cfg.dilation) == tuple(m.dilation) and cfg.groups == m.groups
-            and cfg.workspace_limit == opts.workspace_limit and cfg.policy == opts.policy
-            and cfg.plans.startswith(m._mu_plans)
-            and (isinstance(m.padding, str) or tuple(cfg.padding) == tuple(m.padding)))
-
-
 #: why a direction runs PyTorch's call under the step trial's way
 TRIAL_REASON = "the whole-step trial runs PyTorch's call where it fits (Note [the whole-step trial])"
 
@@ -257,8 +245,9 @@ def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[s
 def report(model: nn.Module) -> Report:
     """Per converted layer of ``model``: what runs (mucudnn's plan or PyTorch's
     own convolution), its time, PyTorch's time and workspace, with totals.
-    Layers of one shape and options share a convolution and appear with the
-    same figures. While the model's step trial runs PyTorch's way (Note [the
+    Each layer is listed with the signatures it ran (layers of one shape,
+    input and options share a convolution and appear with the same figures).
+    While the model's step trial runs PyTorch's way (Note [the
     whole-step trial]), a layer that fits the limit shows PyTorch's call in
     every direction a step runs, as it then runs. Call it after the first
     training step on a GPU.
@@ -267,7 +256,6 @@ def report(model: nn.Module) -> Report:
     >>> report(nn.Linear(2, 2)).as_dict()["totals"]["kernels"]
     0
     """
-    recs = native.records()
     layers: list[LayerReport] = []
     unmeasured: list[str] = []
     used: dict[int, native.Record] = {}
@@ -276,7 +264,7 @@ def report(model: nn.Module) -> Report:
     for name, module in model.named_modules():
         if not isinstance(module, MucudnnConvMixin):
             continue
-        found = [r for r in recs if _matches(module, r)]
+        found = [r for r in (native.record(k) for k in module._mu_seen or ()) if r is not None]
         if not found:
             unmeasured.append(name)
         for r in found:
