@@ -188,6 +188,33 @@ def test_zoo_conv_ms_is_what_ran_under_the_step_trials_way(tmp_path):
     assert "| 9.00 vs 11.00 (2/5) |" in rz.zoo(rp.load_results(tmp_path))
 
 
+def test_zoo_conv_ms_of_a_report_that_listed_layers_by_weight_shape_is_marked(tmp_path):
+    """A report made before 7526756 listed each layer with every signature of
+    its weight shape: where it lists a layer twice its totals over-count, and
+    the cell and a note say so; a later report's layer listed twice (it ran
+    two signatures) is not marked, nor is an earlier one without repeats."""
+    d = {"runs": "torch", "ms": 1.0, "torch_ms": 1.0, "torch_workspace": 0, "limit": 1,
+         "in_step": True}
+    report = {"layers": [{"name": n, "directions": {"fwd": d}} for n in ("a", "a", "b")],
+              "totals": {"ms": 3.0, "torch_ms": 3.0, "kernels": 3, "torch_kernels": 3}}
+    doc = {"environment": {"date": "2026-12-06T19:00:00+00:00"},
+           "options": {"workspace": 64 << 20},
+           "results": [{"model": "m", "precision": "fp32cl", "report": report,
+                        "steps": {"eager": {"native_ms": 1.0, "converted_ms": 1.0,
+                                            "ratio": 1.0}}}], "skipped": []}
+    path = tmp_path / "2026-12-06-x-zoo.json"
+    path.write_text(json.dumps(doc))
+    z = rz.zoo(rp.load_results(tmp_path))
+    assert f"| 3.00 vs 3.00 (3/3) {rz.OVER_COUNTED} |" in z and rz.OVER_COUNTED_NOTE in z
+    for date, names in (("2026-12-06T21:00:00+00:00", "aab"), ("2026-12-06T19:00:00+00:00", "abc")):
+        doc["environment"]["date"] = date
+        for layer, n in zip(report["layers"], names):
+            layer["name"] = n
+        path.write_text(json.dumps(doc))
+        z = rz.zoo(rp.load_results(tmp_path))
+        assert "| 3.00 vs 3.00 (3/3) |" in z and rz.OVER_COUNTED not in z
+
+
 def test_zoo_conv_ms_of_a_captured_row_is_what_the_capture_ran(tmp_path):
     """A captured row totals each direction a step runs on its GPU choice (Note
     [captured steps run the GPU's choice]), whatever the eager ways ran; a

@@ -107,7 +107,27 @@ def zoo_source(name: str, doc: dict) -> str:
                        + settings + (f"; {note}" if note else ""))
 
 
-def _conv_ms(e: dict, execution: str = "eager") -> str:
+#: ``mucudnn.torch.report`` before 7526756 listed each layer with every
+#: signature of its weight shape and options, the layers' own or not: files
+#: dated before this over-count where a layer is listed more than once
+REPORT_BY_SHAPE_UNTIL = "2026-12-06T20:00"
+#: marks a total such a report over-counts (:data:`OVER_COUNTED_NOTE` says why)
+OVER_COUNTED = "†"
+OVER_COUNTED_NOTE = (
+    f"{OVER_COUNTED} Over-counted: before 7526756 `report()` listed each layer with every "
+    "signature of its weight shape, so these totals count a shape's signatures under every "
+    "layer of that shape (DenseNet's 3x3 convolutions four times).\n")
+
+
+def _over_counted(doc: dict, e: dict) -> bool:
+    """Whether ``e``'s report totals count signatures under layers that did not
+    run them (:data:`REPORT_BY_SHAPE_UNTIL`)."""
+    names = [layer["name"] for layer in (e.get("report") or {}).get("layers", []) if "name" in layer]
+    return str(doc["environment"].get("date") or "") < REPORT_BY_SHAPE_UNTIL \
+        and len(names) != len(set(names))
+
+
+def _conv_ms(doc: dict, e: dict, execution: str = "eager") -> str:
     rep = e.get("report") or {}
     t = rep.get("totals")
     if not t or not t.get("kernels"):
@@ -116,7 +136,8 @@ def _conv_ms(e: dict, execution: str = "eager") -> str:
         t = _captured_totals(rep["layers"]) or t
     elif (rep.get("step_trial") or {}).get("torch"):
         t = _trial_totals(rep["layers"]) or t
-    return f"{t['ms']:.2f} vs {t['torch_ms']:.2f} ({t['torch_kernels']}/{t['kernels']})"
+    mark = f" {OVER_COUNTED}" if _over_counted(doc, e) else ""
+    return f"{t['ms']:.2f} vs {t['torch_ms']:.2f} ({t['torch_kernels']}/{t['kernels']}){mark}"
 
 
 def _captured_totals(layers: list[dict]) -> dict | None:
@@ -266,7 +287,7 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         per_model.append([e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
                           "captured" if ex == "graph" else ex, num(st.get("native_ms")),
                           num(st.get("converted_ms")),
-                          ratio_text(st), _conv_ms(e, ex),
+                          ratio_text(st), _conv_ms(doc, e, ex),
                           _pair(e.get("cold"), "first_step_s", ".1f"),
                           _pair(e.get("grad"), "all", ".2e"), cite])
     failed = sorted({e["model"] for _, _, e, _, _ in steps if e.get("errors")})
@@ -285,13 +306,15 @@ def zoo(results: list[tuple[str, Any]]) -> str:
                       "first step s native / converted", "gradient error native / converted",
                       "source"], per_model, src, "zoo_bench.py"))
     later = _zoo_runs(results)[1]
+    marked = any(_over_counted(doc, e) for _, doc, e, _, _ in steps + later)
+    note = "\n" + OVER_COUNTED_NOTE if marked else ""
     if not later:
-        return text
+        return text + note
     src2 = Sources()
     rows2 = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
               "captured" if ex == "graph" else ex, _mib_limit(doc["options"].get("workspace")),
               torch_search(doc), str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
-              num(st.get("converted_ms")), ratio_text(st), _conv_ms(e, ex), _peaks(st),
+              num(st.get("converted_ms")), ratio_text(st), _conv_ms(doc, e, ex), _peaks(st),
               src2.cite(name, zoo_source(name, doc))]
              for name, doc, e, ex, st in later]
     return text + "\n**Later runs** (sessions after the zoo run above, at any limit or search; " \
@@ -299,7 +322,7 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         + finish(["model", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH",
                   "steps a round", "native ms",
                   "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
-                  "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py")
+                  "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py") + note
 
 
 def _later_means(later: list[tuple[str, dict, dict, str, dict]]) -> str:
