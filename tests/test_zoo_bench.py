@@ -203,6 +203,31 @@ def test_max_seconds_skips(zb, tmp_path):
                                   "reason": "--max-seconds reached"}]
 
 
+def test_max_seconds_weighs_the_longest_model_so_far(zb, tmp_path, monkeypatch):
+    """A model is started only where the longest one so far would end within
+    --max-seconds (the rule itself: the over_budget doctests)."""
+    seen = []
+
+    def record(elapsed, longest, max_seconds):
+        seen.append((elapsed, longest, max_seconds))
+        return None if len(seen) == 1 else "stop"
+    parse = zb.parse_args
+
+    def twice(argv):  # the one CPU model, listed twice (parse_args drops repeats)
+        args = parse(argv)
+        args.models = ["tiny", "tiny"]
+        return args
+    monkeypatch.setattr(zb, "over_budget", record)
+    monkeypatch.setattr(zb, "parse_args", twice)
+    out = tmp_path / "zoo.json"
+    assert zb.main(TINY + ["--no-steps", "--grad-check", "--max-seconds", "1000",
+                           "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (first,) = report["results"]
+    assert [s[1] for s in seen] == [0.0, first["seconds"]] and seen[1][2] == 1000
+    assert report["skipped"] == [{"model": "tiny", "precision": "fp32cl", "reason": "stop"}]
+
+
 def test_resolve_adds_a_second_stage_of_rounds(zb, tmp_path, monkeypatch):
     """--resolve: the rounds Note [resolving a ratio]'s rule grants (given the
     first stage's ratios, SECONDS and the pace of a round) run after --rounds,

@@ -181,7 +181,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="start no new model or precision after this many seconds")
+                    help="start no model or precision that the longest one so far would "
+                         "carry past this many seconds (a run cut short by an outer time "
+                         "limit loses the model in progress)")
     ap.add_argument("--json", default=None, help="write all numbers here (after every model)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument("--isolate", action="store_true",
@@ -581,6 +583,24 @@ def run_isolated(argv: Sequence[str], args: argparse.Namespace, name: str,
     return entry
 
 
+def over_budget(elapsed: float, longest: float, max_seconds: float | None) -> str | None:
+    """Why ``--max-seconds`` starts no further model after ``elapsed`` seconds,
+    the longest model so far having taken ``longest`` (None: start it).
+
+    >>> over_budget(100.0, 30.0, 120.0)
+    '--max-seconds: the longest model so far (30 s) would end past it'
+    >>> over_budget(130.0, 0.0, 120.0), over_budget(80.0, 30.0, 120.0), over_budget(1e9, 1.0, None)
+    ('--max-seconds reached', None, None)
+    """
+    if max_seconds is None:
+        return None
+    if elapsed > max_seconds:
+        return "--max-seconds reached"
+    if elapsed + longest > max_seconds:
+        return f"--max-seconds: the longest model so far ({longest:.0f} s) would end past it"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -609,10 +629,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(report, f, indent=1, default=str)
 
+    longest = 0.0  # seconds of the longest model and precision so far
     for name, precision in pairs:
-        if args.max_seconds is not None and time.perf_counter() - started > args.max_seconds:
-            report["skipped"].append({"model": name, "precision": precision,
-                                      "reason": "--max-seconds reached"})
+        why = over_budget(time.perf_counter() - started, longest, args.max_seconds)
+        if why is not None:
+            report["skipped"].append({"model": name, "precision": precision, "reason": why})
             continue
         if bar is not None:
             bar.set_description(f"{name} {precision}")
@@ -625,6 +646,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["results"].append(entry)
             run_model(args, entry, device, log, save)
         entry["seconds"] = time.perf_counter() - t0
+        longest = max(longest, entry["seconds"])
         log(f"{name} {precision}: took {entry['seconds']:.1f} s")
         save()
         if bar is not None:
