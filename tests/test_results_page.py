@@ -144,7 +144,7 @@ def test_each_gpus_zoo_runs_get_tables_of_their_own(tmp_path):
     out = rp.render(page, rp.load_results(tmp_path))
     main, elsewhere = out.split("<!-- generated: zoo-elsewhere -->")
     assert "resnet18 1.500" in main and "1.250" not in main and "1.125" not in main
-    assert "Later runs" not in main  # a later session on another GPU is not the H200's
+    assert "Other runs" not in main  # a later session on another GPU is not the H200's
     h100, other = elsewhere.split("#### NVIDIA H100 X")[1].split("#### Other GPU")
     assert "resnet18 1.250" in h100 and "1.125" not in h100 and "1.500" not in h100
     assert "resnet18 1.125" in other and "1.250" not in other
@@ -333,7 +333,9 @@ def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     write("2026-12-03-h200-s2-call1-zoo.json", "resnet18", steps=steps)
     res = rp.load_results(tmp_path)
     z, c = rz.zoo(res), rz.zoo_cold(res)
-    assert "resnet18" in z and "alexnet" not in z and "vgg16" not in z
+    main, others = z.split("**Other runs**")  # an earlier run of what s2 did not measure
+    assert "resnet18" in main and "alexnet" not in main and "alexnet" in others
+    assert "vgg16" not in z
     assert "vgg16" in c and "resnet18" not in c
     write("2026-12-03-h200-s3-call1-zoo-cold.json", "densenet121", cold=cold)
     res = rp.load_results(tmp_path)
@@ -436,10 +438,11 @@ def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its
     assert "commit f2cb75e; date 2026-12-03T16:13:18+00:00; device NVIDIA H200; cuDNN 9.19.0" in t
 
 
-def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(tmp_path):
+def test_zoo_table_is_the_newest_whole_zoo_run_and_other_runs_follow_it(tmp_path):
     """The step table and its means come from the newest session whose runs at
     the 64 MiB limit cover rz.MIN_ZOO_MODELS models; a later session with fewer
-    models (or another limit) is listed after it as later runs, not in the means."""
+    models (or another limit) is listed after it as other runs, not in the
+    means, and so is an earlier run of what the zoo run did not measure."""
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234"}
 
@@ -462,7 +465,7 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     write("2026-12-03-h200-s2-call1-zoo.json", ["m0"], 1.01, memory=mem, control_ratio=1.0)
     write("2026-12-03-h200-s2-call2-zoo.json", ["m0"], 1.00, workspace=512 << 20)
     z = rz.zoo(rp.load_results(tmp_path))
-    main, later = z.split("**Later runs**")
+    main, later = z.split("**Other runs**")
     assert f"| fp32 channels-last | eager | {rz.MIN_ZOO_MODELS} | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 10.00 | 10.50 | 1.050 |" in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 | " \
@@ -473,7 +476,7 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     # whole zoo run under it is not the zoo table's run
     write("2026-12-03-h200-s2-call3-zoo.json", zoo, 0.90, search="all")
     z = rz.zoo(rp.load_results(tmp_path))
-    main, later = z.split("**Later runs**")
+    main, later = z.split("**Other runs**")
     assert "| 1.050 |" in main and "0.900" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 10.10 |" in later
     assert "| m0 | fp32 channels-last | eager | 64 | all | 10 | 10.00 | 9.00 | 0.900 |" in later
@@ -486,21 +489,29 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     # a later run with its means, not the zoo table's run
     heldout = [f"h{i}" for i in range(rz.MIN_ZOO_MODELS + 2)]
     write("2026-12-03-h200-s3-call1-zoo.json", heldout, 1.25)
-    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Later runs**")
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Other runs**")
     assert "| 1.050 |" in main and "1.250" not in main
     assert f"| 2026-12-03 s3 | fp32 channels-last | eager | 64 | over-limit | " \
         f"{rz.MIN_ZOO_MODELS + 2} | 1.250 |" in later
     # so is one with the comparisons with PyTorch's call off (every direction on plans)
     write("2026-12-03-h200-s2-call4-zoo.json", zoo, 0.95, native="0")
     z = rz.zoo(rp.load_results(tmp_path))
-    main, later = z.split("**Later runs**")
+    main, later = z.split("**Other runs**")
     assert "| 1.050 |" in main and "0.950" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit, NATIVE=0 | 10 | 10.00 | 9.50 | " \
         "0.950 |" in later
-    # a newer whole zoo run takes the table, and nothing is later than it
+    # a newer whole zoo run takes the table; what it measured again leaves the page
+    # (s1's run, s2's m0 at 64 MiB), what it did not stays as other runs (another
+    # limit, search or comparison setting)
     write("2026-12-03-h200-s3-call1-zoo.json", zoo, 1.02)
-    z = rz.zoo(rp.load_results(tmp_path))
-    assert "| 1.020 |" in z and "1.050" not in z and "Later runs" not in z
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Other runs**")
+    assert "| 1.020 |" in main and "1.050" not in main + later and "1.010" not in later
+    assert "| m0 | fp32 channels-last | eager | 512 | over-limit | 10 | 10.00 | 10.00 | 1.000 |" \
+        in later and "| 64 | all |" in later and "NATIVE=0" in later
+    # with nothing earlier or later that it did not measure, it stands alone
+    for f in tmp_path.glob("2026-12-03-h200-s2-*"):
+        f.unlink()
+    assert "Other runs" not in rz.zoo(rp.load_results(tmp_path))
     # a whole zoo run on a backend with other find options (zoo_bench --backend-option)
     # is not the default search's: never the zoo table's run, its rows its own
     write("2026-12-03-h200-s4-call1-zoo.json", zoo, 0.80)
@@ -508,7 +519,7 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_later_partial_runs_follow_it(
     doc = json.loads(name.read_text())
     doc["options"]["backend_options"] = [["find_hold", False]]
     name.write_text(json.dumps(doc))
-    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Later runs**")
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Other runs**")
     assert "| 1.020 |" in main and "0.800" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit, find_hold=False | 10 | " \
         "10.00 | 8.00 | 0.800 |" in later

@@ -35,8 +35,7 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     for name, doc in docs:
         for e in doc["results"]:
             for ex, st in (e.get("steps") or {}).items():
-                key = (e["model"], e["precision"], ex, doc["options"].get("workspace"),
-                       torch_search(doc))
+                key = _step_key(doc, e, ex)
                 picked.pop(key, None)  # the newer run's place: rows in the order they ran
                 picked[key] = (name, doc, e, ex, st)
     return list(picked.values())
@@ -65,14 +64,21 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
             + "".join(f", {k}={v}" for k, v in options))
 
 
+def _step_key(doc: dict, e: dict, ex: str) -> tuple:
+    """What one step figure measured: model, precision, execution, limit, search."""
+    return (e["model"], e["precision"], ex, doc["options"].get("workspace"), torch_search(doc))
+
+
 def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
-    """The zoo's step runs as (the zoo run, the follow-ups): the zoo run is the
+    """The zoo's step runs as (the zoo run, the other runs): the zoo run is the
     newest session whose step runs at the 64 MiB limit cover at least
     :data:`MIN_ZOO_MODELS` models, :data:`BENCH_NETS` among them (else the
     newest session with step runs at it), so that its geometric means come
-    from one session's run; the
-    follow-ups are every step run of a later session (any limit or search).
-    The zoo run is made under the default ``MUCUDNN_TORCH_SEARCH``."""
+    from one session's run. The other runs are every step run of a later
+    session (any limit or search) and, from earlier sessions, those of a
+    model, precision, execution, limit and search the zoo run did not
+    measure (a captured step, say, which no eager run replaces). The zoo
+    run is made under the default ``MUCUDNN_TORCH_SEARCH``."""
     docs = zoo_with(results, "steps")
     at_limit = [(n, d) for n, d in docs if d["options"].get("workspace") == LIMIT
                 and torch_search(d) == "over-limit"]
@@ -86,8 +92,12 @@ def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
     if not sessions:
         return [], []
     main = max(full) if full else max(sessions)
-    later = [(n, d) for n, d in docs if newness(n)[:2] > main]
-    return _picked_steps(sessions[main]), _picked_steps(later)
+    zoo_run = _picked_steps(sessions[main])
+    measured = {_step_key(d, e, ex) for _, d, e, ex, _ in zoo_run}
+    others = [row for row in _picked_steps([(n, d) for n, d in docs
+                                            if newness(n)[:2] != main])
+              if newness(row[0])[:2] > main or _step_key(row[1], row[2], row[3]) not in measured]
+    return zoo_run, others
 
 
 def zoo_steps(results: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
@@ -317,8 +327,9 @@ def zoo(results: list[tuple[str, Any]]) -> str:
               num(st.get("converted_ms")), ratio_text(st), _conv_ms(doc, e, ex), _peaks(st),
               src2.cite(name, zoo_source(name, doc))]
              for name, doc, e, ex, st in later]
-    return text + "\n**Later runs** (sessions after the zoo run above, at any limit or search; " \
-        "not in its means):\n\n" + _later_means(later) \
+    return text + "\n**Other runs** (later sessions at any limit or search, and earlier ones " \
+        "of a step, limit or search the zoo run above did not measure; not in its means):" \
+        "\n\n" + _later_means(later) \
         + finish(["model", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH",
                   "steps a round", "native ms",
                   "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
