@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -87,6 +88,8 @@ def test_smoke_run_lists_every_convolution_in_step_order(sp, tmp_path, capsys):
     for mode in ("native", "wr"):  # the host profile: times, and its functions
         h = r["per_mode"][mode]["host"]
         assert h["issue_ms"] > 0 and h["profiled_issue_ms"] > 0 and h["steps"] == 2
+        assert len(h["issue_rounds_ms"]) == sp.HOST_ROUNDS  # the modes in turn
+        assert h["issue_ms"] == statistics.median(h["issue_rounds_ms"])
         assert h["functions"]["self"] and all(f["calls"] > 0 for f in h["functions"]["self"])
     names = [f["function"] for f in r["per_mode"]["wr"]["host"]["functions"]["cumulative"]]
     assert any("mucudnn/torch/" in n for n in names)  # the converted layers' calls

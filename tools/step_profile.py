@@ -19,7 +19,8 @@ steps of each mode. Per mode it reports
   layer by layer, which convolutions take longer,
 * the kernels whose time per step differs most between the modes, by name,
 * with ``--host-profile N``: the host milliseconds per step of each mode (the
-  time to issue ``N`` steps, no sync inside, without and under cProfile) and
+  time to issue ``N`` steps, no sync inside: the median of rounds with the
+  modes in turn, and once under cProfile) and
   the functions taking the most host time per step (cProfile's own and
   cumulative times): where a host-bound step's time goes.
 
@@ -61,7 +62,12 @@ import zoo_models  # torchvision's classification names
 # remove it). Kernel categories come from kernel names (``CATEGORIES``, first
 # match wins); cuDNN's convolution kernels have no common prefix, so "conv"
 # lists the families cuDNN 9 uses on Hopper and Ampere (xmma, cutlass,
-# implicit GEMM, its layout transposes and Winograd).
+# implicit GEMM, its layout transposes and Winograd). Host times (--host-profile)
+# are taken before any profiler session runs in the process, in rounds with the
+# modes in turn: the host of a shared machine drifts, and timing one mode
+# after the other can put a difference on every torch call of one mode (batch
+# norm's included, which mucudnn never runs) that interleaved step rounds do
+# not show.
 
 #: (category, regex on the kernel name), first match wins
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -190,33 +196,50 @@ def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
     return by_category(kernels, steps), calls, by_name(kernels, steps)
 
 
-def host_profile(job: ts.TrainJob, steps: int, top: int) -> dict:
+#: rounds of host issue timing, the modes in turn (Note [step profile]): their median
+HOST_ROUNDS = 3
+
+
+def issue_ms(job: ts.TrainJob, steps: int) -> float:
     """Host milliseconds per step to issue ``steps`` steps of ``job`` (no sync
-    inside: with the GPU idle between kernels this is the step's critical path),
-    without and under cProfile, and the profiled run's ``top`` functions
-    (:func:`train_steps.host_profile`: seconds over the ``steps`` steps)."""
+    inside: with the GPU idle between kernels this is the step's critical path)."""
     job.set_flags()
+    ts.sync(job.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        job.next_batch()
+        job.step()
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    ts.sync(job.device)
+    return ms
 
-    def issue() -> float:
-        ts.sync(job.device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            job.next_batch()
-            job.step()
-        ms = (time.perf_counter() - t0) * 1e3 / steps
-        ts.sync(job.device)
-        return ms
 
-    out: dict[str, Any] = {"issue_ms": issue(), "steps": steps}
-    out["profiled_issue_ms"], out["functions"] = ts.host_profile(issue, top)
+def host_profiles(jobs: Mapping[str, ts.TrainJob], steps: int, top: int) -> dict[str, dict]:
+    """Per mode of ``jobs``: the host ms per step of issuing ``steps`` steps
+    (:func:`issue_ms`) in :data:`HOST_ROUNDS` rounds with the modes in turn,
+    their median, and one run under cProfile with its ``top`` functions
+    (:func:`train_steps.host_profile`: seconds over the ``steps`` steps). The
+    modes alternate so that a host that slows or speeds up during the run
+    colours every mode alike."""
+    rounds: dict[str, list[float]] = {m: [] for m in jobs}
+    for _ in range(HOST_ROUNDS):
+        for mode, job in jobs.items():
+            rounds[mode].append(issue_ms(job, steps))
+    out = {}
+    for mode, job in jobs.items():
+        profiled, functions = ts.host_profile(lambda job=job: issue_ms(job, steps), top)
+        out[mode] = {"issue_ms": statistics.median(rounds[mode]), "issue_rounds_ms": rounds[mode],
+                     "steps": steps, "profiled_issue_ms": profiled, "functions": functions}
     return out
 
 
 def host_rows(mode: str, h: Mapping[str, Any]) -> list[str]:
     """Markdown: one mode's host profile, per step."""
-    lines = [f"{mode}: host ms per step {h['issue_ms']:.2f} ({h['profiled_issue_ms']:.2f} "
-             "under cProfile)", "", "| function | calls a step | own ms a step | cumulative ms "
-             "a step |", "|---|---|---|---|"]
+    each = ", ".join(f"{v:.2f}" for v in h.get("issue_rounds_ms", ()))
+    lines = [f"{mode}: host ms per step {h['issue_ms']:.2f} (median of rounds {each}; "
+             f"{h['profiled_issue_ms']:.2f} under cProfile)", "",
+             "| function | calls a step | own ms a step | cumulative ms a step |",
+             "|---|---|---|---|"]
     n = h["steps"]
     for key in ("self", "cumulative"):
         for r in h["functions"][key]:
@@ -273,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "batch": batch, "modes": known.modes, "steps": known.steps,
                               "environment": ts.environment(device), "per_mode": {}}
     cats, calls, names = {}, {}, {}
+    # the host first: no profiler session has run in the process yet (Note [step profile])
+    hosts = host_profiles(dict(zip(known.modes, jobs)), known.host_profile, known.top) \
+        if known.host_profile else {}
     for mode, job, t in zip(known.modes, jobs, times):
         cats[mode], calls[mode], names[mode] = profile_job(job, known.steps)
         step_ms = statistics.median(x for r in t for x in r)
@@ -280,11 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "idle_ms": step_ms - cats[mode].get("all", 0.0),
                                     "conv_calls": calls[mode],
                                     "kernels": {k: list(v) for k, v in names[mode].items()}}
-    hosts = {}
-    if known.host_profile:
-        for mode, job in zip(known.modes, jobs):
-            hosts[mode] = result["per_mode"][mode]["host"] = host_profile(
-                job, known.host_profile, known.top)
+    for mode, h in hosts.items():
+        result["per_mode"][mode]["host"] = h
     for job in jobs:
         job.release()
     lines = [f"{name} {precision} {execution} batch {batch}: GPU ms per step", "",
