@@ -147,6 +147,32 @@ def test_report_lists_each_layer_with_the_signatures_it_ran_alone():
     mt.clear()
 
 
+@given(ran=st.lists(st.lists(st.integers(0, 3), max_size=4), min_size=1, max_size=4),
+       ms=st.lists(st.floats(0.0, 10.0), min_size=4, max_size=4))
+def test_report_rows_and_totals_are_each_layers_own_signatures(ran, ms):
+    """For layers of one weight shape that ran any signatures of a pool (in any
+    order, repeats included), the report lists each layer with the ones it ran,
+    once each in the order first met, and totals exactly those."""
+    model = mt.convert(nn.Sequential(*[nn.Conv2d(8, 16, 1) for _ in ran]),
+                       workspace_limit=1 << 20)
+    mt.clear()
+    cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, 1 << 20, model[0]._mu_options.policy, "", "")
+    for i, t in enumerate(ms):
+        choices = {d: native.decide(d, None, t, 0, 1 << 20) for d in Direction}
+        native._RECORDS.put(("sig", i), native.Record(cfg, (4, 8, i + 1, i + 1), (16, 8, 1, 1),
+                                                      "float32", True, {}, choices))
+    for layer, sigs in zip(model, ran):
+        for i in sigs:
+            if ("sig", i) not in layer._mu_seen:
+                layer._mu_seen.append(("sig", i))
+    rep = mt.report(model)
+    want = [(str(n), i) for n, sigs in enumerate(ran) for i in dict.fromkeys(sigs)]
+    assert [(layer.name, layer.x_shape[2] - 1) for layer in rep.layers] == want
+    assert rep.unmeasured == [str(n) for n, sigs in enumerate(ran) if not sigs]
+    assert rep.as_dict()["totals"]["torch_ms"] == pytest.approx(sum(3 * ms[i] for _, i in want))
+    mt.clear()
+
+
 def test_report_shows_pytorchs_call_where_the_step_trial_runs_it():
     """See Note [the whole-step trial]: while the model's trial runs PyTorch's
     way, a layer whose PyTorch workspace fits in every direction a step runs
