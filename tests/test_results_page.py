@@ -401,11 +401,13 @@ def test_zoo_cold_table_keeps_one_row_per_model_and_precision(tmp_path):
 def test_newest_is_by_date_then_session_and_call():
     names = ["2026-12-02-h200-s14-call8-a.json", "2026-12-01-h200-zz.json",
              "2026-12-02-h200-s14-call10-a.json", "2026-12-02-h200-merged.json.gz",
-             "2026-12-01-h200-s7-call1-b.json", "2026-12-01-h200-zz-final.json"]
+             "2026-12-01-h200-s7-call1-b.json", "2026-12-01-h200-zz-final.json",
+             "2026-12-02-h200-s14-call9b-a.json", "2026-12-02-h200-s14-call9a-b.json"]
     assert sorted(names, key=rt.newness) == [
         "2026-12-01-h200-zz.json", "2026-12-01-h200-zz-final.json",
         "2026-12-01-h200-s7-call1-b.json", "2026-12-02-h200-merged.json.gz",
-        "2026-12-02-h200-s14-call8-a.json", "2026-12-02-h200-s14-call10-a.json"]
+        "2026-12-02-h200-s14-call8-a.json", "2026-12-02-h200-s14-call9a-b.json",
+        "2026-12-02-h200-s14-call9b-a.json", "2026-12-02-h200-s14-call10-a.json"]
 
 
 def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its_directions(

@@ -26,9 +26,10 @@ TABLE_GPU = "NVIDIA H200"
 # -- reading ------------------------------------------------------------------------------------
 def newness(name: str) -> tuple:
     """Sort key, oldest first: the date the name starts with, then the work session and
-    call it names (``-s14-call8-``; none: before numbered sessions), then the name
-    without its extension (``x-final.json`` after ``x.json``)."""
-    m = re.search(r"-s(\d+)-call(\d+)-", name)
+    call it names (``-s14-call8-``, or a part of a call, ``-s14-call8a-``; none:
+    before numbered sessions), then the name without its extension
+    (``x-final.json`` after ``x.json``)."""
+    m = re.search(r"-s(\d+)-call(\d+)[a-z]?-", name)
     return (name[:10], int(m.group(1)) if m else 0, int(m.group(2)) if m else 0,
             name.split(".json")[0])
 
