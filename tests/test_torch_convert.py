@@ -120,6 +120,38 @@ def test_lazy_conv3d_converts():
     torch.testing.assert_close(y, F.conv3d(x, m.weight, m.bias))
 
 
+def test_a_one_dimensional_model_converts_lazy_and_parametrized_layers_included():
+    """nn.Conv1d, LazyConv1d and a weight_norm Conv1d become mucudnn's Conv1d
+    and run on mucudnn (Note [one-dimensional convolutions]), with torch's
+    float64 results and gradients."""
+    torch.manual_seed(5)
+    native = nn.Sequential(nn.Conv1d(3, 4, 3, padding=1, padding_mode="reflect"), nn.ReLU(),
+                           parametrizations.weight_norm(nn.Conv1d(4, 4, 5, groups=2)),
+                           nn.LazyConv1d(2, 1, stride=2)).double()
+    native(torch.randn(1, 3, 12, dtype=torch.float64))  # materialise the lazy layer
+    model = copy.deepcopy(native)
+    model[3] = nn.LazyConv1d(2, 1, stride=2).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left native
+        mt.convert(model)
+    mt.clear()
+    x = torch.randn(3, 3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    xm, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    model(xm[:1])  # materialises the lazy layer as mucudnn's
+    model[3].load_state_dict(native[3].state_dict())
+    assert [type(model[i]) for i in (0, 3)] == [mt.Conv1d, mt.Conv1d]
+    assert isinstance(model[2], mt.Conv1d) and parametrize.is_parametrized(model[2], "weight")
+    mt.clear()
+    y, yr = model(xm), native(xr)
+    assert len(mt.cached_convolutions()) == 3
+    _close(y, yr)
+    y.square().sum().backward()
+    yr.square().sum().backward()
+    _close(xm.grad, xr.grad)
+    for p, q in zip(model.parameters(), native.parameters()):
+        _close(p.grad, q.grad)
+
+
 @pytest.mark.parametrize("norm", ["weight_norm", "spectral_norm"])
 def test_parametrized_convolutions_convert(norm):
     torch.manual_seed(3)
@@ -174,12 +206,19 @@ def test_conv_subclasses_left_native_are_named_in_a_warning():
         pass
 
     m = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Sequential(MyConv(1, 1, 1)))
-    with pytest.warns(mt.ConvertWarning, match=r"1\.0"):
+    with pytest.warns(mt.ConvertWarning, match=r"1\.0 \(MyConv\)"):
         mt.convert(m)
     assert type(m[1][0]) is MyConv and type(m[0]) is mt.Conv2d
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        mt.convert(nn.Sequential(nn.Conv2d(1, 1, 1), nn.ConvTranspose2d(1, 1, 1)))
+    # transposed convolutions stay native, their workspace PyTorch's: named too
+    t = nn.Sequential(nn.Conv1d(1, 1, 1), nn.ConvTranspose2d(1, 1, 1), nn.ConvTranspose1d(1, 1, 1))
+    with pytest.warns(mt.ConvertWarning) as got:
+        mt.convert(t)
+    (w,) = got
+    assert "1 (ConvTranspose2d), 2 (ConvTranspose1d)" in str(w.message)
+    assert "not held to the limit" in str(w.message) and "0 (" not in str(w.message)
+    assert type(t[0]) is mt.Conv1d and type(t[1]) is nn.ConvTranspose2d
+    with pytest.warns(mt.ConvertWarning, match=r"\(the module\) \(ConvTranspose3d\)"):
+        mt.convert(nn.ConvTranspose3d(1, 1, 1))
 
 
 def test_a_converted_model_on_meta_tensors_runs_torch_and_the_functional_form_names_the_device():

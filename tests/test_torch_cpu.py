@@ -230,7 +230,7 @@ def conv_configs(draw, nd=2):
     return dict(cin=cin, cout=cout, kernel=kernel, stride=stride, padding=padding,
                 dilation=dilation, groups=groups, bias=draw(st.booleans()), padding_mode=mode,
                 batch=draw(st.sampled_from([None, 1, 2, 3])), spatial=spatial,
-                channels_last=draw(st.booleans()) if nd == 2 else False,
+                channels_last=draw(st.booleans()) if nd in (1, 2) else False,
                 seed=draw(st.integers(0, 2 ** 16)))
 
 
@@ -240,7 +240,8 @@ def _check_against_native(cfg, nd):
     so the two float32 sides are not compared with each other): output, input
     and weight gradients (and the bias's) within 1e-5 of float64's, norm-wise,
     or within twice torch.nn's own error where that is more."""
-    native_cls, mu_cls = (nn.Conv2d, mt.Conv2d) if nd == 2 else (nn.Conv3d, mt.Conv3d)
+    native_cls, mu_cls = {1: (nn.Conv1d, mt.Conv1d), 2: (nn.Conv2d, mt.Conv2d),
+                          3: (nn.Conv3d, mt.Conv3d)}[nd]
     torch.manual_seed(cfg["seed"])
     kw = dict(stride=cfg["stride"], padding=cfg["padding"], dilation=cfg["dilation"],
               groups=cfg["groups"], bias=cfg["bias"], padding_mode=cfg["padding_mode"])
@@ -250,8 +251,9 @@ def _check_against_native(cfg, nd):
     ref64 = copy.deepcopy(ref).double()
     shape = ((cfg["batch"],) if cfg["batch"] else ()) + (cfg["cin"],) + cfg["spatial"]
     x = torch.randn(shape)
-    if cfg["channels_last"] and cfg["batch"]:
-        x = x.contiguous(memory_format=torch.channels_last)
+    if cfg["channels_last"] and cfg["batch"]:  # 1-D: an (N, L, C) tensor's transpose
+        x = x.contiguous(memory_format=torch.channels_last) if nd == 2 \
+            else x.transpose(1, 2).contiguous().transpose(1, 2)
     xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     x64 = x.double().requires_grad_(True)
     yr, ym, y64 = ref(xr), mine(xm), ref64(x64)
@@ -280,6 +282,59 @@ def test_conv2d_module_matches_nn_conv2d(cfg):
 @given(conv_configs(nd=3))
 def test_conv3d_module_matches_nn_conv3d(cfg):
     _check_against_native(cfg, 3)
+
+
+@settings(max_examples=30)
+@given(conv_configs(nd=1))
+def test_conv1d_module_matches_nn_conv1d(cfg):
+    _check_against_native(cfg, 1)
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_conv1d_runs_as_pytorch_does_a_2d_convolution_of_height_1(permuted):
+    """See Note [one-dimensional convolutions]. The problem planned is (N, C,
+    1, L) by (K, C/g, 1, k), NCHW even for an input laid out (N, L, C) (PyTorch makes
+    it contiguous first); forced plans of three micro-batches give float64's
+    results and gradients, and the output is (N, K, L')."""
+    clear_all()
+    source = _MixedPlans()  # held: the engine keeps plan sources weakly
+    token = engine.register_plan_source(source)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 6, 9, generator=g, dtype=torch.float64)
+    if permuted:
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(4, 3, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(4, generator=g, dtype=torch.float64)
+    xm, wm, bm = (t.clone().requires_grad_(True) for t in (x, w, b))
+    xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
+    opts = functional.options(None, "powerOfTwo", None)
+    y = functional._convnd(1, xm, wm, bm, 2, 2, 2, 2, opts, plans=f"{token}:layer")
+    ref = F.conv1d(xr, wr, br, stride=2, padding=2, dilation=2, groups=2)
+    assert y.shape == ref.shape == (8, 4, 5)
+    _close(y, ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    y.backward(dy)
+    ref.backward(dy)
+    for got, want in ((xm.grad, xr.grad), (wm.grad, wr.grad), (bm.grad, br.grad)):
+        _close(got, want, rtol=1e-12, atol=1e-12)
+    (conv,) = mt.cached_convolutions()
+    key = conv.problem.key()
+    assert ":x=8x6x1x9:w=4x3x1x3:stride=1x2:pad=0x2:dil=1x2:g=2:" in key and ":NCHW:" in key
+    assert {d: p.describe() for d, p in conv.plans.items()} == {d: "3 + 2 + 3" for d in Direction}
+
+
+def test_conv1d_functional_unbatched_same_padding_and_errors():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    _close(mt.conv1d(x, w, padding="same"), F.conv1d(x, w, padding="same"),
+           rtol=1e-12, atol=1e-12)
+    with pytest.raises(mt.TorchValueError, match=r"weight: expected a 3-D tensor"):
+        mt.conv1d(x, w.unsqueeze(2))
+    with pytest.raises(mt.TorchValueError, match=r"input: expected a 2-D \(unbatched\) or 3-D"):
+        mt.conv1d(x.unsqueeze(0).unsqueeze(0), w)
+    with pytest.raises(mt.TorchValueError, match=r"stride: .*1"):
+        mt.conv1d(x, w, stride=(1, 1))
 
 
 def test_functional_unbatched_and_empty_batch():

@@ -1,10 +1,10 @@
 """A fuzzer of mucudnn.torch's functional API against torch's own
 convolutions on the CPU (NumPy backend), in float64: hypothesis draws
-``conv2d``/``conv3d`` arguments (shapes, strides, paddings including
+``conv1d``/``conv2d``/``conv3d`` arguments (shapes, strides, paddings including
 ``'same'``/``'valid'``, dilations, groups, dtypes, bias, batched or not,
 channels-last, argument forms) and checks that outputs, gradients, forward-AD
 tangents, double-backward gradients and vmap results match
-``F.conv2d``/``F.conv3d``; and that a bad value of any argument raises a
+``F.conv1d``/``F.conv2d``/``F.conv3d``; and that a bad value of any argument raises a
 :class:`mucudnn.MucudnnError` that is also the builtin ``ValueError`` /
 ``TypeError`` and names the argument, never a raw torch or NumPy error.
 
@@ -28,6 +28,8 @@ import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 
 D = torch.float64
+MINE = {1: mt.conv1d, 2: mt.conv2d, 3: mt.conv3d}
+NATIVE = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 pytestmark = pytest.mark.usefixtures("cache_off")
@@ -52,17 +54,18 @@ class Case:
         w = torch.randn(self.w_shape, dtype=D, generator=g)
         b = torch.randn(self.w_shape[0], dtype=D, generator=g) if self.bias else None
         if self.channels_last and x.dim() == self.nd + 2:
-            fmt = torch.channels_last if self.nd == 2 else torch.channels_last_3d
-            x = x.contiguous(memory_format=fmt)
+            if self.nd == 1:  # an (N, L, C) tensor's transpose
+                x = x.transpose(1, 2).contiguous().transpose(1, 2)
+            else:
+                fmt = torch.channels_last if self.nd == 2 else torch.channels_last_3d
+                x = x.contiguous(memory_format=fmt)
         return tuple(None if t is None else t.to(dtype) for t in (x, w, b))
 
     def mine(self, x, w, b):
-        f = mt.conv2d if self.nd == 2 else mt.conv3d
-        return f(x, w, b, **self.kwargs, **self.options)
+        return MINE[self.nd](x, w, b, **self.kwargs, **self.options)
 
     def native(self, x, w, b):
-        f = F.conv2d if self.nd == 2 else F.conv3d
-        return f(x, w, b, **self.kwargs)
+        return NATIVE[self.nd](x, w, b, **self.kwargs)
 
 
 def _form(draw, values: tuple, nd: int) -> Any:
@@ -74,11 +77,11 @@ def _form(draw, values: tuple, nd: int) -> Any:
 
 @st.composite
 def cases(draw, nd: "int | None" = None) -> Case:
-    nd = nd or draw(st.sampled_from([2, 2, 3]))
+    nd = nd or draw(st.sampled_from([1, 2, 2, 3]))
     groups = draw(st.integers(1, 3))
     cg, kg = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     n = draw(st.sampled_from([1, 2, 2, 0]))
-    big = 3 if nd == 2 else 2
+    big = {1: 5, 2: 3, 3: 2}[nd]
     kernel = tuple(draw(st.integers(1, big)) for _ in range(nd))
     dilation = tuple(draw(st.integers(1, 2)) for _ in range(nd))
     padding_kind = draw(st.sampled_from(["ints", "ints", "same", "valid"]))
@@ -87,7 +90,7 @@ def cases(draw, nd: "int | None" = None) -> Case:
     pad = tuple(draw(st.integers(0, 2)) for _ in range(nd)) if padding_kind == "ints" \
         else (0,) * nd
     spatial = tuple(max(1, dilation[i] * (kernel[i] - 1) + 1 - 2 * pad[i]
-                        + draw(st.integers(0, 3 if nd == 2 else 1))) for i in range(nd))
+                        + draw(st.integers(0, {1: 5, 2: 3, 3: 1}[nd]))) for i in range(nd))
     kwargs: dict = {}
     if padding_kind in ("same", "valid"):
         kwargs["padding"] = padding_kind
@@ -249,7 +252,7 @@ def test_a_bad_argument_raises_a_mucudnn_error_naming_it(case, bad):
     kwargs = {**case.kwargs, **case.options, name: value}
     if name == "stride" and kwargs.get("padding") == "same":
         kwargs["padding"] = 0
-    f = mt.conv2d if case.nd == 2 else mt.conv3d
+    f = MINE[case.nd]
     if name == "groups" and value == 7:
         kwargs["padding"] = 0 if kwargs.get("padding") == "same" else kwargs.get("padding", 0)
     with pytest.raises(Exception) as info:
@@ -265,7 +268,7 @@ def test_a_bad_tensor_raises_a_mucudnn_error_naming_it(case, bad):
         b = torch.zeros(w.shape[0], dtype=D)
     args = {"input": x, "weight": w, "bias": b}
     args[name] = make(x, w, b)
-    f = mt.conv2d if case.nd == 2 else mt.conv3d
+    f = MINE[case.nd]
     ref = None
     if args["input"] is not x and isinstance(args["input"], torch.Tensor) \
             and args["input"].dtype == D and 0 in args["input"].shape[1:]:

@@ -14,6 +14,7 @@ Run: ``python -m pytest -q -m gpu tests/test_torch_gpu.py``
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 
@@ -73,6 +74,22 @@ def _reference(fn, x, w, b, **kw):
     return y.detach(), dy, (x64.grad, w64.grad, b64.grad)
 
 
+def _matches_float64(mine, native, x, w, b, tol, **kw):
+    """``mine(x, w, b, **kw)`` and its gradients (for float64's dy) within
+    ``tol`` of ``native``'s float64 run (gradients of float32 within 10 x
+    ``tol``: their sums are longer); returns the float64 output."""
+    y64, dy64, refs = _reference(native, x, w, b, **kw)
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
+    y = mine(xs, ws, bs, **kw)
+    assert y.dtype == x.dtype and y.shape == y64.shape
+    y.backward(dy64.to(x.dtype))
+    assert rel(y, y64) < tol
+    for got, want in zip((xs.grad, ws.grad, bs.grad), refs):
+        assert got.dtype == x.dtype
+        assert rel(got, want) < tol * (10 if x.dtype == torch.float32 else 1)
+    return y64
+
+
 CONFIGS_2D = [
     dict(x=(16, 32, 28, 28), w=(64, 32, 3, 3), stride=1, padding=1, dilation=1, groups=1),
     dict(x=(12, 16, 17, 19), w=(32, 8, 3, 5), stride=(2, 1), padding=(1, 2), dilation=1, groups=2),
@@ -90,15 +107,8 @@ def test_conv2d_against_float64(cfg, dtype, tol, no_tf32):
     w = (torch.randn(cfg["w"], device="cuda", generator=g) / 10).to(dtype)
     b = torch.randn(cfg["w"][0], device="cuda", generator=g).to(dtype)
     kw = {k: cfg[k] for k in ("stride", "padding", "dilation", "groups")}
-    y64, dy64, refs = _reference(F.conv2d, x, w, b, **kw)
-    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
-    y = mt.conv2d(xs, ws, bs, **kw, workspace_limit=8 << 20)
-    assert y.dtype == dtype and y.shape == y64.shape
-    y.backward(dy64.to(dtype))
-    assert rel(y, y64) < tol
-    for got, want in zip((xs.grad, ws.grad, bs.grad), refs):
-        assert got.dtype == dtype
-        assert rel(got, want) < tol * (10 if dtype == torch.float32 else 1)
+    _matches_float64(functools.partial(mt.conv2d, workspace_limit=8 << 20), F.conv2d, x, w, b,
+                     tol, **kw)
 
 
 def test_default_tf32_math_matches_native(monkeypatch):
@@ -117,17 +127,45 @@ def test_conv3d_against_float64(no_tf32):
     w = torch.randn(16, 4, 3, 3, 3, device="cuda", generator=g) / 10
     b = torch.randn(16, device="cuda", generator=g)
     kw = dict(stride=(1, 2, 1), padding=1, dilation=(2, 1, 1), groups=2)
-    y64, dy64, refs = _reference(F.conv3d, x, w, b, **kw)
-    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
-    y = mt.conv3d(xs, ws, bs, **kw)
-    y.backward(dy64.float())
-    assert rel(y, y64) < FMA_TOL
-    for got, want in zip((xs.grad, ws.grad, bs.grad), refs):
-        assert rel(got, want) < 10 * FMA_TOL
+    y64 = _matches_float64(mt.conv3d, F.conv3d, x, w, b, FMA_TOL, **kw)
     xc = x.contiguous(memory_format=torch.channels_last_3d)
     yc = mt.conv3d(xc, w, b, **kw)
     assert yc.is_contiguous(memory_format=torch.channels_last_3d)
     assert rel(yc, y64) < FMA_TOL
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, FMA_TOL), (torch.bfloat16, BF16_TOL)],
+                         ids=["fp32", "bf16"])
+@pytest.mark.parametrize("permuted", [False, True], ids=["ncl", "nlc"])
+def test_conv1d_against_float64(dtype, tol, permuted, no_tf32):
+    """See Note [one-dimensional convolutions]. A 1-D convolution (an input laid
+    out (N, L, C) included) under a cap that splits its batch, and a converted
+    1-D model's training step, each against float64 (the model's native side
+    too, so both errors are read against the same reference)."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(64, 32, 4001, device="cuda", generator=g).to(dtype)
+    if permuted:
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    w = (torch.randn(64, 16, 9, device="cuda", generator=g) / 10).to(dtype)
+    b = torch.randn(64, device="cuda", generator=g).to(dtype)
+    kw = dict(stride=2, padding=4, dilation=2, groups=2)
+    _matches_float64(functools.partial(mt.conv1d, workspace_limit=1 << 20), F.conv1d, x, w, b,
+                     tol, **kw)
+    conv = [c for c in mt.cached_convolutions() if c.problem.w_shape == (64, 16, 1, 9)][-1]
+    assert conv.problem.layout == "NCHW" and conv.problem.x_shape == (64, 32, 1, 4001)
+    torch.manual_seed(6)
+    native = nn.Sequential(nn.Conv1d(8, 16, 7, padding=3), nn.ReLU(), nn.Conv1d(16, 4, 3)).cuda()
+    model = mt.convert(copy.deepcopy(native), workspace_limit=1 << 20)
+    assert type(model[0]) is mt.Conv1d
+    x = torch.randn(32, 8, 2048, device="cuda", generator=g)
+    native64 = copy.deepcopy(native).double()
+    errors = []
+    for m, xx in ((model, x), (native, x), (native64, x.double())):
+        xr = xx.clone().requires_grad_(True)
+        m(xr).square().mean().backward()
+        errors.append([xr.grad] + [p.grad for p in m.parameters()])
+    for got, theirs, want in zip(*errors):
+        assert rel(got, want) <= max(FMA_TOL, 1.5 * rel(theirs, want))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -3,11 +3,13 @@
 Three lines convert a model::
 
     import mucudnn.torch as mt
-    model = mt.convert(model, workspace_limit=64 << 20)   # every nn.Conv2d/Conv3d, in place
+    model = mt.convert(model, workspace_limit=64 << 20)   # every nn.Conv1d/2d/3d, in place
     # ... train as before: same parameters, same optimizer, same state_dict
 
-or build layers directly (:class:`Conv2d`, :class:`Conv3d`, subclasses of
-torch's) or call :func:`conv2d`/:func:`conv3d` (as ``torch.nn.functional``'s).
+or build layers directly (:class:`Conv1d`, :class:`Conv2d`, :class:`Conv3d`,
+subclasses of torch's) or call :func:`conv1d`/:func:`conv2d`/:func:`conv3d`
+(as ``torch.nn.functional``'s; 1-D convolutions run as 2-D ones of height 1,
+as PyTorch runs them on cuDNN).
 Forward, backward-data and backward-filter each run micro-batched with the
 fastest cuDNN algorithms whose workspace fits the limit
 (:class:`mucudnn.Convolution` underneath, one per distinct problem, cached).
@@ -110,15 +112,16 @@ import torch  # noqa: F401  (this package is the only room of mucudnn that impor
 from .convert import MODES, ConvertWarning, WDPlanner, convert
 from .distributed import SharedPlans, share_plans
 from .engine import MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear
-from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv2d, conv3d
-from .modules import Conv2d, Conv3d
+from .functional import (DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv1d, conv2d,
+                         conv3d)
+from .modules import Conv1d, Conv2d, Conv3d
 from .ops import ConvFunction
 from .report import LayerReport, Report, report
 from .workspace import release_workspace, workspace_bytes
 
-__all__ = ["Conv2d", "Conv3d", "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
            "MAX_CONVOLUTIONS",
            "MODES", "SharedPlans", "TorchBridgeError", "TorchTypeError", "TorchValueError",
-           "WDPlanner", "cached_convolutions", "clear", "conv2d", "conv3d", "convert",
+           "WDPlanner", "cached_convolutions", "clear", "conv1d", "conv2d", "conv3d", "convert",
            "release_workspace", "share_plans", "workspace_bytes", "report", "Report",
            "LayerReport"]

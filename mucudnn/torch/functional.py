@@ -1,5 +1,5 @@
-"""``conv2d``/``conv3d`` with the semantics of ``torch.nn.functional.conv2d/conv3d``,
-run micro-batched by mucudnn.
+"""``conv1d``/``conv2d``/``conv3d`` with the semantics of
+``torch.nn.functional``'s, run micro-batched by mucudnn.
 
 Arguments are checked before any device work; a wrong one raises
 :class:`TorchValueError` / :class:`TorchTypeError` (a ValueError / TypeError
@@ -29,7 +29,7 @@ from ..units import int_tuple
 from . import engine, ops
 from .engine import DTYPES, ConvConfig
 
-__all__ = ["conv2d", "conv3d", "Options", "options", "TorchValueError", "TorchTypeError",
+__all__ = ["conv1d", "conv2d", "conv3d", "Options", "options", "TorchValueError", "TorchTypeError",
            "DEFAULT_WORKSPACE_LIMIT"]
 
 #: The default per-kernel workspace limit (64 MiB), as mucudnn's.
@@ -171,6 +171,19 @@ def _same_padding(nd: int, weight: torch.Tensor, stride: tuple[int, ...],
 #: The device types mucudnn runs on (a converted module on any other runs torch's own).
 _DEVICE_TYPES = ("cuda", "cpu")
 
+# Note [one-dimensional convolutions]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# cuDNN has no 1-D convolution. PyTorch runs ``conv1d`` on cuDNN as a 2-D
+# convolution of height 1 (``_convolution`` in aten's Convolution.cpp: the
+# input made contiguous, so that a permuted input does not run NHWC, then
+# ``view4d``, and stride 1, padding 0 and dilation 1 put before the width's),
+# and so does mucudnn, after the same checks on the 1-D arguments: x ``(N, C,
+# L)`` as ``(N, C, 1, L)``, the weight ``(K, C/g, k)`` as ``(K, C/g, 1, k)``,
+# and the output's view drops the height again. So a converted ``Conv1d``
+# plans, caches and reports the very problem PyTorch's own call runs, which
+# its comparison with PyTorch's call (Note [never slower than native]) needs;
+# its gradients flow through the views.
+
 
 def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
             dilation: Any, groups: Any, opts: Options, plans: str = "") -> torch.Tensor:
@@ -250,10 +263,15 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
                 f"input: spatial size {tuple(xs[2:])} is smaller than the dilated kernel "
                 f"{tuple(dil[j] * (ws[j + 2] - 1) + 1 for j in range(nd))} "
                 f"with padding {pad}")
+    if nd == 1:  # Note [one-dimensional convolutions]
+        x, weight = x.contiguous().unsqueeze(2), weight.unsqueeze(2)
+        st, pad, dil = (1,) + st, (0,) + pad, (1,) + dil
     cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
     if xs[0] == 0:  # no device work follows: check that the backend takes this device
         engine._backend_for(cfg.backend, device)
     y = ops.apply(x, weight, bias, cfg)
+    if nd == 1:
+        y = y.squeeze(2)
     return y if batched else y.squeeze(0)
 
 
@@ -261,6 +279,24 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.is_floating_point() and t.dtype != torch.float64 and t.dtype != dtype:
         return t.to(dtype)
     return t
+
+
+def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,
+           stride: IntOrTuple = 1, padding: "IntOrTuple | str" = 0, dilation: IntOrTuple = 1,
+           groups: int = 1, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+           policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> torch.Tensor:
+    """1-D convolution as ``torch.nn.functional.conv1d`` (see :func:`conv2d`):
+    ``input`` ``(N, C, L)`` or ``(C, L)``, ``weight`` ``(K, C/groups, k)``; it
+    runs as PyTorch's does on cuDNN, a 2-D convolution of height 1 (Note
+    [one-dimensional convolutions]).
+
+    >>> import torch
+    >>> y = conv1d(torch.ones(2, 3, 7), torch.ones(4, 3, 3), stride=2, padding=1)
+    >>> tuple(y.shape), float(y[0, 0, 0]), float(y[0, 0, 1])
+    ((2, 4, 4), 6.0, 9.0)
+    """
+    return _convnd(1, input, weight, bias, stride, padding, dilation, groups,
+                   options(workspace_limit, policy, backend))
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None" = None,

@@ -1,5 +1,5 @@
-"""``Conv2d`` and ``Conv3d``: ``torch.nn.Conv2d``/``Conv3d`` whose convolutions
-run micro-batched by mucudnn.
+"""``Conv1d``, ``Conv2d`` and ``Conv3d``: ``torch.nn``'s modules whose
+convolutions run micro-batched by mucudnn.
 
 They are subclasses with the same constructor (plus keyword-only
 ``workspace_limit``, ``policy``, ``backend``), the same parameters and the same
@@ -36,7 +36,7 @@ from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd
 from .step_guard import RECORDING
 from .step_trial import StepTrial
 
-__all__ = ["Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
 
 #: Input signatures a module remembers as settled on PyTorch's own call or as
 #: fitting its limit (every settled one fits).
@@ -67,7 +67,7 @@ def _signature(x: torch.Tensor, w: torch.Tensor) -> tuple:
 
 
 class MucudnnConvMixin:
-    """What :class:`Conv2d` and :class:`Conv3d` add to torch's modules; also
+    """What :class:`Conv1d`, :class:`Conv2d` and :class:`Conv3d` add to torch's modules; also
     what :func:`mucudnn.torch.convert` installs on an existing module."""
 
     _nd: int
@@ -209,6 +209,20 @@ class MucudnnConvMixin:
         if self._mu_plans:
             s += ", mode='wd'"
         return s
+
+
+class Conv1d(MucudnnConvMixin, nn.Conv1d):
+    """``torch.nn.Conv1d`` run micro-batched by mucudnn (as a 2-D convolution
+    of height 1, as PyTorch runs it on cuDNN: Note [one-dimensional
+    convolutions] in :mod:`.functional`).
+
+    >>> import torch
+    >>> m = Conv1d(4, 6, 5, stride=2, padding="valid", groups=2, padding_mode="circular")
+    >>> tuple(m(torch.randn(3, 4, 11)).shape)
+    (3, 6, 4)
+    """
+
+    _nd = 1
 
 
 class Conv2d(MucudnnConvMixin, nn.Conv2d):
