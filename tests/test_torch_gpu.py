@@ -139,9 +139,10 @@ def test_conv3d_against_float64(no_tf32):
 @pytest.mark.parametrize("permuted", [False, True], ids=["ncl", "nlc"])
 def test_conv1d_against_float64(dtype, tol, permuted, no_tf32):
     """See Note [one-dimensional convolutions]. A 1-D convolution (an input laid
-    out (N, L, C) included) under a cap that splits its batch, and a converted
-    1-D model's training step, each against float64 (the model's native side
-    too, so both errors are read against the same reference)."""
+    out (N, L, C) included) under a 1 MiB cap, planned as the height-1 NCHW
+    problem within the cap, and a converted 1-D model's training step, each
+    against float64 (the model's native side too, so both errors are read
+    against the same reference)."""
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(64, 32, 4001, device="cuda", generator=g).to(dtype)
     if permuted:
@@ -153,6 +154,7 @@ def test_conv1d_against_float64(dtype, tol, permuted, no_tf32):
                      tol, **kw)
     conv = [c for c in mt.cached_convolutions() if c.problem.w_shape == (64, 16, 1, 9)][-1]
     assert conv.problem.layout == "NCHW" and conv.problem.x_shape == (64, 32, 1, 4001)
+    assert all(p.workspace_bytes <= 1 << 20 for p in conv.plans.values())
     torch.manual_seed(6)
     native = nn.Sequential(nn.Conv1d(8, 16, 7, padding=3), nn.ReLU(), nn.Conv1d(16, 4, 3)).cuda()
     model = mt.convert(copy.deepcopy(native), workspace_limit=1 << 20)
