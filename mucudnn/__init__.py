@@ -11,9 +11,9 @@ NumPy backend runs the whole engine on any machine.
 Three ways to use it:
 
 * **On arrays**: :class:`Convolution` is a layer whose plan for each
-  direction is made on first use and cached; :func:`conv2d`, :func:`conv3d`,
-  :func:`conv_backward_data` and :func:`conv_backward_filter` are the
-  functional forms. NumPy arrays, :class:`mucudnn.cuda.DeviceArray` or
+  direction is made on first use and cached; :func:`conv1d`, :func:`conv2d`,
+  :func:`conv3d`, :func:`conv_backward_data` and :func:`conv_backward_filter`
+  are the functional forms. NumPy arrays, :class:`mucudnn.cuda.DeviceArray` or
   anything with ``__cuda_array_interface__`` (PyTorch, CuPy) go in, and come
   back in the kind given.
 * **For frameworks that drive cuDNN themselves**: :class:`MicroBatchHandle`
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
                                 CudnnLibraryError, CudnnLibraryNotFoundError, CudnnVersionError,
                                 ExecutionFailedError, InternalError, NotInitializedError,
                                 NotSupportedError)
-    from .api import (Convolution, MicroBatchHandle, clear_caches, conv2d, conv3d,
+    from .api import (Convolution, MicroBatchHandle, clear_caches, conv1d, conv2d, conv3d,
                       conv_backward_data, conv_backward_filter)
     from .backends import Backend, BackendBase, ConvTensors, available_backends, get_backend
     from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
@@ -98,7 +98,7 @@ _LAZY: dict[str, str] = {
                      "CudnnLibraryNotFoundError", "CudnnVersionError", "ExecutionFailedError",
                      "InternalError", "NotInitializedError", "NotSupportedError"],
                     "._cudnn.errors"),
-    **dict.fromkeys(["Convolution", "MicroBatchHandle", "clear_caches", "conv2d", "conv3d",
+    **dict.fromkeys(["Convolution", "MicroBatchHandle", "clear_caches", "conv1d", "conv2d", "conv3d",
                      "conv_backward_data", "conv_backward_filter"], ".api"),
     **dict.fromkeys(["Backend", "BackendBase", "ConvTensors", "available_backends",
                      "get_backend"], ".backends"),
@@ -141,7 +141,7 @@ __all__ = [
     # values
     "AlgoPerf", "ConvProblem", "Direction", "MicroBatch", "Plan",
     # running convolutions
-    "Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
+    "Convolution", "MicroBatchHandle", "conv1d", "conv2d", "conv3d", "conv_backward_data",
     "conv_backward_filter", "clear_caches",
     # backends
     "Backend", "BackendBase", "ConvTensors", "available_backends", "get_backend",

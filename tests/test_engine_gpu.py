@@ -379,6 +379,41 @@ def test_conv2d_on_gpu_reuses_plans(be, torch):
     assert torch.equal(r1, r2)
 
 
+@pytest.mark.parametrize("layout", ["NCL", "NLC"])
+def test_conv1d_on_gpu_arrays_matches_torch_float64(be, torch, layout):
+    """Note [1-D arrays as height-1 views] on a GPU: torch CUDA tensors in,
+    a torch tensor out; DeviceArrays in, written into a given DeviceArray; the
+    three directions against torch's float64 conv1d and its gradients."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((16, 8, 301)).astype(np.float32)
+    w = rng.standard_normal((12, 4, 5)).astype(np.float32)
+    kw = dict(stride=2, padding=2, dilation=3, groups=2)
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    wt = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    yt = torch.nn.functional.conv1d(xt, wt, **kw)
+    dy = rng.standard_normal(tuple(yt.shape)).astype(np.float32)
+    yt.backward(torch.tensor(dy, dtype=torch.float64))
+
+    def lay(a):
+        return np.ascontiguousarray(a.transpose(0, 2, 1)) if layout == "NLC" else a
+
+    opts = dict(kw, layout=layout, math="fma", backend=be, workspace_limit=1 << 20)
+    cx, cw, cdy = (torch.from_numpy(lay(a)).cuda() for a in (x, w, dy))
+    got = mu.conv1d(cx, cw, **opts)
+    assert isinstance(got, torch.Tensor) and got.is_cuda
+    assert rel_err(got.cpu().numpy(), lay(yt.detach().numpy())) < FMA_REF
+    dx = mu.conv_backward_data(cdy, cw, tuple(cx.shape), **opts)
+    assert rel_err(dx.cpu().numpy(), lay(xt.grad.numpy())) < FMA_REF
+    dw = mu.conv_backward_filter(cx, cdy, tuple(cw.shape), **opts)
+    assert rel_err(dw.cpu().numpy(), lay(wt.grad.numpy())) < 10 * FMA_REF
+    from mucudnn.cuda import DeviceArray
+
+    ax, aw = (DeviceArray.from_numpy(lay(a)) for a in (x, w))
+    out = DeviceArray(tuple(got.shape), "float32")
+    assert mu.conv1d(ax, aw, out=out, **opts) is out
+    assert rel_err(out.to_numpy(), lay(yt.detach().numpy())) < FMA_REF
+
+
 # -- the warm path notices every change --------------------------------------------------------
 
 def test_bound_plans_are_reused_and_every_change_is_noticed(be, torch):

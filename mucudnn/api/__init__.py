@@ -1,5 +1,5 @@
 """The public API: :class:`Convolution` (a layer with cached micro-batch plans)
-and the functional helpers :func:`conv2d`, :func:`conv3d`,
+and the functional helpers :func:`conv1d`, :func:`conv2d`, :func:`conv3d`,
 :func:`conv_backward_data`, :func:`conv_backward_filter`.
 
 >>> import numpy as np
@@ -83,8 +83,9 @@ The modules, by job (each public name is importable from here):
 from __future__ import annotations
 
 from .convolution import Convolution
-from .functional import clear_caches, conv2d, conv3d, conv_backward_data, conv_backward_filter
+from .functional import (clear_caches, conv1d, conv2d, conv3d, conv_backward_data,
+                         conv_backward_filter)
 from .handle import MicroBatchHandle
 
-__all__ = ["Convolution", "MicroBatchHandle", "conv2d", "conv3d", "conv_backward_data",
+__all__ = ["Convolution", "MicroBatchHandle", "conv1d", "conv2d", "conv3d", "conv_backward_data",
            "conv_backward_filter", "clear_caches"]

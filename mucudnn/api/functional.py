@@ -1,4 +1,4 @@
-"""The functional helpers :func:`conv2d`, :func:`conv3d`,
+"""The functional helpers :func:`conv1d`, :func:`conv2d`, :func:`conv3d`,
 :func:`conv_backward_data` and :func:`conv_backward_filter`: each call is a
 call of a Convolution kept per problem and options (the cache
 ``api.functional_convolutions``), sized from the arguments as inspected once;
@@ -17,10 +17,11 @@ from ..optimizer.policies import DEFAULT_POLICY, normalize_policy
 from ..optimizer.types import PolicyLike
 from ..problem import ConvProblem, Direction
 from ..typing_aliases import ArrayLike
-from ..units import ByteSize, IntOrTuple
+from ..units import ByteSize, IntOrTuple, int_tuple
 from .convolution import Convolution, Given
 
-__all__ = ["conv2d", "conv3d", "conv_backward_data", "conv_backward_filter", "clear_caches"]
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_backward_data", "conv_backward_filter",
+           "clear_caches"]
 
 #: The functional helpers' Convolution objects (their plans live in the planner's memo).
 _CONVS: LRU[tuple, Convolution] = LRU("api.functional_convolutions", 128)
@@ -106,6 +107,129 @@ def _convnd(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple,
     return conv._call(Direction.FORWARD, x, w, out, alpha, beta, given)
 
 
+# Note [1-D arrays as height-1 views]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# cuDNN has no 1-D convolution; a 1-D one is the 2-D one of height 1 (as
+# PyTorch runs ``conv1d`` on cuDNN). So :func:`conv1d` and the 1-D forms of
+# the backward helpers reshape each array to its height-1 4-D view (NCL ->
+# NCHW and NLC -> NHWC: a unit axis before the length; the filter (K, C/g, k)
+# or (K, k, C/g) alike), put stride 1, padding 0 and dilation 1 before the
+# length's, run the 2-D problem, and return the result with the unit axis
+# dropped. Inserting a unit axis into a contiguous array is a view in NumPy,
+# CuPy, torch and DeviceArray, so nothing is copied; an output to write
+# (``out``) must therefore be contiguous, or the view it is written through
+# would be a copy and the caller's array left unwritten.
+_LAYOUTS_1D = {"NCL": "NCHW", "NLC": "NHWC"}
+
+
+def _layout_1d(layout: Any) -> str:
+    """The 2-D layout a 1-D ``layout`` runs in (Note [1-D arrays as height-1 views])."""
+    if not isinstance(layout, str):
+        raise InvalidTypeError(f"layout: expected a string, got {layout!r}")
+    lay = _LAYOUTS_1D.get(layout.upper())
+    if lay is None:
+        raise InvalidValueError(f"layout: 1-D convolutions take one of {list(_LAYOUTS_1D)}, "
+                                f"got {layout!r}")
+    return lay
+
+
+def _unit_axis(layout: str) -> int:
+    """Where a 1-D array gets its unit axis in the 2-D ``layout``."""
+    return 2 if layout == "NCHW" else 1
+
+
+def _lifted_shape(name: str, shape: Sequence[int], layout: str) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3:
+        raise InvalidValueError(f"{name}: expected 3 dimensions for a 1-D convolution, got "
+                                f"shape {shape}")
+    a = _unit_axis(layout)
+    return shape[:a] + (1,) + shape[a:]
+
+
+def _lifted(name: str, array: ArrayLike, layout: str) -> ArrayLike:
+    """``array``'s height-1 view (Note [1-D arrays as height-1 views])."""
+    reshape = getattr(array, "reshape", None)
+    if reshape is None or not hasattr(array, "shape"):
+        raise InvalidTypeError(f"{name}: a 1-D convolution needs an array with shape and reshape "
+                               f"(NumPy, CuPy, torch, JAX, DeviceArray), got {type(array).__name__}")
+    return reshape(_lifted_shape(name, array.shape, layout))
+
+
+def _lifted_out(out: ArrayLike, name: str, layout: str) -> ArrayLike:
+    """``out``'s height-1 view, written through: only a contiguous ``out`` has one."""
+    if out is None:
+        return None
+    if not inspect_array(name, out).contiguous:
+        raise InvalidValueError(f"{name}: a 1-D convolution writes through a view of its output, "
+                                "so it must be contiguous")
+    return _lifted(name, out, layout)
+
+
+def _dropped(array: ArrayLike, layout: str) -> ArrayLike:
+    """A height-1 result with its unit axis dropped."""
+    a = _unit_axis(layout)
+    shape = tuple(array.shape)
+    return array.reshape(shape[:a] + shape[a + 1:])
+
+
+def _three_dims(shape: Any) -> bool:
+    """Whether ``shape`` (a shape argument as given) has three dimensions."""
+    try:
+        return len(shape) == 3
+    except TypeError:
+        return False
+
+
+def _params_1d(stride: Any, padding: Any, dilation: Any) -> tuple[tuple, tuple, tuple]:
+    """1-D stride, padding and dilation with the unit height's put first."""
+    return ((1,) + int_tuple("stride", stride, 1, 1, one_for_all=True),
+            (0,) + int_tuple("padding", padding, 1, 0, one_for_all=True),
+            (1,) + int_tuple("dilation", dilation, 1, 1, one_for_all=True))
+
+
+def _backward_1d(fn: Any, names: tuple[str, str, str, str], a: ArrayLike, b: ArrayLike,
+                 shape: Sequence[int], layout: str | None, params: tuple[Any, Any, Any],
+                 out: ArrayLike, **options: Any) -> ArrayLike:
+    """The 1-D form of the backward helper ``fn`` (Note [1-D arrays as height-1
+    views]): ``fn`` on the height-1 views of its two arrays (``names``: theirs,
+    the shape argument's and the output's), the result's unit axis dropped."""
+    lay = _layout_1d("NCL" if layout is None else layout)
+    st, pad, dil = _params_1d(*params)
+    res = fn(_lifted(names[0], a, lay), _lifted(names[1], b, lay),
+             _lifted_shape(names[2], shape, lay), stride=st, padding=pad, dilation=dil,
+             layout=lay, out=_lifted_out(out, names[3], lay), **options)
+    return out if out is not None else _dropped(res, lay)
+
+
+def conv1d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
+           dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCL",
+           math: str = "default", workspace_limit: int | None = 64 << 20,
+           policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None,
+           alpha: float = 1.0, beta: float = 0.0, out: ArrayLike = None,
+           graph: bool = False) -> ArrayLike:
+    """1-D convolution, micro-batched: the 2-D one of height 1 (Note [1-D
+    arrays as height-1 views]).
+
+    ``x`` is (N, C, L) or, with ``layout="NLC"``, (N, L, C); ``w`` (K,
+    C/groups, k) or (K, k, C/groups). The arrays are viewed, not copied; a
+    given ``out`` must be contiguous. Otherwise as :func:`conv2d`.
+
+    >>> import numpy as np
+    >>> y = conv1d(np.ones((2, 3, 7), np.float32), np.ones((4, 3, 3), np.float32), stride=2,
+    ...            padding=1, backend="numpy")
+    >>> y.shape, y[0, 0].tolist()
+    ((2, 4, 4), [6.0, 9.0, 9.0, 6.0])
+    """
+    lay = _layout_1d(layout)
+    st, pad, dil = _params_1d(stride, padding, dilation)
+    y = _convnd(2, "conv1d", _lifted("x", x, lay), _lifted("w", w, lay), stride=st,
+                padding=pad, dilation=dil, groups=groups, layout=lay, math=math,
+                workspace_limit=workspace_limit, policy=policy, backend=backend, alpha=alpha,
+                beta=beta, out=_lifted_out(out, "y", lay), graph=graph)
+    return out if out is not None else _dropped(y, lay)
+
+
 def conv2d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1, padding: IntOrTuple = 0,
            dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCHW",
            math: str = "default", workspace_limit: int | None = 64 << 20,
@@ -159,7 +283,9 @@ def conv_backward_data(dy: ArrayLike, w: ArrayLike, x_shape: Sequence[int], *, s
                        out: ArrayLike = None, graph: bool = False) -> ArrayLike:
     """Gradient of the convolution with respect to its input: dx of shape ``x_shape``.
 
-    ``layout`` defaults to NCHW (4-D w) or NCDHW (5-D w).
+    ``layout`` defaults to NCHW (4-D w) or NCDHW (5-D w); a 3-D ``x_shape`` is
+    a 1-D convolution's (NCL by default, or NLC; Note [1-D arrays as height-1
+    views]).
 
     >>> import numpy as np
     >>> dx = conv_backward_data(np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 3, 3), np.float32),
@@ -167,6 +293,11 @@ def conv_backward_data(dy: ArrayLike, w: ArrayLike, x_shape: Sequence[int], *, s
     >>> float(dx[0, 0, 2, 2]), float(dx[0, 0, 0, 0])
     (9.0, 1.0)
     """
+    if _three_dims(x_shape):  # Note [1-D arrays as height-1 views]
+        return _backward_1d(conv_backward_data, ("dy", "w", "x_shape", "dx"), dy, w, x_shape,
+                            layout, (stride, padding, dilation), out, groups=groups, math=math,
+                            workspace_limit=workspace_limit, policy=policy, backend=backend,
+                            alpha=alpha, beta=beta, graph=graph)
     be = get_backend(backend)
     given = _inspect_once(be, ("dy", "w", "dx"), (dy, w, out))
     assert given[1] is not None
@@ -186,12 +317,20 @@ def conv_backward_filter(x: ArrayLike, dy: ArrayLike, w_shape: Sequence[int], *,
                          out: ArrayLike = None, graph: bool = False) -> ArrayLike:
     """Gradient of the convolution with respect to its filter: dw of shape ``w_shape``.
 
+    ``layout`` as in :func:`conv_backward_data`; a 3-D ``w_shape`` is a 1-D
+    convolution's (Note [1-D arrays as height-1 views]).
+
     >>> import numpy as np
     >>> dw = conv_backward_filter(np.ones((2, 1, 3, 3), np.float32), np.ones((2, 1, 1, 1), np.float32),
     ...                           (1, 1, 3, 3), backend="numpy")
     >>> dw.ravel().tolist()[:3]
     [2.0, 2.0, 2.0]
     """
+    if _three_dims(w_shape):  # Note [1-D arrays as height-1 views]
+        return _backward_1d(conv_backward_filter, ("x", "dy", "w_shape", "dw"), x, dy, w_shape,
+                            layout, (stride, padding, dilation), out, groups=groups, math=math,
+                            workspace_limit=workspace_limit, policy=policy, backend=backend,
+                            alpha=alpha, beta=beta, graph=graph)
     be = get_backend(backend)
     given = _inspect_once(be, ("x", "dy", "dw"), (x, dy, out))
     assert given[0] is not None
