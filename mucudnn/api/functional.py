@@ -115,10 +115,11 @@ def _convnd(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple,
 # NCHW and NLC -> NHWC: a unit axis before the length; the filter (K, C/g, k)
 # or (K, k, C/g) alike), put stride 1, padding 0 and dilation 1 before the
 # length's, run the 2-D problem, and return the result with the unit axis
-# dropped. Inserting a unit axis into a contiguous array is a view in NumPy,
-# CuPy, torch and DeviceArray, so nothing is copied; an output to write
-# (``out``) must therefore be contiguous, or the view it is written through
-# would be a copy and the caller's array left unwritten.
+# dropped. Inserting a unit axis is a view in NumPy, CuPy and torch whatever
+# the strides (and a DeviceArray is contiguous), so nothing is copied and a
+# given output (``out``) is written through its view; the 2-D call refuses a
+# non-contiguous one, as for any output. Each array is inspected once, by
+# that call (Note [each input imported once]).
 _LAYOUTS_1D = {"NCL": "NCHW", "NLC": "NHWC"}
 
 
@@ -157,13 +158,8 @@ def _lifted(name: str, array: ArrayLike, layout: str) -> ArrayLike:
 
 
 def _lifted_out(out: ArrayLike, name: str, layout: str) -> ArrayLike:
-    """``out``'s height-1 view, written through: only a contiguous ``out`` has one."""
-    if out is None:
-        return None
-    if not inspect_array(name, out).contiguous:
-        raise InvalidValueError(f"{name}: a 1-D convolution writes through a view of its output, "
-                                "so it must be contiguous")
-    return _lifted(name, out, layout)
+    """``out``'s height-1 view, which the call writes through (None: no output given)."""
+    return None if out is None else _lifted(name, out, layout)
 
 
 def _dropped(array: ArrayLike, layout: str) -> ArrayLike:
@@ -212,8 +208,8 @@ def conv1d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1, padding: IntOr
     arrays as height-1 views]).
 
     ``x`` is (N, C, L) or, with ``layout="NLC"``, (N, L, C); ``w`` (K,
-    C/groups, k) or (K, k, C/groups). The arrays are viewed, not copied; a
-    given ``out`` must be contiguous. Otherwise as :func:`conv2d`.
+    C/groups, k) or (K, k, C/groups). The arrays are viewed, not copied (a
+    given ``out`` is written through its view). Otherwise as :func:`conv2d`.
 
     >>> import numpy as np
     >>> y = conv1d(np.ones((2, 3, 7), np.float32), np.ones((4, 3, 3), np.float32), stride=2,
