@@ -182,7 +182,8 @@ _DEVICE_TYPES = ("cuda", "cpu")
 # and the output's view drops the height again. So a converted ``Conv1d``
 # plans, caches and reports the very problem PyTorch's own call runs, which
 # its comparison with PyTorch's call (Note [never slower than native]) needs;
-# its gradients flow through the views.
+# its gradients flow through the views. (Arrays outside torch: Note [1-D
+# arrays as height-1 views] in mucudnn/api/functional.py.)
 
 
 def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
