@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mucudnn as mu
+from mucudnn.api.functional import _CONVS
 
 torch = pytest.importorskip("torch", reason="the reference is torch's float64 conv1d")
 F = torch.nn.functional
@@ -92,7 +93,6 @@ def test_conv1d_runs_the_height_1_problem_and_views_its_arrays():
     y = mu.conv1d(x, w, stride=(2,), padding=[1], backend="numpy")
     ref = F.conv1d(torch.tensor(x), torch.tensor(w), stride=2, padding=1).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-6)
-    from mucudnn.api.functional import _CONVS
     (conv,) = _CONVS.values()
     assert conv.problem.x_shape == (2, 3, 1, 9) and conv.problem.stride == (1, 2)
     assert conv.problem.padding == (0, 1) and conv.problem.layout == "NCHW"
