@@ -36,7 +36,7 @@ from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd
 from .step_guard import RECORDING
 from .step_trial import StepTrial
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED", "MAX_SEEN"]
 
 #: Input signatures a module remembers as settled on PyTorch's own call or as
 #: fitting its limit (every settled one fits).
