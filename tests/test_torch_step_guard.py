@@ -388,8 +388,13 @@ def test_an_unchecked_call_runs_only_a_settled_signature(steps):
 def test_a_trained_model_reaches_guarded_steps_and_matches_float64(monkeypatch, tmp_path):
     """Training steps on a GPU settle the layers, end the step trial and then
     run guarded forwards (torch.nn's call set on the layers); outputs and
-    gradients match float64 throughout, and a new batch size is checked again."""
+    gradients match float64 throughout, and a new batch size is checked again.
+    Under the default search these small layers fit the limit, so no layer runs
+    a plan and the trial ends at once; under ``MUCUDNN_TORCH_SEARCH=all`` (the
+    suite's setting) whether it times steps, and for how long, would turn on the
+    GPU's timings of each plan."""
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "over-limit")
     mt.clear()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
@@ -409,7 +414,8 @@ def test_a_trained_model_reaches_guarded_steps_and_matches_float64(monkeypatch, 
             step_against_float64(model, ref, x)
             assert len(armed) == 3
             history.append(all(armed))
-    assert step_trial.trial_of(model).kept is not None
+    trial = step_trial.trial_of(model)
+    assert trial.kept == step_trial.TORCH and not any(trial.step_ms.values()), trial.as_dict()
     assert all(history[12:16]), history
     # the new batch size: its first calls compare, two checked forwards agree, then guarded
     assert history[16:19] == [False] * 3 and all(history[-3:]), history
