@@ -99,7 +99,8 @@ class Device:
         return self.torch_ms[d], self.workspace[d]
 
 
-def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, list]:
+def _calibrate(dev: Device, search: str, need_dx: bool,
+               transposed: bool = False) -> tuple[native.Record, list]:
     """One first call's calibration through ``dev``'s fakes (fresh records); the
     record and the records kept."""
     with pytest.MonkeyPatch.context() as mp:
@@ -117,7 +118,7 @@ def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, 
         try:
             rec = native.calibrate(("key", search, need_dx), dev.conv, x, w, (2, 4, 3, 3), cfg,
                                    torch.contiguous_format, launch, None, lambda: 0, LIMIT,
-                                   False, True, None, need_dx)
+                                   False, True, None, need_dx, transposed)
             return rec, native.records()
         finally:
             native.clear()
@@ -126,17 +127,20 @@ def _calibrate(dev: Device, search: str, need_dx: bool) -> tuple[native.Record, 
 @given(torch_ms=st.lists(times_ms, min_size=3, max_size=3),
        plan_ms=st.lists(times_ms, min_size=3, max_size=3),
        workspace=st.lists(workspaces, min_size=3, max_size=3), need_dx=st.booleans(),
-       fails=st.one_of(st.none(), st.sampled_from(list(Direction))))
+       fails=st.one_of(st.none(), st.sampled_from(list(Direction))), transposed=st.booleans())
 def test_over_limit_search_plans_and_launches_only_the_directions_over_the_limit(
-        torch_ms, plan_ms, workspace, need_dx, fails):
+        torch_ms, plan_ms, workspace, need_dx, fails, transposed):
     """Each direction a step runs whose PyTorch workspace fits runs PyTorch's call,
     with no plan launched or made for it; the others are planned, launched and
     run their plan (PyTorch's call cannot run there within the limit). Where
     PyTorch cannot run a direction of the step, the layer is planned whole as
-    under the search of everything."""
+    under the search of everything. A transposed layer's step skips its
+    problem's forward instead of its backward-data where its input needs no
+    gradient (Note [transposed convolutions])."""
     dev = Device(torch_ms, plan_ms, workspace, fails)
-    rec, kept = _calibrate(dev, "over-limit", need_dx)
-    in_step = [d for d in Direction if native.in_step(d, need_dx)]
+    rec, kept = _calibrate(dev, "over-limit", need_dx, transposed)
+    assert rec.transposed is transposed
+    in_step = [d for d in Direction if native.in_step(d, need_dx, transposed)]
     if fails in in_step:
         assert set(rec.plans) == {d for _, d in dev.calls if _ == "ours"} == set(Direction)
         return
@@ -155,7 +159,7 @@ def test_over_limit_search_plans_and_launches_only_the_directions_over_the_limit
         elif d in over:
             assert (c.runs, c.plan_ms) == (native.MUCUDNN, dev.plan_ms[d])
             assert c.torch_workspace == dev.workspace[d] and not native.fits(c)
-        else:  # backward-data of an input that needs no gradient: never measured
+        else:  # the direction of an input that needs no gradient: never measured
             assert c.runs == native.MUCUDNN and c.torch_ms is None and d not in rec.plans
             assert ("torch", d) not in dev.calls
     assert kept == [rec]

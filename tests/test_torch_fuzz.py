@@ -1,6 +1,7 @@
 """A fuzzer of mucudnn.torch's functional API against torch's own
 convolutions on the CPU (NumPy backend), in float64: hypothesis draws
-``conv1d``/``conv2d``/``conv3d`` arguments (shapes, strides, paddings including
+``conv1d``/``conv2d``/``conv3d`` and ``conv_transpose1d``/``2d``/``3d``
+arguments (shapes, strides, paddings and output paddings, paddings including
 ``'same'``/``'valid'``, dilations, groups, dtypes, bias, batched or not,
 channels-last, argument forms) and checks that outputs, gradients, forward-AD
 tangents, double-backward gradients and vmap results match
@@ -30,6 +31,8 @@ import mucudnn.torch as mt  # noqa: E402
 D = torch.float64
 MINE = {1: mt.conv1d, 2: mt.conv2d, 3: mt.conv3d}
 NATIVE = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+MINE_T = {1: mt.conv_transpose1d, 2: mt.conv_transpose2d, 3: mt.conv_transpose3d}
+NATIVE_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 pytestmark = pytest.mark.usefixtures("cache_off")
@@ -47,12 +50,19 @@ class Case:
     channels_last: bool
     seed: int
     options: dict
+    #: a transposed convolution (weight (C_in, C_out/groups, *k))
+    transposed: bool = False
+
+    @property
+    def out_channels(self) -> int:
+        return self.w_shape[1] * self.kwargs.get("groups", 1) if self.transposed \
+            else self.w_shape[0]
 
     def tensors(self, dtype: Any = D) -> tuple:
         g = torch.Generator().manual_seed(self.seed)
         x = torch.randn(self.x_shape, dtype=D, generator=g)
         w = torch.randn(self.w_shape, dtype=D, generator=g)
-        b = torch.randn(self.w_shape[0], dtype=D, generator=g) if self.bias else None
+        b = torch.randn(self.out_channels, dtype=D, generator=g) if self.bias else None
         if self.channels_last and x.dim() == self.nd + 2:
             if self.nd == 1:  # an (N, L, C) tensor's transpose
                 x = x.transpose(1, 2).contiguous().transpose(1, 2)
@@ -62,10 +72,11 @@ class Case:
         return tuple(None if t is None else t.to(dtype) for t in (x, w, b))
 
     def mine(self, x, w, b):
-        return MINE[self.nd](x, w, b, **self.kwargs, **self.options)
+        return (MINE_T if self.transposed else MINE)[self.nd](x, w, b, **self.kwargs,
+                                                              **self.options)
 
     def native(self, x, w, b):
-        return NATIVE[self.nd](x, w, b, **self.kwargs)
+        return (NATIVE_T if self.transposed else NATIVE)[self.nd](x, w, b, **self.kwargs)
 
 
 def _form(draw, values: tuple, nd: int) -> Any:
@@ -73,6 +84,16 @@ def _form(draw, values: tuple, nd: int) -> Any:
     kind = draw(st.sampled_from(["tuple", "list", "int"] if len(set(values)) == 1
                                 else ["tuple", "list"]))
     return values[0] if kind == "int" else (tuple(values) if kind == "tuple" else list(values))
+
+
+def _options(draw) -> dict:
+    """mucudnn's own options, each passed or left at its default."""
+    options: dict = {}
+    if draw(st.booleans()):
+        options["workspace_limit"] = draw(st.sampled_from([None, 0, 4096, 1 << 20]))
+    if draw(st.booleans()):
+        options["policy"] = draw(st.sampled_from(["powerOfTwo", "all", "undivided", [2, 1]]))
+    return options
 
 
 @st.composite
@@ -104,13 +125,47 @@ def cases(draw, nd: "int | None" = None) -> Case:
         kwargs["groups"] = groups
     batched = draw(st.booleans()) or n != 1
     x_shape = ((n,) if batched else ()) + (cg * groups,) + spatial
-    options: dict = {}
-    if draw(st.booleans()):
-        options["workspace_limit"] = draw(st.sampled_from([None, 0, 4096, 1 << 20]))
-    if draw(st.booleans()):
-        options["policy"] = draw(st.sampled_from(["powerOfTwo", "all", "undivided", [2, 1]]))
+    options = _options(draw)
     return Case(nd, x_shape, (kg * groups, cg) + kernel, draw(st.booleans()), kwargs,
                 batched and draw(st.booleans()), draw(st.integers(0, 2**16)), options)
+
+
+@st.composite
+def transposed_cases(draw, nd: "int | None" = None) -> Case:
+    """A valid transposed convolution (Note [transposed convolutions]): output
+    paddings below the stride, an output of at least one element."""
+    nd = nd or draw(st.sampled_from([1, 2, 2, 3]))
+    groups = draw(st.integers(1, 3))
+    cg, kg = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    n = draw(st.sampled_from([1, 2, 2, 0]))
+    big = {1: 5, 2: 3, 3: 2}[nd]
+    kernel = tuple(draw(st.integers(1, big)) for _ in range(nd))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    out_pad = tuple(draw(st.integers(0, s - 1)) for s in stride)
+    spatial = tuple(draw(st.integers(1, {1: 5, 2: 3, 3: 2}[nd])) for _ in range(nd))
+    # a padding that leaves an output of at least one element
+    pad = tuple(draw(st.integers(0, max(0, ((spatial[i] - 1) * stride[i] + dilation[i]
+                                            * (kernel[i] - 1) + out_pad[i]) // 2)))
+                for i in range(nd))
+    kwargs: dict = {}
+    for name, v in (("padding", pad), ("stride", stride), ("output_padding", out_pad),
+                    ("dilation", dilation)):
+        if any(e != (1 if name in ("stride", "dilation") else 0) for e in v) \
+                or draw(st.booleans()):
+            kwargs[name] = _form(draw, v, nd)
+    if groups != 1 or draw(st.booleans()):
+        kwargs["groups"] = groups
+    batched = draw(st.booleans()) or n != 1
+    x_shape = ((n,) if batched else ()) + (cg * groups,) + spatial
+    options = _options(draw)
+    return Case(nd, x_shape, (cg * groups, kg) + kernel, draw(st.booleans()), kwargs,
+                batched and draw(st.booleans()), draw(st.integers(0, 2**16)), options, True)
+
+
+def either_cases() -> Any:
+    """Convolutions and transposed ones."""
+    return st.one_of(cases(), transposed_cases())
 
 
 def _close(a, b, tol=1e-9):
@@ -119,7 +174,8 @@ def _close(a, b, tol=1e-9):
 
 # -- valid arguments: mucudnn equals torch ----------------------------------------------------------
 
-@given(cases(), st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]))
+@given(either_cases(),
+       st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]))
 def test_outputs_match_native(case, dtype):
     x, w, b = case.tensors(dtype)
     y = case.mine(x, w, b)
@@ -131,7 +187,7 @@ def test_outputs_match_native(case, dtype):
 
 
 @pytest.mark.slow
-@given(cases())
+@given(either_cases())
 def test_gradients_match_native(case):
     got, want = [], []
     for f, out in ((case.mine, got), (case.native, want)):
@@ -145,7 +201,7 @@ def test_gradients_match_native(case):
 
 
 @pytest.mark.slow
-@given(cases())
+@given(either_cases())
 def test_forward_ad_matches_native(case):
     primals = tuple(t for t in case.tensors() if t is not None)
     g = torch.Generator().manual_seed(case.seed + 1)
@@ -161,7 +217,7 @@ def test_forward_ad_matches_native(case):
 
 
 @pytest.mark.slow
-@given(cases())
+@given(either_cases())
 def test_double_backward_matches_native(case):
     got, want = [], []
     for f, out in ((case.mine, got), (case.native, want)):
@@ -177,7 +233,7 @@ def test_double_backward_matches_native(case):
         _close(a, b)
 
 
-@given(cases(), st.sampled_from([(0, None), (None, 0), (0, 0)]))
+@given(either_cases(), st.sampled_from([(0, None), (None, 0), (0, 0)]))
 def test_vmap_matches_native(case, in_dims):
     x, w, b = case.tensors()
     g = torch.Generator().manual_seed(case.seed + 2)
@@ -257,6 +313,32 @@ def test_a_bad_argument_raises_a_mucudnn_error_naming_it(case, bad):
         kwargs["padding"] = 0 if kwargs.get("padding") == "same" else kwargs.get("padding", 0)
     with pytest.raises(Exception) as info:
         f(x, w, b, **kwargs)
+    _check_error(info.value, names)
+
+
+#: bad values of a transposed convolution's own argument, and of padding it takes
+#: no string for
+BAD_TRANSPOSED: list = [
+    ("output_padding", -1, ("output_padding",)), ("output_padding", 1.5, ("output_padding",)),
+    ("output_padding", 99, ("output_padding",)), ("output_padding", "1", ("output_padding",)),
+    ("output_padding", lambda nd: (0,) * (nd + 1), ("output_padding",)),
+    ("padding", "same", ("padding",)), ("padding", "valid", ("padding",)),
+]
+
+
+@given(transposed_cases(), st.sampled_from(BAD + BAD_TRANSPOSED))
+def test_a_bad_transposed_argument_raises_a_mucudnn_error_naming_it(case, bad):
+    name, value, names = bad
+    if callable(value):
+        value = value(case.nd)
+    if name == "padding" and value == "full":
+        value = "same"
+    x, w, b = case.tensors()
+    kwargs = {**case.kwargs, **case.options, name: value}
+    if name in ("stride", "dilation"):  # the output padding is checked against them
+        kwargs.pop("output_padding", None)
+    with pytest.raises(Exception) as info:
+        MINE_T[case.nd](x, w, b, **kwargs)
     _check_error(info.value, names)
 
 

@@ -26,6 +26,7 @@ from torch import nn  # noqa: E402
 import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.exec.arrays import torch_workspace_bytes  # noqa: E402
+from mucudnn.torch import native as native_mod  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")]
@@ -168,6 +169,57 @@ def test_conv1d_against_float64(dtype, tol, permuted, no_tf32):
         errors.append([xr.grad] + [p.grad for p in m.parameters()])
     for got, theirs, want in zip(*errors):
         assert rel(got, want) <= max(FMA_TOL, 1.5 * rel(theirs, want))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, FMA_TOL), (torch.bfloat16, BF16_TOL)],
+                         ids=["fp32", "bf16"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("search", ["all", "over-limit"])
+def test_conv_transpose_against_float64(dtype, tol, channels_last, search, no_tf32, monkeypatch):
+    """See Note [transposed convolutions]. A transposed convolution under a 1 MiB
+    cap runs its problem's three directions, each compared with PyTorch's call
+    (under both searches), within ``tol`` of float64 in its output and
+    gradients, every plan within the cap. Then a converted decoder's training
+    step against float64 (with native's error against the same reference), and
+    the report: its layers are transposed, the first one's problem forward (the
+    decoder's input needs no gradient) not in a step."""
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", search)
+    mt.clear()
+    g = torch.Generator(device="cuda").manual_seed(9)
+    x = torch.randn(32, 64, 28, 28, device="cuda", generator=g).to(dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(64, 16, 4, 4, device="cuda", generator=g) / 10).to(dtype)
+    b = torch.randn(32, device="cuda", generator=g).to(dtype)
+    kw = dict(stride=2, padding=1, output_padding=0, groups=2, dilation=1)
+    _matches_float64(functools.partial(mt.conv_transpose2d, workspace_limit=1 << 20),
+                     F.conv_transpose2d, x, w, b, tol, **kw)
+    recs = [r for r in native_mod.records() if r.transposed]
+    assert recs and all(r.x_shape[0] == 32 for r in recs)
+    assert all(p.workspace_bytes <= 1 << 20 for c in mt.cached_convolutions()
+               for p in c.plans.values())
+    torch.manual_seed(10)
+    native = nn.Sequential(nn.ConvTranspose2d(32, 16, 3, stride=2, padding=1, output_padding=1),
+                           nn.ReLU(), nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1,
+                                                         groups=2)).cuda()
+    model = mt.convert(copy.deepcopy(native), workspace_limit=1 << 20)
+    assert type(model[0]) is mt.ConvTranspose2d
+    x = torch.randn(16, 32, 28, 28, device="cuda", generator=g)
+    if channels_last:
+        native = native.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    native64 = copy.deepcopy(native).double()
+    errors = []
+    for m, xx in ((model, x), (native, x), (native64, x.double())):
+        m(xx).square().mean().backward()
+        errors.append([p.grad for p in m.parameters()])
+    for got, theirs, want in zip(*errors):
+        assert rel(got, want) <= max(FMA_TOL, 1.5 * rel(theirs, want))
+    layers = mt.report(model).layers
+    assert {layer.name for layer in layers} == {"0", "2"} and all(lr.transposed for lr in layers)
+    first = next(lr for lr in layers if lr.name == "0")
+    assert not first.directions["fwd"]["in_step"] and first.directions["bwd-data"]["in_step"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -777,14 +777,20 @@ def test_pytorchs_backward_calls_are_measured_on_the_thread_that_runs_a_steps_ba
     mt.clear()
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("need_dx", [False, True])
 @pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=3)))
-def test_all_in_step_is_every_direction_a_step_runs(flags, need_dx):
+def test_all_in_step_is_every_direction_a_step_runs(flags, need_dx, transposed):
     """all_in_step, which a converted layer reads on every unsettled call, is
-    in_step's rule over Direction's order: backward-data counts only where the
+    in_step's rule over Direction's order: backward-data (a transposed layer's
+    problem's forward, Note [transposed convolutions]) counts only where the
     input needs its gradient."""
-    expected = all(f for f, d in zip(flags, Direction) if native.in_step(d, need_dx))
-    assert native.all_in_step(flags, need_dx) is expected
+    expected = all(f for f, d in zip(flags, Direction)
+                   if native.in_step(d, need_dx, transposed))
+    assert native.all_in_step(flags, need_dx, transposed) is expected
+    skipped = [d for d in Direction if not native.in_step(d, need_dx, transposed)]
+    assert skipped == ([] if need_dx else
+                       [Direction.FORWARD if transposed else Direction.BACKWARD_DATA])
 
 
 @given(groups=st.sampled_from([1, 2, 4]), stride=st.integers(1, 2), pad=st.integers(0, 2),

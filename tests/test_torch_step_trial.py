@@ -199,7 +199,7 @@ def test_a_training_loop_through_converted_modules_reaches_the_trials_end(
             engine.CALIBRATIONS[0] += 1
         keep = not plans_where_torch_fits
         engine._LAST.warm = type("Warm", (), {"fits": (True,) * 3, "native": (keep,) * 3,
-                                                "key": ("stub",)})()
+                                                "key": ("stub",), "transposed": False})()
         return F.conv2d(input, weight, bias, self.stride, self.padding)
 
     monkeypatch.setattr(MucudnnConvMixin, "_mu_forward", first_calls)

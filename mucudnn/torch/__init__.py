@@ -3,13 +3,16 @@
 Three lines convert a model::
 
     import mucudnn.torch as mt
-    model = mt.convert(model, workspace_limit=64 << 20)   # every nn.Conv1d/2d/3d, in place
+    model = mt.convert(model, workspace_limit=64 << 20)   # every nn.Conv*d, nn.ConvTranspose*d
     # ... train as before: same parameters, same optimizer, same state_dict
 
 or build layers directly (:class:`Conv1d`, :class:`Conv2d`, :class:`Conv3d`,
-subclasses of torch's) or call :func:`conv1d`/:func:`conv2d`/:func:`conv3d`
-(as ``torch.nn.functional``'s; 1-D convolutions run as 2-D ones of height 1,
-as PyTorch runs them on cuDNN).
+:class:`ConvTranspose1d`/``2d``/``3d``, subclasses of torch's) or call
+:func:`conv1d`/:func:`conv2d`/:func:`conv3d` and
+:func:`conv_transpose1d`/``2d``/``3d`` (as ``torch.nn.functional``'s; 1-D
+convolutions run as 2-D ones of height 1, as PyTorch runs them on cuDNN, and
+a transposed convolution as the backward-data of the convolution it is the
+adjoint of, Note [transposed convolutions] in :mod:`.transposed`).
 Forward, backward-data and backward-filter each run micro-batched with the
 fastest cuDNN algorithms whose workspace fits the limit
 (:class:`mucudnn.Convolution` underneath, one per distinct problem, cached).
@@ -30,8 +33,9 @@ What runs where
   splits their batch (Note [fp32 transposes in workspace] in
   :mod:`mucudnn.problem`; docs/BENCHMARKS.md has the converted steps'
   times against native channels-last and NCHW ones).
-* ``torch.compile`` sees the custom ops ``mucudnn::conv`` and
-  ``mucudnn::conv_backward`` (fake implementations give shapes), so a
+* ``torch.compile`` sees the custom ops ``mucudnn::conv``,
+  ``mucudnn::conv_backward`` and ``mucudnn::conv_transpose`` (fake
+  implementations give shapes), so a
   compiled model keeps each convolution as one node; eager mode uses an
   ``autograd.Function`` (less host time per call).
 * Beyond first-order eager autograd, as native convolutions: forward-mode
@@ -113,15 +117,17 @@ from .convert import MODES, ConvertWarning, WDPlanner, convert
 from .distributed import SharedPlans, share_plans
 from .engine import MAX_CONVOLUTIONS, TorchBridgeError, cached_convolutions, clear
 from .functional import (DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, conv1d, conv2d,
-                         conv3d)
-from .modules import Conv1d, Conv2d, Conv3d
+                         conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d)
+from .modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .ops import ConvFunction
 from .report import LayerReport, Report, report
 from .workspace import release_workspace, workspace_bytes
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "ConvFunction", "ConvertWarning", "DEFAULT_WORKSPACE_LIMIT",
            "MAX_CONVOLUTIONS",
            "MODES", "SharedPlans", "TorchBridgeError", "TorchTypeError", "TorchValueError",
-           "WDPlanner", "cached_convolutions", "clear", "conv1d", "conv2d", "conv3d", "convert",
+           "WDPlanner", "cached_convolutions", "clear", "conv1d", "conv2d", "conv3d",
+           "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convert",
            "release_workspace", "share_plans", "workspace_bytes", "report", "Report",
            "LayerReport"]

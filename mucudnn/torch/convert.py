@@ -1,13 +1,15 @@
-"""``convert(model)``: run every ``nn.Conv1d``/``Conv2d``/``Conv3d`` of a model micro-batched.
+"""``convert(model)``: run every convolution of a model micro-batched.
 
 Conversion is in place: each module of type exactly ``nn.Conv1d``,
-``nn.Conv2d`` or ``nn.Conv3d`` becomes a :class:`~mucudnn.torch.Conv1d` /
-:class:`~mucudnn.torch.Conv2d` / :class:`~mucudnn.torch.Conv3d` (its class is
+``nn.Conv2d``, ``nn.Conv3d`` or ``nn.ConvTranspose1d``/``2d``/``3d`` becomes
+mucudnn's module of that name (:class:`~mucudnn.torch.Conv2d`,
+:class:`~mucudnn.torch.ConvTranspose2d`, ...; its class is
 swapped, as torch's lazy modules do), so it keeps its identity, its
 ``Parameter`` objects (an optimizer made before ``convert`` keeps working),
 its hooks and its ``state_dict`` keys. Also converted:
 
-* ``nn.LazyConv1d``/``LazyConv2d``/``LazyConv3d`` not yet materialised: they become
+* ``nn.LazyConv1d``/``2d``/``3d`` and ``nn.LazyConvTranspose1d``/``2d``/``3d``
+  (Note [lazy transposed convolutions]) not yet materialised: they become
   mucudnn's modules when their first forward materialises them (their
   ``cls_to_become``), that forward included;
 * parametrized convolutions (``torch.nn.utils.parametrizations.weight_norm``,
@@ -17,11 +19,12 @@ its hooks and its ``state_dict`` keys. Also converted:
 * modules an earlier ``convert`` converted: they take the new options and
   mode (Note [converting again]).
 
-Other subclasses of ``nn.Conv1d``/``Conv2d``/``Conv3d`` (which may override
-``forward``) and transposed convolutions (``nn.ConvTranspose1d``/``2d``/``3d``)
-are left native with a :class:`ConvertWarning` naming them (their workspace
-is then PyTorch's, not held to the limit); mucudnn modules built directly
-keep the options they were built with.
+Other subclasses of these classes (which may override ``forward``) are left
+native with a :class:`ConvertWarning` naming them (their workspace is then
+PyTorch's, not held to the limit); mucudnn modules built directly keep the
+options they were built with. A transposed convolution runs as the
+backward-data of the convolution it is the adjoint of (Note [transposed
+convolutions] in :mod:`.transposed`).
 
 Two modes:
 
@@ -80,19 +83,36 @@ from ..problem import ConvProblem, Direction, Plan
 from ..typing_aliases import PolicyLike
 from . import engine, step_guard, step_trial
 from .functional import DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueError, options
-from .modules import Conv1d, Conv2d, Conv3d, MucudnnConvMixin
+from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
+                      MucudnnConvMixin)
 
 __all__ = ["convert", "WDPlanner", "MODES", "ConvertWarning"]
 
 log = logging.getLogger("mucudnn")
 
 MODES = ("wr", "wd")
-_CLASSES: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d}
+_CLASSES: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d,
+                              nn.ConvTranspose1d: ConvTranspose1d,
+                              nn.ConvTranspose2d: ConvTranspose2d,
+                              nn.ConvTranspose3d: ConvTranspose3d}
 _LAZY: dict[type, type] = {nn.LazyConv1d: Conv1d, nn.LazyConv2d: Conv2d,
-                           nn.LazyConv3d: Conv3d}
+                           nn.LazyConv3d: Conv3d, nn.LazyConvTranspose1d: ConvTranspose1d,
+                           nn.LazyConvTranspose2d: ConvTranspose2d,
+                           nn.LazyConvTranspose3d: ConvTranspose3d}
 #: The convolutions :func:`convert` leaves native and says so (ConvertWarning).
 _NATIVE_KINDS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                  nn.ConvTranspose3d)
+
+
+# Note [lazy transposed convolutions]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A lazy module becomes its ``cls_to_become`` in a forward pre-hook, after
+# ``nn.Module.__call__`` has bound the forward it will run: the lazy class's.
+# A lazy ``Conv*d``'s forward calls ``self._conv_forward``, which the new
+# class provides, so that first forward is mucudnn's; a lazy
+# ``ConvTranspose*d``'s forward runs ``F.conv_transpose*d`` itself, so the call
+# that materialises it is torch's own (its workspace PyTorch's) and every later
+# one mucudnn's.
 
 
 class ConvertWarning(UserWarning):
@@ -293,10 +313,11 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
             policy: PolicyLike = DEFAULT_POLICY, mode: str = "wr",
             total_workspace: "int | None" = None,
             backend: "str | Backend | None" = None) -> nn.Module:
-    """Make every ``nn.Conv1d``/``Conv2d``/``Conv3d`` in ``module`` (itself
-    included, nested ones too) run micro-batched, in place; returns ``module``.
-    Transposed convolutions and subclasses it does not know stay native, with
-    a :class:`ConvertWarning` naming them.
+    """Make every ``nn.Conv1d``/``Conv2d``/``Conv3d`` and
+    ``nn.ConvTranspose1d``/``2d``/``3d`` in ``module`` (itself included,
+    nested ones too) run micro-batched, in place; returns ``module``.
+    Subclasses it does not know stay native, with a :class:`ConvertWarning`
+    naming them.
 
     ``mode="wr"``: each kernel planned on its own under ``workspace_limit``
     bytes. ``mode="wd"``: all kernels planned jointly under
@@ -352,9 +373,8 @@ def convert(module: nn.Module, *, workspace_limit: "int | None" = DEFAULT_WORKSP
         converted += 1
     if native:
         warnings.warn(f"mucudnn.torch.convert: left native, their workspace not held to the "
-                      f"limit (transposed convolutions, and subclasses of nn.Conv1d/Conv2d/"
-                      f"Conv3d it does not know): {', '.join(native)}", ConvertWarning,
-                      stacklevel=2)
+                      f"limit (subclasses of torch.nn's convolutions it does not know): "
+                      f"{', '.join(native)}", ConvertWarning, stacklevel=2)
     if planner is not None:
         module.mucudnn_planner = planner  # type: ignore[assignment]
         module.register_forward_hook(_wd_hook())

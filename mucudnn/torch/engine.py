@@ -524,10 +524,10 @@ class _Warm:
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "captured",
-                  "fits", "host_pending", "key")
+                  "fits", "host_pending", "key", "transposed", "x_shape", "out_pad")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
-                 key: tuple) -> None:
+                 key: tuple, transposed: bool = False) -> None:
         nd = x.dim()
         dev = x.device
         with _on_device(dev):
@@ -559,11 +559,18 @@ class _Warm:
         self.host_pending = False
         #: the signature's key (:func:`warm_call`'s), which its record is kept under
         self.key = key
+        #: the record is a transposed layer's, whose forward is :meth:`data` (Note
+        #: [transposed convolutions] in :mod:`.transposed`); its output shape and padding
+        self.transposed = transposed
+        self.x_shape = tuple(x.shape)
+        self.out_pad = _native.output_padding(self.x_shape, self.y_shape, tuple(w.shape),
+                                              cfg) if transposed else None
 
     def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,
-                  step: "HostStep | None") -> None:
+                  step: "HostStep | None", need_dx: "bool | None" = None) -> None:
         """Compare with PyTorch's own call (Note [never slower than native]);
-        with ``step``, also on the host (Note [host cost of a converted layer])."""
+        with ``step``, also on the host (Note [host cost of a converted layer]).
+        ``need_dx``: whether the layer's input needs its gradient (None: ``x``'s)."""
         cfg = self.cfg
         self.host_pending = step is None
         CALIBRATIONS[0] += 1  # Note [the whole-step trial]: this step is not a steady one
@@ -575,7 +582,8 @@ class _Warm:
                  Direction.BACKWARD_FILTER: self.bwd_filter},
                 self.ws, lambda: _STREAM(self.index),
                 None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                self.tf32, step, x.requires_grad)
+                self.tf32, step, x.requires_grad if need_dx is None else need_dx,
+                self.transposed)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         cf, cd, cb = (rec.choices[d].captured == _native.TORCH for d in Direction)
@@ -603,6 +611,29 @@ class _Warm:
         if bias is not None:
             y.add_(bias.view(self.bias_view))
         return y
+
+    def data(self, dy: torch.Tensor, w: torch.Tensor,
+             bias: "torch.Tensor | None") -> torch.Tensor:
+        """A transposed layer's forward: the problem's backward-data of ``dy`` (the
+        layer's input) and ``w``, plus ``bias`` (Note [transposed convolutions])."""
+        fmt = self.fmt
+        dy = dy.contiguous(memory_format=fmt)
+        w = w.contiguous(memory_format=fmt)
+        index = self.index
+        native = self.native
+        if self.captured is not None and CAPTURING():
+            native = self.captured  # Note [captured steps run the GPU's choice]
+        with _device_ctx(index):
+            if native[1]:
+                x = _native.native_transposed(dy, w, self.cfg, self.out_pad, self.det, self.tf32)
+            else:
+                x = torch.empty(self.x_shape, dtype=dy.dtype, device=dy.device,
+                                memory_format=fmt)
+                self.bwd_data(x.data_ptr(), w.data_ptr(), dy.data_ptr(), 1.0, 0.0,
+                              _STREAM(index), self.ws)
+        if bias is not None:
+            x.add_(bias.view(self.bias_view))
+        return x
 
     def backward(self, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, need_x: bool,
                  need_w: bool, need_bias: bool

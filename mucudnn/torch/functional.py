@@ -1,5 +1,5 @@
-"""``conv1d``/``conv2d``/``conv3d`` with the semantics of
-``torch.nn.functional``'s, run micro-batched by mucudnn.
+"""``conv1d``/``conv2d``/``conv3d`` and ``conv_transpose1d``/``2d``/``3d`` with
+the semantics of ``torch.nn.functional``'s, run micro-batched by mucudnn.
 
 Arguments are checked before any device work; a wrong one raises
 :class:`TorchValueError` / :class:`TorchTypeError` (a ValueError / TypeError
@@ -15,6 +15,7 @@ and a :class:`mucudnn.MucudnnError`) naming it.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any, NamedTuple, Sequence, Union
 
 import torch
@@ -26,10 +27,11 @@ from ..errors import InvalidTypeError, InvalidValueError, MucudnnError
 from ..optimizer import DEFAULT_POLICY, batch_sizes
 from ..typing_aliases import PolicyLike
 from ..units import int_tuple
-from . import engine, ops
+from . import engine, ops, transposed
 from .engine import DTYPES, ConvConfig
 
-__all__ = ["conv1d", "conv2d", "conv3d", "Options", "options", "TorchValueError", "TorchTypeError",
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+           "conv_transpose3d", "Options", "options", "TorchValueError", "TorchTypeError",
            "DEFAULT_WORKSPACE_LIMIT"]
 
 #: The default per-kernel workspace limit (64 MiB), as mucudnn's.
@@ -186,8 +188,8 @@ _DEVICE_TYPES = ("cuda", "cpu")
 # arrays as height-1 views] in mucudnn/api/functional.py.)
 
 
-def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
-            dilation: Any, groups: Any, opts: Options, plans: str = "") -> torch.Tensor:
+def _operands(nd: int, input: Any, weight: Any, bias: Any, weight_dims: str) -> bool:
+    """Check the operands' types and ranks; whether ``input`` is batched."""
     if not isinstance(input, torch.Tensor):
         raise TorchTypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
     if not isinstance(weight, torch.Tensor):
@@ -195,8 +197,8 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TorchTypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
     if weight.dim() != nd + 2:
-        raise TorchValueError(f"weight: expected a {nd + 2}-D tensor (out_channels, "
-                              f"in_channels/groups, *kernel), got shape {tuple(weight.shape)}")
+        raise TorchValueError(f"weight: expected a {nd + 2}-D tensor ({weight_dims}), got shape "
+                              f"{tuple(weight.shape)}")
     batched = input.dim() == nd + 2
     if not batched and input.dim() != nd + 1:
         raise TorchValueError(f"input: expected a {nd + 1}-D (unbatched) or {nd + 2}-D (batched) "
@@ -206,12 +208,48 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
     if 0 in input.shape[-nd - 1:] and (not batched or input.shape[0] != 0):
         raise TorchValueError(f"input: expected non-zero channel and spatial sizes, got shape "
                               f"{tuple(input.shape)}")
-    st = _tuple("stride", stride, nd, 1)
-    dil = _tuple("dilation", dilation, nd, 1)
+    return batched
+
+
+def _groups(groups: Any) -> int:
     if type(groups) is not int and (isinstance(groups, bool)
                                     or not isinstance(groups, numbers.Integral)) or groups < 1:
         raise TorchValueError(f"groups: expected a positive int, got {groups!r}")
-    groups = int(groups)
+    return int(groups)
+
+
+def _on_device_in_dtype(input: torch.Tensor, weight: torch.Tensor, bias: Any
+                        ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Check the operands' device and dtype, after autocast's cast where it is on."""
+    device = input.device
+    if weight.device != device or (bias is not None and bias.device != device):
+        raise TorchValueError(f"weight: expected the input's device {device}, got "
+                              f"weight on {weight.device}"
+                              + ("" if bias is None else f", bias on {bias.device}"))
+    dev = device.type
+    if dev not in _DEVICE_TYPES:
+        raise TorchValueError(f"input: mucudnn runs convolutions on CUDA and CPU tensors, got a "
+                              f"tensor on {device}")
+    if torch.is_autocast_enabled(dev):  # as autocast treats native convolutions
+        dt = torch.get_autocast_dtype(dev)
+        input, weight = _cast(input, dt), _cast(weight, dt)
+        bias = None if bias is None else _cast(bias, dt)
+    dtype = input.dtype
+    if dtype not in DTYPES:
+        raise TorchTypeError(f"input: expected one of {[str(d) for d in DTYPES]}, got {dtype}")
+    if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        raise TorchTypeError(f"weight: expected the input's dtype {dtype}, got "
+                             f"weight {weight.dtype}"
+                             + ("" if bias is None else f", bias {bias.dtype}"))
+    return input, weight, bias
+
+
+def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
+            dilation: Any, groups: Any, opts: Options, plans: str = "") -> torch.Tensor:
+    batched = _operands(nd, input, weight, bias, "out_channels, in_channels/groups, *kernel")
+    st = _tuple("stride", stride, nd, 1)
+    dil = _tuple("dilation", dilation, nd, 1)
+    groups = _groups(groups)
     extra: list[int] = []
     if isinstance(padding, str):
         if padding == "valid":
@@ -235,25 +273,7 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != k):
         raise TorchValueError(f"bias: expected shape ({k},), got {tuple(bias.shape)}")
     device = input.device
-    if weight.device != device or (bias is not None and bias.device != device):
-        raise TorchValueError(f"weight: expected the input's device {device}, got "
-                              f"weight on {weight.device}"
-                              + ("" if bias is None else f", bias on {bias.device}"))
-    dev = device.type
-    if dev not in _DEVICE_TYPES:
-        raise TorchValueError(f"input: mucudnn runs convolutions on CUDA and CPU tensors, got a "
-                              f"tensor on {device}")
-    if torch.is_autocast_enabled(dev):  # as autocast treats native convolutions
-        dt = torch.get_autocast_dtype(dev)
-        input, weight = _cast(input, dt), _cast(weight, dt)
-        bias = None if bias is None else _cast(bias, dt)
-    dtype = input.dtype
-    if dtype not in DTYPES:
-        raise TorchTypeError(f"input: expected one of {[str(d) for d in DTYPES]}, got {dtype}")
-    if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
-        raise TorchTypeError(f"weight: expected the input's dtype {dtype}, got "
-                             f"weight {weight.dtype}"
-                             + ("" if bias is None else f", bias {bias.dtype}"))
+    input, weight, bias = _on_device_in_dtype(input, weight, bias)
     x = input if batched else input.unsqueeze(0)
     if extra and any(extra):
         x = F.pad(x, extra)
@@ -345,3 +365,127 @@ def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: "torch.Tensor | None
     """
     return _convnd(3, input, weight, bias, stride, padding, dilation, groups,
                    options(workspace_limit, policy, backend))
+
+
+def _conv_transposend(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
+                      output_padding: Any, groups: Any, dilation: Any, opts: Options,
+                      plans: str = "") -> torch.Tensor:
+    """See Note [transposed convolutions] in :mod:`.transposed`."""
+    batched = _operands(nd, input, weight, bias, "in_channels, out_channels/groups, *kernel")
+    st = _tuple("stride", stride, nd, 1)
+    dil = _tuple("dilation", dilation, nd, 1)
+    if isinstance(padding, str):
+        raise TorchValueError(f"padding: expected an int or {nd} ints (transposed convolutions "
+                              f"take no 'same' or 'valid'), got {padding!r}")
+    pad = _tuple("padding", padding, nd, 0)
+    out_pad = _tuple("output_padding", output_padding, nd, 0)
+    for i in range(nd):
+        if out_pad[i] >= max(st[i], dil[i]):
+            raise TorchValueError(f"output_padding: expected each value smaller than the stride "
+                                  f"or the dilation ({st} or {dil}), got {out_pad}")
+    groups = _groups(groups)
+    ws = weight.shape
+    c = input.shape[1 if batched else 0]
+    if ws[0] != c:
+        raise TorchValueError(f"weight: expected {c} input channels first (in_channels, "
+                              f"out_channels/groups, *kernel), got weight of shape {tuple(ws)}")
+    if c % groups:
+        raise TorchValueError(f"weight: in_channels ({c}) must be divisible by groups ({groups})")
+    k = ws[1] * groups
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != k):
+        raise TorchValueError(f"bias: expected shape ({k},), got {tuple(bias.shape)}")
+    device = input.device
+    input, weight, bias = _on_device_in_dtype(input, weight, bias)
+    x = input if batched else input.unsqueeze(0)
+    xs = x.shape
+    size = tuple((xs[i + 2] - 1) * st[i] - 2 * pad[i] + dil[i] * (ws[i + 2] - 1) + out_pad[i] + 1
+                 for i in range(nd))
+    if min(size) < 1:
+        raise TorchValueError(f"input: the output size {size} of spatial size "
+                              f"{tuple(xs[2:])} with padding {pad} is too small")
+    if any(out_pad[i] >= st[i] for i in range(nd)):  # Note [transposed convolutions]
+        warnings.warn(f"mucudnn.torch: an output_padding {out_pad} not below the stride {st} has "
+                      f"no convolution to run backward: PyTorch's own transposed convolution "
+                      f"runs, its workspace not held to the limit", RuntimeWarning, stacklevel=3)
+        y = _TRANSPOSED_F[nd](x, weight, bias, st, pad, out_pad, groups, dil)
+        return y if batched else y.squeeze(0)
+    if nd == 1:  # Note [one-dimensional convolutions]
+        x, weight = x.contiguous().unsqueeze(2), weight.unsqueeze(2)
+        st, pad, dil, size = (1,) + st, (0,) + pad, (1,) + dil, (1,) + size
+    cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
+    if xs[0] == 0:  # no device work follows: check that the backend takes this device
+        engine._backend_for(cfg.backend, device)
+    y = transposed.apply(x, weight, bias, cfg, size)
+    if nd == 1:
+        y = y.squeeze(2)
+    return y if batched else y.squeeze(0)
+
+
+_TRANSPOSED_F = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: "torch.Tensor | None" = None, stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                     dilation: IntOrTuple = 1, *,
+                     workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                     policy: PolicyLike = DEFAULT_POLICY,
+                     backend: "str | Backend | None" = None) -> torch.Tensor:
+    """1-D transposed convolution as ``torch.nn.functional.conv_transpose1d``
+    (see :func:`conv_transpose2d`), run as a 2-D one of height 1 (Note
+    [one-dimensional convolutions]).
+
+    >>> import torch
+    >>> y = conv_transpose1d(torch.ones(1, 2, 3), torch.ones(2, 1, 3), stride=2)
+    >>> y.flatten().tolist()
+    [2.0, 2.0, 4.0, 2.0, 4.0, 2.0, 2.0]
+    """
+    return _conv_transposend(1, input, weight, bias, stride, padding, output_padding, groups,
+                             dilation, options(workspace_limit, policy, backend))
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: "torch.Tensor | None" = None, stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                     dilation: IntOrTuple = 1, *,
+                     workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                     policy: PolicyLike = DEFAULT_POLICY,
+                     backend: "str | Backend | None" = None) -> torch.Tensor:
+    """2-D transposed convolution as ``torch.nn.functional.conv_transpose2d``,
+    micro-batched by mucudnn: the backward-data of the convolution it is the
+    adjoint of (Note [transposed convolutions] in :mod:`.transposed`).
+
+    ``input`` is ``(N, C_in, H, W)`` or unbatched; ``weight`` ``(C_in,
+    C_out/groups, R, S)``; the output ``(N, C_out, (H - 1) * stride - 2 *
+    padding + dilation * (R - 1) + output_padding + 1, ...)``. The options
+    are :func:`conv2d`'s. An ``output_padding`` not below the stride (one
+    below the dilation, which PyTorch takes) runs PyTorch's own call, with a
+    ``RuntimeWarning``.
+
+    >>> import torch
+    >>> y = conv_transpose2d(torch.ones(1, 2, 2, 2), torch.ones(2, 3, 3, 3), stride=2,
+    ...                      padding=1, output_padding=1)
+    >>> tuple(y.shape), float(y[0, 0, 1, 1]), float(y[0, 0, 0, 0])
+    ((1, 3, 4, 4), 8.0, 2.0)
+    """
+    return _conv_transposend(2, input, weight, bias, stride, padding, output_padding, groups,
+                             dilation, options(workspace_limit, policy, backend))
+
+
+def conv_transpose3d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: "torch.Tensor | None" = None, stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                     dilation: IntOrTuple = 1, *,
+                     workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                     policy: PolicyLike = DEFAULT_POLICY,
+                     backend: "str | Backend | None" = None) -> torch.Tensor:
+    """3-D transposed convolution as ``torch.nn.functional.conv_transpose3d``
+    (see :func:`conv_transpose2d`).
+
+    >>> import torch
+    >>> y = conv_transpose3d(torch.ones(1, 1, 2, 2, 2), torch.ones(1, 1, 2, 2, 2))
+    >>> tuple(y.shape), float(y[0, 0, 1, 1, 1])
+    ((1, 1, 3, 3, 3), 8.0)
+    """
+    return _conv_transposend(3, input, weight, bias, stride, padding, output_padding, groups,
+                             dilation, options(workspace_limit, policy, backend))

@@ -1,5 +1,5 @@
-"""``Conv1d``, ``Conv2d`` and ``Conv3d``: ``torch.nn``'s modules whose
-convolutions run micro-batched by mucudnn.
+"""``Conv1d``, ``Conv2d``, ``Conv3d`` and ``ConvTranspose1d``/``2d``/``3d``:
+``torch.nn``'s modules whose convolutions run micro-batched by mucudnn.
 
 They are subclasses with the same constructor (plus keyword-only
 ``workspace_limit``, ``policy``, ``backend``), the same parameters and the same
@@ -32,11 +32,13 @@ from ..backends import Backend
 from ..optimizer import DEFAULT_POLICY
 from ..typing_aliases import PolicyLike
 from . import engine, native, recording
-from .functional import _DEVICE_TYPES, DEFAULT_WORKSPACE_LIMIT, Options, _convnd, options
+from .functional import (_DEVICE_TYPES, _TRANSPOSED_F, DEFAULT_WORKSPACE_LIMIT, Options,
+                         TorchValueError, _convnd, _conv_transposend, options)
 from .step_guard import RECORDING
 from .step_trial import StepTrial
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "MucudnnConvMixin", "MAX_SETTLED", "MAX_SEEN"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "MucudnnConvMixin", "MucudnnConvTransposeMixin", "MAX_SETTLED", "MAX_SEEN"]
 
 #: Input signatures a module remembers as settled on PyTorch's own call or as
 #: fitting its limit (every settled one fits).
@@ -162,23 +164,29 @@ class MucudnnConvMixin:
                 self._mu_seen.clear()
         engine.forget_last()
         y = self._mu_forward(input, weight, bias)
+        self._mu_note(input, weight, (), gen, settled, fits)
+        return y
+
+    def _mu_note(self, input: torch.Tensor, weight: torch.Tensor, extra: tuple, gen: int,
+                 settled: frozenset, fits: frozenset) -> None:
+        """After a converted call: keep the signature :func:`engine.last_warm` ran
+        for the report, and whether it fits the limit or is settled on PyTorch's
+        call in every direction a training step runs (:func:`native.all_in_step`)."""
         warm = engine.last_warm()
         if warm is None:
-            return y
+            return
         seen = self._mu_seen
         if seen is None:
             seen = self._mu_seen = []
         if warm.key not in seen and len(seen) < MAX_SEEN:  # a few keys, found by identity
             seen.append(warm.key)
         if len(fits) < MAX_SETTLED:
-            # over the directions a training step runs (native.in_step)
             need_dx = input.requires_grad
-            if native.all_in_step(warm.fits, need_dx):
-                sig = _signature(input, weight)
-                if native.all_in_step(warm.native, need_dx):
+            if native.all_in_step(warm.fits, need_dx, warm.transposed):
+                sig = _signature(input, weight) + extra
+                if native.all_in_step(warm.native, need_dx, warm.transposed):
                     settled = settled | {sig}
                 self._mu_torch = (gen, settled, fits | {sig})
-        return y
 
     def _mu_forward(self, input: torch.Tensor, weight: torch.Tensor,
                     bias: "torch.Tensor | None") -> torch.Tensor:
@@ -244,6 +252,105 @@ class Conv3d(MucudnnConvMixin, nn.Conv3d):
     >>> m = Conv3d(2, 3, 3, stride=2, bias=False)
     >>> tuple(m(torch.randn(2, 2, 5, 5, 5)).shape)
     (2, 3, 2, 2, 2)
+    """
+
+    _nd = 3
+
+
+class MucudnnConvTransposeMixin(MucudnnConvMixin):
+    """What :class:`ConvTranspose1d`, :class:`ConvTranspose2d` and
+    :class:`ConvTranspose3d` add to torch's modules (Note [transposed
+    convolutions] in :mod:`.transposed`). A signature settled on PyTorch's own
+    call runs torch.nn's forward after the check of :class:`MucudnnConvMixin`;
+    the step guard (Note [guarded steps]) does not guard these layers."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, output_padding: Any = 0, groups: int = 1, bias: bool = True,
+                 dilation: Any = 1, padding_mode: str = "zeros", device: Any = None,
+                 dtype: Any = None, *, workspace_limit: "int | None" = DEFAULT_WORKSPACE_LIMIT,
+                 policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None) -> None:
+        # torch's constructor (past MucudnnConvMixin's, whose arguments differ), then ours
+        super(MucudnnConvMixin, self).__init__(  # type: ignore[call-arg]
+            in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+            output_padding=output_padding, groups=groups, bias=bias, dilation=dilation,
+            padding_mode=padding_mode, device=device, dtype=dtype)
+        self._mu_setup(workspace_limit, policy, backend)
+
+    def forward(self, input: torch.Tensor,
+                output_size: "list[int] | None" = None) -> torch.Tensor:
+        if self.padding_mode != "zeros":  # type: ignore[attr-defined]
+            raise TorchValueError(f"padding_mode: only 'zeros' is supported for "
+                                  f"{type(self).__name__}, got "
+                                  f"{self.padding_mode!r}")  # type: ignore[attr-defined]
+        nd = self._nd
+        out_pad = self._output_padding(  # type: ignore[attr-defined]
+            input, output_size, self.stride, self.padding,  # type: ignore[attr-defined]
+            self.kernel_size, nd, self.dilation)  # type: ignore[attr-defined]
+        weight, bias = self.weight, self.bias  # type: ignore[attr-defined]
+        # See Note [host cost of a converted layer], as in MucudnnConvMixin._conv_forward
+        gen, settled, fits = self._mu_torch
+        if fits and gen == _GENERATION[0] and recording.RECORDER is None and not _COMPILING():
+            trial = self._mu_step
+            torch_way = trial is not None and trial.torch
+            if settled or torch_way:
+                sig = _signature(input, weight) + (tuple(out_pad),)
+                if (sig in settled or (torch_way and sig in fits)) and not engine.CAPTURING():
+                    return self._mu_torch_call(input, out_pad)
+        if not _COMPILING() and RECORDING.calls is not None:  # never guarded: its weight is kept
+            RECORDING.calls.append((self, None))
+        if not input.is_cuda and input.device.type not in _DEVICE_TYPES:
+            return self._mu_torch_call(input, out_pad)
+        if gen != _GENERATION[0]:  # engine.clear() forgot the verdicts and their records
+            gen, settled, fits = self._mu_torch = (_GENERATION[0], frozenset(), frozenset())
+            if self._mu_seen:
+                self._mu_seen.clear()
+        engine.forget_last()
+        y = _conv_transposend(nd, input, weight, bias, self.stride,  # type: ignore[attr-defined]
+                              self.padding, out_pad, self.groups,  # type: ignore[attr-defined]
+                              self.dilation, self._mu_options,  # type: ignore[attr-defined]
+                              self._mu_plans)
+        self._mu_note(input, weight, (tuple(out_pad),), gen, settled, fits)
+        return y
+
+    def _mu_torch_call(self, input: torch.Tensor, out_pad: Any) -> torch.Tensor:
+        """torch.nn's own transposed convolution."""
+        return _TRANSPOSED_F[self._nd](
+            input, self.weight, self.bias, self.stride, self.padding,  # type: ignore[attr-defined]
+            out_pad, self.groups, self.dilation)  # type: ignore[attr-defined]
+
+
+class ConvTranspose1d(MucudnnConvTransposeMixin, nn.ConvTranspose1d):
+    """``torch.nn.ConvTranspose1d`` run micro-batched by mucudnn.
+
+    >>> import torch
+    >>> m = ConvTranspose1d(4, 6, 3, stride=2, output_padding=1, groups=2)
+    >>> tuple(m(torch.randn(3, 4, 5)).shape)
+    (3, 6, 12)
+    """
+
+    _nd = 1
+
+
+class ConvTranspose2d(MucudnnConvTransposeMixin, nn.ConvTranspose2d):
+    """``torch.nn.ConvTranspose2d`` run micro-batched by mucudnn (Note
+    [transposed convolutions] in :mod:`.transposed`).
+
+    >>> import torch
+    >>> m = ConvTranspose2d(4, 2, 3, stride=2, padding=1)
+    >>> tuple(m(torch.randn(1, 4, 5, 5), output_size=[10, 10]).shape)
+    (1, 2, 10, 10)
+    """
+
+    _nd = 2
+
+
+class ConvTranspose3d(MucudnnConvTransposeMixin, nn.ConvTranspose3d):
+    """``torch.nn.ConvTranspose3d`` run micro-batched by mucudnn.
+
+    >>> import torch
+    >>> m = ConvTranspose3d(2, 3, 2, stride=2, bias=False)
+    >>> tuple(m(torch.randn(1, 2, 2, 2, 2)).shape)
+    (1, 3, 4, 4, 4)
     """
 
     _nd = 3

@@ -93,9 +93,10 @@ from ..problem import Direction, Plan
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
-           "in_step", "all_in_step", "enabled",
+           "in_step", "all_in_step", "enabled", "output_padding",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
-           "records", "record", "calibrate", "native_forward", "native_backward"]
+           "records", "record", "calibrate", "native_forward", "native_backward",
+           "native_transposed"]
 
 log = logging.getLogger("mucudnn")
 
@@ -147,7 +148,11 @@ class Record:
     #: host ms of one forward and backward: (converted, PyTorch's); None: not timed
     host: Optional[tuple[float, float]] = None
     #: the first call's input needed its gradient: a training step runs backward-data
+    #: (the forward, for a transposed layer)
     need_dx: bool = True
+    #: the layer is a transposed convolution, whose forward is the problem's
+    #: backward-data (Note [transposed convolutions] in :mod:`.transposed`)
+    transposed: bool = False
     #: wall seconds of the first call's comparison (PyTorch's calls measured, their
     #: benchmarks included), and of the part that searched and timed plans; None:
     #: not timed (Note [first-call seconds])
@@ -182,10 +187,10 @@ def search() -> str:
 
 
 def torch_first(limit: Optional[int], need_dx: bool,
-                measure: Callable[[Direction], tuple[float, Optional[int]]]
-                ) -> Optional[dict[Direction, Choice]]:
+                measure: Callable[[Direction], tuple[float, Optional[int]]],
+                transposed: bool = False) -> Optional[dict[Direction, Choice]]:
     """See Note [plans only over the limit]: PyTorch's call in every direction a
-    step runs (backward-data with ``need_dx``), its time and workspace from
+    step runs (:func:`in_step`), its time and workspace from
     ``measure(direction)`` (:func:`~mucudnn.torch.measure.probe` of that direction's call on a GPU; a
     RuntimeError: PyTorch cannot run it). A direction whose workspace fits
     ``limit`` runs PyTorch's call, no plan searched; one over it (or whose
@@ -203,7 +208,7 @@ def torch_first(limit: Optional[int], need_dx: bool,
     """
     choices: dict[Direction, Choice] = {}
     for d in Direction:
-        if not in_step(d, need_dx):
+        if not in_step(d, need_dx, transposed):
             choices[d] = Choice(d, MUCUDNN, None, None, None, limit,
                                 "not run by a training step (the input needs no gradient); "
                                 "planned at its first use")
@@ -223,10 +228,12 @@ def torch_first(limit: Optional[int], need_dx: bool,
     return choices
 
 
-def to_plan(choices: dict[Direction, Choice], need_dx: bool) -> list[Direction]:
+def to_plan(choices: dict[Direction, Choice], need_dx: bool,
+            transposed: bool = False) -> list[Direction]:
     """The directions of :func:`torch_first`'s ``choices`` that a step runs and
     PyTorch's call does not fit: the ones to plan and compare."""
-    return [d for d, c in choices.items() if in_step(d, need_dx) and c.runs == MUCUDNN]
+    return [d for d, c in choices.items()
+            if in_step(d, need_dx, transposed) and c.runs == MUCUDNN]
 
 
 def records() -> list[Record]:
@@ -293,33 +300,46 @@ def fits(choice: Choice) -> bool:
     return choice.torch_ms is not None and within_limit(choice.torch_workspace, choice.limit)
 
 
-def in_step(direction: Direction, need_dx: bool) -> bool:
-    """Whether a training step runs ``direction``: backward-data only where the
-    input needs its gradient (``need_dx``).
+def in_step(direction: Direction, need_dx: bool, transposed: bool = False) -> bool:
+    """Whether a training step runs ``direction`` of a layer's problem: the one
+    that gives the layer's input its gradient only where that input needs it
+    (``need_dx``). That is backward-data for a convolution, and the problem's
+    forward for a transposed convolution, whose own forward is its problem's
+    backward-data (Note [transposed convolutions] in :mod:`.transposed`).
 
     >>> in_step(Direction.BACKWARD_DATA, False), in_step(Direction.BACKWARD_FILTER, False)
     (False, True)
+    >>> in_step(Direction.BACKWARD_DATA, False, True), in_step(Direction.FORWARD, False, True)
+    (True, False)
     """
-    return need_dx or direction is not Direction.BACKWARD_DATA
+    return need_dx or direction is not (Direction.FORWARD if transposed
+                                        else Direction.BACKWARD_DATA)
 
 
-def all_in_step(flags: "tuple[bool, bool, bool]", need_dx: bool) -> bool:
+def all_in_step(flags: "tuple[bool, bool, bool]", need_dx: bool,
+                transposed: bool = False) -> bool:
     """Whether per-direction ``flags`` (in :class:`Direction`'s order) hold in
     every direction a training step runs (:func:`in_step`); read on every
     call of a converted layer not settled yet, so without iterating the enum.
 
     >>> all_in_step((True, False, True), False), all_in_step((True, False, True), True)
     (True, False)
+    >>> all_in_step((False, True, True), False, True)
+    True
     """
+    if transposed:
+        return flags[1] and flags[2] and (flags[0] or not need_dx)
     return flags[0] and flags[2] and (flags[1] or not need_dx)
 
 
-def _run(choices: dict[Direction, Choice], need_dx: bool) -> list[Choice]:
+def _run(choices: dict[Direction, Choice], need_dx: bool,
+         transposed: bool = False) -> list[Choice]:
     """The choices of the directions a training step runs (:func:`in_step`)."""
-    return [c for d, c in choices.items() if in_step(d, need_dx)]
+    return [c for d, c in choices.items() if in_step(d, need_dx, transposed)]
 
 
-def fits_in_step(choices: dict[Direction, Choice], need_dx: bool) -> bool:
+def fits_in_step(choices: dict[Direction, Choice], need_dx: bool,
+                 transposed: bool = False) -> bool:
     """Whether PyTorch's call was timed and fits its limit in every direction of
     ``choices`` a training step runs (:func:`fits`, :func:`in_step`): a layer
     that may run PyTorch's call whole (Note [host cost of a converted layer],
@@ -329,19 +349,20 @@ def fits_in_step(choices: dict[Direction, Choice], need_dx: bool) -> bool:
     >>> fits_in_step(c, True)
     True
     """
-    return all(fits(c) for c in _run(choices, need_dx))
+    return all(fits(c) for c in _run(choices, need_dx, transposed))
 
 
-def _may_settle(choices: dict[Direction, Choice], need_dx: bool) -> bool:
+def _may_settle(choices: dict[Direction, Choice], need_dx: bool,
+                transposed: bool = False) -> bool:
     """Whether :func:`settle` could move a layer with ``choices`` to PyTorch's
     call: a plan runs in a direction a step runs, and PyTorch's call fits in
     all of them."""
-    return any(c.runs == MUCUDNN for c in _run(choices, need_dx)) \
-        and fits_in_step(choices, need_dx)
+    return any(c.runs == MUCUDNN for c in _run(choices, need_dx, transposed)) \
+        and fits_in_step(choices, need_dx, transposed)
 
 
 def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]],
-           need_dx: bool = True) -> dict[Direction, Choice]:
+           need_dx: bool = True, transposed: bool = False) -> dict[Direction, Choice]:
     """See Note [host cost of a converted layer]: PyTorch's call in every
     direction that runs (backward-data only with ``need_dx``) where its
     workspace fits in all of them and the plans' GPU saving there is no more
@@ -361,10 +382,10 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     >>> [x.runs for x in settle(c, (0.20, 0.15), need_dx=False).values()]
     ['torch', 'torch', 'torch']
     """
-    if host is None or not _may_settle(choices, need_dx):
+    if host is None or not _may_settle(choices, need_dx, transposed):
         return choices
     saving = 0.0
-    for c in _run(choices, need_dx):
+    for c in _run(choices, need_dx, transposed):
         if c.runs == MUCUDNN and c.torch_ms is not None and c.plan_ms is not None:
             saving += c.torch_ms - c.plan_ms
     extra = host[0] - host[1]
@@ -401,6 +422,15 @@ def native_forward(x: torch.Tensor, w: torch.Tensor, cfg: Any, deterministic: bo
     with _flags(deterministic, tf32):
         return torch.convolution(x, w, None, list(cfg.stride), list(cfg.padding),
                                  list(cfg.dilation), False, [0] * len(cfg.stride), cfg.groups)
+
+
+def native_transposed(dy: torch.Tensor, w: torch.Tensor, cfg: Any, output_padding: Any,
+                      deterministic: bool, tf32: bool) -> torch.Tensor:
+    """PyTorch's own cuDNN transposed convolution of ``dy`` (no bias): the
+    backward-data of ``cfg``'s convolution (Note [transposed convolutions])."""
+    with _flags(deterministic, tf32):
+        return torch.convolution(dy, w, None, list(cfg.stride), list(cfg.padding),
+                                 list(cfg.dilation), True, list(output_padding), cfg.groups)
 
 
 #: ``aten::convolution_backward`` has no ``torch`` binding: its overload, resolved once
@@ -487,19 +517,22 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
               step: Optional[Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]] = None,
-              need_dx: bool = True) -> Record:
+              need_dx: bool = True, transposed: bool = False) -> Record:
     """Time each direction's plan (``launch``: the kernels' launchers) and
     PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
     workspace, decide (Note [never slower than native]) and keep the record
     under ``key``. ``step(x, w, cfg)``: a forward through the converted path,
     host-timed with its backward against PyTorch's (Note [host cost of a
-    converted layer]; ``need_dx``: whether the call's input needs its gradient)."""
+    converted layer]; ``need_dx``: whether the call's input needs its gradient).
+    ``transposed``: the layer is a transposed convolution of this problem (its
+    input is the problem's output, its forward the problem's backward-data,
+    and ``step(dy, w, cfg)`` its forward; Note [transposed convolutions])."""
     start = time.perf_counter()
     old = _RECORDS.peek(key)
     if old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
             dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
-            _settle_host(old, step, x, w, dy, cfg, deterministic, tf32, need_dx)
+            _settle_host(old, step, x, w, dy, cfg, deterministic, tf32, need_dx, transposed)
         return old
     # x and w are the call's own operands (read only); outputs are scratch
     y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
@@ -518,17 +551,18 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     first = None
     if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
-        first = torch_first(limit, need_dx, lambda d: step_thread(d, lambda: probe(theirs[d])))
-        if first is not None and not to_plan(first, need_dx):
+        first = torch_first(limit, need_dx, lambda d: step_thread(d, lambda: probe(theirs[d])),
+                            transposed)
+        if first is not None and not to_plan(first, need_dx, transposed):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                          fmt is not torch.contiguous_format, {}, first, need_dx=need_dx,
-                         first_s=time.perf_counter() - start, plan_s=0.0)
+                         transposed=transposed, first_s=time.perf_counter() - start, plan_s=0.0)
             _RECORDS.put(key, rec)
             log.info("mucudnn.torch: %s runs PyTorch's call (it fits the limit; no plan "
                      "searched)", conv.problem.key())
             return rec
     # every direction, or only those over the limit (the others keep PyTorch's call)
-    planned = list(Direction) if first is None else to_plan(first, need_dx)
+    planned = list(Direction) if first is None else to_plan(first, need_dx, transposed)
     planning = time.perf_counter()
     fwd, bd, bf = (launch[d] for d in Direction)
     ours = {
@@ -560,9 +594,10 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         cap = plan.workspace_bytes if (cfg.plans and plan is not None) else limit
         choices[d] = decide(d, timed[d][0], timed[d][1], timed[d][2], cap)
     rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
-                 fmt is not torch.contiguous_format, plans, choices, need_dx=need_dx)
+                 fmt is not torch.contiguous_format, plans, choices, need_dx=need_dx,
+                 transposed=transposed)
     if step is not None:
-        _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx)
+        _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx, transposed)
     end = time.perf_counter()
     rec.first_s, rec.plan_s = end - start, end - planning
     _RECORDS.put(key, rec)
@@ -575,32 +610,60 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
 
 _CONV = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d,
          5: torch.nn.functional.conv3d}
+_CONV_TRANSPOSE = {3: torch.nn.functional.conv_transpose1d,
+                   4: torch.nn.functional.conv_transpose2d,
+                   5: torch.nn.functional.conv_transpose3d}
 
 
 def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor,
                  dy: torch.Tensor, cfg: Any, deterministic: bool, tf32: bool,
-                 need_dx: bool) -> None:
+                 need_dx: bool, transposed: bool = False) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
-    if _may_settle(rec.choices, need_dx):  # else the host timing could change nothing
-        rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32)
-        rec.choices = settle(rec.choices, rec.host, need_dx)
+    if _may_settle(rec.choices, need_dx, transposed):  # else the host timing changes nothing
+        rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32, transposed)
+        rec.choices = settle(rec.choices, rec.host, need_dx, transposed)
+
+
+def output_padding(x_shape: tuple, y_shape: tuple, w_shape: tuple, cfg: Any) -> list[int]:
+    """The ``output_padding`` of the transposed convolution whose input is the
+    output (``y_shape``) of the convolution ``cfg`` of ``x_shape`` and whose
+    output is ``x_shape``: what the stride leaves of ``x``'s spatial sizes
+    beyond the least input with that output (Note [transposed convolutions]).
+
+    >>> from collections import namedtuple
+    >>> C = namedtuple("C", "stride padding dilation")
+    >>> output_padding((1, 1, 8, 7), (1, 1, 4, 4), (1, 1, 3, 3), C((2, 2), (1, 1), (1, 1)))
+    [1, 0]
+    """
+    return [x - ((y - 1) * s - 2 * p + d * (k - 1) + 1) for x, y, k, s, p, d in
+            zip(x_shape[2:], y_shape[2:], w_shape[2:], cfg.stride, cfg.padding, cfg.dilation)]
 
 
 def _host_pair(step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
-               cfg: Any, deterministic: bool, tf32: bool) -> Optional[tuple[float, float]]:
+               cfg: Any, deterministic: bool, tf32: bool,
+               transposed: bool = False) -> Optional[tuple[float, float]]:
     """Host ms of one forward and backward: ``step(x, w, cfg)`` (the converted path)
     and ``torch.nn.functional``'s convolution (Note [host cost of a converted
-    layer]); None where either fails."""
+    layer]); None where either fails. For a transposed layer, ``step(dy, w,
+    cfg)`` and ``torch.nn.functional``'s transposed convolution, with the
+    gradient ``x``."""
+    if transposed:  # its input is the problem's dy, its output gradient x-shaped
+        x, dy = dy, x
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
-    conv = _CONV[x.dim()]
+    pad = output_padding(dy.shape, x.shape, w.shape, cfg) if transposed else None
 
     def ours() -> Any:
         return torch.autograd.grad(step(xr, wr, cfg), (xr, wr), dy)
 
     def theirs() -> Any:
         with _flags(deterministic, tf32):
-            y = conv(xr, wr, None, cfg.stride, cfg.padding, cfg.dilation, cfg.groups)
+            if pad is not None:
+                y = _CONV_TRANSPOSE[x.dim()](xr, wr, None, cfg.stride, cfg.padding, pad,
+                                             cfg.groups, cfg.dilation)
+            else:
+                y = _CONV[x.dim()](xr, wr, None, cfg.stride, cfg.padding, cfg.dilation,
+                                   cfg.groups)
             return torch.autograd.grad(y, (xr, wr), dy)
 
     try:

@@ -27,7 +27,7 @@ from ..problem import ConvProblem
 from . import engine
 from .tokens import TorchBridgeError, backend_for
 
-__all__ = ["RecordedConv", "Recorder", "RECORDER", "recording", "record"]
+__all__ = ["RecordedConv", "Recorder", "RECORDER", "recording", "record", "record_transposed"]
 
 
 class RecordedConv(NamedTuple):
@@ -77,16 +77,32 @@ def recording() -> Any:
 def record(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig) -> torch.Tensor:
     """Record the convolution of ``x`` and ``w`` (see :func:`recording`) and
     return an uninitialised output for it."""
+    cl = engine.channels_last(x, w)
+    _note(x, engine._view(x, cl), engine._view(w, cl), cl, cfg)
+    return engine._empty(engine.output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
+                                             cfg.dilation), x.dtype, x.device, cl)
+
+
+def record_transposed(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig,
+                      size: tuple) -> torch.Tensor:
+    """Record a transposed convolution of ``x`` and ``w`` with output spatial
+    ``size``, as its convolution problem (Note [transposed convolutions] in
+    :mod:`.transposed`), and return an uninitialised output for it."""
+    cl = engine.channels_last(x, w)
+    y = engine._empty((x.shape[0], w.shape[1] * cfg.groups) + tuple(size), x.dtype,
+                      torch.device("meta"), cl)
+    _note(x, engine._view(y, cl), engine._view(w, cl), cl, cfg)
+    return engine._empty(y.shape, x.dtype, x.device, cl)
+
+
+def _note(x: torch.Tensor, xv: torch.Tensor, wv: torch.Tensor, cl: bool,
+          cfg: engine.ConvConfig) -> None:
+    """Add the problem of the packed ``xv`` and ``wv`` to the recording."""
     rec = RECORDER
     assert rec is not None
-    cl = engine.channels_last(x, w)
-    nd = x.dim()
-    layout = engine._LAYOUT[(nd, cl)]
-    xv, wv = engine._view(x, cl), engine._view(w, cl)
+    layout = engine._LAYOUT[(xv.dim(), cl)]
     problem = engine._problem(xv, wv, layout, engine._math(x.dtype, x.device), cfg)
     rec.convs.setdefault(RecordedConv(
         problem, backend_for(cfg.backend, x.device),
         None if cfg.workspace_limit < 0 else cfg.workspace_limit, engine._policy(cfg.policy),
         engine.deterministic(), bool(cfg.plans)), None)
-    return engine._empty(engine.output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
-                                             cfg.dilation), x.dtype, x.device, cl)

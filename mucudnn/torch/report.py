@@ -55,6 +55,9 @@ class LayerReport:
     #: host ms of one forward and backward, (converted, PyTorch's); None: not timed
     #: (Note [host cost of a converted layer])
     host_ms: Optional[tuple[float, float]] = None
+    #: a transposed convolution: ``x_shape`` is its output, the directions are its
+    #: problem's, and its forward is ``bwd-data`` (Note [transposed convolutions])
+    transposed: bool = False
 
     @property
     def ms(self) -> float:
@@ -131,7 +134,8 @@ class Report:
                 "| layer | x | direction | runs | plan | ms | PyTorch ms | PyTorch workspace |",
                 "|---|---|---|---|---|---|---|---|"]
         for layer in self.layers:
-            x = "x".join(str(v) for v in layer.x_shape) + (" cl" if layer.channels_last else "")
+            x = "x".join(str(v) for v in layer.x_shape) + (" cl" if layer.channels_last else "") \
+                + (" (transposed: its output)" if layer.transposed else "")
             for dname, d in layer.directions.items():
                 dname += "" if d["in_step"] else " (not in a step)"
                 runs = d["runs"] if d["captured"] == d["runs"] \
@@ -207,21 +211,21 @@ TRIAL_REASON = "the whole-step trial runs PyTorch's call where it fits (Note [th
 
 
 def _trial_way(choices: dict[Direction, native.Choice], need_dx: bool,
-               torch_way: bool) -> dict[Direction, native.Choice]:
+               torch_way: bool, transposed: bool = False) -> dict[Direction, native.Choice]:
     """``choices`` as the layer runs them: while the model's step trial runs
     PyTorch's way (``torch_way``), a layer whose PyTorch workspace fits in
     every direction a step runs runs PyTorch's call in all of them (as
     :class:`~mucudnn.torch.modules.MucudnnConvMixin` does)."""
-    if not (torch_way and native.fits_in_step(choices, need_dx)):
+    if not (torch_way and native.fits_in_step(choices, need_dx, transposed)):
         return choices
     return {d: dataclasses.replace(c, runs=native.TORCH, reason=TRIAL_REASON, on_gpu=c.captured)
-            if c.runs == native.MUCUDNN and native.in_step(d, need_dx) else c
+            if c.runs == native.MUCUDNN and native.in_step(d, need_dx, transposed) else c
             for d, c in choices.items()}
 
 
 def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[str, Any]]:
     out = {}
-    for d, c in _trial_way(rec.choices, rec.need_dx, torch_way).items():
+    for d, c in _trial_way(rec.choices, rec.need_dx, torch_way, rec.transposed).items():
         plan = rec.plans.get(d)
         out[_SHORT[d]] = {
             "runs": c.runs,
@@ -237,7 +241,7 @@ def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[s
             "reason": c.reason,
             # Note [captured steps run the GPU's choice] in mucudnn/torch/native.py
             "captured": c.captured,
-            "in_step": native.in_step(d, rec.need_dx),
+            "in_step": native.in_step(d, rec.need_dx, rec.transposed),
         }
     return out
 
@@ -270,7 +274,7 @@ def report(model: nn.Module) -> Report:
         for r in found:
             used[id(r)] = r
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
-                                      _directions(r, torch_way), r.host))
+                                      _directions(r, torch_way), r.host, r.transposed))
     guard = guard_of(model)
     return Report(layers, unmeasured, trials[0].as_dict() if trials else None,
                   _first_calls(list(used.values())),
