@@ -8,11 +8,14 @@ import doctest
 import json
 import math
 import statistics
+import warnings
 
 import pytest
 from tool_support import load_tool
 
-pytest.importorskip("torch", reason="tools/zoo_bench.py needs PyTorch")
+torch = pytest.importorskip("torch", reason="tools/zoo_bench.py needs PyTorch")
+
+import mucudnn.torch as mt  # noqa: E402
 
 TINY = ["--device", "cpu", "--models", "tiny", "--batch", "2", "--size", "32", "--no-progress"]
 
@@ -101,6 +104,22 @@ def test_model_specs(zb):
     assert zb.model_spec("resnet50", None).size == 224
     assert zb.model_spec("resnet50", 160).size == 160
     assert zb.model_spec("inception_v3", 224).size == 299
+
+
+def test_unet_is_built_in_with_transposed_convolutions_that_convert(zb):
+    """``unet`` needs no torchvision: a segmentation model whose decoder
+    up-samples with transposed convolutions; convert() takes every layer."""
+    spec = zb.model_spec("unet", 32)
+    assert spec.task == "segmentation" and spec.num_classes == 21
+    model = zb.build_model(spec).eval()
+    with torch.no_grad():
+        assert tuple(model(torch.randn(1, 3, 32, 32)).shape) == (1, 21, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left native
+        mt.convert(model)
+    kinds = [type(m) for m in model.modules() if isinstance(m, mt.modules.MucudnnConvMixin)]
+    assert kinds.count(mt.ConvTranspose2d) == 4 and kinds.count(mt.Conv2d) == 19
+    assert zb.parse_args(["--device", "cpu", "--models", "unet"]).models == ["unet"]
 
 
 def test_segmentation_model(zb):

@@ -2,9 +2,10 @@
 """Training across torchvision's model zoo: native PyTorch vs models converted by mucudnn.torch.
 
 For each model named by ``--models`` (any classification or segmentation name
-``torchvision.models.get_model`` knows, or ``tiny``, a small built-in CNN for
-smoke tests), each precision (``fp32cl``: float32 with TF32, channels-last;
-``amp``: autocast bfloat16, channels-last) and each execution (``eager``;
+``torchvision.models.get_model`` knows, ``unet``, the U-Net with transposed
+convolutions, or ``tiny``, a small built-in CNN for smoke tests), each
+precision (``fp32cl``: float32 with TF32, channels-last; ``amp``: autocast
+bfloat16, channels-last) and each execution (``eager``;
 ``graph``: the whole training step captured with ``torch.cuda.graph`` after the
 warm-up), on synthetic data with SGD, it compares two sides:
 
@@ -32,8 +33,8 @@ Measured per model and precision:
 With ``--control`` the converted side is a second native model (Note [control
 runs]): the ratio then measures the harness, not mucudnn.
 
-segmentation models (fcn_*, deeplabv3_*, lraspp_*) train on their ``out``
-logits with per-pixel cross-entropy on random labels; inception_v3 runs at
+segmentation models (fcn_*, deeplabv3_*, lraspp_*, unet) train on their
+logits (torchvision's ``out``) with per-pixel cross-entropy on random labels; inception_v3 runs at
 299x299. A failed stage (out of memory, a capture that does not work for a
 model) is recorded and the rest goes on. Results go to ``--json`` after every
 model and precision; a markdown table with the geometric mean of the ratios
@@ -76,7 +77,7 @@ from round_stats import extra_rounds, geomean, ratio_text  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
 import zoo_cold  # tools/: cold first steps in fresh processes
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
-    BATCH, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
+    BATCH, BUILT_IN, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
 import mucudnn.torch as mt
 from mucudnn.backends import get_backend
 
@@ -130,7 +131,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
     ap.add_argument("--models", nargs="+", default=["resnet50"], metavar="NAME",
-                    help="torchvision classification or segmentation models, or tiny "
+                    help="torchvision classification or segmentation models, unet or tiny "
                          "(space- or comma-separated)")
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
                     help="default: fp32cl amp (fp32cl on the CPU)")
@@ -198,13 +199,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cold-child", choices=SIDES, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     classification, segmentation = zoo_names()
-    known = {"tiny", *classification, *segmentation}
+    known = {*BUILT_IN, *classification, *segmentation}
     args.models = list(dict.fromkeys(m for item in args.models for m in item.split(",") if m))
     if not args.models:
         ap.error("--models: expected at least one model name")
     unknown = [m for m in args.models if m not in known]
     if unknown:
-        hint = ("torchvision is not installed: only tiny" if torchvision is None else
+        hint = ("torchvision is not installed: only tiny and unet" if torchvision is None else
                 "see torchvision.models.list_models() (classification, segmentation)")
         ap.error(f"--models: unknown {', '.join(unknown)} ({hint})")
     if args.precisions is None:
