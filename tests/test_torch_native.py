@@ -120,6 +120,17 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
                            "kernels": 2, "torch_kernels": 1}
     assert d["over_limit"]["kernels"] == 1 and rep.layers[0].ms == pytest.approx(1.5)
     assert "| bwd-data (not in a step) | mucudnn |" in str(rep)
+    # a transposed layer's (Note [transposed convolutions]): its forward is the
+    # problem's backward-data, so without an input gradient the problem's forward
+    # is what a step does not run; x is the problem's input, the layer's output
+    native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                              {}, choices, need_dx=False, transposed=True))
+    rep = mt.report(model)
+    assert rep.layers[0].transposed
+    assert {k: v["in_step"] for k, v in rep.layers[0].directions.items()} == {
+        "fwd": False, "bwd-data": True, "bwd-filter": True}
+    assert rep.as_dict()["totals"]["kernels"] == 2 and rep.layers[0].ms == pytest.approx(2.0)
+    assert "| 2 | 4x8x6x6 cl (transposed: its output) | fwd (not in a step) |" in str(rep)
     mt.clear()
     assert mt.report(model).layers == []
 
