@@ -12,8 +12,9 @@ Three ways to use it:
 
 * **On arrays**: :class:`Convolution` is a layer whose plan for each
   direction is made on first use and cached; :func:`conv1d`, :func:`conv2d`,
-  :func:`conv3d`, :func:`conv_backward_data` and :func:`conv_backward_filter`
-  are the functional forms. NumPy arrays, :class:`mucudnn.cuda.DeviceArray` or
+  :func:`conv3d`, :func:`conv_transpose1d`/``2d``/``3d``,
+  :func:`conv_backward_data` and :func:`conv_backward_filter` are the
+  functional forms. NumPy arrays, :class:`mucudnn.cuda.DeviceArray` or
   anything with ``__cuda_array_interface__`` (PyTorch, CuPy) go in, and come
   back in the kind given.
 * **For frameworks that drive cuDNN themselves**: :class:`MicroBatchHandle`
@@ -71,7 +72,8 @@ if TYPE_CHECKING:
                                 ExecutionFailedError, InternalError, NotInitializedError,
                                 NotSupportedError)
     from .api import (Convolution, MicroBatchHandle, clear_caches, conv1d, conv2d, conv3d,
-                      conv_backward_data, conv_backward_filter)
+                      conv_backward_data, conv_backward_filter, conv_transpose1d,
+                      conv_transpose2d, conv_transpose3d)
     from .backends import Backend, BackendBase, ConvTensors, available_backends, get_backend
     from .cuda import CudaError, CudaOutOfMemoryError, NoDeviceError
     from .exec import FallbackWarning, WorkspaceFallbackWarning
@@ -99,7 +101,8 @@ _LAZY: dict[str, str] = {
                      "InternalError", "NotInitializedError", "NotSupportedError"],
                     "._cudnn.errors"),
     **dict.fromkeys(["Convolution", "MicroBatchHandle", "clear_caches", "conv1d", "conv2d", "conv3d",
-                     "conv_backward_data", "conv_backward_filter"], ".api"),
+                     "conv_backward_data", "conv_backward_filter", "conv_transpose1d",
+                     "conv_transpose2d", "conv_transpose3d"], ".api"),
     **dict.fromkeys(["Backend", "BackendBase", "ConvTensors", "available_backends",
                      "get_backend"], ".backends"),
     **dict.fromkeys(["CudaError", "CudaOutOfMemoryError", "NoDeviceError"], ".cuda"),
@@ -142,7 +145,8 @@ __all__ = [
     "AlgoPerf", "ConvProblem", "Direction", "MicroBatch", "Plan",
     # running convolutions
     "Convolution", "MicroBatchHandle", "conv1d", "conv2d", "conv3d", "conv_backward_data",
-    "conv_backward_filter", "clear_caches",
+    "conv_backward_filter", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "clear_caches",
     # backends
     "Backend", "BackendBase", "ConvTensors", "available_backends", "get_backend",
     "CachedBackend",

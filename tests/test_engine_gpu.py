@@ -19,6 +19,7 @@ import pytest
 import mucudnn as mu
 from mucudnn.api import conv2d
 from mucudnn.backends import get_backend
+from mucudnn.cuda import DeviceArray
 from mucudnn.exec import WorkspaceFallbackWarning, get_pool, problem_from_descriptors
 from mucudnn.exec.arrays import release_torch_workspaces, torch_workspace, torch_workspace_bytes
 from mucudnn.optimizer.policies import fitted_sizes
@@ -191,15 +192,11 @@ def test_cupy_style_round_trip(be, torch, version):
     assert r is cy
     assert rel_err(ty.cpu().numpy(), reference(P, "forward", x, w, y)) < FMA_REF
     r2 = conv.forward(CupyLike(tx, version), CupyLike(tw, version))  # no output: a DeviceArray
-    from mucudnn.cuda import DeviceArray
-
     assert isinstance(r2, DeviceArray)
     assert rel_err(r2.to_numpy(), reference(P, "forward", x, w, y)) < FMA_REF
 
 
 def test_device_arrays_and_numpy_on_gpu(be):
-    from mucudnn.cuda import DeviceArray
-
     rng = np.random.default_rng(5)
     x, w, y = normal_tensors(P, rng)
     conv = conv_for(be, P, workspace_limit=1 << 20)
@@ -406,12 +403,38 @@ def test_conv1d_on_gpu_arrays_matches_torch_float64(be, torch, layout):
     assert rel_err(dx.cpu().numpy(), lay(xt.grad.numpy())) < FMA_REF
     dw = mu.conv_backward_filter(cx, cdy, tuple(cw.shape), **opts)
     assert rel_err(dw.cpu().numpy(), lay(wt.grad.numpy())) < 10 * FMA_REF
-    from mucudnn.cuda import DeviceArray
-
     ax, aw = (DeviceArray.from_numpy(lay(a)) for a in (x, w))
     out = DeviceArray(tuple(got.shape), "float32")
     assert mu.conv1d(ax, aw, out=out, **opts) is out
     assert rel_err(out.to_numpy(), lay(yt.detach().numpy())) < FMA_REF
+
+
+@pytest.mark.parametrize("nd,layout", [(1, "NLC"), (2, "NCHW"), (2, "NHWC"), (3, "NDHWC")])
+def test_conv_transpose_on_gpu_arrays_matches_torch_float64(be, torch, nd, layout):
+    """Note [transposed convolutions on arrays] on a GPU: torch CUDA tensors in,
+    a torch tensor out, within a 1 MiB cap; DeviceArrays in, written into a
+    given DeviceArray; against torch's float64 transposed convolution."""
+    rng = np.random.default_rng(13)
+    spatial = {1: (301,), 2: (29, 31), 3: (9, 10, 11)}[nd]
+    x = rng.standard_normal((16, 8) + spatial).astype(np.float32)
+    w = rng.standard_normal((8, 6) + (3,) * nd).astype(np.float32)
+    kw = dict(stride=2, padding=1, output_padding=1, dilation=1, groups=2)
+    theirs = getattr(torch.nn.functional, f"conv_transpose{nd}d")
+    want = theirs(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                  **kw).numpy()
+
+    def lay(a):
+        return np.ascontiguousarray(np.moveaxis(a, 1, -1)) if layout[-1] == "C" else a
+
+    ours = getattr(mu, f"conv_transpose{nd}d")
+    opts = dict(kw, layout=layout, math="fma", backend=be, workspace_limit=1 << 20)
+    got = ours(torch.from_numpy(lay(x)).cuda(), torch.from_numpy(lay(w)).cuda(), **opts)
+    assert isinstance(got, torch.Tensor) and got.is_cuda
+    assert rel_err(got.cpu().numpy(), lay(want)) < FMA_REF
+    ax, aw = (DeviceArray.from_numpy(lay(a)) for a in (x, w))
+    out = DeviceArray(tuple(got.shape), "float32")
+    assert ours(ax, aw, out=out, **opts) is out
+    assert rel_err(out.to_numpy(), lay(want)) < FMA_REF
 
 
 # -- the warm path notices every change --------------------------------------------------------

@@ -1,6 +1,7 @@
 """The public API: :class:`Convolution` (a layer with cached micro-batch plans)
 and the functional helpers :func:`conv1d`, :func:`conv2d`, :func:`conv3d`,
-:func:`conv_backward_data`, :func:`conv_backward_filter`.
+:func:`conv_transpose1d`/``2d``/``3d``, :func:`conv_backward_data`,
+:func:`conv_backward_filter`.
 
 >>> import numpy as np
 >>> from mucudnn import Direction
@@ -84,8 +85,10 @@ from __future__ import annotations
 
 from .convolution import Convolution
 from .functional import (clear_caches, conv1d, conv2d, conv3d, conv_backward_data,
-                         conv_backward_filter)
+                         conv_backward_filter, conv_transpose1d, conv_transpose2d,
+                         conv_transpose3d)
 from .handle import MicroBatchHandle
 
 __all__ = ["Convolution", "MicroBatchHandle", "conv1d", "conv2d", "conv3d", "conv_backward_data",
-           "conv_backward_filter", "clear_caches"]
+           "conv_backward_filter", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "clear_caches"]

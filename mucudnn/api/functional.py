@@ -1,5 +1,6 @@
 """The functional helpers :func:`conv1d`, :func:`conv2d`, :func:`conv3d`,
-:func:`conv_backward_data` and :func:`conv_backward_filter`: each call is a
+:func:`conv_transpose1d`/``2d``/``3d``, :func:`conv_backward_data` and
+:func:`conv_backward_filter`: each call is a
 call of a Convolution kept per problem and options (the cache
 ``api.functional_convolutions``), sized from the arguments as inspected once;
 and :func:`clear_caches`, which empties every in-memory cache."""
@@ -20,8 +21,8 @@ from ..typing_aliases import ArrayLike
 from ..units import ByteSize, IntOrTuple, int_tuple
 from .convolution import Convolution, Given
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_backward_data", "conv_backward_filter",
-           "clear_caches"]
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+           "conv_transpose3d", "conv_backward_data", "conv_backward_filter", "clear_caches"]
 
 #: The functional helpers' Convolution objects (their plans live in the planner's memo).
 _CONVS: LRU[tuple, Convolution] = LRU("api.functional_convolutions", 128)
@@ -336,3 +337,145 @@ def conv_backward_filter(x: ArrayLike, dy: ArrayLike, w_shape: Sequence[int], *,
                      layout=_layout_for(layout, len(xs)), math=math,
                      workspace_limit=workspace_limit, policy=policy, backend=be, graph=graph)
     return conv._call(Direction.BACKWARD_FILTER, x, dy, out, alpha, beta, given)
+
+
+# Note [transposed convolutions on arrays]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A transposed convolution is the backward-data of the convolution it is the
+# adjoint of (as PyTorch runs it on cuDNN; Note [transposed convolutions] in
+# mucudnn/torch/transposed.py): its weight (C_in, C_out/groups, *k) is that
+# convolution's (K, C/groups, *k), and that convolution's input has the
+# transposed one's output shape, (in - 1) * stride - 2 * padding + dilation *
+# (k - 1) + output_padding + 1 per spatial axis. So the helpers below size the
+# problem from the arrays as inspected once and run its backward-data. An
+# output padding must be below the stride: one at least the stride has no
+# such convolution (its output would be larger than the input given).
+def _conv_transposend(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple,
+                      padding: IntOrTuple, output_padding: IntOrTuple, dilation: IntOrTuple,
+                      groups: int, layout: str, options: dict[str, Any],
+                      out: ArrayLike) -> ArrayLike:
+    lay = _check_layout(layout, nd, fn)
+    st = int_tuple("stride", stride, nd, 1, one_for_all=True)
+    pad = int_tuple("padding", padding, nd, 0, one_for_all=True)
+    dil = int_tuple("dilation", dilation, nd, 1, one_for_all=True)
+    op = int_tuple("output_padding", output_padding, nd, 0, one_for_all=True)
+    if any(o >= s for o, s in zip(op, st)):
+        raise InvalidValueError(f"output_padding: expected each value below the stride {st}, "
+                                f"got {op}")
+    be = get_backend(options.pop("backend"))
+    given = _inspect_once(be, ("x", "w", "y"), (x, w, out))
+    assert given[0] is not None and given[1] is not None
+    xs, ws = tuple(given[0].shape), tuple(given[1].shape)
+    last = lay.endswith("C")
+    if len(xs) != nd + 2:
+        raise InvalidValueError(f"x: expected a {nd + 2}-D array in {lay}, got shape {xs}")
+    if len(ws) != nd + 2:
+        raise InvalidValueError(f"w: expected a {nd + 2}-D array (C_in, "
+                                f"{'*k, C_out/groups' if last else 'C_out/groups, *k'}), "
+                                f"got shape {ws}")
+    cin, spatial = (xs[-1], xs[1:-1]) if last else (xs[1], xs[2:])
+    kernel = ws[1:-1] if last else ws[2:]
+    if ws[0] != cin:
+        raise InvalidValueError(f"w: expected {cin} input channels first (x has {cin}), got "
+                                f"shape {ws}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or cin % groups:
+        raise InvalidValueError(f"groups: expected a positive divisor of the input channels "
+                                f"({cin}), got {groups!r}")
+    size = tuple((spatial[i] - 1) * st[i] - 2 * pad[i] + dil[i] * (kernel[i] - 1) + op[i] + 1
+                 for i in range(nd))
+    if min(size) < 1:
+        raise InvalidValueError(f"x: the output size {size} of spatial size {spatial} with "
+                                f"padding {pad} is too small")
+    cout = (ws[-1] if last else ws[1]) * groups
+    shape = (xs[0],) + size + (cout,) if last else (xs[0], cout) + size
+    conv = _get_conv(shape, ws, stride=st, padding=pad, dilation=dil, groups=groups,
+                     dtype=_array_dtype(given[0]), layout=lay, math=options["math"],
+                     workspace_limit=options["workspace_limit"], policy=options["policy"],
+                     backend=be, graph=options["graph"])
+    return conv._call(Direction.BACKWARD_DATA, x, w, out, options["alpha"], options["beta"],
+                      given)
+
+
+def conv_transpose1d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, output_padding: IntOrTuple = 0,
+                     dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCL",
+                     math: str = "default", workspace_limit: int | None = 64 << 20,
+                     policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None,
+                     alpha: float = 1.0, beta: float = 0.0, out: ArrayLike = None,
+                     graph: bool = False) -> ArrayLike:
+    """1-D transposed convolution (see :func:`conv_transpose2d`), run as the 2-D
+    one of height 1 (Note [1-D arrays as height-1 views]): ``x`` (N, C_in, L)
+    or (N, L, C_in), ``w`` (C_in, C_out/groups, k) or (C_in, k, C_out/groups).
+
+    >>> import numpy as np
+    >>> y = conv_transpose1d(np.ones((1, 2, 3), np.float32), np.ones((2, 1, 3), np.float32),
+    ...                      stride=2, backend="numpy")
+    >>> y.ravel().tolist()
+    [2.0, 2.0, 4.0, 2.0, 4.0, 2.0, 2.0]
+    """
+    lay = _layout_1d(layout)
+    st, pad, dil = _params_1d(stride, padding, dilation)
+    op = (0,) + int_tuple("output_padding", output_padding, 1, 0, one_for_all=True)
+    y = _conv_transposend(2, "conv_transpose1d", _lifted("x", x, lay), _lifted("w", w, lay),
+                          stride=st, padding=pad, output_padding=op, dilation=dil,
+                          groups=groups, layout=lay,
+                          options=dict(math=math, workspace_limit=workspace_limit,
+                                       policy=policy, backend=backend, alpha=alpha, beta=beta,
+                                       graph=graph),
+                          out=_lifted_out(out, "y", lay))
+    return out if out is not None else _dropped(y, lay)
+
+
+def conv_transpose2d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, output_padding: IntOrTuple = 0,
+                     dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCHW",
+                     math: str = "default", workspace_limit: int | None = 64 << 20,
+                     policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None,
+                     alpha: float = 1.0, beta: float = 0.0, out: ArrayLike = None,
+                     graph: bool = False) -> ArrayLike:
+    """2-D transposed convolution, micro-batched: the backward-data of the
+    convolution it is the adjoint of (Note [transposed convolutions on arrays]).
+
+    ``x`` is (N, C_in, H, W) / (N, H, W, C_in) and ``w`` (C_in, C_out/groups,
+    R, S) / (C_in, R, S, C_out/groups), as PyTorch's ``conv_transpose2d``
+    takes them; the output (N, C_out, H', W') / (N, H', W', C_out) with H' =
+    (H - 1) * stride - 2 * padding + dilation * (R - 1) + output_padding + 1.
+    ``output_padding`` must be below the stride. Otherwise as :func:`conv2d`.
+
+    >>> import numpy as np
+    >>> y = conv_transpose2d(np.ones((1, 2, 2, 2), np.float32), np.ones((2, 3, 3, 3), np.float32),
+    ...                      stride=2, padding=1, output_padding=1, backend="numpy")
+    >>> y.shape, float(y[0, 0, 1, 1]), float(y[0, 0, 0, 0])
+    ((1, 3, 4, 4), 8.0, 2.0)
+    """
+    return _conv_transposend(2, "conv_transpose2d", x, w, stride=stride, padding=padding,
+                             output_padding=output_padding, dilation=dilation, groups=groups,
+                             layout=layout,
+                             options=dict(math=math, workspace_limit=workspace_limit,
+                                          policy=policy, backend=backend, alpha=alpha,
+                                          beta=beta, graph=graph),
+                             out=out)
+
+
+def conv_transpose3d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, output_padding: IntOrTuple = 0,
+                     dilation: IntOrTuple = 1, groups: int = 1, layout: str = "NCDHW",
+                     math: str = "default", workspace_limit: int | None = 64 << 20,
+                     policy: PolicyLike = DEFAULT_POLICY, backend: "str | Backend | None" = None,
+                     alpha: float = 1.0, beta: float = 0.0, out: ArrayLike = None,
+                     graph: bool = False) -> ArrayLike:
+    """3-D transposed convolution; as :func:`conv_transpose2d` with NCDHW/NDHWC shapes.
+
+    >>> import numpy as np
+    >>> y = conv_transpose3d(np.ones((1, 1, 2, 2, 2), np.float32),
+    ...                      np.ones((1, 1, 2, 2, 2), np.float32), backend="numpy")
+    >>> y.shape, float(y[0, 0, 1, 1, 1])
+    ((1, 1, 3, 3, 3), 8.0)
+    """
+    return _conv_transposend(3, "conv_transpose3d", x, w, stride=stride, padding=padding,
+                             output_padding=output_padding, dilation=dilation, groups=groups,
+                             layout=layout,
+                             options=dict(math=math, workspace_limit=workspace_limit,
+                                          policy=policy, backend=backend, alpha=alpha,
+                                          beta=beta, graph=graph),
+                             out=out)
