@@ -99,6 +99,8 @@ def test_bad_arguments_raise_errors_naming_them():
         (dict(output_padding=-1), "output_padding"),
         (dict(stride=0), "stride"),
         (dict(padding=4), "x"),  # an empty output
+        (dict(stride=10 ** 9), "y"),  # an output no tensor can hold, refused up front
+        (dict(dilation=2 ** 70), "y"),
         (dict(groups=3), "groups"),
         (dict(groups=True), "groups"),
         (dict(layout="NHWCX"), "layout"),

@@ -214,6 +214,8 @@ def test_argument_errors_name_the_argument():
         (dict(groups=3), r"in_channels \(4\) must be divisible by groups \(3\)"),
         (dict(bias=torch.randn(3)), r"bias: expected shape \(2,\)"),
         (dict(padding=4), r"input: the output size .* is too small"),
+        (dict(stride=10 ** 9), r"stride, dilation: the output of shape .* would take"),
+        (dict(dilation=2 ** 70), r"stride, dilation: the output of shape .* would take"),
     ]
     for kw, match in cases:
         with pytest.raises(mt.TorchValueError, match=match):

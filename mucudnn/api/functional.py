@@ -388,10 +388,14 @@ def _conv_transposend(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: I
                                 f"padding {pad} is too small")
     cout = (ws[-1] if last else ws[1]) * groups
     shape = (xs[0],) + size + (cout,) if last else (xs[0], cout) + size
-    conv = _get_conv(shape, ws, stride=st, padding=pad, dilation=dil, groups=groups,
-                     dtype=_array_dtype(given[0]), layout=lay, math=options["math"],
-                     workspace_limit=options["workspace_limit"], policy=options["policy"],
-                     backend=be, graph=options["graph"])
+    try:
+        conv = _get_conv(shape, ws, stride=st, padding=pad, dilation=dil, groups=groups,
+                         dtype=_array_dtype(given[0]), layout=lay, math=options["math"],
+                         workspace_limit=options["workspace_limit"], policy=options["policy"],
+                         backend=be, graph=options["graph"])
+    except InvalidValueError as exc:  # the problem's input is the output: say so
+        raise InvalidValueError(f"y: the output of shape {shape}, its convolution's input, "
+                                f"cannot be made: {exc}") from None
     return conv._call(Direction.BACKWARD_DATA, x, w, out, options["alpha"], options["beta"],
                       given)
 

@@ -25,8 +25,9 @@ from ..backends import Backend
 from ..caches import LRU
 from ..errors import InvalidTypeError, InvalidValueError, MucudnnError
 from ..optimizer import DEFAULT_POLICY, batch_sizes
+from ..problem import MAX_DIM, MAX_TENSOR_BYTES
 from ..typing_aliases import PolicyLike
-from ..units import int_tuple
+from ..units import format_bytes, int_tuple
 from . import engine, ops, transposed
 from .engine import DTYPES, ConvConfig
 
@@ -296,6 +297,20 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
     return y if batched else y.squeeze(0)
 
 
+def _check_output(names: str, shape: Sequence[int], dtype: torch.dtype) -> None:
+    """Refuse, before any allocation, an output no tensor can hold (as
+    :class:`~mucudnn.ConvProblem` refuses its tensors: Note [sizes that cannot
+    exist]); ``names``: the arguments that made it so large."""
+    n = 1
+    for v in shape:
+        n *= int(v)
+    nbytes = n * dtype.itemsize
+    if max(shape) >= MAX_DIM or nbytes >= MAX_TENSOR_BYTES:
+        raise TorchValueError(f"{names}: the output of shape {tuple(shape)} would take "
+                              f"{format_bytes(nbytes)}; a tensor must take less than "
+                              f"{format_bytes(MAX_TENSOR_BYTES)}")
+
+
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.is_floating_point() and t.dtype != torch.float64 and t.dtype != dtype:
         return t.to(dtype)
@@ -403,6 +418,7 @@ def _conv_transposend(nd: int, input: Any, weight: Any, bias: Any, stride: Any, 
     if min(size) < 1:
         raise TorchValueError(f"input: the output size {size} of spatial size "
                               f"{tuple(xs[2:])} with padding {pad} is too small")
+    _check_output("stride, dilation", (xs[0], k) + size, x.dtype)
     if any(out_pad[i] >= st[i] for i in range(nd)):  # Note [transposed convolutions]
         warnings.warn(f"mucudnn.torch: an output_padding {out_pad} not below the stride {st} has "
                       f"no convolution to run backward: PyTorch's own transposed convolution "
