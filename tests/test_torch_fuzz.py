@@ -384,3 +384,16 @@ def test_an_input_smaller_than_the_kernel_raises_naming_input(case, cut):
     with pytest.raises(Exception) as info:
         case.mine(x, w, b)
     _check_error(info.value, ("input",))
+
+
+@given(cases(), st.sampled_from([10 ** 12, 2 ** 70]))
+def test_a_padding_no_output_can_hold_is_refused_naming_it(case, padding):
+    """The problem refuses it (Note [sizes that cannot exist]) before the
+    output's allocation would fail inside torch."""
+    x, w, b = case.tensors()
+    if x.dim() == case.nd + 2 and x.shape[0] == 0:
+        return  # an empty batch allocates nothing
+    kwargs = {**case.kwargs, **case.options, "padding": padding, "stride": 1}
+    with pytest.raises(Exception) as info:
+        MINE[case.nd](x, w, b, **kwargs)
+    _check_error(info.value, ("padding",))

@@ -395,12 +395,16 @@ def _forward(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None",
     # view of them, so what the autograd Function returns is a base tensor: an
     # in-place op on it (VGG's and AlexNet's ReLU(inplace=True) right after a
     # conv) is then allowed, as after a native conv.
-    y = _empty(shape, x.dtype, dev, cl)
     if shape[0] == 0:
-        return y
-    xv, wv, yv = _view(x, cl), _view(w, cl), _packed(y, cl)
+        return _empty(shape, x.dtype, dev, cl)
+    xv, wv = _view(x, cl), _view(w, cl)
     with _on_device(dev), _no_autocast(dev):
+        # the problem first: it refuses an output no tensor can hold, naming the
+        # argument, before the allocation would fail in torch (the warm path's
+        # record builds it first too)
         conv = convolution(xv, wv, _LAYOUT[(nd, cl)], cfg)
+        y = _empty(shape, x.dtype, dev, cl)
+        yv = _packed(y, cl)
         _run(conv.forward, xv, wv, yv)
         if bias is not None:
             yv.add_(bias if cl else bias.view(_BIAS_VIEW[nd]))
