@@ -30,6 +30,7 @@ from mucudnn.torch import engine, functional, ops  # noqa: E402
 
 from conv_support import AtomicNumpyBackend  # noqa: E402
 from reference import rel_err  # noqa: E402
+from torch_support import compiled_like_eager  # noqa: E402
 
 #: A limit small enough that the NumPy backend's workspace-hungry algorithms
 #: need several micro-batches on the test shapes (checked in a test below).
@@ -874,28 +875,10 @@ def test_torch_compile_keeps_the_conv_in_one_graph():
 def test_torch_compile_of_a_1d_model_is_one_graph_of_mucudnns_op_with_torchs_gradients():
     """See Note [one-dimensional convolutions]: the height-1 views trace with
     the op, and the compiled step's output and gradients are torch's."""
-    torch._dynamo.reset()
     torch.manual_seed(12)
     ref = nn.Sequential(nn.Conv1d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv1d(4, 2, 1)).double()
-    m = mt.convert(copy.deepcopy(ref))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    compiled = torch.compile(m, backend=backend, fullgraph=True)
-    x = torch.randn(2, 3, 10, dtype=torch.float64, requires_grad=True)
-    xr = x.detach().clone().requires_grad_(True)
-    y, yr = compiled(x), ref(xr)
-    _close(y, yr, rtol=1e-12, atol=1e-12)
-    y.square().sum().backward()
-    yr.square().sum().backward()
-    _close(x.grad, xr.grad, rtol=1e-12, atol=1e-12)
-    for p, q in zip(m.parameters(), ref.parameters()):
-        _close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
-    assert len(graphs) == 1
-    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = compiled_like_eager(ref, mt.convert(copy.deepcopy(ref)),
+                                  torch.randn(2, 3, 10, dtype=torch.float64))
     assert sum(t is torch.ops.mucudnn.conv.default for t in targets) == 2
 
 

@@ -26,6 +26,7 @@ from mucudnn.problem import MicroBatch, make_plan  # noqa: E402
 from mucudnn.torch import engine, functional, native, recording, transposed  # noqa: E402
 
 from reference import rel_err  # noqa: E402
+from torch_support import compiled_like_eager  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cache_off")
 
@@ -242,29 +243,11 @@ def test_an_output_padding_below_the_dilation_only_runs_pytorchs_call_and_warns(
 
 
 def test_torch_compile_keeps_the_transposed_op_in_one_graph_with_torchs_gradients():
-    torch._dynamo.reset()
     torch.manual_seed(12)
     ref = nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
                         nn.ReLU(), nn.ConvTranspose2d(4, 2, 2, stride=2)).double()
-    m = mt.convert(copy.deepcopy(ref))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    compiled = torch.compile(m, backend=backend, fullgraph=True)
-    x = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
-    xr = x.detach().clone().requires_grad_(True)
-    y, yr = compiled(x), ref(xr)
-    torch.testing.assert_close(y, yr, rtol=1e-12, atol=1e-12)
-    y.square().sum().backward()
-    yr.square().sum().backward()
-    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-12, atol=1e-12)
-    for p, q in zip(m.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
-    assert len(graphs) == 1
-    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = compiled_like_eager(ref, mt.convert(copy.deepcopy(ref)),
+                                  torch.randn(2, 3, 5, 5, dtype=torch.float64))
     assert sum(t is torch.ops.mucudnn.conv_transpose.default for t in targets) == 2
 
 

@@ -28,3 +28,29 @@ def step_against_float64(model: nn.Module, ref: nn.Module, x: torch.Tensor,
     assert rel(y, y64) < tol
     for p, p64 in zip(model.parameters(), ref.parameters()):
         assert rel(p.grad, p64.grad) < tol
+
+
+def compiled_like_eager(ref: nn.Module, model: nn.Module, x: torch.Tensor) -> list:
+    """``model`` (``ref`` converted) compiled whole (``fullgraph``) on a backend
+    that keeps the graph: its output and the gradients of ``x`` and of every
+    parameter equal ``ref``'s eager ones to 1e-12 (float64), in one graph;
+    returns that graph's called targets."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    x = x.detach().requires_grad_(True)
+    xr = x.detach().clone().requires_grad_(True)
+    y, yr = compiled(x), ref(xr)
+    torch.testing.assert_close(y, yr, rtol=1e-12, atol=1e-12)
+    y.square().sum().backward()
+    yr.square().sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-12, atol=1e-12)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+    assert len(graphs) == 1
+    return [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]

@@ -16,7 +16,7 @@ from ..exec.arrays import ArrayInfo, inspect_array
 from ..optimizer.planner import workspace_limit_bytes
 from ..optimizer.policies import DEFAULT_POLICY, normalize_policy
 from ..optimizer.types import PolicyLike
-from ..problem import ConvProblem, Direction
+from ..problem import ConvProblem, Direction, transposed_spatial
 from ..typing_aliases import ArrayLike
 from ..units import ByteSize, IntOrTuple, int_tuple
 from .convolution import Convolution, Given
@@ -352,8 +352,9 @@ def conv_backward_filter(x: ArrayLike, dy: ArrayLike, w_shape: Sequence[int], *,
 # such convolution (its output would be larger than the input given).
 def _conv_transposend(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple,
                       padding: IntOrTuple, output_padding: IntOrTuple, dilation: IntOrTuple,
-                      groups: int, layout: str, options: dict[str, Any],
-                      out: ArrayLike) -> ArrayLike:
+                      groups: int, layout: str, math: str, workspace_limit: int | None,
+                      policy: PolicyLike, backend: "str | Backend | None", alpha: float,
+                      beta: float, out: ArrayLike, graph: bool) -> ArrayLike:
     lay = _check_layout(layout, nd, fn)
     st = int_tuple("stride", stride, nd, 1, one_for_all=True)
     pad = int_tuple("padding", padding, nd, 0, one_for_all=True)
@@ -362,7 +363,7 @@ def _conv_transposend(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: I
     if any(o >= s for o, s in zip(op, st)):
         raise InvalidValueError(f"output_padding: expected each value below the stride {st}, "
                                 f"got {op}")
-    be = get_backend(options.pop("backend"))
+    be = get_backend(backend)
     given = _inspect_once(be, ("x", "w", "y"), (x, w, out))
     assert given[0] is not None and given[1] is not None
     xs, ws = tuple(given[0].shape), tuple(given[1].shape)
@@ -381,8 +382,7 @@ def _conv_transposend(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: I
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or cin % groups:
         raise InvalidValueError(f"groups: expected a positive divisor of the input channels "
                                 f"({cin}), got {groups!r}")
-    size = tuple((spatial[i] - 1) * st[i] - 2 * pad[i] + dil[i] * (kernel[i] - 1) + op[i] + 1
-                 for i in range(nd))
+    size = transposed_spatial(spatial, kernel, st, pad, dil, op)
     if min(size) < 1:
         raise InvalidValueError(f"x: the output size {size} of spatial size {spatial} with "
                                 f"padding {pad} is too small")
@@ -390,14 +390,13 @@ def _conv_transposend(nd: int, fn: str, x: ArrayLike, w: ArrayLike, *, stride: I
     shape = (xs[0],) + size + (cout,) if last else (xs[0], cout) + size
     try:
         conv = _get_conv(shape, ws, stride=st, padding=pad, dilation=dil, groups=groups,
-                         dtype=_array_dtype(given[0]), layout=lay, math=options["math"],
-                         workspace_limit=options["workspace_limit"], policy=options["policy"],
-                         backend=be, graph=options["graph"])
+                         dtype=_array_dtype(given[0]), layout=lay, math=math,
+                         workspace_limit=workspace_limit, policy=policy, backend=be,
+                         graph=graph)
     except InvalidValueError as exc:  # the problem's input is the output: say so
         raise InvalidValueError(f"y: the output of shape {shape}, its convolution's input, "
                                 f"cannot be made: {exc}") from None
-    return conv._call(Direction.BACKWARD_DATA, x, w, out, options["alpha"], options["beta"],
-                      given)
+    return conv._call(Direction.BACKWARD_DATA, x, w, out, alpha, beta, given)
 
 
 def conv_transpose1d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
@@ -422,11 +421,9 @@ def conv_transpose1d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
     op = (0,) + int_tuple("output_padding", output_padding, 1, 0, one_for_all=True)
     y = _conv_transposend(2, "conv_transpose1d", _lifted("x", x, lay), _lifted("w", w, lay),
                           stride=st, padding=pad, output_padding=op, dilation=dil,
-                          groups=groups, layout=lay,
-                          options=dict(math=math, workspace_limit=workspace_limit,
-                                       policy=policy, backend=backend, alpha=alpha, beta=beta,
-                                       graph=graph),
-                          out=_lifted_out(out, "y", lay))
+                          groups=groups, layout=lay, math=math,
+                          workspace_limit=workspace_limit, policy=policy, backend=backend,
+                          alpha=alpha, beta=beta, out=_lifted_out(out, "y", lay), graph=graph)
     return out if out is not None else _dropped(y, lay)
 
 
@@ -454,11 +451,9 @@ def conv_transpose2d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
     """
     return _conv_transposend(2, "conv_transpose2d", x, w, stride=stride, padding=padding,
                              output_padding=output_padding, dilation=dilation, groups=groups,
-                             layout=layout,
-                             options=dict(math=math, workspace_limit=workspace_limit,
-                                          policy=policy, backend=backend, alpha=alpha,
-                                          beta=beta, graph=graph),
-                             out=out)
+                             layout=layout, math=math, workspace_limit=workspace_limit,
+                             policy=policy, backend=backend, alpha=alpha, beta=beta, out=out,
+                             graph=graph)
 
 
 def conv_transpose3d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
@@ -478,8 +473,6 @@ def conv_transpose3d(x: ArrayLike, w: ArrayLike, *, stride: IntOrTuple = 1,
     """
     return _conv_transposend(3, "conv_transpose3d", x, w, stride=stride, padding=padding,
                              output_padding=output_padding, dilation=dilation, groups=groups,
-                             layout=layout,
-                             options=dict(math=math, workspace_limit=workspace_limit,
-                                          policy=policy, backend=backend, alpha=alpha,
-                                          beta=beta, graph=graph),
-                             out=out)
+                             layout=layout, math=math, workspace_limit=workspace_limit,
+                             policy=policy, backend=backend, alpha=alpha, beta=beta, out=out,
+                             graph=graph)

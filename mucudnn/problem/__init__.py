@@ -29,7 +29,8 @@ The modules, by job (each name is importable from here):
 from __future__ import annotations
 
 from .conv_problem import (DTYPES, ITEMSIZE, MATH_MODES, MAX_DIM, MAX_TENSOR_BYTES,
-                           MICRO_BATCH_ALIGNMENT, ConvProblem, IntOrTuple, conv_dtype)
+                           MICRO_BATCH_ALIGNMENT, ConvProblem, IntOrTuple, conv_dtype,
+                           transposed_spatial)
 from .dict_form import PlanFormatError
 from .direction import Direction
 from .layouts import LAYOUTS, channels_last, from_canonical, packed_strides, to_canonical
@@ -40,7 +41,7 @@ __all__ = [
     "AlgoPerf", "ConvProblem", "Direction", "MicroBatch", "Plan", "PlanFormatError", "make_plan",
     # layouts and data types
     "LAYOUTS", "DTYPES", "ITEMSIZE", "MATH_MODES", "channels_last", "to_canonical",
-    "from_canonical", "packed_strides", "conv_dtype", "IntOrTuple",
+    "from_canonical", "packed_strides", "conv_dtype", "IntOrTuple", "transposed_spatial",
     # bounds
     "MICRO_BATCH_ALIGNMENT", "UNLIMITED_WORKSPACE", "MAX_DIM", "MAX_TENSOR_BYTES",
 ]

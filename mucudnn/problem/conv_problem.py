@@ -16,7 +16,8 @@ from ..units import format_bytes, int_tuple, is_integer, shape_tuple
 from .dict_form import check_keys, construct
 from .layouts import LAYOUTS, channels_last, from_canonical, packed_strides, to_canonical
 
-__all__ = ["ConvProblem", "conv_dtype", "problem_from_dict", "DTYPES", "ITEMSIZE",
+__all__ = ["ConvProblem", "conv_dtype", "problem_from_dict", "transposed_spatial", "DTYPES",
+           "ITEMSIZE",
            "MICRO_BATCH_ALIGNMENT", "MATH_MODES", "MAX_DIM", "MAX_TENSOR_BYTES", "IntOrTuple"]
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -345,6 +346,21 @@ class ConvProblem:
         return (f"ConvProblem(x_shape={self.x_shape}, w_shape={self.w_shape}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"dtype={self.dtype!r}, layout={self.layout!r}, math={self.math!r})")
+
+
+def transposed_spatial(spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int],
+                       output_padding: Sequence[int]) -> tuple[int, ...]:
+    """The output spatial sizes of a transposed convolution of ``spatial``:
+    the input sizes of the convolution it is the adjoint of, ``(in - 1) *
+    stride - 2 * padding + dilation * (k - 1) + output_padding + 1`` (below 1
+    where the padding leaves nothing).
+
+    >>> transposed_spatial((4, 4), (3, 3), (2, 2), (1, 1), (1, 1), (1, 0))
+    (8, 7)
+    """
+    return tuple((i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, k, s, p, d, o
+                 in zip(spatial, kernel, stride, padding, dilation, output_padding))
 
 
 def conv_dtype(dtype: DTypeLike, name: str = "dtype") -> str:

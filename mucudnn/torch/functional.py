@@ -25,7 +25,7 @@ from ..backends import Backend
 from ..caches import LRU
 from ..errors import InvalidTypeError, InvalidValueError, MucudnnError
 from ..optimizer import DEFAULT_POLICY, batch_sizes
-from ..problem import MAX_DIM, MAX_TENSOR_BYTES
+from ..problem import MAX_DIM, MAX_TENSOR_BYTES, transposed_spatial
 from ..typing_aliases import PolicyLike
 from ..units import format_bytes, int_tuple
 from . import engine, ops, transposed
@@ -245,6 +245,14 @@ def _on_device_in_dtype(input: torch.Tensor, weight: torch.Tensor, bias: Any
     return input, weight, bias
 
 
+def _height_1(x: torch.Tensor, weight: torch.Tensor, st: tuple, pad: tuple, dil: tuple
+              ) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple, tuple]:
+    """See Note [one-dimensional convolutions]: the operands' height-1 views
+    and the 2-D geometry (stride 1, padding 0, dilation 1 for the height)."""
+    return (x.contiguous().unsqueeze(2), weight.unsqueeze(2), (1,) + st, (0,) + pad,
+            (1,) + dil)
+
+
 def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
             dilation: Any, groups: Any, opts: Options, plans: str = "") -> torch.Tensor:
     batched = _operands(nd, input, weight, bias, "out_channels, in_channels/groups, *kernel")
@@ -285,9 +293,8 @@ def _convnd(nd: int, input: Any, weight: Any, bias: Any, stride: Any, padding: A
                 f"input: spatial size {tuple(xs[2:])} is smaller than the dilated kernel "
                 f"{tuple(dil[j] * (ws[j + 2] - 1) + 1 for j in range(nd))} "
                 f"with padding {pad}")
-    if nd == 1:  # Note [one-dimensional convolutions]
-        x, weight = x.contiguous().unsqueeze(2), weight.unsqueeze(2)
-        st, pad, dil = (1,) + st, (0,) + pad, (1,) + dil
+    if nd == 1:
+        x, weight, st, pad, dil = _height_1(x, weight, st, pad, dil)
     cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
     if xs[0] == 0:  # no device work follows: check that the backend takes this device
         engine._backend_for(cfg.backend, device)
@@ -413,8 +420,7 @@ def _conv_transposend(nd: int, input: Any, weight: Any, bias: Any, stride: Any, 
     input, weight, bias = _on_device_in_dtype(input, weight, bias)
     x = input if batched else input.unsqueeze(0)
     xs = x.shape
-    size = tuple((xs[i + 2] - 1) * st[i] - 2 * pad[i] + dil[i] * (ws[i + 2] - 1) + out_pad[i] + 1
-                 for i in range(nd))
+    size = transposed_spatial(xs[2:], ws[2:], st, pad, dil, out_pad)
     if min(size) < 1:
         raise TorchValueError(f"input: the output size {size} of spatial size "
                               f"{tuple(xs[2:])} with padding {pad} is too small")
@@ -425,9 +431,9 @@ def _conv_transposend(nd: int, input: Any, weight: Any, bias: Any, stride: Any, 
                       f"runs, its workspace not held to the limit", RuntimeWarning, stacklevel=3)
         y = _TRANSPOSED_F[nd](x, weight, bias, st, pad, out_pad, groups, dil)
         return y if batched else y.squeeze(0)
-    if nd == 1:  # Note [one-dimensional convolutions]
-        x, weight = x.contiguous().unsqueeze(2), weight.unsqueeze(2)
-        st, pad, dil, size = (1,) + st, (0,) + pad, (1,) + dil, (1,) + size
+    if nd == 1:
+        x, weight, st, pad, dil = _height_1(x, weight, st, pad, dil)
+        size = (1,) + size
     cfg = ConvConfig(st, pad, dil, groups, opts.workspace_limit, opts.policy, opts.backend, plans)
     if xs[0] == 0:  # no device work follows: check that the backend takes this device
         engine._backend_for(cfg.backend, device)

@@ -89,7 +89,7 @@ import torch
 
 from ..caches import LRU
 from ..errors import InvalidValueError
-from ..problem import Direction, Plan
+from ..problem import Direction, Plan, transposed_spatial
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
@@ -636,8 +636,9 @@ def output_padding(x_shape: tuple, y_shape: tuple, w_shape: tuple, cfg: Any) -> 
     >>> output_padding((1, 1, 8, 7), (1, 1, 4, 4), (1, 1, 3, 3), C((2, 2), (1, 1), (1, 1)))
     [1, 0]
     """
-    return [x - ((y - 1) * s - 2 * p + d * (k - 1) + 1) for x, y, k, s, p, d in
-            zip(x_shape[2:], y_shape[2:], w_shape[2:], cfg.stride, cfg.padding, cfg.dilation)]
+    least = transposed_spatial(y_shape[2:], w_shape[2:], cfg.stride, cfg.padding, cfg.dilation,
+                               (0,) * len(cfg.stride))
+    return [x - s for x, s in zip(x_shape[2:], least)]
 
 
 def _host_pair(step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,

@@ -38,9 +38,6 @@ from .engine import ConvConfig
 
 __all__ = ["TransposedFunction", "apply", "warm_call", "conv_transpose"]
 
-_BIAS_VIEW = {4: (-1, 1, 1), 5: (-1, 1, 1, 1)}
-
-
 def _out_shape(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple) -> tuple:
     """The layer's output shape: the problem's input shape."""
     return (x.shape[0], w.shape[1] * cfg.groups) + tuple(size)
@@ -55,11 +52,8 @@ def _in_layout(g: Tensor, x: Tensor, w: Tensor) -> Tensor:
 
 
 def _bias_grad(g: Tensor) -> Tensor:
-    dims = [0] + list(range(2, g.dim()))
-    if torch.is_autocast_enabled(g.device.type):
-        with torch.autocast(g.device.type, enabled=False):  # the gradient keeps g's dtype
-            return g.sum(dim=dims)
-    return g.sum(dim=dims)
+    with engine._no_autocast(g.device):  # sum autocasts to float32; the gradient keeps g's dtype
+        return g.sum(dim=[0] + list(range(2, g.dim())))
 
 
 def warm_call(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple,
@@ -120,7 +114,7 @@ def _checked(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig,
         conv = engine.convolution(engine._view(y, cl), wv, engine._LAYOUT[(nd, cl)], cfg)
         engine._run(conv.backward_data, xv, wv, yv)
         if bias is not None:
-            yv.add_(bias if cl else bias.view(_BIAS_VIEW[nd]))
+            yv.add_(bias if cl else bias.view(engine._BIAS_VIEW[nd]))
     return y
 
 
@@ -230,7 +224,7 @@ def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig,
                               cfg.policy, cfg.backend, cfg.plans)
     if ops._FUNCTORCH_ACTIVE() or _forward_ad._current_level >= 0:
         y = Bilinear.apply(x, w, Op(DATA, cfg, tuple(size)))
-        return y if bias is None else y + bias.view(_BIAS_VIEW.get(y.dim(), (-1, 1)))
+        return y if bias is None else y + bias.view(engine._BIAS_VIEW[y.dim()])
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return TransposedFunction.apply(x, w, bias, cfg, size)
