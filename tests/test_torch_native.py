@@ -305,7 +305,7 @@ def test_a_converted_layer_computes_the_convolution_whichever_side_runs(monkeypa
     mt.clear()
     if force is not None:
         real = native.decide
-        monkeypatch.setattr(native, "settle", lambda choices, host, need_dx=True: choices)
+        monkeypatch.setattr(native, "settle", lambda choices, *_: choices)
 
         def forced(d, plan_ms, torch_ms, ws, limit):
             c = real(d, plan_ms, torch_ms, ws, limit)
@@ -348,7 +348,7 @@ def test_a_settled_module_runs_torch_nn_code_and_computes_the_convolution(monkey
     from mucudnn.torch import engine
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
     mt.clear()
-    monkeypatch.setattr(native, "settle", lambda choices, host, need_dx=True: {
+    monkeypatch.setattr(native, "settle", lambda choices, *_: {
         d: native.Choice(d, native.TORCH, c.plan_ms, c.torch_ms, c.torch_workspace, c.limit,
                          "forced by the test") for d, c in choices.items()})
     torch.manual_seed(0)

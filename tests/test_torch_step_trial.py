@@ -249,7 +249,7 @@ def test_a_trained_model_keeps_a_way_and_computes_its_convolutions(monkeypatch, 
     mt.clear()
     monkeypatch.setattr(StepTrial, "decide", staticmethod(lambda step_ms: kept))
     # every layer keeps its plans per layer, so the two ways differ and the trial runs
-    monkeypatch.setattr(native, "settle", lambda choices, host, need_dx=True: choices)
+    monkeypatch.setattr(native, "settle", lambda choices, *_: choices)
     monkeypatch.setattr(native, "decide", lambda d, plan_ms, torch_ms, ws, limit: native.Choice(
         d, native.MUCUDNN, plan_ms, torch_ms, ws, limit, "forced by the test"))
     torch.manual_seed(0)
