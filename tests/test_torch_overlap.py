@@ -69,7 +69,7 @@ def _forced(x, w, sides):
     mt.conv2d(x, w, workspace_limit=64 << 20, **KW)
     warm = engine.last_warm()
     assert warm is not None
-    warm.overlap, warm.captured = True, None
+    warm.overlap, warm.captured, warm.host_pending = True, None, False
     warm.native = (warm.native[0],) + tuple(sides)
     return warm
 
@@ -126,7 +126,7 @@ def test_overlapped_backward_matches_float64_on_random_convolutions(
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     mt.conv2d(x, w, workspace_limit=64 << 20, **kw)
     warm = engine.last_warm()
-    warm.overlap, warm.captured = True, None
+    warm.overlap, warm.captured, warm.host_pending = True, None, False
     warm.native = (warm.native[0],) + tuple(sides)
     xs, ws = (t.detach().clone().requires_grad_(True) for t in (x, w))
     y = mt.conv2d(xs, ws, workspace_limit=64 << 20, **kw)
