@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
 
 from mucudnn.problem import Direction  # noqa: E402
-from mucudnn.torch import measure, native, overlap  # noqa: E402
+from mucudnn.torch import measure, native  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
 
 LIMIT = 1 << 20
@@ -39,7 +39,6 @@ class Device:
         self.workspace = dict(zip(Direction, workspace))
         self.fails = fails  # a direction PyTorch cannot run, or None
         self.calls: list[tuple[str, Direction]] = []
-        self.pairs: list[tuple] = []  # the backward pairs timed (Note [overlapped backward])
         self.thread: list = [None]  # the direction whose step thread runs now (None: the caller's)
         self.conv = types.SimpleNamespace(plans={}, problem=types.SimpleNamespace(key=lambda: "p"))
 
@@ -85,19 +84,6 @@ class Device:
             out.append(self.torch_ms[d] if side == "torch" else self.plan_ms[d])
         return out
 
-    def time_pair(self, dx_fn, dw_fn, index):
-        """overlap.time_pair: each side once on its step thread; at once is 0.8 x."""
-        assert self.thread[-1] == BD
-        sides = []
-        for d, fn in ((BD, dx_fn), (BF, dw_fn)):
-            self.thread.append(d)
-            fn()
-            self.thread.pop()
-            sides.append(self._last())
-        self.pairs.append(tuple(sides))
-        t = sum(self.torch_ms[d] if side == "torch" else self.plan_ms[d] for side, d in sides)
-        return t, 0.8 * t
-
     def probe(self, fn):
         fn()
         side, d = self._last()
@@ -125,7 +111,6 @@ def _calibrate(dev: Device, search: str, need_dx: bool,
         mp.setattr(native, "workspace_of", dev.probe)
         mp.setattr(native, "probe", dev.first)
         mp.setattr(native, "on_step_thread", dev.on_step_thread)
-        mp.setattr(overlap, "time_pair", dev.time_pair)
         cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, LIMIT, "fitted", "", "")
         x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
         launch = {d: dev.launcher(d) for d in Direction}
@@ -137,18 +122,6 @@ def _calibrate(dev: Device, search: str, need_dx: bool,
             return rec, native.records()
         finally:
             native.clear()
-
-
-def _check_pair(dev: Device, rec: native.Record, need_dx: bool, transposed: bool) -> None:
-    """The backward pair is timed, as its directions run, exactly where Note
-    [overlapped backward] lets it overlap, and overlaps where it was faster."""
-    runs = {d: c.runs for d, c in rec.choices.items()}
-    may = overlap.eligible(runs, {d: c.torch_workspace for d, c in rec.choices.items()},
-                           {d: p.workspace_bytes for d, p in rec.plans.items()}, LIMIT,
-                           need_dx, transposed)
-    assert (rec.overlap is not None) == may == rec.overlapped
-    want = [tuple(("torch" if runs[d] == native.TORCH else "ours", d) for d in overlap.PAIR)]
-    assert dev.pairs == (want if may else [])
 
 
 @given(torch_ms=st.lists(times_ms, min_size=3, max_size=3),
@@ -168,7 +141,6 @@ def test_over_limit_search_plans_and_launches_only_the_directions_over_the_limit
     rec, kept = _calibrate(dev, "over-limit", need_dx, transposed)
     assert rec.transposed is transposed
     in_step = [d for d in Direction if native.in_step(d, need_dx, transposed)]
-    _check_pair(dev, rec, need_dx, transposed)
     if fails in in_step:
         assert set(rec.plans) == {d for _, d in dev.calls if _ == "ours"} == set(Direction)
         return
@@ -203,7 +175,6 @@ def test_the_search_of_everything_plans_every_direction_and_decides_each(
     dev = Device(torch_ms, plan_ms, workspace, None)
     rec, _ = _calibrate(dev, "all", need_dx)
     assert set(rec.plans) == set(Direction)
-    _check_pair(dev, rec, need_dx, False)
     for d in Direction:
         want = native.decide(d, dev.plan_ms[d], dev.torch_ms[d], dev.workspace[d], LIMIT)
         assert rec.choices[d] == want

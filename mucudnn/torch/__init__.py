@@ -56,11 +56,6 @@ What runs where
   first calls; ``MUCUDNN_TORCH_NATIVE=0`` turns it off).
   ``print(mt.report(model))`` after the first step lists what each layer
   runs, both times and PyTorch's workspace.
-* Overlapped backward: a layer that runs a plan in a backward direction
-  runs its backward-data and backward-filter at once on two streams where
-  their workspaces together fit the limit and that was faster at its first
-  call (Note [overlapped backward] in :mod:`.overlap`;
-  ``MUCUDNN_TORCH_OVERLAP=0`` turns it off).
 * CUDA graphs: after a warm-up step (which plans and allocates), a whole
   training step can be captured with ``torch.cuda.graph`` and replayed. A
   capture runs each direction's faster side on the GPU, plan or PyTorch's

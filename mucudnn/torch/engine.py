@@ -54,7 +54,6 @@ from ..errors import UnsupportedDtypeError
 from ..exec.arrays import torch_workspace
 from ..problem import ConvProblem, Direction
 from . import native as _native
-from . import overlap as _overlap
 from .tokens import (PlanSource, TorchBridgeError, backend_for as _backend_for, backend_token,
                      plan_source, register_plan_source)
 
@@ -529,7 +528,7 @@ class _Warm:
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "captured",
-                  "fits", "host_pending", "key", "transposed", "x_shape", "out_pad", "overlap")
+                  "fits", "host_pending", "key", "transposed", "x_shape", "out_pad")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple, transposed: bool = False) -> None:
@@ -570,8 +569,6 @@ class _Warm:
         self.x_shape = tuple(x.shape)
         self.out_pad = _native.output_padding(self.x_shape, self.y_shape, tuple(w.shape),
                                               cfg) if transposed else None
-        #: the backward pair runs at once (Note [overlapped backward] in :mod:`.overlap`)
-        self.overlap = False
 
     def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,
                   step: "HostStep | None", need_dx: "bool | None" = None) -> None:
@@ -597,7 +594,6 @@ class _Warm:
         self.captured = None if (cf, cd, cb) == self.native else (cf, cd, cb)
         fit = [_native.fits(rec.choices[d]) for d in Direction]
         self.fits = (fit[0], fit[1], fit[2])
-        self.overlap = rec.overlapped
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:
@@ -663,45 +659,29 @@ class _Warm:
             native = self.captured  # Note [captured steps run the GPU's choice]
         _, native_x, native_w = native
         with _device_ctx(index):
-            if need_x and need_w and native_x and native_w:  # one call, as a native layer's
-                dx, dw = _native.native_backward(
+            if (need_x and native_x) or (need_w and native_w):
+                nx, nw = need_x and native_x, need_w and native_w
+                ndx, ndw = _native.native_backward(
                     dy, x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt),
-                    self.cfg, True, True, self.det, self.tf32)
-            elif need_x and need_w and self.overlap:  # Note [overlapped backward]
-                dx, dw = _overlap.run_pair(lambda: self._dx(dy, x, w, native_x),
-                                           lambda: self._dw(dy, x, w, native_w), index)
-            else:
-                dx = self._dx(dy, x, w, native_x) if need_x else None
-                dw = self._dw(dy, x, w, native_w) if need_w else None
+                    self.cfg, nx, nw, self.det, self.tf32)
+                if nx:
+                    dx, need_x = ndx, False
+                if nw:
+                    dw, need_w = ndw, False
+            stream = _STREAM(index)
+            # empty_like(t, memory_format=fmt): t's shape, dtype and device in
+            # ``fmt``, as torch.empty(...) would make it, with less argument parsing
+            if need_x:
+                w = w.contiguous(memory_format=fmt)
+                dx = _EMPTY_LIKE(x, memory_format=fmt)
+                self.bwd_data(dx.data_ptr(), w.data_ptr(), dy.data_ptr(), 1.0, 0.0, stream,
+                              self.ws)
+            if need_w:
+                x = x.contiguous(memory_format=fmt)
+                dw = _EMPTY_LIKE(w, memory_format=fmt)
+                self.bwd_filter(x.data_ptr(), dw.data_ptr(), dy.data_ptr(), 1.0, 0.0, stream,
+                                self.ws)
         return dx, dw, db
-
-    def _dx(self, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-            native: bool) -> "torch.Tensor | None":
-        """The input's gradient on torch's current stream: PyTorch's call or the plan."""
-        fmt = self.fmt
-        w = w.contiguous(memory_format=fmt)
-        if native:
-            return _native.native_backward(dy, x.contiguous(memory_format=fmt), w, self.cfg,
-                                           True, False, self.det, self.tf32)[0]
-        # empty_like(t, memory_format=fmt): t's shape, dtype and device in
-        # ``fmt``, as torch.empty(...) would make it, with less argument parsing
-        dx = _EMPTY_LIKE(x, memory_format=fmt)
-        self.bwd_data(dx.data_ptr(), w.data_ptr(), dy.data_ptr(), 1.0, 0.0,
-                      _STREAM(self.index), self.ws)
-        return dx
-
-    def _dw(self, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-            native: bool) -> "torch.Tensor | None":
-        """The weight's gradient on torch's current stream: PyTorch's call or the plan."""
-        fmt = self.fmt
-        x = x.contiguous(memory_format=fmt)
-        if native:
-            return _native.native_backward(dy, x, w.contiguous(memory_format=fmt), self.cfg,
-                                           False, True, self.det, self.tf32)[1]
-        dw = _EMPTY_LIKE(w, memory_format=fmt)
-        self.bwd_filter(x.data_ptr(), dw.data_ptr(), dy.data_ptr(), 1.0, 0.0,
-                        _STREAM(self.index), self.ws)
-        return dw
 
 
 def _device_ctx(index: int) -> Any:

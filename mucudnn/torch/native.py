@@ -90,7 +90,6 @@ import torch
 from ..caches import LRU
 from ..errors import InvalidValueError
 from ..problem import Direction, Plan, transposed_spatial
-from . import overlap as _overlap
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
@@ -159,14 +158,6 @@ class Record:
     #: not timed (Note [first-call seconds])
     first_s: Optional[float] = None
     plan_s: Optional[float] = None
-    #: GPU ms of the backward pair one after the other and at once; None: not
-    #: timed (Note [overlapped backward] in :mod:`.overlap`)
-    overlap: Optional[tuple[float, float]] = None
-
-    @property
-    def overlapped(self) -> bool:
-        """Whether the layer's backward pair runs at once (Note [overlapped backward])."""
-        return _overlap.overlaps(self.overlap)
 
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
@@ -605,16 +596,6 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                  fmt is not torch.contiguous_format, plans, choices, need_dx=need_dx,
                  transposed=transposed)
-    runs = {d: c.runs for d, c in choices.items()}
-    if not cfg.plans and _overlap.eligible(
-            runs, {d: c.torch_workspace for d, c in choices.items()},
-            {d: p.workspace_bytes for d, p in plans.items()}, limit, need_dx, transposed):
-        dx_fn, dw_fn = ((ours if runs[d] == MUCUDNN else theirs)[d] for d in _overlap.PAIR)
-        rec.overlap = step_thread(Direction.BACKWARD_DATA, functools.partial(
-            _overlap.time_pair, dx_fn, dw_fn, x.get_device()))
-        log.info("mucudnn.torch: %s backward pair %.3f ms one after the other, %.3f ms at "
-                 "once: %s", conv.problem.key(), *rec.overlap,
-                 "at once" if rec.overlapped else "one after the other")
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx, transposed)
     end = time.perf_counter()

@@ -58,22 +58,13 @@ class LayerReport:
     #: a transposed convolution: ``x_shape`` is its output, the directions are its
     #: problem's, and its forward is ``bwd-data`` (Note [transposed convolutions])
     transposed: bool = False
-    #: GPU ms of the backward pair one after the other and at once; None: not
-    #: timed (Note [overlapped backward] in :mod:`.overlap`)
-    overlap_ms: Optional[tuple[float, float]] = None
-    #: the backward pair runs at once
-    overlapped: bool = False
 
     @property
     def ms(self) -> float:
         """Milliseconds of what runs, summed over the measured directions a
-        training step runs (backward-data only where the input needs its
-        gradient), less what running the backward pair at once saves."""
-        total = sum(d["ms"] for d in self.directions.values()
-                    if d["ms"] is not None and d["in_step"])
-        if self.overlapped and self.overlap_ms is not None:
-            total -= self.overlap_ms[0] - self.overlap_ms[1]
-        return total
+        training step runs (backward-data only where the input needs its gradient)."""
+        return sum(d["ms"] for d in self.directions.values()
+                   if d["ms"] is not None and d["in_step"])
 
     @property
     def torch_ms(self) -> float:
@@ -151,12 +142,6 @@ class Report:
                     else f"{d['runs']} ({d['captured']} captured)"
                 rows.append(f"| {layer.name} | {x} | {dname} | {runs} | {d['plan']} | "
                             f"{_ms(d['ms'])} | {_ms(d['torch_ms'])} | {_mib(d['torch_workspace'])} |")
-            if layer.overlap_ms is not None:  # Note [overlapped backward]
-                seq, both = layer.overlap_ms
-                rows.append(f"| {layer.name} | {x} | bwd pair | "
-                            f"{'at once' if layer.overlapped else 'one after the other'} | "
-                            f"{_ms(both)} at once, {_ms(seq)} one after the other | "
-                            f"{_ms(both if layer.overlapped else seq)} | | |")
             if layer.host_ms is not None:
                 rows.append(f"| {layer.name} | {x} | host, fwd+bwd | | | {_ms(layer.host_ms[0])} | "
                             f"{_ms(layer.host_ms[1])} | |")
@@ -289,8 +274,7 @@ def report(model: nn.Module) -> Report:
         for r in found:
             used[id(r)] = r
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
-                                      _directions(r, torch_way), r.host, r.transposed,
-                                      r.overlap, r.overlapped))
+                                      _directions(r, torch_way), r.host, r.transposed))
     guard = guard_of(model)
     return Report(layers, unmeasured, trials[0].as_dict() if trials else None,
                   _first_calls(list(used.values())),
