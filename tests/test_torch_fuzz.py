@@ -96,8 +96,9 @@ def _options(draw) -> dict:
     return options
 
 
-@st.composite
-def cases(draw, nd: "int | None" = None) -> Case:
+def _layer(draw: Any, nd: "int | None") -> tuple:
+    """What a convolution and a transposed one draw alike: (nd, groups,
+    channels and filters per group, batch, kernel, dilation)."""
     nd = nd or draw(st.sampled_from([1, 2, 2, 3]))
     groups = draw(st.integers(1, 3))
     cg, kg = draw(st.integers(1, 2)), draw(st.integers(1, 2))
@@ -105,6 +106,12 @@ def cases(draw, nd: "int | None" = None) -> Case:
     big = {1: 5, 2: 3, 3: 2}[nd]
     kernel = tuple(draw(st.integers(1, big)) for _ in range(nd))
     dilation = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    return nd, groups, cg, kg, n, kernel, dilation
+
+
+@st.composite
+def cases(draw, nd: "int | None" = None) -> Case:
+    nd, groups, cg, kg, n, kernel, dilation = _layer(draw, nd)
     padding_kind = draw(st.sampled_from(["ints", "ints", "same", "valid"]))
     stride = (1,) * nd if padding_kind == "same" else \
         tuple(draw(st.integers(1, 3)) for _ in range(nd))
@@ -134,13 +141,7 @@ def cases(draw, nd: "int | None" = None) -> Case:
 def transposed_cases(draw, nd: "int | None" = None) -> Case:
     """A valid transposed convolution (Note [transposed convolutions]): output
     paddings below the stride, an output of at least one element."""
-    nd = nd or draw(st.sampled_from([1, 2, 2, 3]))
-    groups = draw(st.integers(1, 3))
-    cg, kg = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    n = draw(st.sampled_from([1, 2, 2, 0]))
-    big = {1: 5, 2: 3, 3: 2}[nd]
-    kernel = tuple(draw(st.integers(1, big)) for _ in range(nd))
-    dilation = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    nd, groups, cg, kg, n, kernel, dilation = _layer(draw, nd)
     stride = tuple(draw(st.integers(1, 3)) for _ in range(nd))
     out_pad = tuple(draw(st.integers(0, s - 1)) for s in stride)
     spatial = tuple(draw(st.integers(1, {1: 5, 2: 3, 3: 2}[nd])) for _ in range(nd))

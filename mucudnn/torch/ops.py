@@ -152,11 +152,8 @@ def conv(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int
 def _conv_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
                padding: Sequence[int], dilation: Sequence[int], groups: int,
                workspace_limit: int, policy: str, backend: str, plans: str) -> Tensor:
-    shape = engine.output_shape(x.shape, weight.shape, stride, padding, dilation)
-    if engine.channels_last(x, weight):
-        return torch.empty(shape, dtype=x.dtype, device=x.device,
-                           memory_format=engine._CL[x.dim()])
-    return x.new_empty(shape)
+    return engine._empty(engine.output_shape(x.shape, weight.shape, stride, padding, dilation),
+                         x.dtype, x.device, engine.channels_last(x, weight))
 
 
 @torch.library.custom_op("mucudnn::conv_backward", mutates_args=(), tags=_TAGS)
@@ -184,10 +181,7 @@ def _conv_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequenc
     cl = engine.channels_last(x, weight)
 
     def like(t: Tensor) -> Tensor:
-        if cl:
-            return torch.empty(t.shape, dtype=t.dtype, device=t.device,
-                               memory_format=engine._CL[t.dim()])
-        return t.new_empty(t.shape)
+        return engine._empty(t.shape, t.dtype, t.device, cl)
 
     return (like(x) if nx else x.new_empty(0), like(weight) if nw else x.new_empty(0),
             grad.new_empty(grad.shape[1]) if nb else x.new_empty(0))

@@ -38,9 +38,10 @@ from .engine import ConvConfig
 
 __all__ = ["TransposedFunction", "apply", "warm_call", "conv_transpose"]
 
-def _out_shape(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple) -> tuple:
+
+def _out_shape(x: Tensor, w: Tensor, groups: int, size: Sequence[int]) -> tuple:
     """The layer's output shape: the problem's input shape."""
-    return (x.shape[0], w.shape[1] * cfg.groups) + tuple(size)
+    return (x.shape[0], w.shape[1] * groups) + tuple(size)
 
 
 def _in_layout(g: Tensor, x: Tensor, w: Tensor) -> Tensor:
@@ -88,7 +89,7 @@ def warm_call(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple,
 
 def _scratch(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple, cl: bool) -> Tensor:
     """A random operand of the problem's input shape, for the first call's timings."""
-    t = torch.randn(_out_shape(x, w, cfg, size), dtype=x.dtype, device=x.device)
+    t = torch.randn(_out_shape(x, w, cfg.groups, size), dtype=x.dtype, device=x.device)
     return t.contiguous(memory_format=engine._CL[t.dim()]) if cl else t
 
 
@@ -105,7 +106,7 @@ def _checked(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig,
     cl = engine.channels_last(x, w)
     nd = x.dim()
     dev = x.device
-    y = engine._empty(_out_shape(x, w, cfg, size), x.dtype, dev, cl)
+    y = engine._empty(_out_shape(x, w, cfg.groups, size), x.dtype, dev, cl)
     if x.shape[0] == 0:
         return y
     xv, wv = engine._view(x, cl), engine._view(w, cl)
@@ -183,11 +184,8 @@ def _conv_transpose_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                          dilation: Sequence[int], groups: int, size: Sequence[int],
                          workspace_limit: int, policy: str, backend: str,
                          plans: str) -> Tensor:
-    shape = [x.shape[0], weight.shape[1] * groups] + list(size)
-    if engine.channels_last(x, weight):
-        return torch.empty(shape, dtype=x.dtype, device=x.device,
-                           memory_format=engine._CL[x.dim()])
-    return x.new_empty(shape)
+    return engine._empty(_out_shape(x, weight, groups, size), x.dtype, x.device,
+                         engine.channels_last(x, weight))
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
