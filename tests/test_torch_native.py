@@ -54,7 +54,7 @@ def test_a_layer_runs_pytorch_whole_where_the_plans_do_not_pay_their_host_cost(
     runs count (backward-data where the input needs its gradient)."""
     limit = 2 << 20
     choices = {d: native.decide(d, p, t, w, limit) for d, p, t, w in zip(Direction, plan, torch_, ws)}
-    got = native.settle(choices, host, need_dx)
+    got = native.settle(choices, host, native.skipped(need_dx))
     runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
     fit = {d: w <= limit for d, w in zip(Direction, ws)}
     eligible = host is not None and all(fit[d] for d in runs)
@@ -644,14 +644,14 @@ def test_pytorch_first_runs_it_exactly_where_a_direction_fits_and_plans_the_rest
             raise RuntimeError("cuDNN: no algorithm")
         return by[d]
 
-    got = native.torch_first(limit, need_dx, measure)
+    got = native.torch_first(limit, native.skipped(need_dx), measure)
     runs = [d for d in Direction if need_dx or d is not Direction.BACKWARD_DATA]
     if fails in runs:
         assert got is None
         return
     assert got is not None and list(got) == list(Direction)
     fit = [d for d in runs if by[d][1] is not None and (limit is None or by[d][1] <= limit)]
-    assert native.to_plan(got, need_dx) == [d for d in runs if d not in fit]
+    assert native.to_plan(got, native.skipped(need_dx)) == [d for d in runs if d not in fit]
     for d in Direction:
         c = got[d]
         assert c.plan_ms is None  # nothing planned yet
@@ -792,16 +792,16 @@ def test_pytorchs_backward_calls_are_measured_on_the_thread_that_runs_a_steps_ba
 @pytest.mark.parametrize("need_dx", [False, True])
 @pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=3)))
 def test_all_in_step_is_every_direction_a_step_runs(flags, need_dx, transposed):
-    """all_in_step, which a converted layer reads on every unsettled call, is
-    in_step's rule over Direction's order: backward-data (a transposed layer's
-    problem's forward, Note [transposed convolutions]) counts only where the
-    input needs its gradient."""
-    expected = all(f for f, d in zip(flags, Direction)
-                   if native.in_step(d, need_dx, transposed))
-    assert native.all_in_step(flags, need_dx, transposed) is expected
-    skipped = [d for d in Direction if not native.in_step(d, need_dx, transposed)]
-    assert skipped == ([] if need_dx else
-                       [Direction.FORWARD if transposed else Direction.BACKWARD_DATA])
+    """A step skips only the direction that gives the layer's input its
+    gradient, where the input needs none: backward-data, or a transposed
+    layer's problem's forward (Note [transposed convolutions]); all_in_step,
+    which a converted layer reads on every unsettled call, checks the flags of
+    all the others in Direction's order."""
+    skip = native.skipped(need_dx, transposed)
+    gives_dx = Direction.FORWARD if transposed else Direction.BACKWARD_DATA
+    assert skip is (None if need_dx else gives_dx)
+    expected = all(f for f, d in zip(flags, Direction) if need_dx or d is not gives_dx)
+    assert native.all_in_step(flags, skip) is expected
 
 
 @given(groups=st.sampled_from([1, 2, 4]), stride=st.integers(1, 2), pad=st.integers(0, 2),

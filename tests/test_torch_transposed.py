@@ -295,10 +295,10 @@ def test_recording_records_the_problem_and_in_step_follows_the_layer():
     (conv,) = rec.convs
     assert conv.problem.x_shape == (2, 3, 6, 6) and conv.problem.w_shape == (4, 3, 2, 2)
     # a transposed layer whose input needs no gradient skips its problem's forward
-    first = native.torch_first(8 << 20, False, lambda d: (0.5, 16 << 20), transposed=True)
+    skip = native.skipped(False, transposed=True)
+    first = native.torch_first(8 << 20, skip, lambda d: (0.5, 16 << 20))
     assert first[Direction.FORWARD].torch_ms is None
-    assert native.to_plan(first, False, transposed=True) == [Direction.BACKWARD_DATA,
-                                                               Direction.BACKWARD_FILTER]
+    assert native.to_plan(first, skip) == [Direction.BACKWARD_DATA, Direction.BACKWARD_FILTER]
 
 
 def test_pytorchs_own_call_and_the_host_timing_run_the_transposed_layer(monkeypatch):

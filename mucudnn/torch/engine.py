@@ -494,16 +494,37 @@ def warm_call(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
     # the strides stand for the memory format: the layout follows from them
     key = (x.shape, x.stride(), w.shape, w.stride(), x.dtype, x.get_device(), cfg, _TF32(),
            deterministic())
+    return resolve(key, x, w, cfg, step)
+
+
+#: The operand a transposed layer's record is made and compared with: the
+#: problem's input for the layer's input ``x``, weight ``w``, ``cfg`` and whether
+#: it runs channels-last (Note [transposed convolutions] in :mod:`.transposed`).
+ProblemInput = Callable[[torch.Tensor, torch.Tensor, ConvConfig, bool], torch.Tensor]
+
+
+def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
+            step: "HostStep | None", problem_input: "ProblemInput | None" = None
+            ) -> "_Warm | None":
+    """The record kept under ``key`` for a CUDA call on ``x`` and ``w``: found,
+    or made and compared with PyTorch's calls (Note [never slower than native]),
+    and host-timed with ``step`` where that was left for a later call. A
+    transposed layer's record (``problem_input`` given) is made from the
+    problem's input, which that function makes, instead of ``x``; the
+    directions a step runs follow from ``x`` needing its gradient either way."""
     warm = _WARM.peek(key)
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
-        warm = _Warm(x, w, channels_last(x, w), cfg, key)
+        cl = channels_last(x, w)
+        px = x if problem_input is None else problem_input(x, w, cfg, cl)
+        warm = _Warm(px, w, cl, cfg, key, transposed=problem_input is not None)
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
         if _native.enabled() and not torch.cuda.is_current_stream_capturing():
-            warm.calibrate(x, w, key, step)
+            warm.calibrate(px, w, key, step, x.requires_grad)
     elif step is not None and warm.host_pending and not torch.cuda.is_current_stream_capturing():
-        warm.calibrate(x, w, key, step)  # first met where the host cost was not timed
+        px = x if problem_input is None else problem_input(x, w, cfg, channels_last(x, w))
+        warm.calibrate(px, w, key, step, x.requires_grad)  # the host cost was not timed
     _LAST.warm = warm
     return warm
 
@@ -571,10 +592,10 @@ class _Warm:
                                               cfg) if transposed else None
 
     def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,
-                  step: "HostStep | None", need_dx: "bool | None" = None) -> None:
+                  step: "HostStep | None", need_dx: bool) -> None:
         """Compare with PyTorch's own call (Note [never slower than native]);
         with ``step``, also on the host (Note [host cost of a converted layer]).
-        ``need_dx``: whether the layer's input needs its gradient (None: ``x``'s)."""
+        ``need_dx``: whether the layer's input needs its gradient."""
         cfg = self.cfg
         self.host_pending = step is None
         CALIBRATIONS[0] += 1  # Note [the whole-step trial]: this step is not a steady one
@@ -586,7 +607,7 @@ class _Warm:
                  Direction.BACKWARD_FILTER: self.bwd_filter},
                 self.ws, lambda: _STREAM(self.index),
                 None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                self.tf32, step, x.requires_grad if need_dx is None else need_dx,
+                self.tf32, step, need_dx,
                 self.transposed)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
@@ -595,15 +616,21 @@ class _Warm:
         fit = [_native.fits(rec.choices[d]) for d in Direction]
         self.fits = (fit[0], fit[1], fit[2])
 
+    def runs_native(self) -> "tuple[bool, bool, bool]":
+        """Per direction, whether this call runs PyTorch's own: :attr:`native`,
+        or :attr:`captured` under CUDA-graph capture (Note [captured steps run
+        the GPU's choice])."""
+        if self.captured is not None and CAPTURING():
+            return self.captured
+        return self.native
+
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 bias: "torch.Tensor | None") -> torch.Tensor:
         fmt = self.fmt
         x = x.contiguous(memory_format=fmt)
         w = w.contiguous(memory_format=fmt)
         index = self.index
-        native = self.native
-        if self.captured is not None and CAPTURING():
-            native = self.captured  # Note [captured steps run the GPU's choice]
+        native = self.runs_native()
         if native[0]:
             with _device_ctx(index):
                 y = _native.native_forward(x, w, self.cfg, self.det, self.tf32)
@@ -624,9 +651,7 @@ class _Warm:
         dy = dy.contiguous(memory_format=fmt)
         w = w.contiguous(memory_format=fmt)
         index = self.index
-        native = self.native
-        if self.captured is not None and CAPTURING():
-            native = self.captured  # Note [captured steps run the GPU's choice]
+        native = self.runs_native()
         with _device_ctx(index):
             if native[1]:
                 x = _native.native_transposed(dy, w, self.cfg, self.out_pad, self.det, self.tf32)
@@ -654,9 +679,7 @@ class _Warm:
         fmt = self.fmt
         dy = dy.contiguous(memory_format=fmt)
         index = self.index
-        native = self.native
-        if self.captured is not None and CAPTURING():
-            native = self.captured  # Note [captured steps run the GPU's choice]
+        native = self.runs_native()
         _, native_x, native_w = native
         with _device_ctx(index):
             if (need_x and native_x) or (need_w and native_w):

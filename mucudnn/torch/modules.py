@@ -181,10 +181,10 @@ class MucudnnConvMixin:
         if warm.key not in seen and len(seen) < MAX_SEEN:  # a few keys, found by identity
             seen.append(warm.key)
         if len(fits) < MAX_SETTLED:
-            need_dx = input.requires_grad
-            if native.all_in_step(warm.fits, need_dx, warm.transposed):
+            skip = native.skipped(input.requires_grad, warm.transposed)
+            if native.all_in_step(warm.fits, skip):
                 sig = _signature(input, weight) + extra
-                if native.all_in_step(warm.native, need_dx, warm.transposed):
+                if native.all_in_step(warm.native, skip):
                     settled = settled | {sig}
                 self._mu_torch = (gen, settled, fits | {sig})
 

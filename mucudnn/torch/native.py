@@ -93,7 +93,7 @@ from ..problem import Direction, Plan, transposed_spatial
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
-           "in_step", "all_in_step", "enabled", "output_padding",
+           "skipped", "all_in_step", "enabled", "output_padding",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
            "records", "record", "calibrate", "native_forward", "native_backward",
            "native_transposed"]
@@ -159,6 +159,11 @@ class Record:
     first_s: Optional[float] = None
     plan_s: Optional[float] = None
 
+    @property
+    def skip(self) -> Optional[Direction]:
+        """The direction a training step does not run (:func:`skipped`)."""
+        return skipped(self.need_dx, self.transposed)
+
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
 
@@ -186,11 +191,11 @@ def search() -> str:
     return v
 
 
-def torch_first(limit: Optional[int], need_dx: bool,
-                measure: Callable[[Direction], tuple[float, Optional[int]]],
-                transposed: bool = False) -> Optional[dict[Direction, Choice]]:
+def torch_first(limit: Optional[int], skip: Optional[Direction],
+                measure: Callable[[Direction], tuple[float, Optional[int]]]
+                ) -> Optional[dict[Direction, Choice]]:
     """See Note [plans only over the limit]: PyTorch's call in every direction a
-    step runs (:func:`in_step`), its time and workspace from
+    step runs (all but ``skip``: :func:`skipped`), its time and workspace from
     ``measure(direction)`` (:func:`~mucudnn.torch.measure.probe` of that direction's call on a GPU; a
     RuntimeError: PyTorch cannot run it). A direction whose workspace fits
     ``limit`` runs PyTorch's call, no plan searched; one over it (or whose
@@ -198,17 +203,17 @@ def torch_first(limit: Optional[int], need_dx: bool,
     direction a step does not run is planned at its first use. None where
     PyTorch cannot run a direction: the layer is then planned and compared whole.
 
-    >>> c = torch_first(8 << 20, False, lambda d: (0.5, 1 << 20))
-    >>> [x.runs for x in c.values()], to_plan(c, False)
+    >>> c = torch_first(8 << 20, Direction.BACKWARD_DATA, lambda d: (0.5, 1 << 20))
+    >>> [x.runs for x in c.values()], to_plan(c, Direction.BACKWARD_DATA)
     (['torch', 'mucudnn', 'torch'], [])
     >>> big = lambda d: (0.5, 9 << 20 if d is Direction.BACKWARD_FILTER else 0)
-    >>> c = torch_first(8 << 20, True, big)
-    >>> [x.runs for x in c.values()], [d.value for d in to_plan(c, True)]
+    >>> c = torch_first(8 << 20, None, big)
+    >>> [x.runs for x in c.values()], [d.value for d in to_plan(c, None)]
     (['torch', 'torch', 'mucudnn'], ['backward_filter'])
     """
     choices: dict[Direction, Choice] = {}
     for d in Direction:
-        if not in_step(d, need_dx, transposed):
+        if d is skip:
             choices[d] = Choice(d, MUCUDNN, None, None, None, limit,
                                 "not run by a training step (the input needs no gradient); "
                                 "planned at its first use")
@@ -228,12 +233,10 @@ def torch_first(limit: Optional[int], need_dx: bool,
     return choices
 
 
-def to_plan(choices: dict[Direction, Choice], need_dx: bool,
-            transposed: bool = False) -> list[Direction]:
-    """The directions of :func:`torch_first`'s ``choices`` that a step runs and
-    PyTorch's call does not fit: the ones to plan and compare."""
-    return [d for d, c in choices.items()
-            if in_step(d, need_dx, transposed) and c.runs == MUCUDNN]
+def to_plan(choices: dict[Direction, Choice], skip: Optional[Direction]) -> list[Direction]:
+    """The directions of :func:`torch_first`'s ``choices`` that a step runs (all
+    but ``skip``) and PyTorch's call does not fit: the ones to plan and compare."""
+    return [d for d, c in choices.items() if d is not skip and c.runs == MUCUDNN]
 
 
 def records() -> list[Record]:
@@ -300,71 +303,68 @@ def fits(choice: Choice) -> bool:
     return choice.torch_ms is not None and within_limit(choice.torch_workspace, choice.limit)
 
 
-def in_step(direction: Direction, need_dx: bool, transposed: bool = False) -> bool:
-    """Whether a training step runs ``direction`` of a layer's problem: the one
-    that gives the layer's input its gradient only where that input needs it
-    (``need_dx``). That is backward-data for a convolution, and the problem's
-    forward for a transposed convolution, whose own forward is its problem's
-    backward-data (Note [transposed convolutions] in :mod:`.transposed`).
+def skipped(need_dx: bool, transposed: bool = False) -> Optional[Direction]:
+    """The direction of a layer's problem that a training step does not run:
+    the one that gives the layer's input its gradient, where that input needs
+    none (``need_dx`` false); None where every direction runs. That is
+    backward-data for a convolution, and the problem's forward for a
+    transposed convolution, whose own forward is its problem's backward-data
+    (Note [transposed convolutions] in :mod:`.transposed`).
 
-    >>> in_step(Direction.BACKWARD_DATA, False), in_step(Direction.BACKWARD_FILTER, False)
-    (False, True)
-    >>> in_step(Direction.BACKWARD_DATA, False, True), in_step(Direction.FORWARD, False, True)
-    (True, False)
+    >>> skipped(False), skipped(True), skipped(False, transposed=True)
+    (<Direction.BACKWARD_DATA: 'backward_data'>, None, <Direction.FORWARD: 'forward'>)
     """
-    return need_dx or direction is not (Direction.FORWARD if transposed
-                                        else Direction.BACKWARD_DATA)
+    if need_dx:
+        return None
+    return Direction.FORWARD if transposed else Direction.BACKWARD_DATA
 
 
-def all_in_step(flags: "tuple[bool, bool, bool]", need_dx: bool,
-                transposed: bool = False) -> bool:
+def all_in_step(flags: "tuple[bool, bool, bool]", skip: Optional[Direction]) -> bool:
     """Whether per-direction ``flags`` (in :class:`Direction`'s order) hold in
-    every direction a training step runs (:func:`in_step`); read on every
+    every direction a training step runs (all but ``skip``); read on every
     call of a converted layer not settled yet, so without iterating the enum.
 
-    >>> all_in_step((True, False, True), False), all_in_step((True, False, True), True)
-    (True, False)
-    >>> all_in_step((False, True, True), False, True)
+    >>> all_in_step((True, False, True), Direction.BACKWARD_DATA)
     True
+    >>> all_in_step((True, False, True), None), all_in_step((False, True, True), Direction.FORWARD)
+    (False, True)
     """
-    if transposed:
-        return flags[1] and flags[2] and (flags[0] or not need_dx)
-    return flags[0] and flags[2] and (flags[1] or not need_dx)
+    if skip is Direction.FORWARD:
+        return flags[1] and flags[2]
+    if skip is Direction.BACKWARD_DATA:
+        return flags[0] and flags[2]
+    return flags[0] and flags[1] and flags[2]
 
 
-def _run(choices: dict[Direction, Choice], need_dx: bool,
-         transposed: bool = False) -> list[Choice]:
-    """The choices of the directions a training step runs (:func:`in_step`)."""
-    return [c for d, c in choices.items() if in_step(d, need_dx, transposed)]
+def _run(choices: dict[Direction, Choice], skip: Optional[Direction]) -> list[Choice]:
+    """The choices of the directions a training step runs (all but ``skip``)."""
+    return [c for d, c in choices.items() if d is not skip]
 
 
-def fits_in_step(choices: dict[Direction, Choice], need_dx: bool,
-                 transposed: bool = False) -> bool:
+def fits_in_step(choices: dict[Direction, Choice], skip: Optional[Direction]) -> bool:
     """Whether PyTorch's call was timed and fits its limit in every direction of
-    ``choices`` a training step runs (:func:`fits`, :func:`in_step`): a layer
+    ``choices`` a training step runs (:func:`fits`; all but ``skip``): a layer
     that may run PyTorch's call whole (Note [host cost of a converted layer],
     Note [the whole-step trial]).
 
     >>> c = {d: decide(d, 1.0, 2.0, 0, None) for d in Direction}
-    >>> fits_in_step(c, True)
+    >>> fits_in_step(c, None)
     True
     """
-    return all(fits(c) for c in _run(choices, need_dx, transposed))
+    return all(fits(c) for c in _run(choices, skip))
 
 
-def _may_settle(choices: dict[Direction, Choice], need_dx: bool,
-                transposed: bool = False) -> bool:
+def _may_settle(choices: dict[Direction, Choice], skip: Optional[Direction]) -> bool:
     """Whether :func:`settle` could move a layer with ``choices`` to PyTorch's
     call: a plan runs in a direction a step runs, and PyTorch's call fits in
     all of them."""
-    return any(c.runs == MUCUDNN for c in _run(choices, need_dx, transposed)) \
-        and fits_in_step(choices, need_dx, transposed)
+    return any(c.runs == MUCUDNN for c in _run(choices, skip)) and fits_in_step(choices, skip)
 
 
 def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]],
-           need_dx: bool = True, transposed: bool = False) -> dict[Direction, Choice]:
+           skip: Optional[Direction] = None) -> dict[Direction, Choice]:
     """See Note [host cost of a converted layer]: PyTorch's call in every
-    direction that runs (backward-data only with ``need_dx``) where its
+    direction that runs (all but ``skip``: :func:`skipped`) where its
     workspace fits in all of them and the plans' GPU saving there is no more
     than the converted path's extra host time ``host[0] - host[1]``; else
     ``choices`` unchanged. A direction that does not run keeps its choice
@@ -379,13 +379,13 @@ def settle(choices: dict[Direction, Choice], host: Optional[tuple[float, float]]
     >>> [x.captured for x in settle(c, (0.30, 0.15)).values()]  # the GPU's choice
     ['mucudnn', 'mucudnn', 'mucudnn']
     >>> c[Direction.BACKWARD_DATA] = f(Direction.BACKWARD_DATA, 0.10, 0.20)
-    >>> [x.runs for x in settle(c, (0.20, 0.15), need_dx=False).values()]
+    >>> [x.runs for x in settle(c, (0.20, 0.15), Direction.BACKWARD_DATA).values()]
     ['torch', 'torch', 'torch']
     """
-    if host is None or not _may_settle(choices, need_dx, transposed):
+    if host is None or not _may_settle(choices, skip):
         return choices
     saving = 0.0
-    for c in _run(choices, need_dx, transposed):
+    for c in _run(choices, skip):
         if c.runs == MUCUDNN and c.torch_ms is not None and c.plan_ms is not None:
             saving += c.torch_ms - c.plan_ms
     extra = host[0] - host[1]
@@ -532,7 +532,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     if old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
             dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
-            _settle_host(old, step, x, w, dy, cfg, deterministic, tf32, need_dx, transposed)
+            _settle_host(old, step, x, w, dy, cfg, deterministic, tf32)
         return old
     # x and w are the call's own operands (read only); outputs are scratch
     y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
@@ -549,11 +549,11 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         return on_step_thread(d, x.device, fn)  # Note [PyTorch's benchmark cache is per thread]
 
     first = None
+    skip = skipped(need_dx, transposed)
     if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
-        first = torch_first(limit, need_dx, lambda d: step_thread(d, lambda: probe(theirs[d])),
-                            transposed)
-        if first is not None and not to_plan(first, need_dx, transposed):
+        first = torch_first(limit, skip, lambda d: step_thread(d, lambda: probe(theirs[d])))
+        if first is not None and not to_plan(first, skip):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                          fmt is not torch.contiguous_format, {}, first, need_dx=need_dx,
                          transposed=transposed, first_s=time.perf_counter() - start, plan_s=0.0)
@@ -562,7 +562,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
                      "searched)", conv.problem.key())
             return rec
     # every direction, or only those over the limit (the others keep PyTorch's call)
-    planned = list(Direction) if first is None else to_plan(first, need_dx, transposed)
+    planned = list(Direction) if first is None else to_plan(first, skip)
     planning = time.perf_counter()
     fwd, bd, bf = (launch[d] for d in Direction)
     ours = {
@@ -597,7 +597,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
                  fmt is not torch.contiguous_format, plans, choices, need_dx=need_dx,
                  transposed=transposed)
     if step is not None:
-        _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32, need_dx, transposed)
+        _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32)
     end = time.perf_counter()
     rec.first_s, rec.plan_s = end - start, end - planning
     _RECORDS.put(key, rec)
@@ -616,13 +616,12 @@ _CONV_TRANSPOSE = {3: torch.nn.functional.conv_transpose1d,
 
 
 def _settle_host(rec: Record, step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor,
-                 dy: torch.Tensor, cfg: Any, deterministic: bool, tf32: bool,
-                 need_dx: bool, transposed: bool = False) -> None:
+                 dy: torch.Tensor, cfg: Any, deterministic: bool, tf32: bool) -> None:
     """Time ``rec``'s layer on the host and :func:`settle` its choices (Note
     [host cost of a converted layer])."""
-    if _may_settle(rec.choices, need_dx, transposed):  # else the host timing changes nothing
-        rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32, transposed)
-        rec.choices = settle(rec.choices, rec.host, need_dx, transposed)
+    if _may_settle(rec.choices, rec.skip):  # else the host timing changes nothing
+        rec.host = _host_pair(step, x, w, dy, cfg, deterministic, tf32, rec.transposed)
+        rec.choices = settle(rec.choices, rec.host, rec.skip)
 
 
 def output_padding(x_shape: tuple, y_shape: tuple, w_shape: tuple, cfg: Any) -> list[int]:

@@ -210,22 +210,23 @@ def _plan_text(plan: Optional[Plan]) -> str:
 TRIAL_REASON = "the whole-step trial runs PyTorch's call where it fits (Note [the whole-step trial])"
 
 
-def _trial_way(choices: dict[Direction, native.Choice], need_dx: bool,
-               torch_way: bool, transposed: bool = False) -> dict[Direction, native.Choice]:
+def _trial_way(choices: dict[Direction, native.Choice], skip: Optional[Direction],
+               torch_way: bool) -> dict[Direction, native.Choice]:
     """``choices`` as the layer runs them: while the model's step trial runs
     PyTorch's way (``torch_way``), a layer whose PyTorch workspace fits in
-    every direction a step runs runs PyTorch's call in all of them (as
+    every direction a step runs (all but ``skip``) runs PyTorch's call in all of them (as
     :class:`~mucudnn.torch.modules.MucudnnConvMixin` does)."""
-    if not (torch_way and native.fits_in_step(choices, need_dx, transposed)):
+    if not (torch_way and native.fits_in_step(choices, skip)):
         return choices
     return {d: dataclasses.replace(c, runs=native.TORCH, reason=TRIAL_REASON, on_gpu=c.captured)
-            if c.runs == native.MUCUDNN and native.in_step(d, need_dx, transposed) else c
+            if c.runs == native.MUCUDNN and d is not skip else c
             for d, c in choices.items()}
 
 
 def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[str, Any]]:
     out = {}
-    for d, c in _trial_way(rec.choices, rec.need_dx, torch_way, rec.transposed).items():
+    skip = rec.skip
+    for d, c in _trial_way(rec.choices, skip, torch_way).items():
         plan = rec.plans.get(d)
         out[_SHORT[d]] = {
             "runs": c.runs,
@@ -241,7 +242,7 @@ def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[s
             "reason": c.reason,
             # Note [captured steps run the GPU's choice] in mucudnn/torch/native.py
             "captured": c.captured,
-            "in_step": native.in_step(d, rec.need_dx, rec.transposed),
+            "in_step": d is not skip,
         }
     return out
 

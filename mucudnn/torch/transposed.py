@@ -15,7 +15,7 @@ plans, caches, compares and reports that convolution problem, and each of a
 transposed layer's signatures is compared per direction with PyTorch's calls
 as a convolution's is (Note [never slower than native]); only the direction
 a step may skip differs: the problem's forward, where the layer's input needs
-no gradient (:func:`.native.in_step` with ``transposed``). Its records are
+no gradient (:func:`.native.skipped`). Its records are
 kept apart from a convolution's of the same problem (their keys start with
 ``"transposed"``), as which directions a step runs differs. An output padding
 of at least the stride (PyTorch takes one below the dilation) has no such
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad as _forward_ad
 
-from . import engine, native, ops, recording
+from . import engine, ops, recording
 from .autodiff import DATA, FILTER, FORWARD, Bilinear, Op
 from .engine import ConvConfig
 
@@ -68,23 +68,8 @@ def warm_call(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple,
         return None
     key = ("transposed", size, x.shape, x.stride(), w.shape, w.stride(), x.dtype,
            x.get_device(), cfg, engine._TF32(), engine.deterministic())
-    warm = engine._WARM.peek(key)
-    capturing = torch.cuda.is_current_stream_capturing()
-    if warm is None:
-        if x.shape[0] == 0 or engine._STREAM is None:
-            return None
-        cl = engine.channels_last(x, w)
-        scratch = _scratch(x, w, cfg, size, cl)
-        warm = engine._Warm(scratch, w, cl, cfg, key, transposed=True)
-        engine._WARM.put(key, warm)  # before calibrating: the host timing calls through it
-        if native.enabled() and not capturing:
-            warm.calibrate(scratch, w, key, _host_step(size) if timed else None,
-                           need_dx=x.requires_grad)
-    elif timed and warm.host_pending and not capturing:
-        warm.calibrate(_scratch(x, w, cfg, size, engine.channels_last(x, w)), w, key,
-                       _host_step(size), need_dx=x.requires_grad)
-    engine._LAST.warm = warm
-    return warm
+    return engine.resolve(key, x, w, cfg, _host_step(size) if timed else None,
+                          lambda x, w, cfg, cl: _scratch(x, w, cfg, size, cl))
 
 
 def _scratch(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple, cl: bool) -> Tensor:
