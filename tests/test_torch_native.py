@@ -804,6 +804,82 @@ def test_all_in_step_is_every_direction_a_step_runs(flags, need_dx, transposed):
     assert native.all_in_step(flags, skip) is expected
 
 
+class _RecordedWarm:
+    """Stands in for engine._Warm: what a record was made from and calibrated with."""
+
+    def __init__(self, x, w, cl, cfg, key, transposed=False):
+        self.made = (x, w, cl, cfg, key, transposed)
+        self.calibrations = []
+        self.host_pending = False
+
+    def calibrate(self, x, w, key, step, need_dx):
+        self.calibrations.append((x, w, key, step, need_dx))
+        self.host_pending = step is None
+
+
+@given(transposed=st.booleans(), needs_grad=st.booleans(), compare=st.booleans(),
+       steps=st.lists(st.booleans(), min_size=1, max_size=5), batch=st.integers(0, 2))
+def test_a_warm_record_is_made_once_and_compared_then_host_timed_where_that_was_left(
+        transposed, needs_grad, compare, steps, batch):
+    """engine.resolve, the core of a convolution's and a transposed layer's warm
+    record (Note [the warm torch path]): the first call of a signature makes its
+    record (from the problem's input, for a transposed layer) and, with the
+    comparison on, compares it with the direction a step skips following the
+    call's input; a later call that brings a host step where the first did not
+    (``host_pending``) times it, once; an empty batch makes none."""
+    from mucudnn.torch import engine
+    x = torch.randn(batch, 2, 3, 3).requires_grad_(needs_grad)
+    w = torch.randn(2, 2, 1, 1)
+    cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, 1 << 20, "powerOfTwo", "", "")
+    made = []
+
+    def problem_input(x_, w_, cfg_, cl):
+        assert (x_, w_, cfg_, cl) == (x, w, cfg, False)
+        made.append(torch.zeros(batch, 2, 5, 5))
+        return made[-1]
+
+    def step(*a):
+        raise AssertionError("resolve only hands the host step on")
+
+    key = ("resolve-test", transposed)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_Warm", _RecordedWarm)
+        mp.setattr(engine, "_STREAM", lambda index: 0)
+        mp.setenv("MUCUDNN_TORCH_NATIVE", "1" if compare else "0")
+        engine._WARM.pop(key)
+        records, timed = [], []
+        for with_step in steps:
+            warm = engine.resolve(key, x, w, cfg, step if with_step else None,
+                                  problem_input if transposed else None)
+            records.append(warm)
+            if warm is not None:
+                assert engine.last_warm() is warm
+                timed.append(with_step)
+        if batch == 0:
+            assert records == [None] * len(steps) and engine._WARM.peek(key) is None
+            return
+        warm = records[0]
+        assert all(r is warm for r in records) and engine._WARM.peek(key) is warm
+        engine._WARM.pop(key)
+    px, w_, cl, cfg_, key_, tr = warm.made
+    assert (w_, cl, cfg_, key_, tr) == (w, False, cfg, key, transposed)
+    assert px is (made[0] if transposed else x)
+    # compared at the first call where the comparison is on; timed on the host at the
+    # first call with a step after a comparison without one
+    expected = []
+    if compare:
+        expected.append(timed[0])
+    pending = compare and not timed[0]
+    for with_step in timed[1:]:
+        if pending and with_step:
+            expected.append(True)
+            pending = False
+    got = [(c[3] is step) for c in warm.calibrations]
+    assert got == expected
+    for i, c in enumerate(warm.calibrations):
+        assert c[0] is (made[i] if transposed else x) and c[4] is needs_grad and c[2] == key
+
+
 @given(groups=st.sampled_from([1, 2, 4]), stride=st.integers(1, 2), pad=st.integers(0, 2),
        dil=st.integers(1, 2), need=st.sampled_from([(True, False), (False, True), (True, True)]))
 def test_pytorchs_own_calls_compute_the_convolution_and_its_gradients(groups, stride, pad, dil,

@@ -520,9 +520,9 @@ def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
         px = x if problem_input is None else problem_input(x, w, cfg, cl)
         warm = _Warm(px, w, cl, cfg, key, transposed=problem_input is not None)
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
-        if _native.enabled() and not torch.cuda.is_current_stream_capturing():
+        if _native.enabled() and not CAPTURING():
             warm.calibrate(px, w, key, step, x.requires_grad)
-    elif step is not None and warm.host_pending and not torch.cuda.is_current_stream_capturing():
+    elif step is not None and warm.host_pending and not CAPTURING():
         px = x if problem_input is None else problem_input(x, w, cfg, channels_last(x, w))
         warm.calibrate(px, w, key, step, x.requires_grad)  # the host cost was not timed
     _LAST.warm = warm
