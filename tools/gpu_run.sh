@@ -2,6 +2,7 @@
 # One call on the GPU machine: environment, GPU tests, then the named benchmarks.
 # Full logs go under $OUT (or ./out); a short summary is printed last.
 #   bash tools/gpu_run.sh tests            # all `gpu` tests
+#   TEST_PATHS="tests/test_torch_gpu.py tests/test_engine_gpu.py" bash tools/gpu_run.sh tests  # some
 #   bash tools/gpu_run.sh tests bench      # tests, then AlexNet/ResNet-18 bench at 64 MiB
 #   NETS=vgg16 bash tools/gpu_run.sh train # tools/train_bench.py (PyTorch training, native vs mucudnn.torch)
 #   FRONTIER_ARGS="--precisions fp32" bash tools/gpu_run.sh frontier  # tools/frontier.py (time vs workspace limit)
@@ -34,7 +35,7 @@ for stage in "$@"; do
     tests)
       # -v: a hang or crash shows which test it was in (faulthandler dumps the stacks)
       timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -v -m gpu -p no:cacheprovider \
-        -o faulthandler_timeout=60 ${PYTEST_ARGS:-} tests > "$OUT/gpu-tests.log" 2>&1
+        -o faulthandler_timeout=60 ${PYTEST_ARGS:-} ${TEST_PATHS:-tests} > "$OUT/gpu-tests.log" 2>&1
       summary+=("gpu tests (rc $?): $(tail -1 "$OUT/gpu-tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 > "$OUT/gpu-failures.txt"
       ;;
