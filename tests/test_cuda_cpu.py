@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mucudnn.cuda as mc
 from mucudnn import dtypes as mdt
@@ -522,3 +524,69 @@ def test_the_hold_kernel_assembles_for_the_gpus_we_run_on(tmp_path):
         out = subprocess.run([ptxas, f"-arch={arch}", str(src), "-o", str(tmp_path / f"{arch}.cubin")],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+
+
+class _ClockedEvents:
+    """Stand-ins for timing's Event and clock: the k-th call of a timed
+    function takes ``host[k]`` ms on the fake clock and ``gpu[k]`` ms between
+    its events."""
+
+    def __init__(self, gpu, host):
+        self.gpu, self.host, self.now, self.k = gpu, host, 0.0, 0
+        self.pairs = []
+        owner = self
+
+        class Event:
+            def __init__(self):
+                self.at = None
+
+            def record(self, stream):
+                owner.pairs.append(self)
+
+            def synchronize(self):
+                pass
+
+            def close(self):
+                pass
+
+            @staticmethod
+            def elapsed_ms(start, end):
+                return owner.gpu[owner.pairs.index(start) // 2]
+
+        self.Event = Event
+
+    def clock(self):
+        return self.now / 1e3
+
+    def call(self):
+        self.now += self.host[self.k]
+        self.k += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_time_counts_the_host_where_asked_and_the_gpu_alone_otherwise(data):
+    """See Note [the host's share of a find]: with ``host`` each call's time is
+    the larger of its events' and the host's ms in that call; without, the
+    events' alone, whichever is larger. Functions alternate as before."""
+    from mucudnn.cuda import timing
+
+    n_fns = data.draw(st.integers(1, 3))
+    repeat = data.draw(st.integers(1, 4))
+    ms = st.floats(0.001, 5.0, allow_nan=False)
+    gpu = data.draw(st.lists(ms, min_size=n_fns * repeat, max_size=n_fns * repeat))
+    host_ms = data.draw(st.lists(ms, min_size=n_fns * repeat, max_size=n_fns * repeat))
+    host = data.draw(st.booleans())
+    fake = _ClockedEvents(gpu, host_ms)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "Event", fake.Event)
+        mp.setattr(timing, "as_stream", lambda s: s)
+        mp.setattr(timing.time, "perf_counter", fake.clock)
+        fns = [fake.call for _ in range(n_fns)]
+        got = timing.time_interleaved(fns, 7, warmup=0, repeat=repeat, host=host)
+    assert len(got) == n_fns and all(len(t) == repeat for t in got)
+    for i in range(n_fns):
+        for r in range(repeat):
+            k = r * n_fns + i  # round r, function i
+            want = max(gpu[k], host_ms[k]) if host else gpu[k]
+            assert got[i][r] == pytest.approx(want, rel=1e-9, abs=1e-9)

@@ -205,19 +205,22 @@ def test_parallel_finalization_finds_what_serial_finds(case, direction):
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=str)
 def test_held_timing_finds_configs_that_run_correctly(direction, caplog):
     """See Note [held timing]: find_hold=True times the same candidates, each
-    found config runs correctly, and no hold waits for its timeout."""
+    found config runs correctly, and no hold waits for its timeout; the same
+    with the host's share counted (Note [the host's share of a find]), under
+    its own key."""
     caplog.set_level("DEBUG", logger="mucudnn")  # a timed-out hold is logged
     p = ConvProblem((8, 14, 14, 32), (64, 3, 3, 1), padding=1, groups=32, layout="NHWC")
     found = {}
-    for hold in (False, True):
-        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_hold=hold,
+    for hold, host in ((False, False), (True, False), (True, True)):
+        with CudnnGraphBackend(find_workspace_limit=FIND_LIMIT, find_hold=hold, find_host=host,
                                find_probe_ratio=None, find_cold_ratio=None) as b:
             res = b.find(p, direction, 8 * MiB)
-            found[hold] = {r.algo for r in res}
+            found[hold, host] = {r.algo for r in res}
             assert res and all(r.time_ms > 0 for r in res)
+            assert ("+host" in b.cache_name(p)) == host
             if hold:
                 _each_runs_correctly(b, p, direction, res, seed=5)
-    assert found[True] == found[False]
+    assert found[True, False] == found[False, False] == found[True, True]
     assert not any("timed out" in r.getMessage() for r in caplog.records)
 
 

@@ -432,7 +432,7 @@ def test_the_copies_are_timed_on_scratch_buffers_freed_after(no_device, monkeypa
     real_close = SplitCopies.close
     monkeypatch.setattr(SplitCopies, "close", lambda self: (closed.append(1), real_close(self)))
 
-    def timing(fn, stream, warmup, repeat, held=False):
+    def timing(fn, stream, warmup, repeat, held=False, host=False):
         fn()
         return [3.0, 1.0, 2.0]
 
@@ -444,7 +444,7 @@ def test_the_copies_are_timed_on_scratch_buffers_freed_after(no_device, monkeypa
     assert [b.nbytes for b in bufs] == list(want) and not any(b.open for b in bufs)
     assert ran == [("h", d, bufs[0].ptr, bufs[1].ptr)] and closed == [1]
 
-    def failing(fn, stream, warmup, repeat, held=False):
+    def failing(fn, stream, warmup, repeat, held=False, host=False):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(graph_find, "time_on_stream", failing)

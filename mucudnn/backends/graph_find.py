@@ -281,7 +281,7 @@ class GraphFind(GraphEngines):
                     run(h, a, b)
 
                 times = time_on_stream(go, self.stream, warmup=1, repeat=self.find_options.repeat,
-                                       held=self.find_options.hold)
+                                       held=self.find_options.hold, host=self.find_options.host)
                 self.stream.synchronize()
         finally:
             for buf in (src, dst):
@@ -582,10 +582,13 @@ class GraphFind(GraphEngines):
                 if not times:
                     # See Note [held timing]: runs after the first, which loaded the kernels
                     held = self.find_options.hold and not call.first
-                    times = time_on_stream(call, self.stream, warmup=warmup, repeat=1, held=held)
+                    host = self.find_options.host  # Note [the host's share of a find]
+                    times = time_on_stream(call, self.stream, warmup=warmup, repeat=1, held=held,
+                                           host=host)
                     if ratio is None or times[0] <= ratio * best:
                         times += time_on_stream(run, self.stream, warmup=0,
-                                                repeat=self.find_options.repeat - 1, held=held)
+                                                repeat=self.find_options.repeat - 1, held=held,
+                                                host=host)
                     else:
                         prof.probed_out += 1
                     prof.gpu_s += sum(times) / 1e3
@@ -637,7 +640,7 @@ class GraphFind(GraphEngines):
             try:
                 times = time_on_stream(run, self.stream, warmup=self.find_options.warmup,
                                        repeat=self.find_options.repeat,
-                                       held=self.find_options.hold)
+                                       held=self.find_options.hold, host=self.find_options.host)
             except CudnnError as exc:  # pragma: no cover - it ran a moment ago
                 log.debug("mucudnn: re-timing %s failed: %s", p.id, exc)
                 continue
