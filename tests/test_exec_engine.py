@@ -546,3 +546,84 @@ def test_graph_cache_keeps_the_newest_and_closes_the_evicted(fake_graphs):
     assert cache.captures == 4 and cache.replays == 5
     cache.clear()
     assert len(cache) == 0
+
+
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(1, 3))
+def test_a_graph_cache_captures_an_address_set_the_after_th_time_it_is_seen(picks, after):
+    """See Note [replay after repeated addresses]: before the ``after``-th call
+    at one address set the plan launches directly, that call captures, later
+    ones replay; every call's output is the convolution's."""
+    from mucudnn.exec import bind_plan
+    from mucudnn.exec.graph import GraphCache
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exec_graph, "CudaGraph", FakeGraph)
+        be = adapt(StreamSpy())
+        p = ConvProblem((3, 2, 4, 4), (2, 2, 3, 3), padding=1)
+        plan = make_plan([MicroBatch(0, 2, 0), MicroBatch(2, 1, 0)], undivided_time_ms=1,
+                         workspace_limit=None, problem=p, direction=Direction.FORWARD)
+        bound = bind_plan(plan, be)
+        cache = GraphCache(be, after=after)
+        rng = np.random.default_rng(1)
+        x, w, _ = tensors_for(p, rng)
+        ref = reference(p, Direction.FORWARD, x, w, np.zeros(p.output_shape, np.float32))
+        outs = [np.empty(p.output_shape, np.float32) for _ in range(4)]
+        seen = {i: 0 for i in range(4)}
+        for i in picks:
+            outs[i][...] = np.nan
+            seen[i] += 1
+            assert cache.run(bound, x, w, outs[i], None, 0, 7) is (seen[i] == after)
+            assert rel_err(outs[i], ref) < 1e-5
+    assert cache.direct == sum(min(n, after - 1) for n in seen.values())
+    assert cache.captures == sum(n >= after for n in seen.values())
+    assert cache.replays == len(picks) - cache.direct
+
+
+@pytest.mark.parametrize("same_block", [True, False])
+def test_replay_repeated_takes_the_callers_workspace_and_replays_once_its_address_repeats(
+        fake_graphs, same_block):
+    """See Note [replay after repeated addresses]: a kernel replaying repeated
+    launches takes each call's workspace from the caller (not the pool), its
+    address part of the key: the same block at every call is captured at the
+    second and replayed after; a fresh block each time is never captured."""
+    be = adapt(StreamSpy())
+    p = ConvProblem((6, 2, 4, 4), (3, 2, 3, 3), padding=1)
+    need = NP.workspace_size(p.with_batch(4), Direction.FORWARD, 1)
+    plan = make_plan([MicroBatch(0, 4, 1, workspace_bytes=need),
+                      MicroBatch(4, 2, 1, workspace_bytes=need)],
+                     undivided_time_ms=1, workspace_limit=None, problem=p,
+                     direction=Direction.FORWARD)
+    k = Kernel(be, p, Direction.FORWARD, Planner(be, None, cache=False), plan=plan)
+    assert k.graphs is None and k.replay_repeated() and k.graph
+    assert k.graphs.after == 2
+    block = np.zeros(need, np.uint8)
+    given = []
+
+    def alloc(n):
+        buf = block if same_block else np.zeros(n, np.uint8)
+        given.append(buf)
+        return buf, buf, n
+
+    rng = np.random.default_rng(2)
+    x, w, y = tensors_for(p, rng)
+    ref = reference(p, Direction.FORWARD, x, w, y)
+    for _ in range(4):
+        y[...] = np.nan
+        k.launch(x, w, y, workspace=alloc)
+        assert rel_err(y, ref) < 1e-5
+    assert len(given) == 4 and not any(c[0] == "alloc_workspace" for c in be._inner.calls)
+    if same_block:
+        assert (k.graphs.direct, k.graphs.captures, k.graphs.replays) == (1, 1, 3)
+    else:
+        assert (k.graphs.direct, k.graphs.captures, k.graphs.replays) == (4, 0, 0)
+
+
+def test_replay_repeated_is_refused_without_graphs():
+    """A backend without streams has nothing to replay: the kernel stays as it was."""
+    p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
+    plan = make_plan([MicroBatch(0, 2, 0)], undivided_time_ms=1, workspace_limit=None,
+                     problem=p, direction=Direction.FORWARD)
+    k = _kernel(p, Direction.FORWARD, plan)
+    assert k.replay_repeated() is False and not k.graph and k.graphs is None
+    with pytest.raises(ValueError, match="after"):
+        exec_graph.GraphCache(NP, after=0)

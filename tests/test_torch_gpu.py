@@ -513,3 +513,38 @@ def test_runs_on_torchs_current_stream():
         out = y * 1.0                    # consumes y on s
     s.synchronize()
     assert rel(out, ref) < TF32_TOL
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_replayed_launches_match_float64_call_after_call(no_tf32, monkeypatch, channels_last):
+    """See Note [replay after repeated addresses]: with ``MUCUDNN_TORCH_REPLAY=1``
+    (and every direction on its plan, micro-batched under a 1 MiB limit), a
+    grouped layer's output and three gradients match a float64 run at every
+    call of a loop on the same tensors, and once the loop's addresses repeat
+    its launches are replayed graphs."""
+    monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "1")
+    monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "0")
+    mucudnn.caches.clear_all()
+    torch.manual_seed(3)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(16, 48, 14, 14, device="cuda").contiguous(memory_format=fmt)
+    w = (torch.randn(48, 12, 3, 3, device="cuda") * 0.1).contiguous(memory_format=fmt)
+    b = torch.randn(48, device="cuda")
+    kw = dict(padding=1, groups=4)
+    y64, dy64, refs = _reference(F.conv2d, x, w, b, **kw)
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
+    dy = dy64.float().contiguous(memory_format=fmt)
+    for _ in range(6):
+        for t in (xs, ws, bs):
+            t.grad = None
+        y = mt.conv2d(xs, ws, bs, workspace_limit=1 << 20, **kw)
+        y.backward(dy)
+        torch.cuda.synchronize()
+        assert rel(y, y64) < FMA_TOL
+        for got, want in zip((xs.grad, ws.grad, bs.grad), refs):
+            assert rel(got, want) < 10 * FMA_TOL
+        del y
+    graphs = [c.kernel(d).graphs for c in mt.cached_convolutions()
+              for d in mucudnn.Direction]
+    assert graphs and all(g is not None and g.after == 2 for g in graphs)
+    assert sum(g.replays for g in graphs) > 0

@@ -45,12 +45,15 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (``unset`` where the
     file does not say: by default, the search's default), ``", NATIVE=0"``
     where ``MUCUDNN_TORCH_NATIVE`` turned the comparisons with PyTorch's call
-    off (every direction on plans), and the converted side's backend options
-    (zoo_bench's ``--backend-option``): runs under other settings are not the
-    default's.
+    off (every direction on plans), ``", REPLAY=1"`` where
+    ``MUCUDNN_TORCH_REPLAY`` replayed planned launches as CUDA graphs, and the
+    converted side's backend options (zoo_bench's ``--backend-option``): runs
+    under other settings are not the default's.
 
     >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_NATIVE": "0"}}})
     'over-limit, NATIVE=0'
+    >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_REPLAY": "on"}}})
+    'over-limit, REPLAY=1'
     >>> torch_search({"environment": {}}), torch_search({"environment": {}}, "-")
     ('over-limit', '-')
     >>> torch_search({"environment": {}, "options": {"backend_options": [["find_hold", False]]}})
@@ -59,8 +62,10 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     settings = doc["environment"].get("settings") or {}
     search = settings.get("MUCUDNN_TORCH_SEARCH", unset)
     native = str(settings.get("MUCUDNN_TORCH_NATIVE", "1")).strip().lower()
+    replay = str(settings.get("MUCUDNN_TORCH_REPLAY", "0")).strip().lower()
     options = (doc.get("options") or {}).get("backend_options") or []
     return (search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
+            + (", REPLAY=1" if replay in ("1", "on", "true", "yes") else "")
             + "".join(f", {k}={v}" for k, v in options))
 
 

@@ -16,6 +16,24 @@ Backends without a stream (NumPy) have nothing to capture: there ``graph=True``
 is a documented no-op (the plan runs as usual), so code written with
 ``graph=True`` also runs on machines without a GPU. :func:`supports_graphs`
 says which is the case.
+
+Note [replay after repeated addresses]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A plan's launch costs the host what cuDNN spends issuing its kernels, and
+some engines issue many: those of a grouped convolution that fit a small
+workspace loop over the groups, a few kernels each, and a plan of several
+micro-batches repeats its calls. In an eager step bound by its host that
+time is the step's (docs/BENCHMARKS.md, RegNet-Y's step profile). A graph
+replays the whole sequence in one launch, but a capture costs more than the
+launch it replaces, and an eager caller's addresses (a framework's fresh
+outputs and transient workspace) need not repeat. So with ``after`` > 1 a
+cache captures an address set only the ``after``-th time it is seen (earlier
+calls launch directly), which the steady steps of a training loop reach
+where its allocator hands out the same blocks step after step (a caching
+allocator tends to), and a caller whose addresses never repeat does not: it
+pays one dictionary update a call. The
+counts are kept for :data:`SEEN_PER_GRAPH` times as many address sets as
+graphs.
 """
 
 from __future__ import annotations
@@ -26,13 +44,16 @@ from typing import Any
 from ..backends.base import Backend
 from ..caches import LRU
 from ..cuda import CudaGraph
+from ..errors import InvalidValueError
 from .runner import BoundPlan
 
-__all__ = ["GraphCache", "supports_graphs", "MAX_GRAPHS"]
+__all__ = ["GraphCache", "supports_graphs", "MAX_GRAPHS", "SEEN_PER_GRAPH"]
 
 log = logging.getLogger("mucudnn")
 
 MAX_GRAPHS = 8
+#: Address sets counted per graph kept (Note [replay after repeated addresses]).
+SEEN_PER_GRAPH = 4
 
 
 def supports_graphs(backend: Backend) -> bool:
@@ -53,14 +74,23 @@ def _key_part(address: Any) -> Any:
 
 
 class GraphCache:
-    """Captured graphs of one kernel, keyed by everything a graph bakes in."""
+    """Captured graphs of one kernel, keyed by everything a graph bakes in;
+    an address set is captured the ``after``-th time it is seen (Note [replay
+    after repeated addresses])."""
 
-    def __init__(self, backend: Backend, max_graphs: int = MAX_GRAPHS) -> None:
+    def __init__(self, backend: Backend, max_graphs: int = MAX_GRAPHS, after: int = 1) -> None:
+        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
+            raise InvalidValueError(f"after: expected an int >= 1, got {after!r}")
         self.backend = backend
+        self.after = after
         self._graphs: LRU[tuple, CudaGraph] = LRU("exec.graphs", max_graphs, on_evict=_close)
-        #: Counters for tests and the benchmark: captures and replays.
+        #: times each address set without a graph was seen, where ``after`` > 1
+        self._seen: "LRU[tuple, int] | None" = LRU(
+            "exec.graph_sightings", SEEN_PER_GRAPH * max_graphs) if after > 1 else None
+        #: Counters for tests and the benchmark: captures, replays and direct launches.
         self.captures = 0
         self.replays = 0
+        self.direct = 0
 
     @property
     def max_graphs(self) -> int:
@@ -69,12 +99,21 @@ class GraphCache:
     def run(self, bound: BoundPlan, x: Any, w: Any, y: Any, workspace: Any,
             workspace_bytes: int, stream: int) -> bool:
         """Replay the graph of ``bound`` at these addresses on ``stream``,
-        capturing it first when there is none. Returns True when this call
-        captured. The backend must be active on ``stream``."""
+        capturing it first when there is none; before the ``after``-th call at
+        these addresses, launch ``bound`` directly instead. Returns True when
+        this call captured. The backend must be active on ``stream``."""
         key = (id(bound), _key_part(x), _key_part(w), _key_part(y), _key_part(workspace),
                workspace_bytes)
         g = self._graphs.get(key)
         captured = g is None
+        if g is None and self._seen is not None:
+            seen = self._seen.get(key, 0) + 1
+            if seen < self.after:  # Note [replay after repeated addresses]
+                self._seen.put(key, seen)
+                bound.launch(x, w, y, workspace, workspace_bytes)
+                self.direct += 1
+                return False
+            self._seen.pop(key)
         if g is None:
             be = self.backend
             with be.on_home_stream():  # type: ignore[attr-defined]
@@ -90,8 +129,10 @@ class GraphCache:
         return captured
 
     def clear(self) -> None:
-        """Close every captured graph."""
+        """Close every captured graph and forget the addresses seen."""
         self._graphs.clear()
+        if self._seen is not None:
+            self._seen.clear()
 
     def __len__(self) -> int:
         return len(self._graphs)

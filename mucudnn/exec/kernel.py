@@ -84,6 +84,9 @@ class Kernel:
         self._pool_stream: Any = _UNSET
         self._pool: WorkspacePool | None = None
         self._graphs: GraphCache | None = GraphCache(backend) if self.graph else None
+        #: graphs take the caller's workspace, its address in their key
+        #: (:meth:`replay_repeated`); else the pool's, whose address holds
+        self._caller_workspace = False
         self._excluded: set[Any] = set()
         self._warned = False
         self._lock = threading.RLock()
@@ -250,6 +253,23 @@ class Kernel:
         else:
             log.info(msg)
 
+    def replay_repeated(self, after: int = 2) -> bool:
+        """Replay each micro-batch sequence as a CUDA graph from the ``after``-th
+        call at the same addresses on (Note [replay after repeated addresses]
+        in :mod:`mucudnn.exec.graph`), the workspace the caller gives included
+        in them; earlier calls launch directly. False (and nothing changes)
+        where the backend has no graphs."""
+        if not self.backend.supports_graphs:
+            return False
+        with self._lock:
+            if self._graphs is None or self._graphs.after != after:
+                if self._graphs is not None:
+                    self._graphs.clear()
+                self._graphs = GraphCache(self.backend, after=after)
+            self.graph = True
+            self._caller_workspace = True
+        return True
+
     def _guard_capture(self, stream: Any, what: str) -> None:
         if stream is not None and not self._host and is_capturing(stream):
             raise PlanningInCaptureError(
@@ -331,12 +351,13 @@ class Kernel:
         keep = None
         if need == 0:
             ws, size = None, 0
-        elif callable(workspace) and self._graphs is None:
+        elif callable(workspace) and (self._graphs is None or self._caller_workspace):
             try:
                 keep, ws, size = workspace(need)
             except WorkspaceUnavailable:
                 bound, keep, ws, size = self._acquire(bound, key, stream, workspace)
-        elif type(workspace) is tuple and workspace[1] >= need and self._graphs is None:
+        elif (type(workspace) is tuple and workspace[1] >= need
+              and (self._graphs is None or self._caller_workspace)):
             ws, size = workspace
         else:
             pool = self._pool_for(stream)

@@ -561,6 +561,9 @@ class _Warm:
         self.fwd = conv.kernel(Direction.FORWARD).launch
         self.bwd_data = conv.kernel(Direction.BACKWARD_DATA).launch
         self.bwd_filter = conv.kernel(Direction.BACKWARD_FILTER).launch
+        if _native.replays():  # Note [replay after repeated addresses] (exec/graph.py)
+            for d in Direction:
+                conv.kernel(d).replay_repeated()
         self.y_shape = tuple(output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
                                           cfg.dilation))
         self.fmt = _CL[nd] if cl else torch.contiguous_format

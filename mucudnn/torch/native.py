@@ -93,7 +93,7 @@ from ..problem import Direction, Plan, transposed_spatial
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
-           "skipped", "all_in_step", "enabled", "output_padding",
+           "skipped", "all_in_step", "enabled", "replays", "output_padding",
            "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
            "records", "record", "calibrate", "native_forward", "native_backward",
            "native_transposed"]
@@ -173,6 +173,24 @@ def enabled() -> bool:
     return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in (
         "0", "off", "false", "no")
 
+
+def replays() -> bool:
+    """``MUCUDNN_TORCH_REPLAY``: ``1``/``on``/``true``/``yes`` replays each
+    planned launch as a CUDA graph once its addresses repeat (Note [replay
+    after repeated addresses] in :mod:`mucudnn.exec.graph`); ``0``/``off``
+    (the default) launches directly. Read when a signature's record is made.
+
+    >>> replays() in (True, False)
+    True
+    """
+    v = os.environ.get("MUCUDNN_TORCH_REPLAY", "0").strip().lower() or "0"
+    if v not in _ON + _OFF:
+        raise InvalidValueError(f"MUCUDNN_TORCH_REPLAY: expected one of {list(_ON + _OFF)}, "
+                                f"got {v!r}")
+    return v in _ON
+
+
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 #: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
 SEARCHES = ("all", "over-limit")
