@@ -627,3 +627,57 @@ def test_replay_repeated_is_refused_without_graphs():
     assert k.replay_repeated() is False and not k.graph and k.graphs is None
     with pytest.raises(ValueError, match="after"):
         exec_graph.GraphCache(NP, after=0)
+
+
+class _UncapturableGraph(FakeGraph):
+    """A capture that fails as cudaStreamEndCapture does for an engine that
+    cannot be captured; counts the attempts."""
+
+    attempts = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def capture(cls, stream):
+        from mucudnn.cuda import CudaError
+        _UncapturableGraph.attempts += 1
+        with FakeGraph.capture.__func__(cls, stream) as g:
+            yield g
+        raise CudaError("cudaStreamEndCapture", "cudaErrorStreamCaptureInvalidated",
+                        "operation not permitted when stream is capturing")
+
+
+@pytest.mark.parametrize("fall_back", [False, True])
+def test_a_failed_capture_launches_directly_from_then_on_where_the_cache_falls_back(
+        monkeypatch, fall_back):
+    """See Note [replay after repeated addresses]: a cache made with ``fall_back``
+    runs the call whose capture failed directly (its output is the
+    convolution's), warns once, and tries no capture again; without it the
+    error reaches the caller, as ``graph=True`` asked for graphs."""
+    from mucudnn.cuda import CudaError
+    from mucudnn.exec import bind_plan
+    from mucudnn.exec.graph import GraphCache
+
+    monkeypatch.setattr(exec_graph, "CudaGraph", _UncapturableGraph)
+    monkeypatch.setattr(_UncapturableGraph, "attempts", 0)
+    be = adapt(StreamSpy())
+    p = ConvProblem((3, 2, 4, 4), (2, 2, 3, 3), padding=1)
+    plan = make_plan([MicroBatch(0, 2, 0), MicroBatch(2, 1, 0)], undivided_time_ms=1,
+                     workspace_limit=None, problem=p, direction=Direction.FORWARD)
+    bound = bind_plan(plan, be)
+    cache = GraphCache(be, after=2, fall_back=fall_back)
+    rng = np.random.default_rng(4)
+    x, w, y = tensors_for(p, rng)
+    ref = reference(p, Direction.FORWARD, x, w, y)
+    assert cache.run(bound, x, w, y, None, 0, 7) is False  # first sighting: direct
+    if not fall_back:
+        with pytest.raises(CudaError, match="cudaStreamEndCapture"):
+            cache.run(bound, x, w, y, None, 0, 7)
+        return
+    with pytest.warns(RuntimeWarning, match="launches directly from now on") as caught:
+        for _ in range(3):
+            y[...] = np.nan
+            assert cache.run(bound, x, w, y, None, 0, 7) is False
+            assert rel_err(y, ref) < 1e-5
+    assert len(caught) == 1 and _UncapturableGraph.attempts == 1
+    assert cache.failed.startswith("CudaError") and len(cache) == 0
+    assert (cache.captures, cache.replays, cache.direct) == (0, 0, 4)

@@ -31,20 +31,24 @@ cache captures an address set only the ``after``-th time it is seen (earlier
 calls launch directly), which the steady steps of a training loop reach
 where its allocator hands out the same blocks step after step (a caching
 allocator tends to), and a caller whose addresses never repeat does not: it
-pays one dictionary update a call. The
-counts are kept for :data:`SEEN_PER_GRAPH` times as many address sets as
-graphs.
+pays one dictionary update a call. The counts are kept for
+:data:`SEEN_PER_GRAPH` times as many address sets as graphs. A caller that
+replays without having asked for graphs (``MUCUDNN_TORCH_REPLAY``) makes the
+cache with ``fall_back``: where a capture fails (an engine that cannot be
+captured), that call and every later one launch directly, with one warning,
+so that replay never fails a call that runs without it.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 from ..backends.base import Backend
 from ..caches import LRU
 from ..cuda import CudaGraph
-from ..errors import InvalidValueError
+from ..errors import InvalidValueError, MucudnnError
 from .runner import BoundPlan
 
 __all__ = ["GraphCache", "supports_graphs", "MAX_GRAPHS", "SEEN_PER_GRAPH"]
@@ -78,11 +82,15 @@ class GraphCache:
     an address set is captured the ``after``-th time it is seen (Note [replay
     after repeated addresses])."""
 
-    def __init__(self, backend: Backend, max_graphs: int = MAX_GRAPHS, after: int = 1) -> None:
+    def __init__(self, backend: Backend, max_graphs: int = MAX_GRAPHS, after: int = 1,
+                 fall_back: bool = False) -> None:
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
             raise InvalidValueError(f"after: expected an int >= 1, got {after!r}")
         self.backend = backend
         self.after = after
+        self.fall_back = bool(fall_back)
+        #: why a capture failed, where ``fall_back`` then launches directly (None: none did)
+        self.failed: "str | None" = None
         self._graphs: LRU[tuple, CudaGraph] = LRU("exec.graphs", max_graphs, on_evict=_close)
         #: times each address set without a graph was seen, where ``after`` > 1
         self._seen: "LRU[tuple, int] | None" = LRU(
@@ -102,6 +110,10 @@ class GraphCache:
         capturing it first when there is none; before the ``after``-th call at
         these addresses, launch ``bound`` directly instead. Returns True when
         this call captured. The backend must be active on ``stream``."""
+        if self.failed is not None:  # Note [replay after repeated addresses]
+            bound.launch(x, w, y, workspace, workspace_bytes)
+            self.direct += 1
+            return False
         key = (id(bound), _key_part(x), _key_part(w), _key_part(y), _key_part(workspace),
                workspace_bytes)
         g = self._graphs.get(key)
@@ -116,9 +128,21 @@ class GraphCache:
             self._seen.pop(key)
         if g is None:
             be = self.backend
-            with be.on_home_stream():  # type: ignore[attr-defined]
-                with CudaGraph.capture(be.stream) as g:
-                    bound.launch(x, w, y, workspace, workspace_bytes)
+            try:
+                with be.on_home_stream():  # type: ignore[attr-defined]
+                    with CudaGraph.capture(be.stream) as g:
+                        bound.launch(x, w, y, workspace, workspace_bytes)
+            except MucudnnError as exc:
+                if not self.fall_back:
+                    raise
+                self.failed = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"mucudnn: a CUDA-graph capture of the plan "
+                              f"{bound.plan.describe()} ({bound.plan.direction}) failed; its "
+                              f"kernel launches directly from now on ({self.failed})",
+                              RuntimeWarning, stacklevel=2)
+                bound.launch(x, w, y, workspace, workspace_bytes)
+                self.direct += 1
+                return False
             g.keep(bound)  # id(bound) in the key stays unique while the graph lives
             self._graphs.put(key, g)
             self.captures += 1

@@ -257,15 +257,16 @@ class Kernel:
         """Replay each micro-batch sequence as a CUDA graph from the ``after``-th
         call at the same addresses on (Note [replay after repeated addresses]
         in :mod:`mucudnn.exec.graph`), the workspace the caller gives included
-        in them; earlier calls launch directly. False (and nothing changes)
-        where the backend has no graphs."""
+        in them; earlier calls launch directly, and so do all calls once a
+        capture failed (with a warning). False (and nothing changes) where the
+        backend has no graphs."""
         if not self.backend.supports_graphs:
             return False
         with self._lock:
             if self._graphs is None or self._graphs.after != after:
                 if self._graphs is not None:
                     self._graphs.clear()
-                self._graphs = GraphCache(self.backend, after=after)
+                self._graphs = GraphCache(self.backend, after=after, fall_back=True)
             self.graph = True
             self._caller_workspace = True
         return True
