@@ -295,23 +295,6 @@ def _two_calls_match_float64(model: nn.Module, conv: nn.Module, ref: nn.Module,
             conv.bias.grad = ref.bias.grad = None
 
 
-def test_the_replay_setting_is_checked(monkeypatch):
-    """``MUCUDNN_TORCH_REPLAY`` (Note [replay after repeated addresses]): off
-    unless set on; a value that is neither is refused, naming the variable."""
-    monkeypatch.delenv("MUCUDNN_TORCH_REPLAY", raising=False)
-    assert native.replays() is False
-    for on in ("1", " On ", "TRUE", "yes"):
-        monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", on)
-        assert native.replays() is True
-    for off in ("0", "off", "", "No"):
-        monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", off)
-        assert native.replays() is False
-    monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "sometimes")
-    with pytest.raises(mucudnn.MucudnnError, match="^MUCUDNN_TORCH_REPLAY: expected") as info:
-        native.replays()
-    assert isinstance(info.value, ValueError)
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("force", [None, native.TORCH, native.MUCUDNN])
@@ -690,6 +673,23 @@ def test_the_search_setting_is_checked(monkeypatch):
     monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "some")
     with pytest.raises(mucudnn.MucudnnError, match="^MUCUDNN_TORCH_SEARCH: expected") as info:
         native.search()
+    assert isinstance(info.value, ValueError)
+
+
+def test_the_replay_setting_is_checked(monkeypatch):
+    """``MUCUDNN_TORCH_REPLAY`` (Note [replay after repeated addresses]): off
+    unless set on; a value that is neither is refused, naming the variable."""
+    monkeypatch.delenv("MUCUDNN_TORCH_REPLAY", raising=False)
+    assert native.replays() is False
+    for on in ("1", " On ", "TRUE", "yes"):
+        monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", on)
+        assert native.replays() is True
+    for off in ("0", "off", "", "No"):
+        monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", off)
+        assert native.replays() is False
+    monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "sometimes")
+    with pytest.raises(mucudnn.MucudnnError, match="^MUCUDNN_TORCH_REPLAY: expected") as info:
+        native.replays()
     assert isinstance(info.value, ValueError)
 
 
