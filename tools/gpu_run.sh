@@ -9,6 +9,7 @@
 #   bash tools/gpu_run.sh cold2 ddp        # two GPUs (nvidia-h200-x2): cold start on 2 vs 1, DDP
 #   ZOO_MODELS="mobilenet_v2 convnext_tiny" bash tools/gpu_run.sh zoo   # tools/zoo_bench.py
 #   ZOO_PRECISIONS=fp32cl bash tools/gpu_run.sh zoo-heldout   # the zoo on models never measured here
+#   ZOO_MODELS="regnet_y_1_6gf resnet18" bash tools/gpu_run.sh zoo-ab  # default vs replay vs find_host
 #   PARITY_MODELS="mobilenet_v2" bash tools/gpu_run.sh parity           # tools/search_parity.py
 #   PARITY_ARGS="--over-limit 64MiB" PARITY_MODELS="convnext_tiny" bash tools/gpu_run.sh parity
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
@@ -76,6 +77,23 @@ for stage in "$@"; do
         --precisions ${ZOO_PRECISIONS:-fp32cl amp} --execution eager graph ${ZOO_ARGS:-} \
         --max-seconds "${ZOO_MAX_S:-480}" --json "$OUT/$stage.json" > "$OUT/$stage.txt" 2> "$OUT/$stage.log"
       summary+=("$stage (rc $?):" "$(grep -E '^\||geometric' "$OUT/$stage.txt")")
+      ;;
+    zoo-ab)  # the zoo on a few models, converted three ways: the default, replayed
+      # launches (MUCUDNN_TORCH_REPLAY=1) and a find that counts the host
+      # (find_host=True); each run has its own native side, so ratios compare
+      models=${ZOO_MODELS:-regnet_y_1_6gf resnet18 resnext50_32x4d}
+      for way in ${AB_WAYS:-default replay host}; do
+        extra=(); replay=0
+        case "$way" in
+          replay) replay=1 ;;
+          host) extra=(--backend-option find_host=True) ;;
+        esac
+        MUCUDNN_TORCH_REPLAY=$replay timeout "${ZOO_TIMEOUT:-170}" python3 tools/zoo_bench.py \
+          --isolate --no-progress --models $models --precisions ${ZOO_PRECISIONS:-fp32cl amp} \
+          --execution eager ${ZOO_ARGS:-} "${extra[@]}" --max-seconds "${ZOO_MAX_S:-140}" \
+          --json "$OUT/zoo-ab-$way.json" > "$OUT/zoo-ab-$way.txt" 2> "$OUT/zoo-ab-$way.log"
+        summary+=("zoo-ab $way (rc $?):" "$(grep -E '^\||geometric' "$OUT/zoo-ab-$way.txt")")
+      done
       ;;
     parity)  # tools/search_parity.py: PyTorch's kernels per layer among mucudnn's candidates
       timeout "${PARITY_TIMEOUT:-400}" python3 tools/search_parity.py \
