@@ -385,6 +385,34 @@ def test_a_config_far_behind_the_whole_problem_is_not_timed_in_its_chunks(tables
     assert every.find_profile.far_cut == 0
 
 
+class _Run:
+    """A candidate's run as the timing harness below sees it: its id, and a
+    count of its calls in ``runs``."""
+
+    def __init__(self, algo, runs):
+        self.algo, self.runs = algo, runs
+
+    def __call__(self):
+        self.runs[self.algo] = self.runs.get(self.algo, 0) + 1
+
+
+def _timing_harness(be, monkeypatch, time_on_stream, runs):
+    """Set ``be`` up to time candidates with ``time_on_stream`` in place of the
+    GPU (each candidate's run a :class:`_Run` counting into ``runs``); returns
+    the function from candidate ids to the plans to hand ``_time_plans``."""
+    be.stream = SimpleNamespace(synchronize=lambda: None)
+    monkeypatch.setattr(graph_find, "time_on_stream", time_on_stream)
+    monkeypatch.setattr(be, "_find_pointers", lambda problem, direction: (256, 512, 768),
+                        raising=False)
+    monkeypatch.setattr(be, "_find_workspace", lambda n: (1024, 1 << 30), raising=False)
+    monkeypatch.setattr(be, "_find_run", lambda problem, direction, p, ptrs, ws: (
+        p, SimpleNamespace(close=lambda: None), _Run(p.id, runs)))
+    monkeypatch.setattr(graph_find.FirstTimed, "__getattr__",
+                        lambda self, name: getattr(self.run, name), raising=False)
+    return lambda algos: [(SimpleNamespace(id=a, workspace_bytes=0),
+                           gd.EngineConfigInfo(int(a[1:]), ()), 0) for a in algos]
+
+
 @pytest.mark.parametrize("beat_ms", [math.inf, 1.0])
 def test_a_chunk_find_judges_its_first_candidates_by_the_time_to_beat(tables, monkeypatch,
                                                                       beat_ms):
@@ -400,25 +428,8 @@ def test_a_chunk_find_judges_its_first_candidates_by_the_time_to_beat(tables, mo
             fn()
         return [ms[fn.algo]] * repeat
 
-    class Run:
-        def __init__(self, algo):
-            self.algo = algo
-
-        def __call__(self):
-            runs[self.algo] += 1
-
     be = _TableGraph()
-    be.stream = SimpleNamespace(synchronize=lambda: None)
-    monkeypatch.setattr(graph_find, "time_on_stream", time_on_stream)
-    monkeypatch.setattr(be, "_find_pointers", lambda problem, direction: (256, 512, 768),
-                        raising=False)
-    monkeypatch.setattr(be, "_find_workspace", lambda n: (1024, 1 << 30), raising=False)
-    monkeypatch.setattr(be, "_find_run", lambda problem, direction, p, ptrs, ws: (
-        p, SimpleNamespace(close=lambda: None), Run(p.id)))
-    monkeypatch.setattr(graph_find.FirstTimed, "__getattr__",
-                        lambda self, name: getattr(self.run, name), raising=False)
-    plans = [(SimpleNamespace(id=a, workspace_bytes=0), gd.EngineConfigInfo(int(a[1:]), ()), 0)
-             for a in ms]
+    plans = _timing_harness(be, monkeypatch, time_on_stream, runs)(ms)
     out = graph_find.GraphFind._time_plans(be, P, BWD_FILTER, plans, {}, beat_ms)
     assert {a.algo: a.time_ms for a in out} == ms
     assert runs == {"e1": 1 if beat_ms == 1.0 else 4, "e2": 4}
@@ -442,26 +453,9 @@ def test_find_counts_the_host_of_each_run_where_its_options_say(tables, monkeypa
         a = fn.algo
         return [max(gpu[a], issue[a]) if host else gpu[a]] * repeat
 
-    class Run:
-        def __init__(self, algo):
-            self.algo = algo
-
-        def __call__(self):
-            pass
-
     from mucudnn.backends.find_options import FindOptions
     be = _TableGraph(find=FindOptions(retime=2, host=host, cold_ratio=None))
-    be.stream = SimpleNamespace(synchronize=lambda: None)
-    monkeypatch.setattr(graph_find, "time_on_stream", time_on_stream)
-    monkeypatch.setattr(be, "_find_pointers", lambda problem, direction: (256, 512, 768),
-                        raising=False)
-    monkeypatch.setattr(be, "_find_workspace", lambda n: (1024, 1 << 30), raising=False)
-    monkeypatch.setattr(be, "_find_run", lambda problem, direction, p, ptrs, ws: (
-        p, SimpleNamespace(close=lambda: None), Run(p.id)))
-    monkeypatch.setattr(graph_find.FirstTimed, "__getattr__",
-                        lambda self, name: getattr(self.run, name), raising=False)
-    plans = [(SimpleNamespace(id=a, workspace_bytes=0), gd.EngineConfigInfo(int(a[1:]), ()), 0)
-             for a in gpu]
+    plans = _timing_harness(be, monkeypatch, time_on_stream, {})(gpu)
     timed: dict = {}
     out = graph_find.GraphFind._time_plans(be, P, BWD_FILTER, plans, timed)
     out = graph_find.GraphFind._retime_best(be, P, BWD_FILTER, out, timed)
