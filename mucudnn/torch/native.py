@@ -168,10 +168,13 @@ class Record:
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
 
 
+#: The values a switch in the environment reads as on, and as off.
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
 def enabled() -> bool:
     """False while ``MUCUDNN_TORCH_NATIVE`` is ``0``/``off``/``false``/``no``."""
-    return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in (
-        "0", "off", "false", "no")
+    return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in _OFF
 
 
 def replays() -> bool:
@@ -188,9 +191,6 @@ def replays() -> bool:
         raise InvalidValueError(f"MUCUDNN_TORCH_REPLAY: expected one of {list(_ON + _OFF)}, "
                                 f"got {v!r}")
     return v in _ON
-
-
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 #: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
 SEARCHES = ("all", "over-limit")
