@@ -431,3 +431,29 @@ def test_find_profile_is_the_default_gpu_backends_counts(monkeypatch):
     own.calls = 7
     assert ts.find_profile(torch.device("cuda", 1), type("Be", (), {"find_profile": own})()
                            )["calls"] == 7 and seen == {}
+
+
+def test_graph_replays_sum_the_replaying_kernels_of_the_cached_convolutions(monkeypatch):
+    """tools/train_steps.graph_replays: None where no kernel replays; else the
+    kernels that do, with their captures, replays, direct launches and failed
+    captures summed (Note [replay after repeated addresses])."""
+    from types import SimpleNamespace
+
+    import mucudnn
+
+    ts = load_tool("train_steps")
+
+    def conv(*caches):
+        kernels = dict(zip(mucudnn.Direction, caches))
+        return SimpleNamespace(kernel=lambda d: SimpleNamespace(graphs=kernels[d]))
+
+    def cache(c, r, d, failed=None):
+        return SimpleNamespace(captures=c, replays=r, direct=d, failed=failed)
+
+    monkeypatch.setattr(ts.mt, "cached_convolutions", lambda: [conv(None, None, None)])
+    assert ts.graph_replays() is None
+    monkeypatch.setattr(ts.mt, "cached_convolutions", lambda: [
+        conv(cache(1, 5, 1), None, cache(0, 0, 3, "CudaError: x")), conv(None, cache(2, 2, 2),
+                                                                          None)])
+    assert ts.graph_replays() == {"kernels": 3, "captures": 3, "replays": 7, "direct": 6,
+                                  "failed": 1}

@@ -352,6 +352,20 @@ def find_profile(device: torch.device, backend: Any = None) -> dict | None:
     return {k: v for k, v in prof.as_dict().items() if not isinstance(v, dict)}
 
 
+def graph_replays() -> dict | None:
+    """How mucudnn.torch's planned launches were replayed as CUDA graphs in this
+    process (``MUCUDNN_TORCH_REPLAY``; Note [replay after repeated addresses]
+    in mucudnn/exec/graph.py): over the kernels that replay, the captures,
+    replays, direct launches and failed captures; None where none replays."""
+    caches = [g for conv in mt.cached_convolutions() for d in mucudnn.Direction
+              if (g := conv.kernel(d).graphs) is not None]
+    if not caches:
+        return None
+    return {"kernels": len(caches), "captures": sum(g.captures for g in caches),
+            "replays": sum(g.replays for g in caches), "direct": sum(g.direct for g in caches),
+            "failed": sum(g.failed is not None for g in caches)}
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for out-of-memory errors from torch, CUDA or mucudnn (its workspace)."""
     if isinstance(exc, MemoryError):
