@@ -111,9 +111,7 @@ class GraphCache:
         these addresses, launch ``bound`` directly instead. Returns True when
         this call captured. The backend must be active on ``stream``."""
         if self.failed is not None:  # Note [replay after repeated addresses]
-            bound.launch(x, w, y, workspace, workspace_bytes)
-            self.direct += 1
-            return False
+            return self._direct(bound, x, w, y, workspace, workspace_bytes)
         key = (id(bound), _key_part(x), _key_part(w), _key_part(y), _key_part(workspace),
                workspace_bytes)
         g = self._graphs.get(key)
@@ -122,9 +120,7 @@ class GraphCache:
             seen = self._seen.get(key, 0) + 1
             if seen < self.after:  # Note [replay after repeated addresses]
                 self._seen.put(key, seen)
-                bound.launch(x, w, y, workspace, workspace_bytes)
-                self.direct += 1
-                return False
+                return self._direct(bound, x, w, y, workspace, workspace_bytes)
             self._seen.pop(key)
         if g is None:
             be = self.backend
@@ -140,9 +136,7 @@ class GraphCache:
                               f"{bound.plan.describe()} ({bound.plan.direction}) failed; its "
                               f"kernel launches directly from now on ({self.failed})",
                               RuntimeWarning, stacklevel=2)
-                bound.launch(x, w, y, workspace, workspace_bytes)
-                self.direct += 1
-                return False
+                return self._direct(bound, x, w, y, workspace, workspace_bytes)
             g.keep(bound)  # id(bound) in the key stays unique while the graph lives
             self._graphs.put(key, g)
             self.captures += 1
@@ -151,6 +145,13 @@ class GraphCache:
         g.launch(stream)
         self.replays += 1
         return captured
+
+    def _direct(self, bound: BoundPlan, x: Any, w: Any, y: Any, workspace: Any,
+                workspace_bytes: int) -> bool:
+        """Launch ``bound`` without a graph (False: nothing was captured)."""
+        bound.launch(x, w, y, workspace, workspace_bytes)
+        self.direct += 1
+        return False
 
     def clear(self) -> None:
         """Close every captured graph and forget the addresses seen."""

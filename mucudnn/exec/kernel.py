@@ -84,9 +84,10 @@ class Kernel:
         self._pool_stream: Any = _UNSET
         self._pool: WorkspacePool | None = None
         self._graphs: GraphCache | None = GraphCache(backend) if self.graph else None
-        #: graphs take the caller's workspace, its address in their key
-        #: (:meth:`replay_repeated`); else the pool's, whose address holds
-        self._caller_workspace = False
+        #: launches take the workspace the caller gives: always without graphs, and
+        #: with them where its address is in their key (:meth:`replay_repeated`);
+        #: else graphs take the pool's, whose address holds
+        self._caller_workspace = self._graphs is None
         self._excluded: set[Any] = set()
         self._warned = False
         self._lock = threading.RLock()
@@ -352,13 +353,12 @@ class Kernel:
         keep = None
         if need == 0:
             ws, size = None, 0
-        elif callable(workspace) and (self._graphs is None or self._caller_workspace):
+        elif callable(workspace) and self._caller_workspace:
             try:
                 keep, ws, size = workspace(need)
             except WorkspaceUnavailable:
                 bound, keep, ws, size = self._acquire(bound, key, stream, workspace)
-        elif (type(workspace) is tuple and workspace[1] >= need
-              and (self._graphs is None or self._caller_workspace)):
+        elif type(workspace) is tuple and workspace[1] >= need and self._caller_workspace:
             ws, size = workspace
         else:
             pool = self._pool_for(stream)

@@ -192,6 +192,7 @@ def replays() -> bool:
                                 f"got {v!r}")
     return v in _ON
 
+
 #: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
 SEARCHES = ("all", "over-limit")
 
