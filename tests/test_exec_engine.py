@@ -579,6 +579,70 @@ def test_a_graph_cache_captures_an_address_set_the_after_th_time_it_is_seen(pick
     assert cache.replays == len(picks) - cache.direct
 
 
+@given(st.integers(1, 40), st.integers(3, 5), st.sampled_from([2, 3]))
+def test_a_cache_of_repeated_addresses_grows_to_hold_every_address_set_that_repeats(
+        n, rounds, after):
+    """See Note [more address sets than graphs]: ``n`` address sets called in
+    turn, round after round (a step's layers sharing a kernel), end up all
+    replayed, however many there are beyond the graphs kept at first, and the
+    graphs kept never outnumber them; every call's output is the convolution's."""
+    from mucudnn.exec import bind_plan
+    from mucudnn.exec.graph import GraphCache, MAX_GRAPHS, MAX_GROWN_GRAPHS
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exec_graph, "CudaGraph", FakeGraph)
+        be = adapt(StreamSpy())
+        p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
+        plan = make_plan([MicroBatch(0, 1, 0), MicroBatch(1, 1, 0)], undivided_time_ms=1,
+                         workspace_limit=None, problem=p, direction=Direction.FORWARD)
+        bound = bind_plan(plan, be)
+        cache = GraphCache(be, after=after)
+        rng = np.random.default_rng(3)
+        x, w, _ = tensors_for(p, rng)
+        ref = reference(p, Direction.FORWARD, x, w, np.zeros(p.output_shape, np.float32))
+        outs = [np.empty(p.output_shape, np.float32) for _ in range(n)]
+        for _ in range(after + rounds):
+            before = (cache.captures, cache.direct)
+            for out in outs:
+                out[...] = np.nan
+                cache.run(bound, x, w, out, None, 0, 7)
+                assert rel_err(out, ref) < 1e-5
+                assert len(cache) <= max(n, MAX_GRAPHS)
+        assert (cache.captures, cache.direct) == before  # the last round only replayed
+        assert cache.captures < 2 * n and MAX_GRAPHS <= cache.max_graphs <= MAX_GROWN_GRAPHS
+        assert cache.max_graphs < 2 * max(n, MAX_GRAPHS)
+
+
+def test_a_grown_cache_stops_at_its_bound(fake_graphs, monkeypatch):
+    """See Note [more address sets than graphs]: past :data:`MAX_GROWN_GRAPHS`
+    address sets the cache keeps that many graphs and no more, and each call's
+    output is still the convolution's."""
+    from mucudnn.exec import bind_plan
+    from mucudnn.exec.graph import GraphCache
+
+    monkeypatch.setattr(exec_graph, "MAX_GROWN_GRAPHS", 16)
+    be = adapt(StreamSpy())
+    p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
+    plan = make_plan([MicroBatch(0, 2, 0)], undivided_time_ms=1, workspace_limit=None,
+                     problem=p, direction=Direction.FORWARD)
+    bound = bind_plan(plan, be)
+    cache = GraphCache(be, after=2)
+    rng = np.random.default_rng(5)
+    x, w, _ = tensors_for(p, rng)
+    ref = reference(p, Direction.FORWARD, x, w, np.zeros(p.output_shape, np.float32))
+    outs = [np.empty(p.output_shape, np.float32) for _ in range(20)]
+    for _ in range(5):
+        for out in outs:
+            out[...] = np.nan
+            cache.run(bound, x, w, out, None, 0, 7)
+            assert rel_err(out, ref) < 1e-5 and len(cache) <= 16
+    assert cache.max_graphs == 16
+    closed = sum(g.closed for g in cache._graphs.values())
+    assert closed == 0 and len(cache) == 16
+    cache.clear()
+    assert len(cache) == 0 and len(cache._seen) == 0
+
+
 @pytest.mark.parametrize("same_block", [True, False])
 def test_replay_repeated_takes_the_callers_workspace_and_replays_once_its_address_repeats(
         fake_graphs, same_block):

@@ -31,12 +31,29 @@ cache captures an address set only the ``after``-th time it is seen (earlier
 calls launch directly), which the steady steps of a training loop reach
 where its allocator hands out the same blocks step after step (a caching
 allocator tends to), and a caller whose addresses never repeat does not: it
-pays one dictionary update a call. The counts are kept for
-:data:`SEEN_PER_GRAPH` times as many address sets as graphs. A caller that
+pays one dictionary update a call (the counts are bounded: Note [more
+address sets than graphs]). A caller that
 replays without having asked for graphs (``MUCUDNN_TORCH_REPLAY``) makes the
 cache with ``fall_back``: where a capture fails (an engine that cannot be
 captured), that call and every later one launch directly, with one warning,
 so that replay never fails a call that runs without it.
+
+Note [more address sets than graphs]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Layers of one shape share a kernel (``mucudnn.torch`` keeps one convolution
+per signature), so in a training step a kernel sees one address set per layer
+that shares it: a ResNeXt's many identical blocks of a stage give one each.
+Where they outnumber the graphs kept, the LRU evicts each graph before its
+address set comes round again, and every such call would capture anew (a
+capture costs more than the launches it replaces). So a cache that captures
+repeated addresses (``after`` > 1) marks each address set it captures among
+its sightings, and when a marked set comes back without its graph (evicted:
+the graph was worth keeping) while the graphs kept fill the bound, doubles
+the bound, up to :data:`MAX_GROWN_GRAPHS`. The sightings are counted for
+:data:`SEEN_PER_GRAPH` times that many address sets from the start (an
+address set forgotten before it comes round again would never be
+captured). Graphs are made only of address sets that repeat, so a grown
+bound holds no more graphs than the layers that share the kernel.
 """
 
 from __future__ import annotations
@@ -51,13 +68,19 @@ from ..cuda import CudaGraph
 from ..errors import InvalidValueError, MucudnnError
 from .runner import BoundPlan
 
-__all__ = ["GraphCache", "supports_graphs", "MAX_GRAPHS", "SEEN_PER_GRAPH"]
+__all__ = ["GraphCache", "supports_graphs", "MAX_GRAPHS", "SEEN_PER_GRAPH", "MAX_GROWN_GRAPHS"]
 
 log = logging.getLogger("mucudnn")
 
 MAX_GRAPHS = 8
 #: Address sets counted per graph kept (Note [replay after repeated addresses]).
 SEEN_PER_GRAPH = 4
+#: The most graphs a cache that captures repeated addresses grows to (Note
+#: [more address sets than graphs]).
+MAX_GROWN_GRAPHS = 128
+#: A sighting count meaning: this address set was captured (Note [more address
+#: sets than graphs]).
+_CAPTURED = -1
 
 
 def supports_graphs(backend: Backend) -> bool:
@@ -92,9 +115,11 @@ class GraphCache:
         #: why a capture failed, where ``fall_back`` then launches directly (None: none did)
         self.failed: "str | None" = None
         self._graphs: LRU[tuple, CudaGraph] = LRU("exec.graphs", max_graphs, on_evict=_close)
-        #: times each address set without a graph was seen, where ``after`` > 1
+        #: times each address set was seen, where ``after`` > 1 (``_CAPTURED``:
+        #: it was captured; Note [more address sets than graphs])
         self._seen: "LRU[tuple, int] | None" = LRU(
-            "exec.graph_sightings", SEEN_PER_GRAPH * max_graphs) if after > 1 else None
+            "exec.graph_sightings", SEEN_PER_GRAPH * max(max_graphs, MAX_GROWN_GRAPHS)
+        ) if after > 1 else None
         #: Counters for tests and the benchmark: captures, replays and direct launches.
         self.captures = 0
         self.replays = 0
@@ -117,11 +142,13 @@ class GraphCache:
         g = self._graphs.get(key)
         captured = g is None
         if g is None and self._seen is not None:
-            seen = self._seen.get(key, 0) + 1
-            if seen < self.after:  # Note [replay after repeated addresses]
-                self._seen.put(key, seen)
+            seen = self._seen.get(key, 0)
+            if seen == _CAPTURED:  # evicted since: Note [more address sets than graphs]
+                self._grow()
+            elif seen + 1 < self.after:  # Note [replay after repeated addresses]
+                self._seen.put(key, seen + 1)
                 return self._direct(bound, x, w, y, workspace, workspace_bytes)
-            self._seen.pop(key)
+            self._seen.put(key, _CAPTURED)
         if g is None:
             be = self.backend
             try:
@@ -145,6 +172,16 @@ class GraphCache:
         g.launch(stream)
         self.replays += 1
         return captured
+
+    def _grow(self) -> None:
+        """Where the graphs kept are as many as the bound, double it, up to
+        :data:`MAX_GROWN_GRAPHS` (Note [more address sets than graphs])."""
+        have = self._graphs.maxsize
+        n = min(2 * have, max(MAX_GROWN_GRAPHS, have))
+        if len(self._graphs) >= have and n > have:
+            log.debug("mucudnn: a kernel's repeated address sets outnumber its %d graphs; "
+                      "keeping %d", have, n)
+            self._graphs.maxsize = n
 
     def _direct(self, bound: BoundPlan, x: Any, w: Any, y: Any, workspace: Any,
                 workspace_bytes: int) -> bool:
