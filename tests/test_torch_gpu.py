@@ -548,3 +548,50 @@ def test_replayed_launches_match_float64_call_after_call(no_tf32, monkeypatch, c
               for d in mucudnn.Direction]
     assert graphs and all(g is not None and g.after == 2 for g in graphs)
     assert sum(g.replays for g in graphs) > 0
+
+
+def test_layers_sharing_a_kernel_are_each_replayed_once_their_addresses_repeat(
+        no_tf32, monkeypatch):
+    """See Note [more address sets than graphs]: twelve grouped layers of one
+    shape share each direction's kernel, more than the graphs a kernel keeps
+    at first. With ``MUCUDNN_TORCH_REPLAY=1`` (every direction on its plan,
+    micro-batched under a 1 MiB limit) the output and every gradient match a
+    float64 run at each step, and by the last step every launch of every layer
+    is a replayed graph: none captured anew, none direct."""
+    monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "1")
+    monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "0")
+    mucudnn.caches.clear_all()
+    torch.manual_seed(4)
+    kw = dict(padding=1, groups=4)
+    x = torch.randn(8, 48, 14, 14, device="cuda")
+    ws = [torch.randn(48, 12, 3, 3, device="cuda") * 0.1 for _ in range(12)]
+
+    def net(conv, x, ws):
+        for w in ws:
+            x = conv(x, w, **kw)
+        return x
+
+    x64, w64 = x.double().requires_grad_(True), [w.double().requires_grad_(True) for w in ws]
+    y64 = net(F.conv2d, x64, w64)
+    dy = torch.randn_like(y64)
+    y64.backward(dy)
+    xs, wss = x.clone().requires_grad_(True), [w.clone().requires_grad_(True) for w in ws]
+    dyf = dy.float()
+    conv = functools.partial(mt.conv2d, workspace_limit=1 << 20)
+    for _ in range(5):
+        graphs = [c.kernel(d).graphs for c in mt.cached_convolutions()
+                  for d in mucudnn.Direction]
+        before = [(g.captures, g.direct) for g in graphs if g is not None]
+        for t in (xs, *wss):
+            t.grad = None
+        y = net(conv, xs, wss)
+        y.backward(dyf)
+        torch.cuda.synchronize()
+        assert rel(y, y64) < 100 * FMA_TOL
+        grads = zip((xs.grad, *(w.grad for w in wss)), (x64.grad, *(w.grad for w in w64)))
+        assert all(rel(got, want) < 100 * FMA_TOL for got, want in grads)
+        del y
+    graphs = [c.kernel(d).graphs for c in mt.cached_convolutions() for d in mucudnn.Direction]
+    assert graphs and all(g is not None and g.after == 2 for g in graphs)
+    assert [(g.captures, g.direct) for g in graphs] == before  # the last step only replayed
+    assert all(g.max_graphs >= 12 and len(g) >= 12 for g in graphs)
