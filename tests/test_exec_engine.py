@@ -520,15 +520,24 @@ def test_handle_optimize_wd_gives_disjoint_segments():
     assert rel_err(out, reference(p, "forward", x, w, y)) < 1e-5
 
 
-def test_graph_cache_keeps_the_newest_and_closes_the_evicted(fake_graphs):
+def _bound_1x1(be, batches=(2,)):
+    """A 1x1 forward problem whose batch is the sum of ``batches``, and its plan
+    of those micro-batches bound to ``be``."""
     from mucudnn.exec import bind_plan
+
+    p = ConvProblem((sum(batches), 1, 3, 3), (1, 1, 1, 1))
+    starts = np.cumsum((0,) + tuple(batches))
+    plan = make_plan([MicroBatch(int(a), n, 0) for a, n in zip(starts, batches)],
+                     undivided_time_ms=1, workspace_limit=None, problem=p,
+                     direction=Direction.FORWARD)
+    return p, bind_plan(plan, be)
+
+
+def test_graph_cache_keeps_the_newest_and_closes_the_evicted(fake_graphs):
     from mucudnn.exec.graph import GraphCache
 
     be = adapt(StreamSpy())
-    p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
-    plan = make_plan([MicroBatch(0, 2, 0)], undivided_time_ms=1, workspace_limit=None,
-                     problem=p, direction=Direction.FORWARD)
-    bound = bind_plan(plan, be)
+    p, bound = _bound_1x1(be)
     cache = GraphCache(be, max_graphs=2)
     rng = np.random.default_rng(0)
     x, w, y = tensors_for(p, rng)
@@ -586,16 +595,12 @@ def test_a_cache_of_repeated_addresses_grows_to_hold_every_address_set_that_repe
     turn, round after round (a step's layers sharing a kernel), end up all
     replayed, however many there are beyond the graphs kept at first, and the
     graphs kept never outnumber them; every call's output is the convolution's."""
-    from mucudnn.exec import bind_plan
     from mucudnn.exec.graph import GraphCache, MAX_GRAPHS, MAX_GROWN_GRAPHS
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(exec_graph, "CudaGraph", FakeGraph)
         be = adapt(StreamSpy())
-        p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
-        plan = make_plan([MicroBatch(0, 1, 0), MicroBatch(1, 1, 0)], undivided_time_ms=1,
-                         workspace_limit=None, problem=p, direction=Direction.FORWARD)
-        bound = bind_plan(plan, be)
+        p, bound = _bound_1x1(be, (1, 1))
         cache = GraphCache(be, after=after)
         rng = np.random.default_rng(3)
         x, w, _ = tensors_for(p, rng)
@@ -617,15 +622,11 @@ def test_a_grown_cache_stops_at_its_bound(fake_graphs, monkeypatch):
     """See Note [more address sets than graphs]: past :data:`MAX_GROWN_GRAPHS`
     address sets the cache keeps that many graphs and no more, and each call's
     output is still the convolution's."""
-    from mucudnn.exec import bind_plan
     from mucudnn.exec.graph import GraphCache
 
     monkeypatch.setattr(exec_graph, "MAX_GROWN_GRAPHS", 16)
     be = adapt(StreamSpy())
-    p = ConvProblem((2, 1, 3, 3), (1, 1, 1, 1))
-    plan = make_plan([MicroBatch(0, 2, 0)], undivided_time_ms=1, workspace_limit=None,
-                     problem=p, direction=Direction.FORWARD)
-    bound = bind_plan(plan, be)
+    p, bound = _bound_1x1(be)
     cache = GraphCache(be, after=2)
     rng = np.random.default_rng(5)
     x, w, _ = tensors_for(p, rng)
