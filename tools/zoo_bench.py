@@ -332,6 +332,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             out["memory"][side] = {
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
+        replay_before = ts.graph_replays()
         t0 = time.perf_counter()
         times = ts.time_rounds(jobs, args.rounds, args.steps, device)
         st = step_stats(dict(zip(sides, times)))
@@ -341,7 +342,8 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             log(f"  {execution}: the interval holds the target; {more} rounds more")
             later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
-        out.update(st, extra_rounds=more)
+        out.update(st, extra_rounds=more,
+                   replay=replays_between(replay_before, ts.graph_replays()))
     finally:
         for job in jobs:
             job.release()
@@ -491,6 +493,25 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
         lines.append(f"geometric mean converted/native, {p} {ex}: {geomean(rs):.3f} "
                      f"over {len(rs)} models")
     return lines
+
+
+def replays_between(before: dict | None, after: dict | None) -> dict | None:
+    """The converted side's CUDA-graph counts (``train_steps.graph_replays``)
+    of the timed rounds alone: whether its steady steps replayed their planned
+    launches, captured them anew or launched them directly. None where no
+    kernel replays.
+
+    >>> replays_between({"kernels": 2, "captures": 2, "replays": 3, "direct": 2, "failed": 0},
+    ...                 {"kernels": 2, "captures": 2, "replays": 43, "direct": 2, "failed": 0})
+    {'kernels': 2, 'captures': 0, 'replays': 40, 'direct': 0, 'failed': 0}
+    >>> replays_between(None, None) is None
+    True
+    """
+    if after is None:
+        return None
+    before = before or {}
+    return {k: v if k in ("kernels", "failed") else v - before.get(k, 0)
+            for k, v in after.items()}
 
 
 def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
