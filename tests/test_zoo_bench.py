@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def test_doctests(zb):
-    for mod in (zb, zb.zoo_cold):
+    for mod in (zb, zb.zoo_cold, zb.ts):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0
 

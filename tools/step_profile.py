@@ -300,12 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     hosts = host_profiles(dict(zip(known.modes, jobs)), known.host_profile, known.top) \
         if known.host_profile else {}
     for mode, job, t in zip(known.modes, jobs, times):
+        before = ts.graph_replays()
         cats[mode], calls[mode], names[mode] = profile_job(job, known.steps)
         step_ms = statistics.median(x for r in t for x in r)
         result["per_mode"][mode] = {"step_ms": step_ms, "kernel_ms": cats[mode],
                                     "idle_ms": step_ms - cats[mode].get("all", 0.0),
                                     "conv_calls": calls[mode],
-                                    "kernels": {k: list(v) for k, v in names[mode].items()}}
+                                    "kernels": {k: list(v) for k, v in names[mode].items()},
+                                    "replay": ts.replays_between(before, ts.graph_replays())}
     for mode, h in hosts.items():
         result["per_mode"][mode]["host"] = h
     for job in jobs:
@@ -318,6 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = " | ".join(f"{cats[mode].get(c, 0.0):.3f}" for c, _ in CATEGORIES)
         lines.append(f"| {mode} | {pm['step_ms']:.3f} | {cats[mode].get('all', 0.0):.3f} | "
                      f"{pm['idle_ms']:.3f} | {cells} | {cats[mode].get('other', 0.0):.3f} |")
+    lines += [f"\nCUDA graphs of planned launches in the profiled steps, {mode}: "
+              f"{result['per_mode'][mode]['replay']}" for mode in known.modes
+              if result["per_mode"][mode]["replay"]]
     if execution == "eager" and len(known.modes) > 1:
         lines += ["", "Convolution ops in step order:", ""] + layer_rows(calls, known.modes)
     if len(known.modes) > 1:

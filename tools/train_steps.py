@@ -366,6 +366,25 @@ def graph_replays() -> dict | None:
             "failed": sum(g.failed is not None for g in caches)}
 
 
+def replays_between(before: dict | None, after: dict | None) -> dict | None:
+    """The CUDA-graph counts of :func:`graph_replays` between two readings
+    (a benchmark's timed or profiled steps): whether those steps replayed
+    their planned launches, captured them anew or launched them directly.
+    None where no kernel replays.
+
+    >>> replays_between({"kernels": 2, "captures": 2, "replays": 3, "direct": 2, "failed": 0},
+    ...                 {"kernels": 2, "captures": 2, "replays": 43, "direct": 2, "failed": 0})
+    {'kernels': 2, 'captures': 0, 'replays': 40, 'direct': 0, 'failed': 0}
+    >>> replays_between(None, None) is None
+    True
+    """
+    if after is None:
+        return None
+    before = before or {}
+    return {k: v if k in ("kernels", "failed") else v - before.get(k, 0)
+            for k, v in after.items()}
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for out-of-memory errors from torch, CUDA or mucudnn (its workspace)."""
     if isinstance(exc, MemoryError):

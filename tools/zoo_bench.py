@@ -343,7 +343,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
         out.update(st, extra_rounds=more,
-                   replay=replays_between(replay_before, ts.graph_replays()))
+                   replay=ts.replays_between(replay_before, ts.graph_replays()))
     finally:
         for job in jobs:
             job.release()
@@ -493,25 +493,6 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
         lines.append(f"geometric mean converted/native, {p} {ex}: {geomean(rs):.3f} "
                      f"over {len(rs)} models")
     return lines
-
-
-def replays_between(before: dict | None, after: dict | None) -> dict | None:
-    """The converted side's CUDA-graph counts (``train_steps.graph_replays``)
-    of the timed rounds alone: whether its steady steps replayed their planned
-    launches, captured them anew or launched them directly. None where no
-    kernel replays.
-
-    >>> replays_between({"kernels": 2, "captures": 2, "replays": 3, "direct": 2, "failed": 0},
-    ...                 {"kernels": 2, "captures": 2, "replays": 43, "direct": 2, "failed": 0})
-    {'kernels': 2, 'captures': 0, 'replays': 40, 'direct': 0, 'failed': 0}
-    >>> replays_between(None, None) is None
-    True
-    """
-    if after is None:
-        return None
-    before = before or {}
-    return {k: v if k in ("kernels", "failed") else v - before.get(k, 0)
-            for k, v in after.items()}
 
 
 def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
