@@ -320,9 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = " | ".join(f"{cats[mode].get(c, 0.0):.3f}" for c, _ in CATEGORIES)
         lines.append(f"| {mode} | {pm['step_ms']:.3f} | {cats[mode].get('all', 0.0):.3f} | "
                      f"{pm['idle_ms']:.3f} | {cells} | {cats[mode].get('other', 0.0):.3f} |")
-    lines += [f"\nCUDA graphs of planned launches in the profiled steps, {mode}: "
-              f"{result['per_mode'][mode]['replay']}" for mode in known.modes
-              if result["per_mode"][mode]["replay"]]
+    for mode in known.modes:
+        if result["per_mode"][mode]["replay"]:
+            lines += ["", f"CUDA graphs of planned launches in the profiled steps, {mode}: "
+                          f"{result['per_mode'][mode]['replay']}"]
     if execution == "eager" and len(known.modes) > 1:
         lines += ["", "Convolution ops in step order:", ""] + layer_rows(calls, known.modes)
     if len(known.modes) > 1:
