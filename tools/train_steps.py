@@ -400,11 +400,12 @@ def environment(device: torch.device) -> dict:
     """What a result file records of the run: versions, the device, the UTC
     date, the commit of the tree (:func:`source_commit`) and the settings that
     change what a converted layer does (mucudnn/torch/native.py): the
-    comparison switch ``MUCUDNN_TORCH_NATIVE`` and the graph replay of
-    planned launches ``MUCUDNN_TORCH_REPLAY`` where set, and the search always
-    (its default is part of the result)."""
-    settings = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE", "MUCUDNN_TORCH_REPLAY")
-                if k in os.environ}
+    comparison switch ``MUCUDNN_TORCH_NATIVE`` where set, and always the
+    graph replay of planned launches (``MUCUDNN_TORCH_REPLAY``, ``1`` or
+    ``0``) and the search, as they took effect (their defaults are part of
+    the result)."""
+    settings = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
+    settings["MUCUDNN_TORCH_REPLAY"] = "1" if mt_native.replays() else "0"
     settings["MUCUDNN_TORCH_SEARCH"] = mt_native.search()
     env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
            "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
