@@ -546,3 +546,41 @@ def test_over_limit_parity_keeps_each_models_newest_run(tmp_path):
     t = rz.search_parity(rp.load_results(tmp_path))
     assert "| convnext_tiny | conv1 | backward_filter | 100.0 | 0.500 | yes |" in t
     assert "| no |" not in t and "s1-call1" not in t
+
+
+def test_replay_is_labelled_against_mucudnn_torchs_default(tmp_path, monkeypatch):
+    """A zoo run is the default's only where its planned launches were
+    replayed as ``mucudnn.torch``'s default says (rz.REPLAY_DEFAULT, the
+    library's own); a run that records no setting ran before replay existed,
+    without it. Under a default that no run followed, every run is another
+    run, none lost."""
+    native = pytest.importorskip("mucudnn.torch.native")
+    assert rz.REPLAY_DEFAULT is native.REPLAY_DEFAULT
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234"}
+    zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS - len(rz.BENCH_NETS))] + sorted(rz.BENCH_NETS)
+
+    def write(name, ratio, replay=None):
+        settings = {"MUCUDNN_TORCH_SEARCH": "over-limit"}
+        if replay is not None:
+            settings["MUCUDNN_TORCH_REPLAY"] = replay
+        doc = {"environment": {**env, "settings": settings},
+               "options": {"workspace": 64 << 20, "batch": 64, "steps": 10},
+               "results": [{"model": m, "precision": "fp32cl",
+                            "steps": {"eager": {"native_ms": 10.0, "converted_ms": 10 * ratio,
+                                                "ratio": ratio}}} for m in zoo],
+               "skipped": []}
+        (tmp_path / name).write_text(json.dumps(doc))
+    write("2026-12-03-h200-s1-call1-zoo.json", 1.05)         # before replay existed
+    write("2026-12-03-h200-s2-call1-zoo.json", 1.01, "1")
+    for default, main_ratio, other in ((False, "1.050", ", REPLAY=1"),
+                                       (True, "1.010", ", REPLAY=0")):
+        monkeypatch.setattr(rz, "REPLAY_DEFAULT", default)
+        main, later = rz.zoo(rp.load_results(tmp_path)).split("**Other runs**")
+        assert f"| fp32 channels-last | eager | {rz.MIN_ZOO_MODELS} | {main_ratio} |" in main
+        assert f"| m0 | fp32 channels-last | eager | 64 | over-limit{other} | 10 |" in later
+    write("2026-12-03-h200-s2-call1-zoo.json", 1.01, "0")
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Other runs**")  # none replayed
+    assert "Not measured yet" in main and "| m0 |" not in main
+    assert "| m0 | fp32 channels-last | eager | 64 | over-limit, REPLAY=0 | 10 | 10.00 | 10.10 |" \
+        in later and "10.50" not in later  # the newer run of one setting replaces the older

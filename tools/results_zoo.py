@@ -41,12 +41,22 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     return list(picked.values())
 
 
+#: The values that turn a mucudnn.torch switch on (mucudnn/torch/native.py).
+_ON = ("1", "on", "true", "yes")
+#: mucudnn.torch's default for replaying planned launches
+#: (``mucudnn.torch.native.REPLAY_DEFAULT``; tests/test_results_page.py checks
+#: that the two agree). A run that records no ``MUCUDNN_TORCH_REPLAY`` ran
+#: before replay existed, so without it.
+REPLAY_DEFAULT = False
+
+
 def torch_search(doc: dict, unset: str = "over-limit") -> str:
     """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (``unset`` where the
     file does not say: by default, the search's default), ``", NATIVE=0"``
     where ``MUCUDNN_TORCH_NATIVE`` turned the comparisons with PyTorch's call
-    off (every direction on plans), ``", REPLAY=1"`` where
-    ``MUCUDNN_TORCH_REPLAY`` replayed planned launches as CUDA graphs, and the
+    off (every direction on plans), ``", REPLAY=1"`` or ``", REPLAY=0"`` where
+    planned launches were or were not replayed as CUDA graphs
+    (``MUCUDNN_TORCH_REPLAY``) against :data:`REPLAY_DEFAULT`, and the
     converted side's backend options (zoo_bench's ``--backend-option``): runs
     under other settings are not the default's.
 
@@ -62,11 +72,12 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     settings = doc["environment"].get("settings") or {}
     search = settings.get("MUCUDNN_TORCH_SEARCH", unset)
     native = str(settings.get("MUCUDNN_TORCH_NATIVE", "1")).strip().lower()
-    replay = str(settings.get("MUCUDNN_TORCH_REPLAY", "0")).strip().lower()
+    replay = str(settings.get("MUCUDNN_TORCH_REPLAY", "0")).strip().lower() in _ON
     options = (doc.get("options") or {}).get("backend_options") or []
     return (search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
-            + (", REPLAY=1" if replay in ("1", "on", "true", "yes") else "")
+            + (f", REPLAY={int(replay)}" if replay != REPLAY_DEFAULT else "")
             + "".join(f", {k}={v}" for k, v in options))
+
 
 
 def _step_key(doc: dict, e: dict, ex: str) -> tuple:
@@ -94,8 +105,8 @@ def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
                for k, v in sessions.items()}
     full = [k for k, models in covered.items()
             if len(models) >= MIN_ZOO_MODELS and BENCH_NETS <= models]
-    if not sessions:
-        return [], []
+    if not sessions:  # none under the defaults: every run is another run
+        return [], _picked_steps(docs)
     main = max(full) if full else max(sessions)
     zoo_run = _picked_steps(sessions[main])
     measured = {_step_key(d, e, ex) for _, d, e, ex, _ in zoo_run}

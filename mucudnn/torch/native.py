@@ -177,16 +177,23 @@ def enabled() -> bool:
     return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in _OFF
 
 
+#: Whether planned launches replay where ``MUCUDNN_TORCH_REPLAY`` is unset
+#: or empty (tools/results_zoo.py labels results against the same default).
+REPLAY_DEFAULT = False
+
+
 def replays() -> bool:
     """``MUCUDNN_TORCH_REPLAY``: ``1``/``on``/``true``/``yes`` replays each
     planned launch as a CUDA graph once its addresses repeat (Note [replay
     after repeated addresses] in :mod:`mucudnn.exec.graph`); ``0``/``off``
-    (the default) launches directly. Read when a signature's record is made.
+    launches directly; unset or empty, :data:`REPLAY_DEFAULT` (off). Read
+    when a signature's record is made.
 
     >>> replays() in (True, False)
     True
     """
-    v = os.environ.get("MUCUDNN_TORCH_REPLAY", "0").strip().lower() or "0"
+    v = os.environ.get("MUCUDNN_TORCH_REPLAY", "").strip().lower() \
+        or ("1" if REPLAY_DEFAULT else "0")
     if v not in _ON + _OFF:
         raise InvalidValueError(f"MUCUDNN_TORCH_REPLAY: expected one of {list(_ON + _OFF)}, "
                                 f"got {v!r}")
