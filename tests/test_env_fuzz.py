@@ -171,11 +171,11 @@ def test_mucudnn_workspace_limit_values(value):
 # -- MUCUDNN_TORCH_NATIVE -----------------------------------------------------------------------
 @given(value=st.one_of(_env_text, st.sampled_from(["0", " OFF", "False", "no", "1", "on"])))
 def test_mucudnn_torch_native_values(value):
-    native = pytest.importorskip("mucudnn.torch.native")
+    settings = pytest.importorskip("mucudnn.torch.settings")
     old = os.environ.get("MUCUDNN_TORCH_NATIVE")
     os.environ["MUCUDNN_TORCH_NATIVE"] = value
     try:
-        assert native.enabled() is (value.strip().lower() not in ("0", "off", "false", "no"))
+        assert settings.enabled() is (value.strip().lower() not in ("0", "off", "false", "no"))
     finally:
         if old is None:
             os.environ.pop("MUCUDNN_TORCH_NATIVE", None)

@@ -554,8 +554,8 @@ def test_replay_is_labelled_against_mucudnn_torchs_default(tmp_path, monkeypatch
     library's own); a run that records no setting ran before replay existed,
     without it. Under a default that no run followed, every run is another
     run, none lost."""
-    native = pytest.importorskip("mucudnn.torch.native")
-    assert rz.REPLAY_DEFAULT is native.REPLAY_DEFAULT
+    settings = pytest.importorskip("mucudnn.torch.settings")
+    assert rz.REPLAY_DEFAULT is settings.REPLAY_DEFAULT
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234"}
     zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS - len(rz.BENCH_NETS))] + sorted(rz.BENCH_NETS)

@@ -22,7 +22,7 @@ import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
 from mucudnn.optimizer import optimize_wr  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
-from mucudnn.torch import measure, native  # noqa: E402
+from mucudnn.torch import measure, native, settings  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
 from mucudnn.torch.report import TRIAL_REASON  # noqa: E402
 
@@ -667,12 +667,12 @@ def test_pytorch_first_runs_it_exactly_where_a_direction_fits_and_plans_the_rest
 
 def test_the_search_setting_is_checked(monkeypatch):
     monkeypatch.delenv("MUCUDNN_TORCH_SEARCH", raising=False)
-    assert native.search() == "over-limit"
+    assert settings.search() == "over-limit"
     monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", " Over-Limit ")
-    assert native.search() == "over-limit"
+    assert settings.search() == "over-limit"
     monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "some")
     with pytest.raises(mucudnn.MucudnnError, match="^MUCUDNN_TORCH_SEARCH: expected") as info:
-        native.search()
+        settings.search()
     assert isinstance(info.value, ValueError)
 
 
@@ -680,16 +680,16 @@ def test_the_replay_setting_is_checked(monkeypatch):
     """``MUCUDNN_TORCH_REPLAY`` (Note [replay after repeated addresses]): off
     unless set on; a value that is neither is refused, naming the variable."""
     monkeypatch.delenv("MUCUDNN_TORCH_REPLAY", raising=False)
-    assert native.replays() is False
+    assert settings.replays() is False
     for on in ("1", " On ", "TRUE", "yes"):
         monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", on)
-        assert native.replays() is True
+        assert settings.replays() is True
     for off in ("0", "off", "", "No"):
         monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", off)
-        assert native.replays() is False
+        assert settings.replays() is False
     monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "sometimes")
     with pytest.raises(mucudnn.MucudnnError, match="^MUCUDNN_TORCH_REPLAY: expected") as info:
-        native.replays()
+        settings.replays()
     assert isinstance(info.value, ValueError)
 
 

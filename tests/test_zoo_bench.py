@@ -170,7 +170,7 @@ def test_tiny_end_to_end(zb, tmp_path, capsys):
     env = report["environment"]
     for key in ("torch", "mucudnn", "cuda", "date", "git_commit", "device", "settings"):
         assert key in env
-    assert env["settings"]["MUCUDNN_TORCH_REPLAY"] == ("1" if mt.native.replays() else "0")
+    assert env["settings"]["MUCUDNN_TORCH_REPLAY"] == ("1" if mt.settings.replays() else "0")
     assert report["options"]["models"] == ["tiny"] and report["skipped"] == []
     (r,) = report["results"]
     assert (r["model"], r["precision"], r["task"], r["batch"], r["size"]) == (

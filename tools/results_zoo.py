@@ -41,10 +41,10 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     return list(picked.values())
 
 
-#: The values that turn a mucudnn.torch switch on (mucudnn/torch/native.py).
+#: The values that turn a mucudnn.torch switch on (mucudnn/torch/settings.py).
 _ON = ("1", "on", "true", "yes")
 #: mucudnn.torch's default for replaying planned launches
-#: (``mucudnn.torch.native.REPLAY_DEFAULT``; tests/test_results_page.py checks
+#: (``mucudnn.torch.settings.REPLAY_DEFAULT``; tests/test_results_page.py checks
 #: that the two agree). A run that records no ``MUCUDNN_TORCH_REPLAY`` ran
 #: before replay existed, so without it.
 REPLAY_DEFAULT = False

@@ -30,7 +30,7 @@ from torch import nn
 
 import mucudnn
 import mucudnn.torch as mt
-from mucudnn.torch import native as mt_native
+from mucudnn.torch import settings as mt_settings
 
 try:  # only the torchvision models need it
     import torchvision
@@ -399,14 +399,14 @@ def is_oom(exc: BaseException) -> bool:
 def environment(device: torch.device) -> dict:
     """What a result file records of the run: versions, the device, the UTC
     date, the commit of the tree (:func:`source_commit`) and the settings that
-    change what a converted layer does (mucudnn/torch/native.py): the
+    change what a converted layer does (mucudnn/torch/settings.py): the
     comparison switch ``MUCUDNN_TORCH_NATIVE`` where set, and always the
     graph replay of planned launches (``MUCUDNN_TORCH_REPLAY``, ``1`` or
     ``0``) and the search, as they took effect (their defaults are part of
     the result)."""
     settings = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
-    settings["MUCUDNN_TORCH_REPLAY"] = "1" if mt_native.replays() else "0"
-    settings["MUCUDNN_TORCH_SEARCH"] = mt_native.search()
+    settings["MUCUDNN_TORCH_REPLAY"] = "1" if mt_settings.replays() else "0"
+    settings["MUCUDNN_TORCH_SEARCH"] = mt_settings.search()
     env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
            "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
            "python": sys.version.split()[0], "cuda": torch.version.cuda,

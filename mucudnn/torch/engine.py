@@ -53,7 +53,7 @@ from .. import dtypes as _dtypes
 from ..errors import UnsupportedDtypeError
 from ..exec.arrays import torch_workspace
 from ..problem import ConvProblem, Direction
-from . import native as _native
+from . import native as _native, settings as _settings
 from .tokens import (PlanSource, TorchBridgeError, backend_for as _backend_for, backend_token,
                      plan_source, register_plan_source)
 
@@ -520,7 +520,7 @@ def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
         px = x if problem_input is None else problem_input(x, w, cfg, cl)
         warm = _Warm(px, w, cl, cfg, key, transposed=problem_input is not None)
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
-        if _native.enabled() and not CAPTURING():
+        if _settings.enabled() and not CAPTURING():
             warm.calibrate(px, w, key, step, x.requires_grad)
     elif step is not None and warm.host_pending and not CAPTURING():
         px = x if problem_input is None else problem_input(x, w, cfg, channels_last(x, w))
@@ -561,7 +561,7 @@ class _Warm:
         self.fwd = conv.kernel(Direction.FORWARD).launch
         self.bwd_data = conv.kernel(Direction.BACKWARD_DATA).launch
         self.bwd_filter = conv.kernel(Direction.BACKWARD_FILTER).launch
-        if _native.replays():  # Note [replay after repeated addresses] (exec/graph.py)
+        if _settings.replays():  # Note [replay after repeated addresses] (exec/graph.py)
             for d in Direction:
                 conv.kernel(d).replay_repeated()
         self.y_shape = tuple(output_shape(x.shape, w.shape, cfg.stride, cfg.padding,

@@ -81,20 +81,19 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 import time
 from typing import Any, Callable, Optional
 
 import torch
 
 from ..caches import LRU
-from ..errors import InvalidValueError
 from ..problem import Direction, Plan, transposed_spatial
+from . import settings
 from .measure import host_ms, probe, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
-           "skipped", "all_in_step", "enabled", "replays", "output_padding",
-           "search", "torch_first", "on_step_thread", "to_plan", "within_limit", "SEARCHES",
+           "skipped", "all_in_step", "output_padding",
+           "torch_first", "on_step_thread", "to_plan", "within_limit",
            "records", "record", "calibrate", "native_forward", "native_backward",
            "native_transposed"]
 
@@ -166,55 +165,6 @@ class Record:
 
 
 _RECORDS: "LRU[tuple, Record]" = LRU("torch.native_choices", MAX_CHOICES)
-
-
-#: The values a switch in the environment reads as on, and as off.
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
-
-
-def enabled() -> bool:
-    """False while ``MUCUDNN_TORCH_NATIVE`` is ``0``/``off``/``false``/``no``."""
-    return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in _OFF
-
-
-#: Whether planned launches replay where ``MUCUDNN_TORCH_REPLAY`` is unset
-#: or empty (tools/results_zoo.py labels results against the same default).
-REPLAY_DEFAULT = False
-
-
-def replays() -> bool:
-    """``MUCUDNN_TORCH_REPLAY``: ``1``/``on``/``true``/``yes`` replays each
-    planned launch as a CUDA graph once its addresses repeat (Note [replay
-    after repeated addresses] in :mod:`mucudnn.exec.graph`); ``0``/``off``
-    launches directly; unset or empty, :data:`REPLAY_DEFAULT` (off). Read
-    when a signature's record is made.
-
-    >>> replays() in (True, False)
-    True
-    """
-    v = os.environ.get("MUCUDNN_TORCH_REPLAY", "").strip().lower() \
-        or ("1" if REPLAY_DEFAULT else "0")
-    if v not in _ON + _OFF:
-        raise InvalidValueError(f"MUCUDNN_TORCH_REPLAY: expected one of {list(_ON + _OFF)}, "
-                                f"got {v!r}")
-    return v in _ON
-
-
-#: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
-SEARCHES = ("all", "over-limit")
-
-
-def search() -> str:
-    """``MUCUDNN_TORCH_SEARCH``: ``"over-limit"`` (the default) or ``"all"``
-    (Note [plans only over the limit]).
-
-    >>> search() in SEARCHES
-    True
-    """
-    v = os.environ.get("MUCUDNN_TORCH_SEARCH", "over-limit").strip().lower() or "over-limit"
-    if v not in SEARCHES:
-        raise InvalidValueError(f"MUCUDNN_TORCH_SEARCH: expected one of {list(SEARCHES)}, got {v!r}")
-    return v
 
 
 def torch_first(limit: Optional[int], skip: Optional[Direction],
@@ -576,7 +526,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
 
     first = None
     skip = skipped(need_dx, transposed)
-    if not cfg.plans and search() == "over-limit":  # Note [plans only over the limit]
+    if not cfg.plans and settings.search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
         first = torch_first(limit, skip, lambda d: step_thread(d, lambda: probe(theirs[d])))
         if first is not None and not to_plan(first, skip):

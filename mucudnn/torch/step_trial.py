@@ -49,7 +49,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from . import engine, native
+from . import engine, settings
 
 __all__ = ["StepTrial", "TRIAL_STEPS", "trial_of"]
 
@@ -109,7 +109,7 @@ class StepTrial:
             self._reset()
         if self.kept is not None:
             return
-        if not (module.training and torch.is_grad_enabled() and native.enabled()) \
+        if not (module.training and torch.is_grad_enabled() and settings.enabled()) \
                 or _COMPILING() or not torch.cuda.is_available() or _CAPTURING():
             self._start = None  # this step is not one of the trial's
             return

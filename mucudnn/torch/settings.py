@@ -1,0 +1,62 @@
+"""The environment's switches of :mod:`mucudnn.torch`, each read where it
+takes effect: ``MUCUDNN_TORCH_NATIVE`` (:func:`enabled`),
+``MUCUDNN_TORCH_REPLAY`` (:func:`replays`) and ``MUCUDNN_TORCH_SEARCH``
+(:func:`search`). A value that is none of a switch's is refused, naming the
+variable and the values it takes."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InvalidValueError
+
+__all__ = ["enabled", "replays", "search", "REPLAY_DEFAULT", "SEARCHES"]
+
+
+#: The values a switch in the environment reads as on, and as off.
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
+def enabled() -> bool:
+    """False while ``MUCUDNN_TORCH_NATIVE`` is ``0``/``off``/``false``/``no``."""
+    return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in _OFF
+
+
+#: Whether planned launches replay where ``MUCUDNN_TORCH_REPLAY`` is unset
+#: or empty (tools/results_zoo.py labels results against the same default).
+REPLAY_DEFAULT = False
+
+
+def replays() -> bool:
+    """``MUCUDNN_TORCH_REPLAY``: ``1``/``on``/``true``/``yes`` replays each
+    planned launch as a CUDA graph once its addresses repeat (Note [replay
+    after repeated addresses] in :mod:`mucudnn.exec.graph`); ``0``/``off``
+    launches directly; unset or empty, :data:`REPLAY_DEFAULT` (off). Read
+    when a signature's record is made.
+
+    >>> replays() in (True, False)
+    True
+    """
+    v = os.environ.get("MUCUDNN_TORCH_REPLAY", "").strip().lower() \
+        or ("1" if REPLAY_DEFAULT else "0")
+    if v not in _ON + _OFF:
+        raise InvalidValueError(f"MUCUDNN_TORCH_REPLAY: expected one of {list(_ON + _OFF)}, "
+                                f"got {v!r}")
+    return v in _ON
+
+
+#: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
+SEARCHES = ("all", "over-limit")
+
+
+def search() -> str:
+    """``MUCUDNN_TORCH_SEARCH``: ``"over-limit"`` (the default) or ``"all"``
+    (Note [plans only over the limit]).
+
+    >>> search() in SEARCHES
+    True
+    """
+    v = os.environ.get("MUCUDNN_TORCH_SEARCH", "over-limit").strip().lower() or "over-limit"
+    if v not in SEARCHES:
+        raise InvalidValueError(f"MUCUDNN_TORCH_SEARCH: expected one of {list(SEARCHES)}, got {v!r}")
+    return v
