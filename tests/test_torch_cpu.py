@@ -26,7 +26,7 @@ import mucudnn.torch as mt  # noqa: E402
 from mucudnn import Direction  # noqa: E402
 from mucudnn.caches import clear_all  # noqa: E402
 from mucudnn.problem import MicroBatch, make_plan  # noqa: E402
-from mucudnn.torch import engine, functional, ops  # noqa: E402
+from mucudnn.torch import engine, functional, layout, ops  # noqa: E402
 
 from conv_support import AtomicNumpyBackend  # noqa: E402
 from reference import rel_err  # noqa: E402
@@ -380,7 +380,7 @@ def test_channels_last_runs_nhwc_without_copies_and_returns_channels_last():
     assert xm.grad.is_contiguous(memory_format=torch.channels_last)
     assert {c.problem.layout for c in mt.cached_convolutions()} == {"NHWC"}
     # the NHWC view of a channels_last tensor is the tensor's own memory
-    v = engine._view(x, True)
+    v = layout.view(x, True)
     assert v.data_ptr() == x.data_ptr() and v.shape == (3, 6, 6, 4)
 
 
@@ -400,10 +400,10 @@ def test_layout_rule_is_pytorchs_suggested_memory_format(shape, order, strides, 
     else:
         t = torch.empty_strided(shape, strides[:nd])
     want = suggest_memory_format(t) is not torch.contiguous_format
-    assert engine._is_cl(t) == want
+    assert layout.is_cl(t) == want
     # on the CPU float64 follows the strides too, as PyTorch's CPU convolutions do
     td = t.double()  # (its own strides where t's overlap)
-    assert engine.channels_last(td, torch.empty([1] * nd, dtype=torch.float64)) == \
+    assert layout.channels_last(td, torch.empty([1] * nd, dtype=torch.float64)) == \
         (suggest_memory_format(td) is not torch.contiguous_format)
 
 
@@ -418,8 +418,8 @@ def test_ambiguous_weights_run_as_pytorch_suggests_and_outputs_follow():
         x = torch.randn(2, 4, 5, 5, generator=g, dtype=torch.float64)
         w = torch.randn(*w_shape, generator=g, dtype=torch.float64)
         wc = w.float().to(memory_format=torch.channels_last)
-        assert wc.is_contiguous() and engine.channels_last(x.float(), wc)
-        assert not engine.channels_last(x.float(), w.float())
+        assert wc.is_contiguous() and layout.channels_last(x.float(), wc)
+        assert not layout.channels_last(x.float(), w.float())
         xm, wm = x.float().requires_grad_(True), wc.clone().requires_grad_(True)
         ym = mt.conv2d(xm, wm, padding=1, groups=groups)
         assert ym.is_contiguous(memory_format=torch.channels_last) and not ym.is_contiguous()

@@ -56,7 +56,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import engine
+from . import engine, layout
 from .engine import ConvConfig
 
 __all__ = ["Bilinear", "Op", "conv", "backward", "FORWARD", "DATA", "FILTER"]
@@ -81,7 +81,7 @@ class Op(NamedTuple):
 def _placeholder(shape: tuple, like: Tensor, cl: bool) -> Tensor:
     """An uninitialised tensor standing for the operand a direction does not
     read (only its shape, dtype and memory format are used)."""
-    fmt = engine._CL[len(shape)] if cl else torch.contiguous_format
+    fmt = layout.CL[len(shape)] if cl else torch.contiguous_format
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fmt)
 
 
@@ -92,13 +92,13 @@ def run(a: Tensor, b: Tensor, op: Op) -> Tensor:
         return engine.forward(a, b, None, cfg)
     if op.kind == DATA:  # a: dy, b: w
         shape = (a.shape[0], b.shape[1] * cfg.groups) + op.spatial
-        x = _placeholder(shape, a, engine.channels_last(a, b))
+        x = _placeholder(shape, a, layout.channels_last(a, b))
         dx = engine.backward(a, x, b, cfg, True, False, False)[0]
         assert dx is not None
         return dx
     # FILTER; a: x, b: dy
     shape = (b.shape[1], a.shape[1] // cfg.groups) + op.spatial
-    w = _placeholder(shape, a, engine.channels_last(a, b))
+    w = _placeholder(shape, a, layout.channels_last(a, b))
     dw = engine.backward(b, a, w, cfg, False, True, False)[1]
     assert dw is not None
     return dw

@@ -42,23 +42,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
-import numpy as np
 import torch
 
 from ..api import Convolution
 from ..caches import LRU
-from .. import dtypes as _dtypes
 from ..errors import UnsupportedDtypeError
 from ..exec.arrays import torch_workspace
 from ..problem import ConvProblem, Direction
 from . import native as _native, settings as _settings
+from .layout import (BIAS_VIEW as _BIAS_VIEW, CL as _CL, LAYOUT as _LAYOUT, channels_last,
+                     empty as _empty, packed as _packed, to_numpy as _numpy, view as _view)
 from .tokens import (PlanSource, TorchBridgeError, backend_for as _backend_for, backend_token,
                      plan_source, register_plan_source)
 
 __all__ = ["ConvConfig", "MAX_CONVOLUTIONS", "DTYPES", "PlanSource", "backend_token",
-           "channels_last", "convolution", "deterministic", "forward", "backward", "warm_call",
+           "convolution", "deterministic", "forward", "backward", "warm_call",
            "key_deterministic", "output_shape", "plan_source", "register_plan_source",
            "TorchBridgeError",
            "clear"]
@@ -72,10 +72,6 @@ MAX_CONVOLUTIONS = 512
 DTYPES: dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "float16",
                                   torch.bfloat16: "bfloat16", torch.float64: "float64"}
 
-_CL = {4: torch.channels_last, 5: torch.channels_last_3d}
-_TO_CL = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
-_BIAS_VIEW = {4: (-1, 1, 1), 5: (-1, 1, 1, 1)}
-_LAYOUT = {(4, False): "NCHW", (4, True): "NHWC", (5, False): "NCDHW", (5, True): "NDHWC"}
 
 
 class ConvConfig(NamedTuple):
@@ -120,93 +116,6 @@ def output_shape(x_shape: Any, w_shape: Any, stride: Any, padding: Any,
         k = dilation[i] * (w_shape[i + 2] - 1) + 1
         out.append((x_shape[i + 2] + 2 * padding[i] - k) // stride[i] + 1)
     return out
-
-
-# Note [the layout PyTorch suggests]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A converted convolution runs in the memory format PyTorch's own cuDNN
-# convolution would (cudnn_conv_suggest_memory_format in ATen's ConvUtils.h):
-# channels-last where the input or the weight suggests it, and its output
-# comes back in that format, so the ops after it see the tensors a native
-# model gives them. A tensor suggests channels-last by its strides alone
-# (c10's is_channels_last_strides_2d_s4 / _3d_s5), which also holds where the
-# tensor is plainly contiguous too: a 1x1 weight (K, C, 1, 1) or a depthwise
-# weight (C, 1, kh, kw) of a model moved to channels-last, or an input whose
-# spatial size is 1x1. Asking ``is_contiguous(memory_format=...)`` instead
-# runs such convolutions NCHW after an NCHW input (a ShuffleNet's channel
-# shuffle, a squeeze-and-excitation block), where PyTorch runs them NHWC.
-# Float64 on a GPU runs NCHW, as PyTorch's cuDNN path does (its CPU
-# convolutions follow the strides in float64 too). The stride test is ported
-# here because torch keeps its own Python copy private (torch._prims_common);
-# tests/test_torch_cpu.py holds the port to it.
-def _strides_like_cl(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """c10's is_channels_last_strides_2d_s4 / _3d_s5 on a 4-d / 5-d tensor's
-    sizes and strides (dimensions in the order C, innermost spatial ..., N)."""
-    nd = len(shape)
-    if strides[1] == 0:
-        return False  # a trivial (broadcast) C dimension: NCHW
-    least = 0
-    for d in (1, *range(nd - 1, 1, -1), 0):
-        if shape[d] == 0 or strides[d] < least:
-            return False
-        if d == 0 and least == strides[1]:
-            return False  # ambiguous (N111 and the like): NCHW, as c10 falls back
-        least = strides[d] * shape[d] if shape[d] > 1 else strides[d]
-    return True
-
-
-def _is_cl(t: torch.Tensor) -> bool:
-    """Whether ``t`` suggests channels-last (Note [the layout PyTorch suggests])."""
-    return t.dim() in _CL and _strides_like_cl(t.shape, t.stride())
-
-
-def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """True when the convolution runs NHWC/NDHWC: ``x`` or ``w`` suggests
-    channels-last, as PyTorch's cuDNN convolutions decide (Note [the layout
-    PyTorch suggests]).
-
-    >>> x, w = torch.empty(2, 4, 5, 5), torch.empty(8, 4, 1, 1)
-    >>> wc = w.to(memory_format=torch.channels_last)  # plainly contiguous too
-    >>> wc.is_contiguous(), channels_last(x, wc), channels_last(x, w)
-    (True, True, False)
-    """
-    if x.is_cuda and (x.dtype is torch.float64 or w.dtype is torch.float64):
-        return False
-    return _is_cl(x) or _is_cl(w)
-
-
-def _view(t: torch.Tensor, cl: bool) -> torch.Tensor:
-    """``t`` packed in the layout's own order (a view where it already is)."""
-    if not cl:
-        return t.contiguous()
-    nd = t.dim()
-    return t.contiguous(memory_format=_CL[nd]).permute(_TO_CL[nd]).contiguous()
-
-
-def _empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
-           cl: bool) -> torch.Tensor:
-    """A new tensor of torch's logical ``shape``, channels-last where ``cl``
-    (Note [outputs are not views])."""
-    if cl:
-        return torch.empty(list(shape), dtype=dtype, device=device,
-                           memory_format=_CL[len(shape)])
-    return torch.empty(list(shape), dtype=dtype, device=device)
-
-
-def _packed(t: torch.Tensor, cl: bool) -> torch.Tensor:
-    """The packed NHWC/NDHWC view of a tensor from :func:`_empty` (itself where
-    not ``cl``): the engine writes through it."""
-    return t.permute(_TO_CL[t.dim()]) if cl else t
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.dtype == torch.bfloat16:  # ml_dtypes is imported here: Note [bfloat16 on first use]
-        if not _dtypes.HAVE_ML_DTYPES:
-            raise UnsupportedDtypeError(
-                "input: bfloat16 CPU tensors need ml_dtypes (pip install ml_dtypes)")
-        return t.view(torch.int16).numpy().view(_dtypes.BFLOAT16)
-    return t.numpy()
 
 
 #: torch's two determinism switches. The getters behind

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad as _forward_ad
 
-from . import autodiff, engine, recording
+from . import autodiff, engine, layout, recording
 from .engine import ConvConfig
 
 __all__ = ["ConvFunction", "apply", "conv", "conv_backward"]
@@ -152,8 +152,8 @@ def conv(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int
 def _conv_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
                padding: Sequence[int], dilation: Sequence[int], groups: int,
                workspace_limit: int, policy: str, backend: str, plans: str) -> Tensor:
-    return engine._empty(engine.output_shape(x.shape, weight.shape, stride, padding, dilation),
-                         x.dtype, x.device, engine.channels_last(x, weight))
+    return layout.empty(engine.output_shape(x.shape, weight.shape, stride, padding, dilation),
+                         x.dtype, x.device, layout.channels_last(x, weight))
 
 
 @torch.library.custom_op("mucudnn::conv_backward", mutates_args=(), tags=_TAGS)
@@ -178,10 +178,10 @@ def _conv_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequenc
                         workspace_limit: int, policy: str, backend: str, plans: str,
                         output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
     nx, nw, nb = (bool(v) for v in output_mask)
-    cl = engine.channels_last(x, weight)
+    cl = layout.channels_last(x, weight)
 
     def like(t: Tensor) -> Tensor:
-        return engine._empty(t.shape, t.dtype, t.device, cl)
+        return layout.empty(t.shape, t.dtype, t.device, cl)
 
     return (like(x) if nx else x.new_empty(0), like(weight) if nw else x.new_empty(0),
             grad.new_empty(grad.shape[1]) if nb else x.new_empty(0))

@@ -24,7 +24,7 @@ import torch
 
 from ..backends import Backend
 from ..problem import ConvProblem
-from . import engine
+from . import engine, layout
 from .tokens import TorchBridgeError, backend_for
 
 __all__ = ["RecordedConv", "Recorder", "RECORDER", "recording", "record", "record_transposed"]
@@ -77,9 +77,9 @@ def recording() -> Any:
 def record(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig) -> torch.Tensor:
     """Record the convolution of ``x`` and ``w`` (see :func:`recording`) and
     return an uninitialised output for it."""
-    cl = engine.channels_last(x, w)
-    _note(x, engine._view(x, cl), engine._view(w, cl), cl, cfg)
-    return engine._empty(engine.output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
+    cl = layout.channels_last(x, w)
+    _note(x, layout.view(x, cl), layout.view(w, cl), cl, cfg)
+    return layout.empty(engine.output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
                                              cfg.dilation), x.dtype, x.device, cl)
 
 
@@ -88,11 +88,11 @@ def record_transposed(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig,
     """Record a transposed convolution of ``x`` and ``w`` with output spatial
     ``size``, as its convolution problem (Note [transposed convolutions] in
     :mod:`.transposed`), and return an uninitialised output for it."""
-    cl = engine.channels_last(x, w)
-    y = engine._empty((x.shape[0], w.shape[1] * cfg.groups) + tuple(size), x.dtype,
+    cl = layout.channels_last(x, w)
+    y = layout.empty((x.shape[0], w.shape[1] * cfg.groups) + tuple(size), x.dtype,
                       torch.device("meta"), cl)
-    _note(x, engine._view(y, cl), engine._view(w, cl), cl, cfg)
-    return engine._empty(y.shape, x.dtype, x.device, cl)
+    _note(x, layout.view(y, cl), layout.view(w, cl), cl, cfg)
+    return layout.empty(y.shape, x.dtype, x.device, cl)
 
 
 def _note(x: torch.Tensor, xv: torch.Tensor, wv: torch.Tensor, cl: bool,
@@ -100,8 +100,8 @@ def _note(x: torch.Tensor, xv: torch.Tensor, wv: torch.Tensor, cl: bool,
     """Add the problem of the packed ``xv`` and ``wv`` to the recording."""
     rec = RECORDER
     assert rec is not None
-    layout = engine._LAYOUT[(xv.dim(), cl)]
-    problem = engine._problem(xv, wv, layout, engine._math(x.dtype, x.device), cfg)
+    order = layout.LAYOUT[(xv.dim(), cl)]
+    problem = engine._problem(xv, wv, order, engine._math(x.dtype, x.device), cfg)
     rec.convs.setdefault(RecordedConv(
         problem, backend_for(cfg.backend, x.device),
         None if cfg.workspace_limit < 0 else cfg.workspace_limit, engine._policy(cfg.policy),

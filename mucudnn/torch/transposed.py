@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad as _forward_ad
 
-from . import engine, ops, recording
+from . import engine, layout, ops, recording
 from .autodiff import DATA, FILTER, FORWARD, Bilinear, Op
 from .engine import ConvConfig
 
@@ -47,8 +47,8 @@ def _out_shape(x: Tensor, w: Tensor, groups: int, size: Sequence[int]) -> tuple:
 def _in_layout(g: Tensor, x: Tensor, w: Tensor) -> Tensor:
     """The output gradient ``g`` in the memory format the forward ran in (its
     gradients run the same problem's layout, as PyTorch's do)."""
-    if engine.channels_last(x, w):
-        return g.contiguous(memory_format=engine._CL[g.dim()])
+    if layout.channels_last(x, w):
+        return g.contiguous(memory_format=layout.CL[g.dim()])
     return g.contiguous()
 
 
@@ -75,7 +75,7 @@ def warm_call(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple,
 def _scratch(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple, cl: bool) -> Tensor:
     """A random operand of the problem's input shape, for the first call's timings."""
     t = torch.randn(_out_shape(x, w, cfg.groups, size), dtype=x.dtype, device=x.device)
-    return t.contiguous(memory_format=engine._CL[t.dim()]) if cl else t
+    return t.contiguous(memory_format=layout.CL[t.dim()]) if cl else t
 
 
 def _host_step(size: tuple) -> Any:
@@ -88,19 +88,19 @@ def _checked(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig,
              size: tuple) -> Tensor:
     """The forward through :class:`~mucudnn.Convolution`'s checked path (CPU
     tensors, empty batches): the problem's backward-data into a new output."""
-    cl = engine.channels_last(x, w)
+    cl = layout.channels_last(x, w)
     nd = x.dim()
     dev = x.device
-    y = engine._empty(_out_shape(x, w, cfg.groups, size), x.dtype, dev, cl)
+    y = layout.empty(_out_shape(x, w, cfg.groups, size), x.dtype, dev, cl)
     if x.shape[0] == 0:
         return y
-    xv, wv = engine._view(x, cl), engine._view(w, cl)
-    yv = engine._packed(y, cl)
+    xv, wv = layout.view(x, cl), layout.view(w, cl)
+    yv = layout.packed(y, cl)
     with engine._on_device(dev), engine._no_autocast(dev):
-        conv = engine.convolution(engine._view(y, cl), wv, engine._LAYOUT[(nd, cl)], cfg)
+        conv = engine.convolution(layout.view(y, cl), wv, layout.LAYOUT[(nd, cl)], cfg)
         engine._run(conv.backward_data, xv, wv, yv)
         if bias is not None:
-            yv.add_(bias if cl else bias.view(engine._BIAS_VIEW[nd]))
+            yv.add_(bias if cl else bias.view(layout.BIAS_VIEW[nd]))
     return y
 
 
@@ -169,8 +169,8 @@ def _conv_transpose_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                          dilation: Sequence[int], groups: int, size: Sequence[int],
                          workspace_limit: int, policy: str, backend: str,
                          plans: str) -> Tensor:
-    return engine._empty(_out_shape(x, weight, groups, size), x.dtype, x.device,
-                         engine.channels_last(x, weight))
+    return layout.empty(_out_shape(x, weight, groups, size), x.dtype, x.device,
+                         layout.channels_last(x, weight))
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -207,7 +207,7 @@ def apply(x: Tensor, w: Tensor, bias: Optional[Tensor], cfg: ConvConfig,
                               cfg.policy, cfg.backend, cfg.plans)
     if ops._FUNCTORCH_ACTIVE() or _forward_ad._current_level >= 0:
         y = Bilinear.apply(x, w, Op(DATA, cfg, tuple(size)))
-        return y if bias is None else y + bias.view(engine._BIAS_VIEW[y.dim()])
+        return y if bias is None else y + bias.view(layout.BIAS_VIEW[y.dim()])
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return TransposedFunction.apply(x, w, bias, cfg, size)
