@@ -32,7 +32,7 @@ recorded, and join once two forwards agree for them (a verdict settled late).
 The key also holds the weights (shape, strides, dtype, device) of every layer
 those forwards called: a weight's layout decides the layouts after it
 (PyTorch's convolution follows it, Note [the layout PyTorch suggests] in
-:mod:`.engine`), so a changed one starts the key again.
+:mod:`.layout`), so a changed one starts the key again.
 
 Nothing is guarded while the model's step trial runs (which signatures run
 PyTorch's call depends on the way it tries), under CUDA-graph capture,
