@@ -41,8 +41,8 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     return list(picked.values())
 
 
-#: The values that turn a mucudnn.torch switch on (mucudnn/torch/settings.py).
-_ON = ("1", "on", "true", "yes")
+#: The values that turn a mucudnn.torch switch on, and off (mucudnn/torch/settings.py).
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 #: mucudnn.torch's default for replaying planned launches
 #: (``mucudnn.torch.settings.REPLAY_DEFAULT``; tests/test_results_page.py checks
 #: that the two agree). A run that records no ``MUCUDNN_TORCH_REPLAY`` ran
@@ -74,7 +74,7 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     native = str(settings.get("MUCUDNN_TORCH_NATIVE", "1")).strip().lower()
     replay = str(settings.get("MUCUDNN_TORCH_REPLAY", "0")).strip().lower() in _ON
     options = (doc.get("options") or {}).get("backend_options") or []
-    return (search + (", NATIVE=0" if native in ("0", "off", "false", "no") else "")
+    return (search + (", NATIVE=0" if native in _OFF else "")
             + (f", REPLAY={int(replay)}" if replay != REPLAY_DEFAULT else "")
             + "".join(f", {k}={v}" for k, v in options))
 

@@ -73,7 +73,6 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "floa
                                   torch.bfloat16: "bfloat16", torch.float64: "float64"}
 
 
-
 class ConvConfig(NamedTuple):
     """Everything of a convolution that is not a tensor (hashable; the custom
     ops take the same fields as separate arguments).

@@ -17,6 +17,15 @@ __all__ = ["enabled", "replays", "search", "REPLAY_DEFAULT", "SEARCHES"]
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
+def _read(name: str, allowed: tuple[str, ...], default: str) -> str:
+    """The environment's ``name`` in lower case (``default`` where unset or
+    empty), refused where it is none of ``allowed``."""
+    v = os.environ.get(name, "").strip().lower() or default
+    if v not in allowed:
+        raise InvalidValueError(f"{name}: expected one of {list(allowed)}, got {v!r}")
+    return v
+
+
 def enabled() -> bool:
     """False while ``MUCUDNN_TORCH_NATIVE`` is ``0``/``off``/``false``/``no``."""
     return os.environ.get("MUCUDNN_TORCH_NATIVE", "1").strip().lower() not in _OFF
@@ -37,12 +46,7 @@ def replays() -> bool:
     >>> replays() in (True, False)
     True
     """
-    v = os.environ.get("MUCUDNN_TORCH_REPLAY", "").strip().lower() \
-        or ("1" if REPLAY_DEFAULT else "0")
-    if v not in _ON + _OFF:
-        raise InvalidValueError(f"MUCUDNN_TORCH_REPLAY: expected one of {list(_ON + _OFF)}, "
-                                f"got {v!r}")
-    return v in _ON
+    return _read("MUCUDNN_TORCH_REPLAY", _ON + _OFF, "1" if REPLAY_DEFAULT else "0") in _ON
 
 
 #: ``MUCUDNN_TORCH_SEARCH`` values (Note [plans only over the limit]).
@@ -56,7 +60,4 @@ def search() -> str:
     >>> search() in SEARCHES
     True
     """
-    v = os.environ.get("MUCUDNN_TORCH_SEARCH", "over-limit").strip().lower() or "over-limit"
-    if v not in SEARCHES:
-        raise InvalidValueError(f"MUCUDNN_TORCH_SEARCH: expected one of {list(SEARCHES)}, got {v!r}")
-    return v
+    return _read("MUCUDNN_TORCH_SEARCH", SEARCHES, "over-limit")
