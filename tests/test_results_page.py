@@ -23,6 +23,16 @@ def results():
     return rp.load_results(ROOT / "docs" / "results")
 
 
+@pytest.fixture
+def files_without_replay(monkeypatch):
+    """Docs below that record no ``MUCUDNN_TORCH_REPLAY`` read as the
+    default's runs, as they would under a default of direct launches: the
+    tests that use this fixture check the tables' assembly, not the replay
+    label (test_replay_is_labelled_against_mucudnn_torchs_default does)."""
+    for tables in (rz.__dict__, rp.zoo.__globals__):  # results_page's own import too
+        monkeypatch.setitem(tables, "REPLAY_DEFAULT", False)
+
+
 @pytest.mark.parametrize("page", rp.PAGES)
 def test_committed_tables_are_generated(page, results):
     text = (ROOT / page).read_text(encoding="utf-8")
@@ -63,6 +73,7 @@ def test_unknown_table_is_an_error():
         rp.render("<!-- generated: nope -->\n<!-- end generated -->", [])
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_and_search_parity_render_when_present(tmp_path):
     zoo = {"environment": {"torch": "2.11.0", "gpu": "GPU X", "cudnn": 91900, "git_commit": "abc1234def",
                            "date": "2026-12-03T10:00:00+00:00"},
@@ -126,6 +137,7 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     assert "densenet121" not in z and "mobilenet_v2 1.200" in z
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_each_gpus_zoo_runs_get_tables_of_their_own(tmp_path):
     """Two GPUs' numbers never share a table or a mean: the page's tables
     hold the TABLE_GPU's files (and those that record no GPU), and the
@@ -215,6 +227,7 @@ def test_zoo_conv_ms_of_a_report_that_listed_layers_by_weight_shape_is_marked(tm
         assert "| 3.00 vs 3.00 (3/3) |" in z and rz.OVER_COUNTED not in z
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_conv_ms_of_a_captured_row_is_what_the_capture_ran(tmp_path):
     """A captured row totals each direction a step runs on its GPU choice (Note
     [captured steps run the GPU's choice]), whatever the eager ways ran; a
@@ -246,6 +259,7 @@ def test_zoo_conv_ms_of_a_captured_row_is_what_the_capture_ran(tmp_path):
         rz.zoo(rp.load_results(tmp_path))
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_cold_table(tmp_path):
     """Cold first steps (zoo_bench --cold, --no-steps too) with the search in force and
     whether a primer ran first; an entry without both sides is not a row."""
@@ -293,6 +307,7 @@ def test_zoo_cold_table(tmp_path):
     assert f"| resnet18 | fp32 channels-last | {rz.NR} | 2.3 | 6.5 |" in t
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_cold_table_shows_gradient_errors(tmp_path):
     """zoo_bench --grad-check rows: each side's error against float64 and their
     ratio (the target compares errors, not gradients); no cold figures needed."""
@@ -312,6 +327,7 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
     assert "vgg16" not in t
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     """A newer session that timed only steps replaces the step table and leaves
     the cold/gradient table on the older session that measured those; the
@@ -343,6 +359,7 @@ def test_zoo_tables_each_take_the_newest_session_that_measured_them(tmp_path):
     assert "resnet18" in rz.zoo(res) and "densenet121" not in rz.zoo(res)
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_cold_row_takes_cold_steps_and_gradients_each_from_the_newest_file(tmp_path):
     """A newer file that measured only cold steps replaces a model's cold cells
     and keeps the gradient cells of the older file that measured them; the row
@@ -440,6 +457,7 @@ def test_search_parity_shows_the_whole_model_run_and_the_over_limit_run_with_its
     assert "commit f2cb75e; date 2026-12-03T16:13:18+00:00; device NVIDIA H200; cuDNN 9.19.0" in t
 
 
+@pytest.mark.usefixtures("files_without_replay")
 def test_zoo_table_is_the_newest_whole_zoo_run_and_other_runs_follow_it(tmp_path):
     """The step table and its means come from the newest session whose runs at
     the 64 MiB limit cover rz.MIN_ZOO_MODELS models; a later session with fewer

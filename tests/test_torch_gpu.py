@@ -556,8 +556,11 @@ def test_layers_sharing_a_kernel_are_each_replayed_once_their_addresses_repeat(
     shape share each direction's kernel, more than the graphs a kernel keeps
     at first. With ``MUCUDNN_TORCH_REPLAY=1`` (every direction on its plan,
     micro-batched under a 1 MiB limit) the output and every gradient match a
-    float64 run at each step, and by the last step every launch of every layer
-    is a replayed graph: none captured anew, none direct."""
+    float64 run at each step, and once the caching allocator hands the steps
+    the same addresses, a whole step's launches of every layer are replayed
+    graphs: none captured anew, none direct. (Without growing, a kernel
+    keeping eight graphs for twelve address sets in turn would capture at
+    every call, and no step would be.)"""
     monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "1")
     monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "0")
     mucudnn.caches.clear_all()
@@ -578,10 +581,15 @@ def test_layers_sharing_a_kernel_are_each_replayed_once_their_addresses_repeat(
     xs, wss = x.clone().requires_grad_(True), [w.clone().requires_grad_(True) for w in ws]
     dyf = dy.float()
     conv = functools.partial(mt.conv2d, workspace_limit=1 << 20)
-    for _ in range(5):
+
+    def counts():
         graphs = [c.kernel(d).graphs for c in mt.cached_convolutions()
                   for d in mucudnn.Direction]
-        before = [(g.captures, g.direct) for g in graphs if g is not None]
+        return graphs, [(g.captures, g.direct) for g in graphs if g is not None]
+
+    replayed_only = None
+    for step in range(10):
+        before = counts()[1]
         for t in (xs, *wss):
             t.grad = None
         y = net(conv, xs, wss)
@@ -591,7 +599,10 @@ def test_layers_sharing_a_kernel_are_each_replayed_once_their_addresses_repeat(
         grads = zip((xs.grad, *(w.grad for w in wss)), (x64.grad, *(w.grad for w in w64)))
         assert all(rel(got, want) < 100 * FMA_TOL for got, want in grads)
         del y
-    graphs = [c.kernel(d).graphs for c in mt.cached_convolutions() for d in mucudnn.Direction]
+        if step >= 2 and counts()[1] == before:
+            replayed_only = step
+            break
+    graphs = counts()[0]
     assert graphs and all(g is not None and g.after == 2 for g in graphs)
-    assert [(g.captures, g.direct) for g in graphs] == before  # the last step only replayed
+    assert replayed_only is not None, [(g.captures, g.direct, g.max_graphs) for g in graphs]
     assert all(g.max_graphs >= 12 and len(g) >= 12 for g in graphs)

@@ -677,14 +677,14 @@ def test_the_search_setting_is_checked(monkeypatch):
 
 
 def test_the_replay_setting_is_checked(monkeypatch):
-    """``MUCUDNN_TORCH_REPLAY`` (Note [replay after repeated addresses]): off
-    unless set on; a value that is neither is refused, naming the variable."""
+    """``MUCUDNN_TORCH_REPLAY`` (Note [replay after repeated addresses]): on
+    unless set off; a value that is neither is refused, naming the variable."""
     monkeypatch.delenv("MUCUDNN_TORCH_REPLAY", raising=False)
-    assert settings.replays() is False
-    for on in ("1", " On ", "TRUE", "yes"):
+    assert settings.replays() is True
+    for on in ("1", " On ", "TRUE", "yes", ""):
         monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", on)
         assert settings.replays() is True
-    for off in ("0", "off", "", "No"):
+    for off in ("0", "off", "No"):
         monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", off)
         assert settings.replays() is False
     monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "sometimes")

@@ -47,7 +47,7 @@ _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 #: (``mucudnn.torch.settings.REPLAY_DEFAULT``; tests/test_results_page.py checks
 #: that the two agree). A run that records no ``MUCUDNN_TORCH_REPLAY`` ran
 #: before replay existed, so without it.
-REPLAY_DEFAULT = False
+REPLAY_DEFAULT = True
 
 
 def torch_search(doc: dict, unset: str = "over-limit") -> str:
@@ -60,13 +60,18 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     converted side's backend options (zoo_bench's ``--backend-option``): runs
     under other settings are not the default's.
 
-    >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_NATIVE": "0"}}})
+    A file that records no ``MUCUDNN_TORCH_REPLAY`` was made before replay
+    existed: its launches were direct.
+
+    >>> on = {"MUCUDNN_TORCH_REPLAY": "1"}
+    >>> torch_search({"environment": {"settings": {**on, "MUCUDNN_TORCH_NATIVE": "0"}}})
     'over-limit, NATIVE=0'
-    >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_REPLAY": "on"}}})
-    'over-limit, REPLAY=1'
-    >>> torch_search({"environment": {}}), torch_search({"environment": {}}, "-")
-    ('over-limit', '-')
-    >>> torch_search({"environment": {}, "options": {"backend_options": [["find_hold", False]]}})
+    >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_REPLAY": "off"}}})
+    'over-limit, REPLAY=0'
+    >>> torch_search({"environment": {"settings": on}}), torch_search({"environment": {}}, "-")
+    ('over-limit', '-, REPLAY=0')
+    >>> torch_search({"environment": {"settings": on},
+    ...               "options": {"backend_options": [["find_hold", False]]}})
     'over-limit, find_hold=False'
     """
     settings = doc["environment"].get("settings") or {}

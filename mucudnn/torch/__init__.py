@@ -62,11 +62,11 @@ What runs where
   call, whatever the eager steps' host rules chose (Note [captured steps run
   the GPU's choice] in :mod:`.native`; plans for directions that fit the
   limit are searched under ``MUCUDNN_TORCH_SEARCH=all``).
-* ``MUCUDNN_TORCH_REPLAY=1``: a planned direction's launch is replayed as a
-  CUDA graph once a call repeats its addresses (the steady steps of a
-  training loop), so that an engine issuing many kernels costs an eager
-  step's host one graph launch (Note [replay after repeated addresses] in
-  :mod:`mucudnn.exec.graph`). Off by default.
+* Replay: a planned direction's launch is replayed as a CUDA graph once a
+  call repeats its addresses (the steady steps of a training loop), so that
+  an engine issuing many kernels costs an eager step's host one graph launch
+  (Note [replay after repeated addresses] in :mod:`mucudnn.exec.graph`). On
+  by default; ``MUCUDNN_TORCH_REPLAY=0`` launches directly.
 * ``torch.backends.cudnn.deterministic = True`` or
   ``torch.use_deterministic_algorithms(True)``: plans use only the
   configurations cuDNN marks deterministic (``mucudnn.Convolution(...,

@@ -33,14 +33,14 @@ def enabled() -> bool:
 
 #: Whether planned launches replay where ``MUCUDNN_TORCH_REPLAY`` is unset
 #: or empty (tools/results_zoo.py labels results against the same default).
-REPLAY_DEFAULT = False
+REPLAY_DEFAULT = True
 
 
 def replays() -> bool:
     """``MUCUDNN_TORCH_REPLAY``: ``1``/``on``/``true``/``yes`` replays each
     planned launch as a CUDA graph once its addresses repeat (Note [replay
     after repeated addresses] in :mod:`mucudnn.exec.graph`); ``0``/``off``
-    launches directly; unset or empty, :data:`REPLAY_DEFAULT` (off). Read
+    launches directly; unset or empty, :data:`REPLAY_DEFAULT` (on). Read
     when a signature's record is made.
 
     >>> replays() in (True, False)
