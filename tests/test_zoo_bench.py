@@ -261,9 +261,9 @@ def test_resolve_adds_a_second_stage_of_rounds(zb, tmp_path, monkeypatch):
     rotations = []
     real = zb.ts.time_rounds
 
-    def time_rounds(jobs, rounds, steps, device, first=0):
+    def time_rounds(jobs, rounds, steps, device, first=0, after_round=None):
         rotations.append((rounds, first))
-        return real(jobs, rounds, steps, device, first=first)
+        return real(jobs, rounds, steps, device, first=first, after_round=after_round)
     monkeypatch.setattr(zb.ts, "time_rounds", time_rounds)
     out = tmp_path / "zoo.json"
     assert zb.main(TINY + ["--rounds", "2", "--steps", "1", "--resolve", "30",
@@ -272,7 +272,7 @@ def test_resolve_adds_a_second_stage_of_rounds(zb, tmp_path, monkeypatch):
     st = r["steps"]["eager"]
     assert st["extra_rounds"] == 3 and len(st["round_ratios"]) == 5
     assert [len(st["step_ms"][s]) for s in ("native", "converted")] == [5, 5]
-    assert rotations == [(2, 0), (3, 2)]
+    assert rotations == [(4, 0), (2, 0), (3, 2)]  # Note [a warm rotation] first, untimed
     assert len(seen) == 1 and seen[0][:2] == (2, 30.0) and seen[0][2] > 0
 
 
@@ -458,3 +458,20 @@ def test_graph_replays_sum_the_replaying_kernels_of_the_cached_convolutions(monk
                                                                           None)])
     assert ts.graph_replays() == {"kernels": 3, "captures": 3, "replays": 7, "direct": 6,
                                   "failed": 1}
+
+
+def test_replay_rounds_are_each_rounds_captures_and_direct_launches(monkeypatch):
+    """tools/train_steps.ReplayRounds, called after each timed round (Note [a
+    warm rotation]): the captures and direct launches of that round alone,
+    from graph_replays' readings; None where no kernel replays."""
+    ts = load_tool("train_steps")
+    readings = iter([{"kernels": 2, "captures": c, "replays": r, "direct": d, "failed": 0}
+                     for c, r, d in ((4, 9, 4), (6, 20, 7), (6, 30, 7), (7, 41, 7))])
+    monkeypatch.setattr(ts, "graph_replays", lambda: next(readings))
+    rounds = ts.ReplayRounds()
+    t = ts.time_rounds([], 3, 1, torch.device("cpu"), after_round=rounds)
+    assert t == [] and rounds.as_dict() == {"captures": [2, 0, 1], "direct": [3, 0, 0]}
+    monkeypatch.setattr(ts, "graph_replays", lambda: None)
+    none = ts.ReplayRounds()
+    none(0)
+    assert none.as_dict() is None

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -319,17 +319,43 @@ def interleaved_stats(step_ms: Mapping[str, Sequence[Sequence[float]]],
 
 
 def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
-                device: torch.device, first: int = 0) -> list[list[list[float]]]:
+                device: torch.device, first: int = 0,
+                after_round: Callable[[int], None] | None = None) -> list[list[list[float]]]:
     """``rounds`` rounds of ``steps`` timed steps of every job in turn, in
     :func:`round_order` (counting rounds from ``first``, so that a later call
     continues the rotation), each job's backend flags set before its steps;
-    the step times in ms, ``[job][round][step]``."""
+    the step times in ms, ``[job][round][step]``. ``after_round(r)`` is
+    called after each round's steps."""
     timers = [[Timer(device) for _ in range(rounds)] for _ in jobs]
     for r in range(rounds):
         for j in round_order(len(jobs), first + r):
             jobs[j].set_flags()
             jobs[j].timed_steps(steps, timers[j][r])
+        if after_round is not None:
+            after_round(r)
     return [[timer.times_ms() for timer in row] for row in timers]
+
+
+# Note [a warm rotation]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# Each side is warmed up alone, before the next is built (Note [memory per
+# side] in zoo_bench.py), so the first interleaved rounds are the first steps
+# that follow another side's: the caching allocator hands them blocks the
+# other side left, at other addresses than the warm-up's. A converted side
+# that replays its planned launches as CUDA graphs (Note [replay after
+# repeated addresses] in mucudnn/exec/graph.py) then launches directly and
+# captures anew until those addresses have repeated, a cost of the harness's
+# order that a training loop pays once. So before the timed rounds each side
+# runs :func:`warm_rotation`: twice round the rotation, WARM_ROUND_STEPS steps
+# a turn (a turn's first step follows another side's, the rest its own), the
+# steps discarded; the timed rounds measure the steady state of interleaved
+# steps, and what they still capture is recorded per round.
+WARM_ROUND_STEPS = 2
+
+
+def warm_rotation(jobs: Sequence[TrainJob], device: torch.device) -> None:
+    """Note [a warm rotation]: two untimed rotations of :func:`time_rounds`."""
+    time_rounds(jobs, 2 * len(jobs), WARM_ROUND_STEPS, device)
 
 
 # -- the machine --------------------------------------------------------------------------------
@@ -364,6 +390,30 @@ def graph_replays() -> dict | None:
     return {"kernels": len(caches), "captures": sum(g.captures for g in caches),
             "replays": sum(g.replays for g in caches), "direct": sum(g.direct for g in caches),
             "failed": sum(g.failed is not None for g in caches)}
+
+
+class ReplayRounds:
+    """The CUDA-graph captures and direct launches of each round of
+    :func:`time_rounds` (its ``after_round``), from :func:`graph_replays`'
+    readings: whether the timed rounds reached the steady state of Note [a
+    warm rotation] or kept capturing. ``as_dict()`` is None where no kernel
+    replays."""
+
+    def __init__(self) -> None:
+        self._last = graph_replays()
+        self.captures: list[int] = []
+        self.direct: list[int] = []
+
+    def __call__(self, _round: int) -> None:
+        now = graph_replays()
+        diff = replays_between(self._last, now)
+        self._last = now
+        if diff is not None:
+            self.captures.append(diff["captures"])
+            self.direct.append(diff["direct"])
+
+    def as_dict(self) -> dict | None:
+        return {"captures": self.captures, "direct": self.direct} if self.captures else None
 
 
 def replays_between(before: dict | None, after: dict | None) -> dict | None:

@@ -16,10 +16,12 @@ warm-up), on synthetic data with SGD, it compares two sides:
 
 Measured per model and precision:
 
-* step time: both sides' training states built at once, warmed up, then
-  ``--rounds`` rounds of ``--steps`` timed steps of each side in turn (Note
-  [interleaved steps] in train_bench.py): each side's median step and the median
-  over rounds of converted/native;
+* step time: both sides' training states built at once, warmed up, two
+  untimed rotations of the rounds (Note [a warm rotation] in train_steps.py),
+  then ``--rounds`` rounds of ``--steps`` timed steps of each side in turn
+  (Note [interleaved steps] in train_bench.py): each side's median step and
+  the median over rounds of converted/native, and per round the CUDA graphs
+  the converted side captured and the launches it issued directly;
 * peak memory of each side's steady-state steps (``max_memory_allocated``, Note
   [memory per side]) and the drop of ``mem_get_info``'s free bytes;
 * with ``--cold``: the wall seconds of each side's first training step in a
@@ -332,9 +334,11 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             out["memory"][side] = {
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
+        ts.warm_rotation(jobs, device)  # Note [a warm rotation] in train_steps.py
         replay_before = ts.graph_replays()
+        per_round = ts.ReplayRounds()
         t0 = time.perf_counter()
-        times = ts.time_rounds(jobs, args.rounds, args.steps, device)
+        times = ts.time_rounds(jobs, args.rounds, args.steps, device, after_round=per_round)
         st = step_stats(dict(zip(sides, times)))
         more = extra_rounds(st["round_ratios"], args.resolve,
                             (time.perf_counter() - t0) / args.rounds)
@@ -343,7 +347,8 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
         out.update(st, extra_rounds=more,
-                   replay=ts.replays_between(replay_before, ts.graph_replays()))
+                   replay=ts.replays_between(replay_before, ts.graph_replays()),
+                   replay_rounds=per_round.as_dict())
     finally:
         for job in jobs:
             job.release()
