@@ -354,7 +354,7 @@ WARM_ROUND_STEPS = 2
 
 
 def warm_rotation(jobs: Sequence[TrainJob], device: torch.device) -> None:
-    """Note [a warm rotation]: two untimed rotations of :func:`time_rounds`."""
+    """Two untimed rotations of :func:`time_rounds` (See Note [a warm rotation])."""
     time_rounds(jobs, 2 * len(jobs), WARM_ROUND_STEPS, device)
 
 
