@@ -349,7 +349,11 @@ def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
 # runs :func:`warm_rotation`: twice round the rotation, WARM_ROUND_STEPS steps
 # a turn (a turn's first step follows another side's, the rest its own), the
 # steps discarded; the timed rounds measure the steady state of interleaved
-# steps, and what they still capture is recorded per round.
+# steps. Where another side's steps leave the allocator's blocks at new
+# addresses every time, each turn that follows them still meets new address
+# sets, which a loop training one model does not: :class:`ReplayRounds`
+# records each timed round's captures and direct launches, so that a ratio
+# can be read against them (rounds that captured against rounds that did not).
 WARM_ROUND_STEPS = 2
 
 
