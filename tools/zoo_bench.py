@@ -344,7 +344,8 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
                             (time.perf_counter() - t0) / args.rounds)
         if more:  # Note [resolving a ratio] in round_stats.py
             log(f"  {execution}: the interval holds the target; {more} rounds more")
-            later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds)
+            later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds,
+                                   after_round=per_round)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
         out.update(st, extra_rounds=more,
                    replay=ts.replays_between(replay_before, ts.graph_replays()),
