@@ -135,6 +135,42 @@ def test_report_lists_the_records_of_each_converted_layer_and_totals():
     assert mt.report(model).layers == []
 
 
+def test_report_counts_the_replays_of_the_layers_planned_launches():
+    """See Note [replay after repeated addresses]: the report sums the graph
+    counts of the convolutions its layers ran, each once however many layers
+    share it, and says them in a line; a model whose kernels keep no graph
+    cache reports None and no line."""
+    from types import SimpleNamespace
+
+    from mucudnn.torch import engine
+
+    model = mt.convert(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)),
+                       workspace_limit=1 << 20)
+    mt.clear()
+    cfg = ConvConfig((1, 1), (1, 1), (1, 1), 1, 1 << 20, model[0]._mu_options.policy, "", "")
+    choices = {d: native.decide(d, 1.0, 2.0, 2 << 20, 1 << 20) for d in Direction}
+    native._RECORDS.put(("k",), native.Record(cfg, (4, 8, 6, 6), (8, 8, 3, 3), "float32", True,
+                                              {}, choices))
+
+    def cache(c, r, d, failed=None):
+        return SimpleNamespace(captures=c, replays=r, direct=d, failed=failed)
+
+    caches = dict(zip(Direction, (cache(2, 9, 2), None, cache(1, 4, 3, "CudaError: x"))))
+    conv = SimpleNamespace(kernel=lambda d: SimpleNamespace(graphs=caches[d]))
+    engine._WARM.put(("k",), SimpleNamespace(conv=conv))
+    for layer in model:
+        layer._mu_seen.append(("k",))  # both layers ran the one signature
+    rep = mt.report(model)
+    assert rep.replay == {"kernels": 2, "captures": 3, "replays": 13, "direct": 5, "failed": 1}
+    assert rep.as_dict()["replay"] == rep.replay
+    assert ("replay: planned launches 13 replayed as CUDA graphs, 3 of them captured, 5 "
+            "launched directly; 1 kernel(s) launch directly after a failed capture") in str(rep)
+    caches.update({d: None for d in Direction})
+    rep = mt.report(model)
+    assert rep.replay is None and "replay:" not in str(rep)
+    mt.clear()
+
+
 def test_report_lists_each_layer_with_the_signatures_it_ran_alone():
     """Two layers of one weight shape and options that run on inputs of other
     sizes (a squeeze-and-excitation block's 1x1 convolutions beside a 1x1

@@ -31,6 +31,7 @@ from torch import nn
 import mucudnn
 import mucudnn.torch as mt
 from mucudnn.torch import settings as mt_settings
+from mucudnn.torch.report import graph_counts
 
 try:  # only the torchvision models need it
     import torchvision
@@ -387,13 +388,7 @@ def graph_replays() -> dict | None:
     process (``MUCUDNN_TORCH_REPLAY``; Note [replay after repeated addresses]
     in mucudnn/exec/graph.py): over the kernels that replay, the captures,
     replays, direct launches and failed captures; None where none replays."""
-    caches = [g for conv in mt.cached_convolutions() for d in mucudnn.Direction
-              if (g := conv.kernel(d).graphs) is not None]
-    if not caches:
-        return None
-    return {"kernels": len(caches), "captures": sum(g.captures for g in caches),
-            "replays": sum(g.replays for g in caches), "direct": sum(g.direct for g in caches),
-            "failed": sum(g.failed is not None for g in caches)}
+    return graph_counts(mt.cached_convolutions())
 
 
 class ReplayRounds:

@@ -445,6 +445,12 @@ def last_warm() -> "_Warm | None":
     return getattr(_LAST, "warm", None)
 
 
+def warm_record(key: tuple) -> "_Warm | None":
+    """The warm state kept for the signature ``key`` (a converted module's
+    ``_mu_seen`` entry; None where none is kept)."""
+    return _WARM.peek(key)
+
+
 def forget_last() -> None:
     """Clear :func:`last_warm` for the calling thread."""
     _LAST.warm = None

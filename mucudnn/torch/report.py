@@ -8,7 +8,8 @@ PyTorch's workspace, with totals of what runs and of what native PyTorch
 would run, and what the limit costs: the kernels whose PyTorch workspace is
 over it, the time their plans add and the limit that would admit them; and
 the model's step trial (Note [the whole-step trial]) and step guard (Note
-[guarded steps]); and, where a CUDA-graph
+[guarded steps]); how the planned launches replayed as CUDA graphs (Note
+[replay after repeated addresses] in :mod:`mucudnn.exec.graph`); and, where a CUDA-graph
 capture would run the other side (Note [captured steps run the GPU's choice]
 in :mod:`.native`), that side. ``print(report(model))``
 gives a table; ``as_dict()`` the data.
@@ -24,14 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from torch import nn
 
 from ..backends import fold as _fold
 from ..backends import split as _split
 from ..problem import Direction, Plan
-from . import native
+from . import engine, native
 from .modules import MucudnnConvMixin
 from .step_guard import guard_of
 from .step_trial import trial_of
@@ -91,6 +92,9 @@ class Report:
     #: converted layers that run torch.nn's call unchecked in training forwards
     #: like the last two checked ones; None: no guard
     step_guard: Optional[dict[str, Any]] = None
+    #: the layers' planned launches as CUDA graphs (:func:`graph_counts`); None:
+    #: no kernel of theirs replays
+    replay: Optional[dict[str, int]] = None
 
     @property
     def total_ms(self) -> float:
@@ -113,6 +117,7 @@ class Report:
             "unmeasured": list(self.unmeasured),
             "step_trial": self.step_trial,
             "step_guard": self.step_guard,
+            "replay": self.replay,
             "first_calls": self.first_calls,
             "totals": {"ms": self.total_ms, "torch_ms": self.total_torch_ms,
                        "kernels": len(runs), "torch_kernels": runs.count(native.TORCH)},
@@ -164,6 +169,12 @@ class Report:
         if self.step_guard is not None and self.step_guard["guarded_layers"]:
             rows.append(f"step guard: {self.step_guard['guarded_layers']} layer(s) run "
                         "torch.nn's call unchecked in training forwards like the last two")
+        if self.replay is not None and self.replay["captures"] + self.replay["direct"]:
+            r = self.replay
+            rows.append(f"replay: planned launches {r['replays']} replayed as CUDA graphs, "
+                        f"{r['captures']} of them captured, {r['direct']} launched directly"
+                        + (f"; {r['failed']} kernel(s) launch directly after a failed capture"
+                           if r["failed"] else ""))
         return "\n".join(rows)
 
 
@@ -266,9 +277,11 @@ def report(model: nn.Module) -> Report:
     used: dict[int, native.Record] = {}
     trials = [t for t in (trial_of(m) for m in model.modules()) if t is not None]
     torch_way = bool(trials) and trials[0].torch
+    keys: list[tuple] = []
     for name, module in model.named_modules():
         if not isinstance(module, MucudnnConvMixin):
             continue
+        keys += module._mu_seen or ()
         found = [r for r in (native.record(k) for k in module._mu_seen or ()) if r is not None]
         if not found:
             unmeasured.append(name)
@@ -277,9 +290,29 @@ def report(model: nn.Module) -> Report:
             layers.append(LayerReport(name, r.x_shape, r.w_shape, r.dtype, r.channels_last,
                                       _directions(r, torch_way), r.host, r.transposed))
     guard = guard_of(model)
+    convs = {id(w.conv): w.conv for w in (engine.warm_record(k) for k in keys) if w is not None}
     return Report(layers, unmeasured, trials[0].as_dict() if trials else None,
                   _first_calls(list(used.values())),
-                  None if guard is None else {"guarded_layers": len(guard.guarded)})
+                  None if guard is None else {"guarded_layers": len(guard.guarded)},
+                  graph_counts(convs.values()))
+
+
+def graph_counts(convs: Iterable[Any]) -> Optional[dict[str, int]]:
+    """Over the kernels of the convolutions ``convs`` that replay planned
+    launches as CUDA graphs once their addresses repeat (Note [replay after
+    repeated addresses] in :mod:`mucudnn.exec.graph`): how many kernels, and
+    their graphs captured, launches replayed (a capture's included), launches
+    made directly and kernels whose capture failed; None where none replays.
+
+    >>> graph_counts([]) is None
+    True
+    """
+    caches = [g for conv in convs for d in Direction if (g := conv.kernel(d).graphs) is not None]
+    if not caches:
+        return None
+    return {"kernels": len(caches), "captures": sum(g.captures for g in caches),
+            "replays": sum(g.replays for g in caches), "direct": sum(g.direct for g in caches),
+            "failed": sum(g.failed is not None for g in caches)}
 
 
 def _first_calls(recs: list[native.Record]) -> Optional[dict[str, Any]]:
