@@ -139,7 +139,9 @@ def test_summary_lines(zb):
     e = {"model": "m", "precision": "amp", "errors": {},
          "steps": {"eager": {"native_ms": 10.0, "converted_ms": 11.0, "ratio": 1.1,
                              "memory": {"native": {"peak_bytes": 3 << 20},
-                                        "converted": {"peak_bytes": 4 << 20}}},
+                                        "converted": {"peak_bytes": 4 << 20}},
+                             "replay": {"kernels": 3, "captures": 2, "replays": 40,
+                                        "direct": 5, "failed": 0}},
                    "graph": {"native_ms": 8.0, "converted_ms": 8.0, "ratio": 1.0,
                              "memory": {}}},
          "cold": {"native": {"first_step_s": 1.25}},
@@ -149,12 +151,12 @@ def test_summary_lines(zb):
           "cold": {}, "grad": None}
     lines = zb.summary_lines([e, e2])
     assert lines[0].startswith("| model | precision | execution | native ms")
-    assert "| m | amp | eager | 10.00 | 11.00 | 1.100 | 3/4 | 1.2/- | 1.0e-03/2.0e-03 |" in lines
-    assert "| m | amp | graph | 8.00 | 8.00 | 1.000 | -/- | 1.2/- | 1.0e-03/2.0e-03 |" in lines
-    assert "| n | amp | eager | 10.00 | 10.00 | 0.900 | -/- | -/- | -/- |" in lines
+    assert "| m | amp | eager | 10.00 | 11.00 | 1.100 | 3/4 | 1.2/- | 1.0e-03/2.0e-03 | 2/5 |" in lines
+    assert "| m | amp | graph | 8.00 | 8.00 | 1.000 | -/- | 1.2/- | 1.0e-03/2.0e-03 | - |" in lines
+    assert "| n | amp | eager | 10.00 | 10.00 | 0.900 | -/- | -/- | -/- | - |" in lines
     # with six rounds or more, the ratio's interval (order statistics 1 and 6 of six)
     e2["steps"]["eager"]["round_ratios"] = [0.93, 0.88, 0.90, 0.95, 0.86, 0.91]
-    assert "| n | amp | eager | 10.00 | 10.00 | 0.900 [0.860, 0.950] | -/- | -/- | -/- |" in \
+    assert "| n | amp | eager | 10.00 | 10.00 | 0.900 [0.860, 0.950] | -/- | -/- | -/- | - |" in \
         zb.summary_lines([e2])
     gm = [ln for ln in lines if ln.startswith("geometric mean")]
     assert gm == [f"geometric mean converted/native, amp eager: {math.sqrt(1.1 * 0.9):.3f} "

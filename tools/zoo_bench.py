@@ -476,10 +476,14 @@ def _num(v: float | None, fmt: str) -> str:
 
 def summary_lines(entries: Sequence[dict]) -> list[str]:
     """The markdown table (a row per model, precision and execution) and the
-    geometric mean of the converted/native ratios per precision and execution."""
+    geometric mean of the converted/native ratios per precision and execution.
+    ``graphs captured/direct``: the converted side's CUDA-graph captures and
+    direct launches in the timed rounds (Note [a warm rotation] in
+    train_steps.py); ``-`` where no kernel replays."""
     lines = ["| model | precision | execution | native ms | converted ms | ratio | "
              "peak MiB native/converted | cold s native/converted | "
-             "grad err native/converted |", "|---|---|---|---|---|---|---|---|---|"]
+             "grad err native/converted | graphs captured/direct |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[tuple[str, str], list[float]] = {}
     for e in entries:
         cold, grad = e.get("cold", {}), e.get("grad") or {}
@@ -491,10 +495,12 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
             peak = "/".join(_mib(mem.get(s, {}).get("peak_bytes")) for s in SIDES)
             if "ratio" in st:
                 ratios.setdefault((e["precision"], ex), []).append(st["ratio"])
+            replay = st.get("replay")
+            graphs = "-" if not replay else f"{replay['captures']}/{replay['direct']}"
             lines.append(
                 f"| {e['model']} | {e['precision']} | {ex} | {_num(st.get('native_ms'), '.2f')} | "
                 f"{_num(st.get('converted_ms'), '.2f')} | {ratio_text(st)} | "
-                f"{peak} | {cold_s} | {grad_s} |")
+                f"{peak} | {cold_s} | {grad_s} | {graphs} |")
     for (p, ex), rs in ratios.items():
         lines.append(f"geometric mean converted/native, {p} {ex}: {geomean(rs):.3f} "
                      f"over {len(rs)} models")
