@@ -515,14 +515,17 @@ def test_runs_on_torchs_current_stream():
     assert rel(out, ref) < TF32_TOL
 
 
+@pytest.mark.parametrize("replay", ["1", "0"], ids=["replayed", "direct"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-def test_replayed_launches_match_float64_call_after_call(no_tf32, monkeypatch, channels_last):
-    """See Note [replay after repeated addresses]: with ``MUCUDNN_TORCH_REPLAY=1``
-    (and every direction on its plan, micro-batched under a 1 MiB limit), a
-    grouped layer's output and three gradients match a float64 run at every
-    call of a loop on the same tensors, and once the loop's addresses repeat
-    its launches are replayed graphs."""
-    monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", "1")
+def test_planned_launches_match_float64_call_after_call(no_tf32, monkeypatch, channels_last,
+                                                        replay):
+    """See Note [replay after repeated addresses]: with every direction on its
+    plan (micro-batched under a 1 MiB limit), a grouped layer's output and
+    three gradients match a float64 run at every call of a loop on the same
+    tensors, replayed (the default, ``MUCUDNN_TORCH_REPLAY=1``: once the
+    loop's addresses repeat its launches are replayed graphs) or launched
+    directly (``MUCUDNN_TORCH_REPLAY=0``: no kernel keeps graphs)."""
+    monkeypatch.setenv("MUCUDNN_TORCH_REPLAY", replay)
     monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "0")
     mucudnn.caches.clear_all()
     torch.manual_seed(3)
@@ -546,6 +549,9 @@ def test_replayed_launches_match_float64_call_after_call(no_tf32, monkeypatch, c
         del y
     graphs = [c.kernel(d).graphs for c in mt.cached_convolutions()
               for d in mucudnn.Direction]
+    if replay == "0":
+        assert graphs and all(g is None for g in graphs)
+        return
     assert graphs and all(g is not None and g.after == 2 for g in graphs)
     assert sum(g.replays for g in graphs) > 0
 
