@@ -602,3 +602,25 @@ def test_replay_is_labelled_against_mucudnn_torchs_default(tmp_path, monkeypatch
     assert "Not measured yet" in main and "| m0 |" not in main
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit, REPLAY=0 | 10 | 10.00 | 10.10 |" \
         in later and "10.50" not in later  # the newer run of one setting replaces the older
+
+
+def test_replay_labels_eager_steps_only(tmp_path, monkeypatch):
+    """Replay changes eager steps' times only: under a default of replay, a
+    file that records no setting (direct launches) labels its eager rows
+    ``REPLAY=0``, but not its captured steps (one graph either way) nor its
+    cold first steps (which capture nothing yet)."""
+    for tables in (rz.__dict__, rp.zoo.__globals__):
+        monkeypatch.setitem(tables, "REPLAY_DEFAULT", True)
+    env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
+           "git_commit": "abc1234", "settings": {"MUCUDNN_TORCH_SEARCH": "over-limit"}}
+    step = {"native_ms": 10.0, "converted_ms": 10.0, "ratio": 1.0}
+    cold = {s: {"first_step_s": 2.0} for s in ("native", "converted")}
+    doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64, "steps": 10},
+           "results": [{"model": "m0", "precision": "fp32cl", "cold": cold, "cold_primer": {},
+                        "steps": {"eager": step, "graph": step}}], "skipped": []}
+    (tmp_path / "2026-12-03-h200-s1-call1-zoo.json").write_text(json.dumps(doc))
+    results = rp.load_results(tmp_path)
+    z = rz.zoo(results)
+    assert "| m0 | fp32 channels-last | eager | 64 | over-limit, REPLAY=0 | 10 |" in z
+    assert "| m0 | fp32 channels-last | captured | 64 | over-limit | 10 |" in z
+    assert "| m0 | fp32 channels-last | over-limit | 2.0 | 2.0 |" in rz.zoo_cold(results)

@@ -50,7 +50,7 @@ _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 REPLAY_DEFAULT = True
 
 
-def torch_search(doc: dict, unset: str = "over-limit") -> str:
+def torch_search(doc: dict, unset: str = "over-limit", eager: bool = True) -> str:
     """The ``MUCUDNN_TORCH_SEARCH`` a run was made under (``unset`` where the
     file does not say: by default, the search's default), ``", NATIVE=0"``
     where ``MUCUDNN_TORCH_NATIVE`` turned the comparisons with PyTorch's call
@@ -61,13 +61,17 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     under other settings are not the default's.
 
     A file that records no ``MUCUDNN_TORCH_REPLAY`` was made before replay
-    existed: its launches were direct.
+    existed: its launches were direct. Replay changes eager steps' times
+    only: a captured step is one graph whatever the setting, and a first
+    step captures nothing yet, so without ``eager`` no label says it.
 
     >>> on = {"MUCUDNN_TORCH_REPLAY": "1"}
     >>> torch_search({"environment": {"settings": {**on, "MUCUDNN_TORCH_NATIVE": "0"}}})
     'over-limit, NATIVE=0'
     >>> torch_search({"environment": {"settings": {"MUCUDNN_TORCH_REPLAY": "off"}}})
     'over-limit, REPLAY=0'
+    >>> torch_search({"environment": {}}, eager=False)
+    'over-limit'
     >>> torch_search({"environment": {"settings": on}}), torch_search({"environment": {}}, "-")
     ('over-limit', '-, REPLAY=0')
     >>> torch_search({"environment": {"settings": on},
@@ -80,14 +84,15 @@ def torch_search(doc: dict, unset: str = "over-limit") -> str:
     replay = str(settings.get("MUCUDNN_TORCH_REPLAY", "0")).strip().lower() in _ON
     options = (doc.get("options") or {}).get("backend_options") or []
     return (search + (", NATIVE=0" if native in _OFF else "")
-            + (f", REPLAY={int(replay)}" if replay != REPLAY_DEFAULT else "")
+            + (f", REPLAY={int(replay)}" if eager and replay != REPLAY_DEFAULT else "")
             + "".join(f", {k}={v}" for k, v in options))
 
 
 
 def _step_key(doc: dict, e: dict, ex: str) -> tuple:
     """What one step figure measured: model, precision, execution, limit, search."""
-    return (e["model"], e["precision"], ex, doc["options"].get("workspace"), torch_search(doc))
+    return (e["model"], e["precision"], ex, doc["options"].get("workspace"),
+            torch_search(doc, eager=ex != "graph"))
 
 
 def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
@@ -271,7 +276,7 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
     rows = []
     for key in dict.fromkeys([*colds, *grads]):
         first = colds[key][2] if key in colds else grads[key][1]
-        row = [key[0], PRECISION_LABEL.get(key[1], key[1]), torch_search(first, NR)]
+        row = [key[0], PRECISION_LABEL.get(key[1], key[1]), torch_search(first, NR, eager=False)]
         cites = []
         if key in colds:
             _, name, doc, e = colds[key]
@@ -344,7 +349,8 @@ def zoo(results: list[tuple[str, Any]]) -> str:
     src2 = Sources()
     rows2 = [[e["model"], PRECISION_LABEL.get(e["precision"], e["precision"]),
               "captured" if ex == "graph" else ex, _mib_limit(doc["options"].get("workspace")),
-              torch_search(doc), str(doc["options"].get("steps", "-")), num(st.get("native_ms")),
+              torch_search(doc, eager=ex != "graph"), str(doc["options"].get("steps", "-")),
+              num(st.get("native_ms")),
               num(st.get("converted_ms")), ratio_text(st), _conv_ms(doc, e, ex), _peaks(st),
               src2.cite(name, zoo_source(name, doc))]
              for name, doc, e, ex, st in later]
@@ -366,7 +372,7 @@ def _later_means(later: list[tuple[str, dict, dict, str, dict]]) -> str:
         if st.get("ratio"):
             iv = median_interval(st.get("round_ratios") or [])
             key = (newness(name)[:2], e["precision"], ex, doc["options"].get("workspace"),
-                   torch_search(doc))
+                   torch_search(doc, eager=ex != "graph"))
             groups.setdefault(key, []).append(
                 (e["model"], st["ratio"], iv is not None and iv[0] > STEP_TARGET))
     rows = []
