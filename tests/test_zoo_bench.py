@@ -473,6 +473,8 @@ def test_replay_rounds_are_each_rounds_captures_and_direct_launches(monkeypatch)
     rounds = ts.ReplayRounds()
     t = ts.time_rounds([], 3, 1, torch.device("cpu"), after_round=rounds)
     assert t == [] and rounds.as_dict() == {"captures": [2, 0, 1], "direct": [3, 0, 0]}
+    assert rounds.total() == {"kernels": 2, "captures": 3, "replays": 32, "direct": 3,
+                              "failed": 0}
     monkeypatch.setattr(ts, "graph_replays", lambda: None)
     none = ts.ReplayRounds()
     none(0)

@@ -88,7 +88,6 @@ def torch_search(doc: dict, unset: str = "over-limit", eager: bool = True) -> st
             + "".join(f", {k}={v}" for k, v in options))
 
 
-
 def _step_key(doc: dict, e: dict, ex: str) -> tuple:
     """What one step figure measured: model, precision, execution, limit, search."""
     return (e["model"], e["precision"], ex, doc["options"].get("workspace"),

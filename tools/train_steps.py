@@ -396,12 +396,17 @@ class ReplayRounds:
     :func:`time_rounds` (its ``after_round``), from :func:`graph_replays`'
     readings: whether the timed rounds reached the steady state of Note [a
     warm rotation] or kept capturing. ``as_dict()`` is None where no kernel
-    replays."""
+    replays; :meth:`total` is every count over the rounds so far."""
 
     def __init__(self) -> None:
-        self._last = graph_replays()
+        self._first = self._last = graph_replays()
         self.captures: list[int] = []
         self.direct: list[int] = []
+
+    def total(self) -> dict | None:
+        """:func:`replays_between` the reading before the first round and the
+        one after the last."""
+        return replays_between(self._first, self._last)
 
     def __call__(self, _round: int) -> None:
         now = graph_replays()

@@ -335,7 +335,6 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
         ts.warm_rotation(jobs, device)  # Note [a warm rotation] in train_steps.py
-        replay_before = ts.graph_replays()
         per_round = ts.ReplayRounds()
         t0 = time.perf_counter()
         times = ts.time_rounds(jobs, args.rounds, args.steps, device, after_round=per_round)
@@ -348,8 +347,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
                                    after_round=per_round)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
         out.update(st, extra_rounds=more,
-                   replay=ts.replays_between(replay_before, ts.graph_replays()),
-                   replay_rounds=per_round.as_dict())
+                   replay=per_round.total(), replay_rounds=per_round.as_dict())
     finally:
         for job in jobs:
             job.release()
