@@ -382,7 +382,7 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None],
     try:
         rep = mt.report(model)
         entry["report"] = rep.as_dict() | {"find_profile": ts.find_profile(
-            next(model.parameters()).device, backend), "replay": ts.graph_replays()}
+            next(model.parameters()).device, backend)}
         log(str(rep))
     except Exception as exc:  # noqa: BLE001 - a report is optional; the timing goes on
         entry.setdefault("errors", {})["report"] = f"{type(exc).__name__}: {exc}"
