@@ -248,10 +248,29 @@ def test_deterministic_runs_every_mode_deterministically(ts, tb, tmp_path, capsy
 
 
 def test_round_order_rotates(ts, tb):
-    assert [ts.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
-    assert ts.round_order(1, 5) == [0]
+    assert [ts.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
+    assert [ts.round_order(2, r) for r in range(3)] == [[0, 1], [1, 0], [0, 1]]
+    assert ts.round_order(1, 5) == [0] and ts.round_order(0, 3) == []
     # every job comes first equally often over n rounds
     assert sorted(ts.round_order(4, r)[0] for r in range(4)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7])
+def test_round_order_is_balanced(ts, tb, n):
+    """See Note [balanced round order]: over 2n rounds every job holds every
+    place equally often, each pair meets in either order equally often, and
+    from three jobs on no round begins with the job that ended the round
+    before it."""
+    orders = [ts.round_order(n, r) for r in range(2 * n)]
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    for place in range(n):
+        assert sorted(o[place] for o in orders) == sorted(list(range(n)) * 2)
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                assert sum(o.index(a) < o.index(b) for o in orders) == n
+    following = [ts.round_order(n, r) for r in range(6 * n + 1)]
+    assert all((prev[-1] != nxt[0]) is (n >= 3) for prev, nxt in zip(following, following[1:]))
 
 
 def test_interleaved_stats_by_hand(ts, tb):

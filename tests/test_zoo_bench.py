@@ -43,6 +43,9 @@ def test_parse_args_defaults_and_errors(zb):
     assert not a.control and not a.no_steps
     a = zb.parse_args(TINY + ["--workspace", "8MiB", "--rounds", "2", "--grad-check"])
     assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
+    # three sides: the default rounds balance their order (Note [balanced round order])
+    assert zb.parse_args(TINY + ["--with-control"]).rounds == 18
+    assert zb.parse_args(TINY + ["--with-control", "--rounds", "4"]).rounds == 4
     for names in (["tiny,tiny"], ["tiny", "tiny,"], [",tiny"]):  # commas as spaces, once each
         assert zb.parse_args(["--device", "cpu", "--models", *names]).models == ["tiny"]
     for bad in (["--models", "lenet"], ["--models", "tiny,lenet"], ["--models", ","],

@@ -306,7 +306,9 @@ def train_run(args: argparse.Namespace, name: str, mode: str, precision: str, ex
 # with its own optimizer and input batch, and for graph execution its own
 # captured graph), each is warmed up, and then ROUNDS rounds each run
 # ``--interleave-steps`` timed steps of every mode in turn, the order rotated
-# by one each round so that no mode always comes first in a round. Each mode's
+# by one each round so that no mode always comes first in a round (and, for
+# three modes or more, reversed every n rounds: Note [balanced round order] in
+# train_steps.py). Each mode's
 # time is the median of all its steps; its difference from native is the
 # median over rounds of (its median in the round / native's median in the
 # same round) - 1, so drift between rounds cancels in each ratio. What

@@ -19,7 +19,8 @@ Measured per model and precision:
 * step time: both sides' training states built at once, warmed up, two
   untimed rotations of the rounds (Note [a warm rotation] in train_steps.py),
   then ``--rounds`` rounds of ``--steps`` timed steps of each side in turn
-  (Note [interleaved steps] in train_bench.py): each side's median step and
+  (Note [interleaved steps] in train_bench.py; Note [balanced round order] in
+  train_steps.py): each side's median step and
   the median over rounds of converted/native, and per round the CUDA graphs
   the converted side captured and the launches it issued directly;
 * peak memory of each side's steady-state steps (``max_memory_allocated``, Note
@@ -91,6 +92,10 @@ PRECISIONS = ("fp32cl", "amp")
 EXECUTIONS = ("eager", "graph")
 #: the memory of each side is read over this many steps after its warm-up
 MEMORY_STEPS = 2
+#: timed rounds where --rounds is not given (host-bound steps vary round to round),
+#: rounded up to balance the order of three sides (Note [balanced round order] in
+#: train_steps.py)
+ROUNDS = 16
 
 
 # -- models: tools/zoo_models.py ---------------------------------------------------------------
@@ -149,8 +154,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=tb._positive, default=16,
                     help="untimed steps per side first (>= 3 before a capture; default 16: "
                          "the converted side's step trial ends within them)")
-    ap.add_argument("--rounds", type=tb._positive, default=16,
-                    help="timed rounds (default 16: host-bound steps vary round to round)")
+    ap.add_argument("--rounds", type=tb._positive, default=None,
+                    help=f"timed rounds (default {ROUNDS}, and with --with-control "
+                         f"{ts.balanced_rounds(ROUNDS, 3)}, a multiple of 6: "
+                         "Note [balanced round order] in train_steps.py)")
     ap.add_argument("--steps", type=tb._positive, default=5,
                     help="timed steps per side and round (default 5)")
     ap.add_argument("--resolve", type=float, default=0.0, metavar="SECONDS",
@@ -216,6 +223,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--device cpu: runs fp32cl eager only (no autocast or CUDA graphs there)")
     if args.with_control and args.control:
         ap.error("--with-control: --control already times native against native")
+    if args.rounds is None:  # Note [balanced round order] in train_steps.py
+        args.rounds = ts.balanced_rounds(ROUNDS, len(SIDES) + args.with_control)
     if args.resolve < 0:
         ap.error("--resolve: seconds >= 0")
     if args.cold_profile < 0 or (args.cold_profile and not (args.cold or args.cold_child)):
@@ -337,13 +346,14 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
         ts.warm_rotation(jobs, device)  # Note [a warm rotation] in train_steps.py
         per_round = ts.ReplayRounds()
         t0 = time.perf_counter()
-        times = ts.time_rounds(jobs, args.rounds, args.steps, device, after_round=per_round)
+        rounds = args.rounds
+        times = ts.time_rounds(jobs, rounds, args.steps, device, after_round=per_round)
         st = step_stats(dict(zip(sides, times)))
-        more = extra_rounds(st["round_ratios"], args.resolve,
-                            (time.perf_counter() - t0) / args.rounds)
+        more = ts.balanced_rounds(extra_rounds(st["round_ratios"], args.resolve,
+                                               (time.perf_counter() - t0) / rounds), len(sides))
         if more:  # Note [resolving a ratio] in round_stats.py
             log(f"  {execution}: the interval holds the target; {more} rounds more")
-            later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds,
+            later = ts.time_rounds(jobs, more, args.steps, device, first=rounds,
                                    after_round=per_round)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
         out.update(st, extra_rounds=more,
