@@ -346,14 +346,13 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
         ts.warm_rotation(jobs, device)  # Note [a warm rotation] in train_steps.py
         per_round = ts.ReplayRounds()
         t0 = time.perf_counter()
-        rounds = args.rounds
-        times = ts.time_rounds(jobs, rounds, args.steps, device, after_round=per_round)
+        times = ts.time_rounds(jobs, args.rounds, args.steps, device, after_round=per_round)
         st = step_stats(dict(zip(sides, times)))
         more = ts.balanced_rounds(extra_rounds(st["round_ratios"], args.resolve,
-                                               (time.perf_counter() - t0) / rounds), len(sides))
+                                               (time.perf_counter() - t0) / args.rounds), len(sides))
         if more:  # Note [resolving a ratio] in round_stats.py
             log(f"  {execution}: the interval holds the target; {more} rounds more")
-            later = ts.time_rounds(jobs, more, args.steps, device, first=rounds,
+            later = ts.time_rounds(jobs, more, args.steps, device, first=args.rounds,
                                    after_round=per_round)
             st = step_stats(dict(zip(sides, [a + b for a, b in zip(times, later)])))
         out.update(st, extra_rounds=more,
