@@ -8,6 +8,7 @@ import doctest
 import json
 import math
 import statistics
+import types
 import warnings
 
 import pytest
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("cache_off")
 
 
 def test_doctests(zb):
-    for mod in (zb, zb.zoo_cold, zb.ts):
+    for mod in (zb, zb.zoo_cold, zb.zoo_isolated, zb.ts):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0
 
@@ -362,8 +363,8 @@ def test_cold_processes_profiled(zb, tmp_path):
 
 
 def test_isolated_models(zb, tmp_path):
-    """--isolate: each model and precision in a child process (Note [isolated
-    models]); a child that does not finish is recorded, and the run goes on."""
+    """--isolate: each model in a child process (Note [isolated models]); a
+    child that does not finish is recorded, and the run goes on."""
     out = tmp_path / "zoo.json"
     assert zb.main(TINY + ["--isolate", "--rounds", "1", "--steps", "1",
                            "--json", str(out)]) == 0
@@ -372,6 +373,34 @@ def test_isolated_models(zb, tmp_path):
     assert zb.main(TINY + ["--isolate", "--timeout", "0.01", "--json", str(out)]) == 1
     (r,) = json.loads(out.read_text())["results"]
     assert r["errors"] == {"process": "isolated process timed out after 0 s"} and not r["steps"]
+
+
+def test_an_isolated_model_runs_its_precisions_in_one_child(zb, tmp_path, monkeypatch):
+    """One child per model, given every precision; a child that dies keeps
+    the rows it saved, and its exit status marks the row it was measuring and
+    the precisions it never reached (See Note [isolated models])."""
+    calls = []
+
+    def child(cmd, **kw):
+        calls.append(cmd)
+        out = cmd[cmd.index("--json") + 1]
+        precs = cmd[cmd.index("--precisions") + 1:cmd.index("--json")]
+        done = {"model": "tiny", "precision": precs[0], "steps": {"eager": {"ratio": 1.0}},
+                "errors": {}, "seconds": 3.0}
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"results": [done]}, f)
+        return types.SimpleNamespace(returncode=-11)  # died in the second precision
+
+    monkeypatch.setattr(zb.zoo_isolated.subprocess, "run", child)
+    args = types.SimpleNamespace(precisions=["fp32cl", "amp"], timeout=5.0)
+    rows = zb.zoo_isolated.run_isolated("zoo_bench.py", ["--isolate", "--models", "a", "b"],
+                                        args, "tiny")
+    (cmd,) = calls
+    assert cmd[cmd.index("--precisions") + 1:cmd.index("--json")] == ["fp32cl", "amp"]
+    assert "--isolate" not in cmd and cmd[cmd.index("--models", 3) + 1] == "tiny"
+    assert [r["precision"] for r in rows] == ["fp32cl", "amp"]
+    assert rows[0]["steps"] and rows[0]["seconds"] == 3.0 and not rows[1]["steps"]
+    assert all(r["errors"] == {"process": "isolated process exited -11"} for r in rows)
 
 
 def test_with_control_times_a_second_native_side_in_the_same_rounds(zb, tmp_path, monkeypatch):

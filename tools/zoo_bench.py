@@ -62,9 +62,7 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import types
@@ -79,6 +77,7 @@ from frontier import parse_option  # tools/: KEY=VALUE of --backend-option
 from round_stats import extra_rounds, geomean, ratio_text  # ratios, rounds
 import grad_error  # tools/: the relative error against float64
 import zoo_cold  # tools/: cold first steps in fresh processes
+import zoo_isolated  # tools/: --isolate's child processes
 from zoo_models import (  # noqa: F401  (tools/: the models; SegmentationLogits for callers)
     BATCH, BUILT_IN, ModelSpec, SegmentationLogits, build_model, model_spec, zoo_names)
 import mucudnn.torch as mt
@@ -197,10 +196,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="write all numbers here (after every model)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument("--isolate", action="store_true",
-                    help="each model and precision in a process of its own "
+                    help="each model (all its precisions) in a process of its own "
                          "(Note [isolated models])")
     ap.add_argument("--timeout", type=float, default=600.0,
-                    help="seconds allowed for each --isolate process (default 600)")
+                    help="seconds allowed for each precision of an --isolate process "
+                         "(default 600)")
     ap.add_argument("--backend-option", action="append", type=parse_option, default=[],
                     metavar="KEY=VALUE", dest="backend_options",
                     help="an option of the converted side's cudnn-graph backend (repeatable; "
@@ -571,40 +571,6 @@ def run_model(args: argparse.Namespace, entry: dict, device: torch.device,
                 f"{g['converted']['all']:.2e}")
 
 
-# Note [isolated models]
-# ~~~~~~~~~~~~~~~~~~~~~~
-# A crash in native code (a segmentation fault in a convolution library) ends
-# the process, and with it every model after the one that crashed. With
-# --isolate each model and precision runs in a child process (this script,
-# the same options, that one model and precision, its own --json), whose
-# output goes to this process's; the child saves its JSON before and after
-# every stage, so what it measured before dying is kept, and its exit status
-# is recorded as an error. A child costs a process start and CUDA's
-# initialisation (a few seconds) per model and precision.
-def run_isolated(argv: Sequence[str], args: argparse.Namespace, name: str,
-                 precision: str) -> dict:
-    """One model and precision in a child process (Note [isolated models])."""
-    with tempfile.TemporaryDirectory(prefix="zoo-model-") as tmp:
-        out = os.path.join(tmp, "model.json")
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--models", name,
-               "--precisions", precision, "--json", out, "--no-progress", "--max-seconds", "inf"]
-        cmd.remove("--isolate")  # spelled out: the parser takes no abbreviations
-        try:
-            rc = subprocess.run(cmd, env=zoo_cold.child_env(), timeout=args.timeout,
-                                stdout=subprocess.DEVNULL).returncode
-            status = f"exited {rc}" if rc not in (0, 1) else None
-        except subprocess.TimeoutExpired:
-            status = f"timed out after {args.timeout:.0f} s"
-        try:
-            with open(out, encoding="utf-8") as f:
-                entry = json.load(f)["results"][0]
-        except (OSError, ValueError, IndexError, KeyError):
-            entry = {"model": name, "precision": precision, "steps": {}, "errors": {}}
-    if status is not None:
-        entry.setdefault("errors", {})["process"] = f"isolated process {status}"
-    return entry
-
-
 def over_budget(elapsed: float, longest: float, max_seconds: float | None) -> str | None:
     """Why ``--max-seconds`` starts no further model after ``elapsed`` seconds,
     the longest model so far having taken ``longest`` (None: start it).
@@ -651,28 +617,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(report, f, indent=1, default=str)
 
-    longest = 0.0  # seconds of the longest model and precision so far
-    for name, precision in pairs:
+    longest = 0.0  # seconds of the longest model (--isolate) or row so far
+    for name, precs in ([(m, args.precisions) for m in args.models] if args.isolate
+                        else [(m, [p]) for m, p in pairs]):
         why = over_budget(time.perf_counter() - started, longest, args.max_seconds)
         if why is not None:
-            report["skipped"].append({"model": name, "precision": precision, "reason": why})
+            report["skipped"].extend({"model": name, "precision": p, "reason": why}
+                                     for p in precs)
             continue
         if bar is not None:
-            bar.set_description(f"{name} {precision}")
+            bar.set_description(f"{name} {' '.join(precs)}")
         t0 = time.perf_counter()
-        if args.isolate:
-            entry = run_isolated(argv, args, name, precision)
-            report["results"].append(entry)
+        if args.isolate:  # each row keeps the seconds its child gave it
+            report["results"].extend(
+                zoo_isolated.run_isolated(os.path.abspath(__file__), argv, args, name))
+            took = time.perf_counter() - t0
         else:
-            entry = {"model": name, "precision": precision}
+            entry: dict[str, Any] = {"model": name, "precision": precs[0]}
             report["results"].append(entry)
             run_model(args, entry, device, log, save)
-        entry["seconds"] = time.perf_counter() - t0
-        longest = max(longest, entry["seconds"])
-        log(f"{name} {precision}: took {entry['seconds']:.1f} s")
+            took = entry["seconds"] = time.perf_counter() - t0
+        longest = max(longest, took)
+        log(f"{name} {' '.join(precs)}: took {took:.1f} s")
         save()
         if bar is not None:
-            bar.update()
+            bar.update(len(precs))
     if bar is not None:
         bar.close()
     save()
