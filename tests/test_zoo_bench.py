@@ -7,7 +7,10 @@ from __future__ import annotations
 import doctest
 import json
 import math
+import os
+import signal
 import statistics
+import time
 import types
 import warnings
 
@@ -401,6 +404,19 @@ def test_an_isolated_model_runs_its_precisions_in_one_child(zb, tmp_path, monkey
     assert [r["precision"] for r in rows] == ["fp32cl", "amp"]
     assert rows[0]["steps"] and rows[0]["seconds"] == 3.0 and not rows[1]["steps"]
     assert all(r["errors"] == {"process": "isolated process exited -11"} for r in rows)
+
+
+def test_sigterm_stops_an_isolating_parent_with_an_exception(zb):
+    """See Note [isolated models]: under --isolate, SIGTERM raises SystemExit,
+    so that subprocess.run kills the child it waits on as the exception passes."""
+    old = zb.zoo_isolated.stop_children_on_sigterm()
+    try:
+        with pytest.raises(SystemExit) as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode boundary
+        assert info.value.code == 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def test_with_control_times_a_second_native_side_in_the_same_rounds(zb, tmp_path, monkeypatch):

@@ -596,6 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cold_child(args)
     with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr with no file
         faulthandler.enable()  # a crash in native code says where (the JSON keeps what was done)
+    if args.isolate:
+        zoo_isolated.stop_children_on_sigterm()
     device = torch.device(args.device)
     started = time.perf_counter()
     report: dict[str, Any] = {"environment": ts.environment(device), "options": vars(args),

@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from typing import Sequence
+from typing import Any, Sequence
 
 import zoo_cold  # tools/: the child's environment
 
-__all__ = ["run_isolated", "isolated_rows"]
+__all__ = ["run_isolated", "isolated_rows", "stop_children_on_sigterm"]
 
 
 # Note [isolated models]
@@ -31,7 +32,9 @@ __all__ = ["run_isolated", "isolated_rows"]
 # benchmark choices are per dtype; cached blocks and mucudnn's workspace are
 # freed between rows, ``train_steps.cleanup``). The backend a later row's first
 # calls find already made shows only in the report's first-call seconds; cold
-# first steps run in fresh processes of their own (Note [cold steps]).
+# first steps run in fresh processes of their own (Note [cold steps]). A parent
+# stopped by SIGTERM kills its child on the way out
+# (:func:`stop_children_on_sigterm`), so that no orphan goes on using the GPU.
 def run_isolated(script: str, argv: Sequence[str], args: argparse.Namespace,
                  name: str) -> list[dict]:
     """One model, each of ``args.precisions`` in turn, in a child process
@@ -85,3 +88,14 @@ def isolated_rows(name: str, precisions: Sequence[str], found: dict[str, dict],
     if status is not None and began is not None:
         began.setdefault("errors", {})["process"] = f"isolated process {status}"
     return rows
+
+
+def stop_children_on_sigterm() -> Any:
+    """Make SIGTERM (``timeout``'s signal, as tools/gpu_run.sh runs this script)
+    raise SystemExit in this process, so that the child ``subprocess.run`` waits
+    on is killed as the exception passes (Note [isolated models]) rather than
+    left running on the GPU under the stages after; returns the handler it
+    replaced."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+    return signal.signal(signal.SIGTERM, stop)
