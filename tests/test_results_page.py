@@ -513,6 +513,14 @@ def test_zoo_table_is_the_newest_whole_zoo_run_and_other_runs_follow_it(tmp_path
     assert "| 1.050 |" in main and "1.250" not in main
     assert f"| 2026-12-03 s3 | fp32 channels-last | eager | 64 | over-limit | " \
         f"{rz.MIN_ZOO_MODELS + 2} | 1.250 |" in later
+    # a held-out run in the zoo run's own session (gpu_run.sh's zoo-heldout, named so)
+    # stays out of its table and means, a row among the other runs
+    write("2026-12-03-h200-s1-call2-zoo-heldout.json", ["x0"], 1.30)
+    main, later = rz.zoo(rp.load_results(tmp_path)).split("**Other runs**")
+    assert "| 1.050 |" in main and "x0" not in main
+    assert "| x0 | fp32 channels-last | eager | 64 | over-limit | 10 | 10.00 | 13.00 | 1.300 |" \
+        in later
+    (tmp_path / "2026-12-03-h200-s1-call2-zoo-heldout.json").unlink()
     # so is one with the comparisons with PyTorch's call off (every direction on plans)
     write("2026-12-03-h200-s2-call4-zoo.json", zoo, 0.95, native="0")
     z = rz.zoo(rp.load_results(tmp_path))

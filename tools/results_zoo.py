@@ -25,6 +25,13 @@ MIN_ZOO_MODELS = 10
 #: ... the four bench networks among them (the issue's bar too): a run over models
 #: never measured before (gpu_run.sh's zoo-heldout) is a later run with means of its own
 BENCH_NETS = frozenset({"alexnet", "resnet18", "resnet50", "vgg16"})
+#: what a file's name holds where it is a run over models never measured before
+#: (gpu_run.sh's zoo-heldout): never part of the zoo table's run, even in its session
+HELDOUT = "-heldout"
+
+
+def _heldout(name: str) -> bool:
+    return HELDOUT in name
 
 
 def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, str, dict]]:
@@ -102,11 +109,12 @@ def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
     from one session's run. The other runs are every step run of a later
     session (any limit or search) and, from earlier sessions, those of a
     model, precision, execution, limit and search the zoo run did not
-    measure (a captured step, say, which no eager run replaces). The zoo
-    run is made under the default ``MUCUDNN_TORCH_SEARCH``."""
+    measure (a captured step, say, which no eager run replaces), and the
+    held-out runs of its own session (:data:`HELDOUT` in the file's name).
+    The zoo run is made under the default ``MUCUDNN_TORCH_SEARCH``."""
     docs = zoo_with(results, "steps")
     at_limit = [(n, d) for n, d in docs if d["options"].get("workspace") == LIMIT
-                and torch_search(d) == "over-limit"]
+                and torch_search(d) == "over-limit" and not _heldout(n)]
     sessions: dict[tuple, list[tuple[str, Any]]] = {}
     for name, doc in at_limit:
         sessions.setdefault(newness(name)[:2], []).append((name, doc))
@@ -120,7 +128,7 @@ def _zoo_runs(results: list[tuple[str, Any]]) -> tuple[list, list]:
     zoo_run = _picked_steps(sessions[main])
     measured = {_step_key(d, e, ex) for _, d, e, ex, _ in zoo_run}
     others = [row for row in _picked_steps([(n, d) for n, d in docs
-                                            if newness(n)[:2] != main])
+                                            if newness(n)[:2] != main or _heldout(n)])
               if newness(row[0])[:2] > main or _step_key(row[1], row[2], row[3]) not in measured]
     return zoo_run, others
 
