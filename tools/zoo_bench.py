@@ -41,8 +41,9 @@ logits (torchvision's ``out``) with per-pixel cross-entropy on random labels; in
 299x299. A failed stage (out of memory, a capture that does not work for a
 model) is recorded and the rest goes on. Results go to ``--json`` after every
 model and precision; a markdown table with the geometric mean of the ratios
-per precision is printed last. ``--isolate`` runs each model and precision in
-a process of its own, so a crash in native code ends only that one. mucudnn
+per precision is printed last. ``--isolate`` runs each model (all its
+precisions) in a process of its own, so a crash in native code ends only that
+one (Note [isolated models] in zoo_isolated.py). mucudnn
 must be importable (installed, or ``PYTHONPATH`` set to the checkout).
 Examples::
 
@@ -190,9 +191,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="start no model or precision that the longest one so far would "
-                         "carry past this many seconds (a run cut short by an outer time "
-                         "limit loses the model in progress)")
+                    help="start no model or precision (no model, with --isolate) that the "
+                         "longest one so far would carry past this many seconds (a run cut "
+                         "short by an outer time limit loses the model in progress)")
     ap.add_argument("--json", default=None, help="write all numbers here (after every model)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument("--isolate", action="store_true",
