@@ -582,6 +582,7 @@ def test_replay_is_labelled_against_mucudnn_torchs_default(tmp_path, monkeypatch
     run, none lost."""
     settings = pytest.importorskip("mucudnn.torch.settings")
     assert rz.REPLAY_DEFAULT is settings.REPLAY_DEFAULT
+    assert (rz._ON, rz._OFF) == (settings._ON, settings._OFF)  # the same spellings of a switch
     env = {"date": "2026-12-03", "gpu": "NVIDIA H200", "cudnn": "9.19.0", "torch": "2.11",
            "git_commit": "abc1234"}
     zoo = [f"m{i}" for i in range(rz.MIN_ZOO_MODELS - len(rz.BENCH_NETS))] + sorted(rz.BENCH_NETS)

@@ -48,7 +48,8 @@ def _picked_steps(docs: list[tuple[str, Any]]) -> list[tuple[str, dict, dict, st
     return list(picked.values())
 
 
-#: The values that turn a mucudnn.torch switch on, and off (mucudnn/torch/settings.py).
+#: The values that turn a mucudnn.torch switch on, and off (mucudnn/torch/settings.py's,
+#: which importing would import torch; tests/test_results_page.py checks that they agree).
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 #: mucudnn.torch's default for replaying planned launches
 #: (``mucudnn.torch.settings.REPLAY_DEFAULT``; tests/test_results_page.py checks

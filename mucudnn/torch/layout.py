@@ -87,7 +87,7 @@ def view(t: torch.Tensor, cl: bool) -> torch.Tensor:
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
-           cl: bool) -> torch.Tensor:
+          cl: bool) -> torch.Tensor:
     """A new tensor of torch's logical ``shape``, channels-last where ``cl``
     (Note [outputs are not views])."""
     if cl:

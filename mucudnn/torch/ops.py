@@ -153,7 +153,7 @@ def _conv_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequen
                padding: Sequence[int], dilation: Sequence[int], groups: int,
                workspace_limit: int, policy: str, backend: str, plans: str) -> Tensor:
     return layout.empty(engine.output_shape(x.shape, weight.shape, stride, padding, dilation),
-                         x.dtype, x.device, layout.channels_last(x, weight))
+                        x.dtype, x.device, layout.channels_last(x, weight))
 
 
 @torch.library.custom_op("mucudnn::conv_backward", mutates_args=(), tags=_TAGS)

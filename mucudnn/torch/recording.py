@@ -80,7 +80,7 @@ def record(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig) -> torch.Te
     cl = layout.channels_last(x, w)
     _note(x, layout.view(x, cl), layout.view(w, cl), cl, cfg)
     return layout.empty(engine.output_shape(x.shape, w.shape, cfg.stride, cfg.padding,
-                                             cfg.dilation), x.dtype, x.device, cl)
+                                            cfg.dilation), x.dtype, x.device, cl)
 
 
 def record_transposed(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig,
@@ -90,7 +90,7 @@ def record_transposed(x: torch.Tensor, w: torch.Tensor, cfg: engine.ConvConfig,
     :mod:`.transposed`), and return an uninitialised output for it."""
     cl = layout.channels_last(x, w)
     y = layout.empty((x.shape[0], w.shape[1] * cfg.groups) + tuple(size), x.dtype,
-                      torch.device("meta"), cl)
+                     torch.device("meta"), cl)
     _note(x, layout.view(y, cl), layout.view(w, cl), cl, cfg)
     return layout.empty(y.shape, x.dtype, x.device, cl)
 

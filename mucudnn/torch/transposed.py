@@ -170,7 +170,7 @@ def _conv_transpose_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                          workspace_limit: int, policy: str, backend: str,
                          plans: str) -> Tensor:
     return layout.empty(_out_shape(x, weight, groups, size), x.dtype, x.device,
-                         layout.channels_last(x, weight))
+                        layout.channels_last(x, weight))
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
