@@ -17,7 +17,7 @@ from mucudnn._cudnn import graph_descriptors as gd
 from mucudnn._cudnn.enums import BackendBehaviorNote as Behavior
 from mucudnn._cudnn.enums import BackendNumericalNote as Note
 import mucudnn as mu
-from mucudnn.backends import _device, fold, graph_engines, graph_find, graph_plans, split
+from mucudnn.backends import _device, fold, graph_engines, graph_find, graph_plans, pair, split
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.backends.graph_candidates import (CARRY_LEAD, carried_ids, leaders, over_cap,
                                                top_k_cut)
@@ -112,6 +112,7 @@ class _TableGraph(CudnnGraphBackend):
         if "find" not in options:
             options.setdefault("find_parity", False)  # these tests are of the cuts
             options.setdefault("find_retime", 0)
+            options.setdefault("find_pair", False)  # a pair's timing runs its launcher
         super().__init__(find_workspace_limit=1 << 40, **options)
         self.rounds: dict[int, list[str]] = {}
 
@@ -472,16 +473,16 @@ def test_find_counts_the_host_of_each_run_where_its_options_say(tables, monkeypa
 OTHER = {"heuristic_modes": ("A",), "warmup": 0, "repeat": 5, "prefilter": False, "top_k": None,
          "probe_ratio": None, "cold_ratio": None, "rtc": "all", "parity": False, "retime": 1,
          "skip_ratio": None, "long_ms": 5.0, "zero": "once", "carry": False, "fold": False,
-         "split": False, "search": "knobs", "knob_values": 3, "max_configs": 16, "hold": False,
-         "host": True}
+         "split": False, "pair": False, "search": "knobs", "knob_values": 3, "max_configs": 16,
+         "hold": False, "host": True}
 
 
 def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(tables):
     """See Note [candidate sets in keys]: each FindOptions field, set to another
     value, changes the backend's name in the benchmark cache and the plan
-    memo's key for every problem, or (``fold``, ``split``) for exactly the
-    problems whose find() it can change: one that does not fold (split)
-    reports the same."""
+    memo's key for every problem, or (``fold``, ``split``, ``pair``) for
+    exactly the problems whose find() it can change: one that does not fold
+    (split, pair) reports the same."""
     from mucudnn.backends.find_options import FindOptions
     from mucudnn.optimizer.planner import Planner
 
@@ -492,16 +493,17 @@ def test_every_find_option_changes_the_keys_or_cannot_change_what_find_reports(t
         be = _TableGraph(find=FindOptions(**{"retime": 0, name: value}))
         assert getattr(be.find_options, name) == (tuple(value) if name == "heuristic_modes"
                                                   else value)
-        for problem in (P, folds, DEPTHWISE, DEPTHWISE16):
+        for problem in (P, folds, DEPTHWISE, DEPTHWISE16, GROUPED):
             key_changes = be.cache_name(problem) != base.cache_name(problem)
             plan_key_changes = (Planner(be, cache="off").key(problem, BWD_FILTER)
                                 != Planner(base, cache="off").key(problem, BWD_FILTER))
             assert key_changes == plan_key_changes
-            reaches = {"fold": (folds,), "split": (DEPTHWISE, DEPTHWISE16)}
+            reaches = {"fold": (folds,), "split": (DEPTHWISE, DEPTHWISE16), "pair": (GROUPED,)}
             if name in reaches and problem not in reaches[name]:
                 assert not key_changes, (name, problem)
                 # find() adds folded (split) configs only where the problem folds (splits)
-                assert fold.fold_of(P) is None and not split.searched_factors(P)
+                assert (fold.fold_of(P) is None and not split.searched_factors(P)
+                        and not pair.searched(P))
                 assert ([r.algo for r in be.find(P.with_batch(32), BWD_FILTER, None)]
                         == [r.algo for r in base.find(P.with_batch(32), BWD_FILTER, None)])
             else:
@@ -525,8 +527,8 @@ def test_parity_keys_the_problems_whose_backward_filter_it_compiles_apart(tables
     key = on.name + on.find_options.key()
     sliced = PARITY_SUFFIX + split.CACHE_SUFFIX + split.SLICE_SUFFIX
     assert on.cache_name(DEPTHWISE16) == key + sliced
-    assert [on.cache_name(p) for p in (P, GROUPED, DEPTHWISE)] == [key, key,
-                                                                    key + split.CACHE_SUFFIX]
+    assert [on.cache_name(p) for p in (P, GROUPED, DEPTHWISE)] == [
+        key, key + pair.CACHE_SUFFIX, key + split.CACHE_SUFFIX]
     assert PARITY_SUFFIX not in off.cache_name(DEPTHWISE16)
     cache = BenchmarkCache(tmp_path / "c.sqlite")
     perf = AlgoPerf("e1", 1.0, 0)

@@ -30,7 +30,7 @@ import numpy as np
 from .._cudnn.handle import Handle
 from .._cudnn.loader import version_string
 from .._cudnn.prototypes import lib
-from ..cuda import (CudaOutOfMemoryError, DeviceArray, as_device_array, as_stream,
+from ..cuda import (CudaOutOfMemoryError, DeviceArray, Stream, as_device_array, as_stream,
                     current_device, default_stream, device_count, device_name, mem_get_info,
                     require_device, using_device)
 from ..dtypes import normalize_dtype
@@ -107,7 +107,9 @@ class FindProfile:
     find()'s work is counted with the rest, Note [folded first layers]);
     ``split``: results of configs run on chunks of a grouped problem's
     groups (cudnn-graph's ``split``, Note [split groups]), and
-    ``split_finds`` the chunk problems found for them; ``parity``: finds
+    ``split_finds`` the chunk problems found for them; ``pairs``: results of
+    configs run in pairs on two streams (cudnn-graph's ``pair``, Note
+    [micro-batches in pairs]); ``parity``: finds
     that timed every candidate, as the first find() of a kernel does
     (cudnn-graph's ``parity``, Note [search parity]).
 
@@ -119,6 +121,7 @@ class FindProfile:
     folded: int = 0
     split: int = 0
     split_finds: int = 0
+    pairs: int = 0
     configs: int = 0
     skipped: int = 0
     finalized: int = 0
@@ -192,6 +195,8 @@ class DeviceBackend(BackendBase):
         self._active = int(self.stream.handle)
         self._multi_device = n > 1
         self._set_stream = lib.raw("cudnnSetStream")
+        #: the second lane's stream of pair calls (Note [micro-batches in pairs]), made at first use
+        self._side: Optional[Stream] = None
         self._rng = np.random.default_rng(0x6d75)
         #: find()'s scratch: random inputs per dtype, an output buffer, a workspace.
         self._find_src: dict[str, Any] = {}
@@ -216,6 +221,15 @@ class DeviceBackend(BackendBase):
             if st:
                 self.handle.set_stream(h)  # raises the CudnnError with cuDNN's message
             self._active = h
+
+    def side_stream(self) -> Stream:
+        """The backend's own stream for the second lane of pair calls (Note
+        [micro-batches in pairs] in :mod:`mucudnn.backends.pair`), made at first use."""
+        with self._lock:
+            if self._side is None:
+                with using_device(self.device):
+                    self._side = Stream(self.device)
+            return self._side
 
     @contextlib.contextmanager
     def on_home_stream(self) -> Iterator[None]:
@@ -392,6 +406,9 @@ class DeviceBackend(BackendBase):
     def close(self) -> None:
         """Release Find's scratch and the cuDNN handle (the stream is not ours to close)."""
         self.release_find_buffers()
+        side, self._side = getattr(self, "_side", None), None
+        if side is not None:
+            side.close()
         self.handle.close()
 
     def __enter__(self) -> "DeviceBackend":

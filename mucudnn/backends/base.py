@@ -29,6 +29,7 @@ from typing import Any, ContextManager, NoReturn, Protocol, Union, runtime_check
 
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
+from . import pair as _pair
 from . import split as _split
 from ..errors import InvalidTypeError, MissingAttributeError, UnsupportedOperationError
 
@@ -242,13 +243,19 @@ class BackendBase:
     #: into chunks of their groups (Note [split groups] in :mod:`.split`); it
     #: names their keys (:meth:`cache_name`).
     split: bool = False
+    #: Whether find() also reports the backward-filter of grouped problems in
+    #: pairs of half micro-batches (Note [micro-batches in pairs] in
+    #: :mod:`.pair`); it names their keys (:meth:`cache_name`).
+    pair: bool = False
 
     def cache_name(self, problem: ConvProblem) -> str:
-        """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on
-        and ``"+split"`` for problems that split while ``split`` is on (Note
-        [candidate sets in keys])."""
+        """``name``, with ``"+fold"`` for problems that fold while ``fold`` is on,
+        ``"+split"`` for problems that split while ``split`` is on and
+        ``"+pair"`` for problems paired while ``pair`` is on (Note [candidate
+        sets in keys])."""
         name = _fold.cache_name(self.name, problem) if self.fold else self.name
-        return _split.cache_name(name, problem) if self.split else name
+        name = _split.cache_name(name, problem) if self.split else name
+        return _pair.cache_name(name, problem) if self.pair else name
 
     def bind(self, direction: Direction, algo: Algo, math_type: Algo, problem: ConvProblem,
              offset: int, size: int, alpha: float, beta: float,

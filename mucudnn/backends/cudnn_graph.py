@@ -16,7 +16,10 @@ with their transforms (Note [folded first layers] in :mod:`.fold`). With
 ``split`` (the default) a depthwise convolution whose configs the cap leaves
 out also gets those of its problem split into chunks of its groups,
 ``"split<k>|<engine config id>"``, timed with their copies (Note [split
-groups] in :mod:`.split`).
+groups] in :mod:`.split`). With ``pair`` (the default) the backward-filter of
+a grouped convolution whose configs the cap leaves out also gets configs of
+half its batch run in pairs on two streams, ``"pair|<engine config id>"``,
+timed as one call (Note [micro-batches in pairs] in :mod:`.pair`).
 
 Numerics follow the problem's math mode, from each engine's numerical notes:
 ``"fma"`` drops engines noted TENSOR_CORE (TF32 for float32) or
@@ -57,6 +60,7 @@ from .._cudnn import graph_descriptors as gd
 from ..errors import InvalidValueError
 from ..problem import ConvProblem
 from . import fold as _fold
+from . import pair as _pair
 from . import split as _split
 from .find_options import FindOptions
 from .graph_bind import GraphBind
@@ -115,6 +119,7 @@ class CudnnGraphBackend(GraphBind, GraphFind):
         self.finds_zero_once = opts.zero == "once"
         self.fold = opts.fold
         self.split = opts.split
+        self.pair = opts.pair
         # See Note [knob search]: a different candidate set measures differently, so
         # its benchmark-cache entries and memoised plans are kept apart.
         self.name = "cudnn-graph+knobs" if opts.search == "knobs" else "cudnn-graph"
@@ -130,12 +135,14 @@ class CudnnGraphBackend(GraphBind, GraphFind):
         """``name`` with the search's key (:meth:`FindOptions.key`),
         ``"+fold"`` for problems that fold while ``fold`` is on,
         ``"+wgrad-rtc"`` for problems whose backward-filter ``parity``
-        compiles, and ``"+split"`` for problems that split while ``split`` is
-        on (Note [candidate sets in keys])."""
+        compiles, ``"+split"`` for problems that split while ``split`` is
+        on and ``"+pair"`` for problems paired while ``pair`` is on (Note
+        [candidate sets in keys])."""
         name = _fold.cache_name(self._search_key, problem) if self.fold else self._search_key
         if self.find_options.parity:
             name = parity_cache_name(name, problem)
-        return _split.cache_name(name, problem) if self.split else name
+        name = _split.cache_name(name, problem) if self.split else name
+        return _pair.cache_name(name, problem) if self.pair else name
 
     def clear_cache(self) -> None:
         """Drop every cached plan and operation graph (those no launcher holds are

@@ -119,7 +119,10 @@ class FindOptions:
     [carried to other sizes]). ``fold``: also time folded configurations of
     strided first layers (Note [folded first layers]). ``split``: also time
     depthwise convolutions split into chunks of their groups where the cap
-    leaves configurations out (Note [split groups]). ``search``:
+    leaves configurations out (Note [split groups]). ``pair``: also time the
+    backward-filter of grouped convolutions as micro-batches in pairs on two
+    streams where the cap leaves configurations out (Note [micro-batches in
+    pairs]). ``search``:
     ``"heuristics"`` or ``"knobs"`` (Note [knob search]), with
     ``knob_values`` values per knob and at most ``max_configs`` added configs.
     ``hold`` (the default): time the GPU alone, each candidate's timed runs
@@ -146,6 +149,7 @@ class FindOptions:
     carry: bool = True
     fold: bool = True
     split: bool = True
+    pair: bool = True
     search: str = "heuristics"
     knob_values: int = 6
     max_configs: int = 256
@@ -177,7 +181,7 @@ class FindOptions:
             if not v > 0.0:
                 raise InvalidValueError(f"long_ms: expected None or a number of ms > 0, got "
                                         f"{self.long_ms!r}")
-        for name in ("prefilter", "parity", "carry", "fold", "split", "hold", "host"):
+        for name in ("prefilter", "parity", "carry", "fold", "split", "pair", "hold", "host"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidTypeError(f"{name}: expected True or False, got "
                                        f"{getattr(self, name)!r}")
@@ -215,9 +219,10 @@ class FindOptions:
         """What this search adds to the backend's name in cache and plan keys:
         ``"+field=value"`` for each field that differs from :data:`BASELINE`
         (the search under which entries of the bare name were measured), in
-        field order; ``fold``, ``split`` and ``search`` are keyed elsewhere
-        (the ``"+fold"`` suffix of problems that fold, the ``"+split"`` suffix
-        of problems that split, the ``"cudnn-graph+knobs"`` name), and
+        field order; ``fold``, ``split``, ``pair`` and ``search`` are keyed
+        elsewhere (the ``"+fold"`` suffix of problems that fold, the
+        ``"+split"`` and ``"+pair"`` suffixes of problems that split or pair,
+        the ``"cudnn-graph+knobs"`` name), and
         ``parity``, ``hold`` and ``host`` read ``"+parity"`` / ``"+noparity"``,
         ``"+hold"`` / ``"+nohold"`` and ``"+host"`` / ``"+nohost"``."""
         parts = []
@@ -265,12 +270,13 @@ LEGACY_KEYWORDS = {
     "find_top_k": "top_k", "find_probe_ratio": "probe_ratio", "find_cold_ratio": "cold_ratio",
     "find_rtc": "rtc", "find_parity": "parity", "find_retime": "retime",
     "find_skip_ratio": "skip_ratio", "find_long_ms": "long_ms", "find_zero": "zero",
-    "find_carry": "carry", "find_split": "split", "search_knob_values": "knob_values",
+    "find_carry": "carry", "find_split": "split", "find_pair": "pair",
+    "search_knob_values": "knob_values",
     "search_max_configs": "max_configs", "find_hold": "hold", "find_host": "host",
 }
 
 #: Fields whose effect on the candidates is keyed by other means.
-_KEYED_ELSEWHERE = ("fold", "split", "search")
+_KEYED_ELSEWHERE = ("fold", "split", "pair", "search")
 
 #: The search under which the bare backend name's entries were measured
 #: (before ``parity`` and ``hold`` existed); :meth:`FindOptions.key` is the

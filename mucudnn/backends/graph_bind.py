@@ -5,7 +5,9 @@ pack cached per pointers; a folded config (``"fold<s>|<engine config id>"``)
 folds its operands around the inner config's launcher (Note [folded first
 layers] in :mod:`.fold`); a split config (``"split<k>|<engine config id>"``)
 runs the inner config's launcher on each chunk of the groups (Note [split
-groups] in :mod:`.split`).
+groups] in :mod:`.split`); a pair config (``"pair|<engine config id>"``)
+runs the inner config's launcher on each half of the micro-batch, the second
+on the backend's side stream (Note [micro-batches in pairs] in :mod:`.pair`).
 
 The workspace contract is :meth:`GraphBind.workspace_size` (the plan with
 16-byte aligned tensors, alpha 1, beta 0; Note [beta and workspace]), which
@@ -30,10 +32,12 @@ from .._cudnn.prototypes import lib, raise_status
 from ..errors import InvalidValueError, UnsupportedConfigError
 from ..problem import ConvProblem, Direction
 from . import fold as _fold
+from . import pair as _pair
 from . import split as _split
 from ._device import array_pointer
 from .base import ConvTensors, Launcher
 from .fold_cudnn import FoldTransforms
+from .pair_cudnn import PairJoin
 from .split_cudnn import SplitCopies
 from .graph_engines import GraphEngines
 from .graph_plans import FULL_ALIGNMENT as _FULL
@@ -94,6 +98,11 @@ class GraphBind(GraphEngines):
         if sliced is not None:  # Note [chunks as slices]: no copies, no regions
             sp = _split.splitting(problem, sliced[0])
             return self.workspace_size(_split.slice_of(sp), direction, sliced[1], math_type)
+        paired = _pair.parse_pair_id(algo)
+        if paired is not None:  # Note [micro-batches in pairs]
+            half = _pair.halves(problem.batch, algo)
+            inner = self._workspace_need(problem.with_batch(half), direction, canonical_id(paired))
+            return _pair.lanes(problem, direction, problem.batch, inner, algo).need
         return self._workspace_need(problem, direction, canonical_id(algo))
 
     def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
@@ -155,6 +164,10 @@ class GraphBind(GraphEngines):
         if sliced is not None:
             return self._bind_slice(direction, sliced, math_type, problem, offset, size,
                                     alpha, beta, aligns)
+        paired = _pair.parse_pair_id(algo)
+        if paired is not None:
+            return self._bind_pair(direction, paired, math_type, problem, offset, size,
+                                   alpha, beta, aligns)
         algo_id = canonical_id(algo)
         sub = problem.with_batch(size)
         ox, oy = row_offsets(problem, offset)
@@ -326,3 +339,52 @@ class GraphBind(GraphEngines):
                 inner(x + cx, w + cw, y + cy, ws, ws_size)
 
         return self._launcher(call, (inner,), need, name)
+
+    def _bind_pair(self, direction: Direction, inner_algo: str, math_type: Union[int, str],
+                   problem: ConvProblem, offset: int, size: int, alpha: float, beta: float,
+                   aligns: tuple[int, int, int]) -> Launcher:
+        """See Note [micro-batches in pairs]: a launcher that runs the inner
+        config's launcher on the first half of this micro-batch on the caller's
+        stream and on the second half on the backend's side stream, each in a
+        workspace lane of its own, and joins the two (for backward-filter, adding
+        the second half's gradient from the scratch into dw)."""
+        algo = _pair.pair_id(inner_algo)
+        half = _pair.halves(size, algo)
+        wgrad = direction is Direction.BACKWARD_FILTER
+        first = self.bind(direction, inner_algo, math_type, problem, offset, half, alpha, beta,
+                          aligns)
+        # the second backward-filter half writes the scratch (16-byte aligned: checked per call)
+        second = self.bind(direction, inner_algo, math_type, problem, offset + half, half, alpha,
+                           0.0 if wgrad else beta, (aligns[0], _MAX, aligns[2]) if wgrad else aligns)
+        ln = _pair.lanes(problem, direction, size,
+                         max(int(first.workspace_bytes), int(second.workspace_bytes)), algo)
+        try:
+            side = self.side_stream()
+            pj = PairJoin(problem, wgrad)
+        except CudnnError as exc:
+            raise UnsupportedConfigError(f"algo: cannot pair {problem!r} for {direction}: {exc}",
+                                         algo=algo, reason=str(exc)) from exc
+        need, lane, scratch = ln.need, ln.lane, ln.scratch
+        handle, lock = self.handle, self._lock
+
+        def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
+            if ws_size < need:
+                raise InvalidValueError(f"workspace: pair config {algo} ({direction}) needs {need} "
+                                        f"bytes for {size} rows of {problem!r}, got {ws_size}")
+            if wgrad and (ws + scratch) % _MAX:
+                raise InvalidValueError(f"workspace: pair config {algo} needs a workspace "
+                                        f"aligned to {_MAX} bytes, got address {ws:#x}")
+            with lock:  # the handle's stream moves to the side lane and back
+                main = self.active_stream
+                pj.split_off(main, side)
+                first(x, w, y, ws, lane)
+                self.activate(side.handle)
+                try:
+                    second(x, ws + scratch if wgrad else w, y, ws + lane, lane)
+                finally:
+                    self.activate(main)
+                    pj.merge(main, side)
+                if wgrad:
+                    pj.add(handle, ws + scratch, w)
+
+        return self._launcher(call, (first, second, pj, side, handle), need, algo)

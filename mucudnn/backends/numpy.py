@@ -66,6 +66,7 @@ import numpy as np
 
 from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
+from . import pair as _pair
 from . import split as _split
 from ._numpy_guard import Guarded
 from .base import OUTPUT_OF, BackendBase, ConvTensors
@@ -117,8 +118,12 @@ class NumpyBackend(BackendBase):
     first layers] in :mod:`mucudnn.backends.fold`). ``split``: find() also
     times each algorithm on every split of a depthwise problem's groups (ids
     ``"split{k}|{algo}"``; Note [split groups] in
-    :mod:`mucudnn.backends.split`). Both off by default here, the CPU
-    reference; run() and workspace_size() take folded and split ids either way.
+    :mod:`mucudnn.backends.split`). ``pair``: find() also times each algorithm
+    in pairs of half micro-batches where the graph backend pairs (ids
+    ``"pair|{algo}"``; Note [micro-batches in pairs] in
+    :mod:`mucudnn.backends.pair`; here the halves run in turn). All off by
+    default here, the CPU reference; run() and workspace_size() take
+    rewritten ids either way.
 
     >>> be = NumpyBackend()
     >>> p = ConvProblem((4, 8, 12, 12), (8, 8, 3, 3), padding=1)
@@ -133,11 +138,12 @@ class NumpyBackend(BackendBase):
     is_host = True
 
     def __init__(self, repeats: int = 3, seed: int = 0, fold: bool = False,
-                 split: bool = False) -> None:
+                 split: bool = False, pair: bool = False) -> None:
         self.repeats = parse_count(repeats, "repeats", 1)
         self.seed = seed
         self.fold = bool(fold)
         self.split = bool(split)
+        self.pair = bool(pair)
         self.version = np.__version__
         self.device_name = _cpu_name()
 
@@ -160,6 +166,10 @@ class NumpyBackend(BackendBase):
         if split is not None:
             _algo(split[1])
             return _split.split_of(problem, split[0]) is not None
+        paired = _pair.parse_pair_id(algo)
+        if paired is not None:
+            _algo(paired)
+            return problem.batch >= 2 and problem.batch % 2 == 0
         folded = _fold.split_fold_id(algo)
         if folded is not None:
             f = _fold.fold_of(problem)
@@ -187,6 +197,11 @@ class NumpyBackend(BackendBase):
             sp = _split.splitting(problem, split[0])
             return (_split.regions(sp, problem.batch).inner
                     + _workspace_bytes(sp.chunk, _algo(split[1])))
+        paired = _pair.parse_pair_id(algo)
+        if paired is not None:  # Note [micro-batches in pairs]
+            half = problem.with_batch(_pair.halves(problem.batch, algo))
+            return _pair.lanes(problem, direction, problem.batch,
+                               _workspace_bytes(half, _algo(paired)), algo).need
         return _workspace_bytes(problem, _algo(algo))
 
     # -- find ------------------------------------------------------------------------
@@ -221,6 +236,8 @@ class NumpyBackend(BackendBase):
         if self.split:  # Note [split groups]
             algos += [_split.split_id(k, int(a)) for k in _split.searched_factors(problem)
                       for a in NumpyAlgo]
+        if self.pair and _pair.pairs(problem, direction):  # Note [micro-batches in pairs]
+            algos += [_pair.pair_id(int(a)) for a in NumpyAlgo]
         for algo in algos:
             ws_bytes = self.workspace_size(problem, direction, algo)
             if workspace_limit is not None and ws_bytes > workspace_limit:
@@ -262,6 +279,10 @@ class NumpyBackend(BackendBase):
         split = _split.parse_split_id(algo)
         if split is not None:
             self._run_split(direction, split, math_type, tensors, alpha, beta, workspace)
+            return
+        paired = _pair.parse_pair_id(algo)
+        if paired is not None:
+            self._run_pair(direction, paired, math_type, tensors, alpha, beta, workspace)
             return
         algo = _algo(algo)
         p = tensors.problem
@@ -367,6 +388,29 @@ class NumpyBackend(BackendBase):
                 _store(ys, bc.astype(cdt), alpha, beta)
             else:
                 _store(xs, ac.astype(cdt), alpha, beta)
+
+    def _run_pair(self, direction: Direction, inner_algo: str, math_type: Union[int, str],
+                  tensors: ConvTensors, alpha: float, beta: float, workspace: Any) -> None:
+        """See Note [micro-batches in pairs]: the inner algorithm on each half of
+        the batch in turn, each in its workspace lane; for backward-filter the
+        second half's gradient goes to the scratch (beta 0) and is added to dw."""
+        p = tensors.problem
+        name = _pair.pair_id(inner_algo)
+        _check_tensors(p, tensors, OUTPUT_OF[direction])
+        half = p.with_batch(_pair.halves(p.batch, name))
+        ln = _pair.lanes(p, direction, p.batch, _workspace_bytes(half, _algo(inner_algo)), name)
+        ws = _check_workspace(workspace, ln.need, name)
+        x, w, y, h, lane = tensors.x, tensors.w, tensors.y, ln.half, ln.lane
+        wgrad = direction is Direction.BACKWARD_FILTER
+        scratch = w
+        if wgrad:
+            scratch = ws[ln.scratch:].view(np_dtype(p.dtype)).reshape(w.shape)
+        self.run(direction, inner_algo, math_type, ConvTensors(half, x[:h], w, y[:h]),
+                 alpha, beta, ws[:lane])
+        self.run(direction, inner_algo, math_type, ConvTensors(half, x[h:], scratch, y[h:]),
+                 alpha, 0.0 if wgrad else beta, ws[lane:2 * lane])
+        if wgrad:
+            _store(w, scratch.astype(compute_dtype(p)), 1.0, 1.0)
 
     # -- arrays ------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional
 from torch import nn
 
 from ..backends import fold as _fold
+from ..backends import pair as _pair
 from ..backends import split as _split
 from ..problem import Direction, Plan
 from . import engine, native
@@ -199,7 +200,8 @@ def _mib(v: Optional[int]) -> str:
 
 def _plan_text(plan: Optional[Plan]) -> str:
     """A plan's micro-batch sizes, the rewrites its configurations run (Note
-    [split groups], Note [folded first layers]) and its workspace:
+    [split groups], Note [folded first layers], Note [micro-batches in
+    pairs]) and its workspace:
     ``"2 x 32 (split by 8), 9.0 MiB"``."""
     if plan is None:
         return "-"
@@ -207,7 +209,9 @@ def _plan_text(plan: Optional[Plan]) -> str:
     for m in plan.micro_batches:
         sp, fo = _split.parse_split_id(m.algo), _fold.split_fold_id(m.algo)
         sl = _split.parse_slice_id(m.algo)
-        if sp is not None:
+        if _pair.parse_pair_id(m.algo) is not None:
+            ways.append("halves in pairs on two streams")
+        elif sp is not None:
             ways.append(f"split by {sp[0]}")
         elif sl is not None:
             ways.append(f"split by {sl[0]} as slices")
