@@ -241,11 +241,13 @@ class GraphFind(GraphEngines):
                     limit: Optional[int]) -> list[AlgoPerf]:
         """See Note [micro-batches in pairs]: the configs that led the find() of
         half ``problem``'s batch under half the cap left by the scratch, each run
-        in pairs and timed as one call; none where the limit does not bite."""
+        in pairs and timed as one call; none where the limit bites neither at
+        this batch nor at twice it (where the planner looks for micro-batches)."""
         with self.on_home_stream():
             cap = self.find_workspace_cap()
         want = cap if limit is None else min(limit, cap)
-        if not self._limit_bites(problem, direction, want):
+        if not (self._limit_bites(problem, direction, want)
+                or self._limit_bites(problem.with_batch(2 * problem.batch), direction, want)):
             return []
         scratch = _pair.lanes(problem, direction, problem.batch, 0).need
         lane = (want - scratch) // 2 // _pair.ALIGNMENT * _pair.ALIGNMENT

@@ -35,11 +35,11 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "ALIGNMENT", "cache_name", "sear
 # at the whole batch runs micro-batches, and a small micro-batch often fills
 # the GPU badly: the grouped 3x3 backward-filters of ResNeXt and RegNet run
 # implicit GEMMs over a few groups of few channels, whose blocks at 16 or 32
-# rows leave most of the machine idle. Two such calls at once fill it: on the
-# H100, ResNeXt-101's layer-3 backward-filter at 64 rows took 0.267 ms with
-# 106 MiB of workspace; four calls of 16 rows in turn 0.373 ms, and the same
-# four over two streams 0.269 ms with 29 MiB (docs/BENCHMARKS.md, "Micro-
-# batches in pairs"). So a pair configuration (id ``pair|{inner id}``) runs a
+# rows leave much of the machine idle, so a plan of such micro-batches runs
+# slower a sample than the whole batch. Two such calls at once fill it: two
+# streams of quarter-batch calls ran about as fast as one whole-batch call, in
+# a quarter of its workspace each (docs/BENCHMARKS.md, "Micro-batches in
+# pairs"). So a pair configuration (id ``pair|{inner id}``) runs a
 # micro-batch of 2h rows as two calls of the inner configuration at h rows,
 # the first on the caller's stream and the second on a stream of the
 # backend's own, ordered after what the caller queued before it by an event
@@ -53,7 +53,9 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "ALIGNMENT", "cache_name", "sear
 # only for the backward-filter of a grouped convolution that is not
 # depthwise (the layers measured; depthwise ones split their groups
 # instead, Note [split groups]) and only where the cap leaves out some
-# configuration heuristics rank high (the limit bites), at the inner
+# configuration heuristics rank high (the limit bites) at the micro-batch or
+# at twice it: a plan of micro-batches that fit the cap one at a time may
+# still gain from pairs of half their size. It times the inner
 # configurations that led the half-size find(), at most :data:`PAIR_TOP`.
 
 #: Inner configurations timed as pairs at each find() that pairs.
