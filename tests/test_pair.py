@@ -68,10 +68,11 @@ def test_find_pairs_the_backward_filter_of_grouped_problems_of_even_batches():
     assert pair.cache_name("g", RESNEXT) == "g" + pair.CACHE_SUFFIX
 
 
-def test_the_lanes_hold_both_halves_and_the_backward_filter_scratch():
+def test_the_lanes_hold_both_lanes_and_the_backward_filter_scratch():
     bf = Direction.BACKWARD_FILTER
     ln = pair.lanes(RESNEXT, bf, 32, 1000)
-    assert (ln.half, ln.lane, ln.scratch) == (16, 1024, 2048)
+    assert (ln.part, ln.calls, ln.lane, ln.scratch) == (16, 1, 1024, 2048)
+    assert pair.lanes(RESNEXT, bf, 32, 1000, 2).part == 8
     assert ln.need == 2048 + 1024 * 3 * 3 * 32 * 4  # the scratch is one dw in float32
     assert ln.lane % pair.ALIGNMENT == 0 and ln.scratch % pair.ALIGNMENT == 0
     fwd = pair.lanes(RESNEXT, Direction.FORWARD, 32, 1000)
@@ -79,37 +80,47 @@ def test_the_lanes_hold_both_halves_and_the_backward_filter_scratch():
     assert pair.lanes(RESNEXT, bf, 32, 0).need == 1024 * 3 * 3 * 32 * 4
 
 
-@pytest.mark.parametrize("algo", ["pair|", "pair|split2|e1", "pair|fold2|e1"])
+@pytest.mark.parametrize("algo", ["pair|", "pair|split2|e1", "pair|fold2|e1", "pair0|e1",
+                                  "pairx|e1", "pair2"])
 def test_a_malformed_pair_id_is_refused_by_name(algo):
-    with pytest.raises(ValueError, match="algo: expected 'pair|<engine config id>'") as exc:
+    with pytest.raises(ValueError, match=r"algo: expected 'pair\[<calls>\]\|<engine config id>'"
+                       ) as exc:
         pair.parse_pair_id(algo)
     assert isinstance(exc.value, MucudnnError)
 
 
-@pytest.mark.parametrize("size", [1, 3, 0])
-def test_a_pair_runs_even_micro_batches_only(size):
-    with pytest.raises(ValueError, match=f"even micro-batch of 2 or more rows, got {size}"):
-        pair.halves(size, "pair|e1")
+@given(inner=st.sampled_from(["e1", "e30;k3=1", "7"]), calls=st.integers(1, 8))
+def test_pair_ids_round_trip(inner, calls):
+    assert pair.parse_pair_id(pair.pair_id(inner, calls)) == (calls, inner)
+
+
+@pytest.mark.parametrize("size,calls", [(1, 1), (3, 1), (0, 1), (6, 2), (2, 2)])
+def test_a_pair_runs_micro_batches_its_calls_divide(size, calls):
+    algo = pair.pair_id(0, calls)
+    with pytest.raises(ValueError, match=f"multiple of {2 * calls} rows, got {size}"):
+        pair.part_rows(size, calls, algo)
     p = ConvProblem((size or 1, 4, 5, 5), (4, 2, 3, 3), groups=2)
-    assert not NumpyBackend().supports(p, Direction.BACKWARD_FILTER, "pair|0")
-    with pytest.raises(ValueError, match="even micro-batch"):
-        NumpyBackend().workspace_size(p, Direction.BACKWARD_FILTER, "pair|0")
+    if size:
+        assert not NumpyBackend().supports(p, Direction.BACKWARD_FILTER, algo)
+    with pytest.raises(ValueError, match="multiple of"):
+        NumpyBackend().workspace_size(p.with_batch(size or 1), Direction.BACKWARD_FILTER, algo)
 
 
 @settings(max_examples=60, deadline=None)
 @given(p=grouped(), d=st.sampled_from(list(Direction)), inner=st.sampled_from(list(NumpyAlgo)),
-       alpha=st.sampled_from([1.0, 0.5, -2.0]), beta=st.sampled_from([0.0, 1.0, 0.25]),
-       seed=st.integers(0, 2**16))
-def test_numpy_pair_configuration_matches_the_reference(p, d, inner, alpha, beta, seed):
+       calls=st.sampled_from([1, 2, 3]), alpha=st.sampled_from([1.0, 0.5, -2.0]),
+       beta=st.sampled_from([0.0, 1.0, 0.25]), seed=st.integers(0, 2**16))
+def test_numpy_pair_configuration_matches_the_reference(p, d, inner, calls, alpha, beta, seed):
     """A pair call gives the whole micro-batch's result with the caller's
     alpha and beta (where beta is 0 the output is poisoned first), in
     :func:`pair.lanes`'s workspace, and refuses one byte less."""
     be = NumpyBackend()
-    algo = pair.pair_id(int(inner))
+    p = p.with_batch(2 * calls * (p.batch // 2))
+    algo = pair.pair_id(int(inner), calls)
     assert be.supports(p, d, algo)
     need = be.workspace_size(p, d, algo)
-    half = be.workspace_size(p.with_batch(p.batch // 2), d, inner)
-    assert need == pair.lanes(p, d, p.batch, half).need
+    part = be.workspace_size(p.with_batch(p.batch // (2 * calls)), d, inner)
+    assert need == pair.lanes(p, d, p.batch, part, calls).need
     x, w, y = _tensors(p, np.random.default_rng(seed))
     if need:
         check_rewritten_run(be, p, d, algo, need, x, w, y, alpha, beta, 1e-10)
@@ -135,7 +146,8 @@ def test_micro_batched_pair_plan_equals_the_unsplit_reference(data, d, alpha, be
     be = NumpyBackend()
     mbs, off = [], 0
     for s in composition(data.draw, n):
-        choices = [0, 1] + ([pair.pair_id(0), pair.pair_id(2)] if s % 2 == 0 else [])
+        choices = [0, 1] + ([pair.pair_id(0), pair.pair_id(2)] if s % 2 == 0 else []) + (
+            [pair.pair_id(1, 2)] if s % 4 == 0 else [])
         a = data.draw(st.sampled_from(choices))
         mbs.append(MicroBatch(off, s, a, 0, be.workspace_size(p.with_batch(s), d, a)))
         off += s
@@ -154,7 +166,7 @@ def test_numpy_find_adds_pair_configurations_only_where_asked_and_they_are_searc
     be = NumpyBackend(repeats=1, pair=True)
     got = be.find(p, bf, None)
     assert sorted(a.algo for a in got if isinstance(a.algo, str)) == sorted(
-        pair.pair_id(int(a)) for a in NumpyAlgo)
+        pair.pair_id(int(a), j) for j in (1, 2) for a in NumpyAlgo)
     for a in got:
         assert a.workspace_bytes == be.workspace_size(p, bf, a.algo)
     # the scratch counts against the limit

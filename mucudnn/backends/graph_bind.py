@@ -100,9 +100,11 @@ class GraphBind(GraphEngines):
             return self.workspace_size(_split.slice_of(sp), direction, sliced[1], math_type)
         paired = _pair.parse_pair_id(algo)
         if paired is not None:  # Note [micro-batches in pairs]
-            half = _pair.halves(problem.batch, algo)
-            inner = self._workspace_need(problem.with_batch(half), direction, canonical_id(paired))
-            return _pair.lanes(problem, direction, problem.batch, inner, algo).need
+            calls, inner_algo = paired
+            part = _pair.part_rows(problem.batch, calls, algo)
+            inner = self._workspace_need(problem.with_batch(part), direction,
+                                         canonical_id(inner_algo))
+            return _pair.lanes(problem, direction, problem.batch, inner, calls, algo).need
         return self._workspace_need(problem, direction, canonical_id(algo))
 
     def _workspace_need(self, problem: ConvProblem, direction: Direction, algo_id: str) -> int:
@@ -340,24 +342,28 @@ class GraphBind(GraphEngines):
 
         return self._launcher(call, (inner,), need, name)
 
-    def _bind_pair(self, direction: Direction, inner_algo: str, math_type: Union[int, str],
-                   problem: ConvProblem, offset: int, size: int, alpha: float, beta: float,
-                   aligns: tuple[int, int, int]) -> Launcher:
+    def _bind_pair(self, direction: Direction, paired: tuple[int, str],
+                   math_type: Union[int, str], problem: ConvProblem, offset: int, size: int,
+                   alpha: float, beta: float, aligns: tuple[int, int, int]) -> Launcher:
         """See Note [micro-batches in pairs]: a launcher that runs the inner
-        config's launcher on the first half of this micro-batch on the caller's
-        stream and on the second half on the backend's side stream, each in a
-        workspace lane of its own, and joins the two (for backward-filter, adding
-        the second half's gradient from the scratch into dw)."""
-        algo = _pair.pair_id(inner_algo)
-        half = _pair.halves(size, algo)
+        config's launcher on the parts of this micro-batch, the first half of
+        them in turn on the caller's stream and the second half in turn on the
+        backend's side stream, each lane in a workspace of its own, and joins
+        the two (for backward-filter, adding the second lane's gradient from
+        the scratch into dw)."""
+        calls, inner_algo = paired
+        algo = _pair.pair_id(inner_algo, calls)
+        part = _pair.part_rows(size, calls, algo)
         wgrad = direction is Direction.BACKWARD_FILTER
-        first = self.bind(direction, inner_algo, math_type, problem, offset, half, alpha, beta,
-                          aligns)
-        # the second backward-filter half writes the scratch (16-byte aligned: checked per call)
-        second = self.bind(direction, inner_algo, math_type, problem, offset + half, half, alpha,
-                           0.0 if wgrad else beta, (aligns[0], _MAX, aligns[2]) if wgrad else aligns)
+        betas = _pair.part_betas(direction, calls, beta)
+        # the second lane's backward-filter calls write the scratch (16-byte aligned: checked per call)
+        second_aligns = (aligns[0], _MAX, aligns[2]) if wgrad else aligns
+        lanes = [[self.bind(direction, inner_algo, math_type, problem,
+                            offset + (k * calls + i) * part, part, alpha, betas[k][i],
+                            second_aligns if k else aligns)
+                  for i in range(calls)] for k in (0, 1)]
         ln = _pair.lanes(problem, direction, size,
-                         max(int(first.workspace_bytes), int(second.workspace_bytes)), algo)
+                         max(int(f.workspace_bytes) for lane in lanes for f in lane), calls, algo)
         try:
             side = self.side_stream()
             pj = PairJoin(problem, wgrad)
@@ -365,22 +371,27 @@ class GraphBind(GraphEngines):
             raise UnsupportedConfigError(f"algo: cannot pair {problem!r} for {direction}: {exc}",
                                          algo=algo, reason=str(exc)) from exc
         need, lane, scratch = ln.need, ln.lane, ln.scratch
+        first, second = lanes
         handle, lock = self.handle, self._lock
 
         def call(x: int, w: int, y: int, ws: int, ws_size: int) -> None:
             if ws_size < need:
                 raise InvalidValueError(f"workspace: pair config {algo} ({direction}) needs {need} "
                                         f"bytes for {size} rows of {problem!r}, got {ws_size}")
+            ws = ws or 0  # None where no bytes are needed
             if wgrad and (ws + scratch) % _MAX:
                 raise InvalidValueError(f"workspace: pair config {algo} needs a workspace "
                                         f"aligned to {_MAX} bytes, got address {ws:#x}")
+            w2 = ws + scratch if wgrad else w
             with lock:  # the handle's stream moves to the side lane and back
                 main = self.active_stream
                 pj.split_off(main, side)
-                first(x, w, y, ws, lane)
+                for f in first:
+                    f(x, w, y, ws, lane)
                 self.activate(side.handle)
                 try:
-                    second(x, ws + scratch if wgrad else w, y, ws + lane, lane)
+                    for f in second:
+                        f(x, w2, y, ws + lane, lane)
                 finally:
                     self.activate(main)
                     pj.merge(main, side)

@@ -30,7 +30,7 @@ from .._cudnn.errors import CudnnError
 from .._cudnn.prototypes import lib
 from ..caches import LRU
 from ..cuda import CudaError, CudaOutOfMemoryError, time_on_stream, using_device
-from ..errors import InvalidValueError, UnsupportedConfigError
+from ..errors import InvalidValueError
 from ..problem import AlgoPerf, ConvProblem, Direction
 from ..problem.slice_problem import SliceProblem
 from . import fold as _fold
@@ -41,6 +41,7 @@ from .graph_candidates import (FirstTimed, carried_ids, cold_out, far_cut, fitti
                                note_ratios, numerics_allowed, over_cap, parity_compiles, remember,
                                rtc_cut, top_k_cut)
 from .graph_engines import GraphEngines
+from .graph_pairs import find_pairs
 from .graph_plans import FULL_ALIGNMENT as _FULL
 from .graph_plans import CachedGraph, CachedPlan
 from .split_cudnn import SplitCopies
@@ -230,58 +231,11 @@ class GraphFind(GraphEngines):
                 self.find_profile.split += len(split)
                 out = sorted(out + split, key=lambda a: a.time_ms)
         if self.pair and not isinstance(problem, SliceProblem) and _pair.pairs(problem, direction):
-            paired = self._find_pairs(problem, direction, limit)
+            paired = find_pairs(self, problem, direction, limit)
             if paired:
                 self.find_profile.pairs += len(paired)
                 out = sorted(out + paired, key=lambda a: a.time_ms)
         self.find_profile.calls += 1
-        return out
-
-    def _find_pairs(self, problem: ConvProblem, direction: Direction,
-                    limit: Optional[int]) -> list[AlgoPerf]:
-        """See Note [micro-batches in pairs]: the configs that led the find() of
-        half ``problem``'s batch under half the cap left by the scratch, each run
-        in pairs and timed as one call; none where the limit bites neither at
-        this batch nor at twice it (where the planner looks for micro-batches)."""
-        with self.on_home_stream():
-            cap = self.find_workspace_cap()
-        want = cap if limit is None else min(limit, cap)
-        if not (self._limit_bites(problem, direction, want)
-                or self._limit_bites(problem.with_batch(2 * problem.batch), direction, want)):
-            return []
-        scratch = _pair.lanes(problem, direction, problem.batch, 0).need
-        lane = (want - scratch) // 2 // _pair.ALIGNMENT * _pair.ALIGNMENT
-        if lane < 0:
-            return []
-        half = problem.with_batch(problem.batch // 2)
-        inner = self._find_configs(half, direction, lane)
-        out: list[AlgoPerf] = []
-        with self.on_home_stream():
-            ptrs = self._find_pointers(problem, direction)
-            for perf in inner[:_pair.PAIR_TOP]:
-                algo = _pair.pair_id(perf.algo)
-                try:
-                    launch = self.bind(direction, algo, 0, problem, 0, problem.batch, 1.0, 0.0)
-                    need = int(launch.workspace_bytes)
-                    ws_ptr, have = self._find_workspace(need)
-                    if need > want or have < need:
-                        continue
-
-                    def run(go: Any = launch, ws: Optional[int] = ws_ptr, n: int = have) -> None:
-                        go(*ptrs, ws or 0, n)
-
-                    times = time_on_stream(run, self.stream, warmup=max(1, self.find_options.warmup),
-                                           repeat=self.find_options.repeat,
-                                           held=self.find_options.hold, host=self.find_options.host)
-                except (CudnnError, CudaError, UnsupportedConfigError) as exc:
-                    # a pair is an extra: where its halves or its join cannot run, find() goes on
-                    log.info("mucudnn: cannot pair %s %s as %s: %s", problem, direction, algo, exc)
-                    continue
-                self.find_profile.gpu_s += sum(times) / 1e3
-                out.append(AlgoPerf(algo=algo, time_ms=float(statistics.median(times)),
-                                    workspace_bytes=need, math_type=0,
-                                    determinism=perf.determinism))
-            self.stream.synchronize()
         return out
 
     def _find_folded(self, problem: ConvProblem, direction: Direction,

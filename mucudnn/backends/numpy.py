@@ -121,7 +121,7 @@ class NumpyBackend(BackendBase):
     :mod:`mucudnn.backends.split`). ``pair``: find() also times each algorithm
     in pairs of half micro-batches where the graph backend pairs (ids
     ``"pair|{algo}"``; Note [micro-batches in pairs] in
-    :mod:`mucudnn.backends.pair`; here the halves run in turn). All off by
+    :mod:`mucudnn.backends.pair`; here the lanes run in turn). All off by
     default here, the CPU reference; run() and workspace_size() take
     rewritten ids either way.
 
@@ -168,8 +168,8 @@ class NumpyBackend(BackendBase):
             return _split.split_of(problem, split[0]) is not None
         paired = _pair.parse_pair_id(algo)
         if paired is not None:
-            _algo(paired)
-            return problem.batch >= 2 and problem.batch % 2 == 0
+            _algo(paired[1])
+            return problem.batch >= 2 * paired[0] and problem.batch % (2 * paired[0]) == 0
         folded = _fold.split_fold_id(algo)
         if folded is not None:
             f = _fold.fold_of(problem)
@@ -199,9 +199,9 @@ class NumpyBackend(BackendBase):
                     + _workspace_bytes(sp.chunk, _algo(split[1])))
         paired = _pair.parse_pair_id(algo)
         if paired is not None:  # Note [micro-batches in pairs]
-            half = problem.with_batch(_pair.halves(problem.batch, algo))
+            part = problem.with_batch(_pair.part_rows(problem.batch, paired[0], algo))
             return _pair.lanes(problem, direction, problem.batch,
-                               _workspace_bytes(half, _algo(paired)), algo).need
+                               _workspace_bytes(part, _algo(paired[1])), paired[0], algo).need
         return _workspace_bytes(problem, _algo(algo))
 
     # -- find ------------------------------------------------------------------------
@@ -237,7 +237,8 @@ class NumpyBackend(BackendBase):
             algos += [_split.split_id(k, int(a)) for k in _split.searched_factors(problem)
                       for a in NumpyAlgo]
         if self.pair and _pair.pairs(problem, direction):  # Note [micro-batches in pairs]
-            algos += [_pair.pair_id(int(a)) for a in NumpyAlgo]
+            algos += [_pair.pair_id(int(a), j) for j in _pair.PAIR_CALLS
+                      if problem.batch % (2 * j) == 0 for a in NumpyAlgo]
         for algo in algos:
             ws_bytes = self.workspace_size(problem, direction, algo)
             if workspace_limit is not None and ws_bytes > workspace_limit:
@@ -389,26 +390,30 @@ class NumpyBackend(BackendBase):
             else:
                 _store(xs, ac.astype(cdt), alpha, beta)
 
-    def _run_pair(self, direction: Direction, inner_algo: str, math_type: Union[int, str],
-                  tensors: ConvTensors, alpha: float, beta: float, workspace: Any) -> None:
-        """See Note [micro-batches in pairs]: the inner algorithm on each half of
-        the batch in turn, each in its workspace lane; for backward-filter the
-        second half's gradient goes to the scratch (beta 0) and is added to dw."""
+    def _run_pair(self, direction: Direction, paired: tuple[int, str],
+                  math_type: Union[int, str], tensors: ConvTensors, alpha: float, beta: float,
+                  workspace: Any) -> None:
+        """See Note [micro-batches in pairs]: the inner algorithm on each part of
+        the batch in turn, each lane's calls in its workspace lane; for
+        backward-filter the second lane accumulates into the scratch (from beta
+        0), which is then added to dw."""
         p = tensors.problem
-        name = _pair.pair_id(inner_algo)
+        calls, inner_algo = paired
+        name = _pair.pair_id(inner_algo, calls)
         _check_tensors(p, tensors, OUTPUT_OF[direction])
-        half = p.with_batch(_pair.halves(p.batch, name))
-        ln = _pair.lanes(p, direction, p.batch, _workspace_bytes(half, _algo(inner_algo)), name)
+        sub = p.with_batch(_pair.part_rows(p.batch, calls, name))
+        ln = _pair.lanes(p, direction, p.batch, _workspace_bytes(sub, _algo(inner_algo)), calls,
+                         name)
         ws = _check_workspace(workspace, ln.need, name)
-        x, w, y, h, lane = tensors.x, tensors.w, tensors.y, ln.half, ln.lane
+        x, w, y, h, lane = tensors.x, tensors.w, tensors.y, ln.part, ln.lane
         wgrad = direction is Direction.BACKWARD_FILTER
-        scratch = w
-        if wgrad:
-            scratch = ws[ln.scratch:].view(np_dtype(p.dtype)).reshape(w.shape)
-        self.run(direction, inner_algo, math_type, ConvTensors(half, x[:h], w, y[:h]),
-                 alpha, beta, ws[:lane])
-        self.run(direction, inner_algo, math_type, ConvTensors(half, x[h:], scratch, y[h:]),
-                 alpha, 0.0 if wgrad else beta, ws[lane:2 * lane])
+        scratch = ws[ln.scratch:].view(np_dtype(p.dtype)).reshape(w.shape) if wgrad else w
+        for k, betas in enumerate(_pair.part_betas(direction, calls, beta)):
+            for i, b in enumerate(betas):
+                rows = slice((k * calls + i) * h, (k * calls + i + 1) * h)
+                self.run(direction, inner_algo, math_type,
+                         ConvTensors(sub, x[rows], scratch if k else w, y[rows]), alpha, b,
+                         ws[k * lane:(k + 1) * lane])
         if wgrad:
             _store(w, scratch.astype(compute_dtype(p)), 1.0, 1.0)
 

@@ -11,10 +11,12 @@ The cuDNN graph backend issues the second lane on a stream of its own
 >>> p = ConvProblem((64, 14, 14, 1024), (1024, 3, 3, 32), padding=1, groups=32, layout="NHWC")
 >>> pairs(p, Direction.BACKWARD_FILTER), pairs(p, Direction.FORWARD)
 (True, False)
->>> pair_id("e30;k3=1"), parse_pair_id("pair|e30;k3=1"), parse_pair_id("split2|e1")
-('pair|e30;k3=1', 'e30;k3=1', None)
->>> lanes(p, Direction.BACKWARD_FILTER, 32, 1000)
-Lanes(half=16, lane=1024, scratch=2048, need=1181696)
+>>> pair_id("e30;k3=1"), pair_id("e30;k3=1", 2), parse_pair_id("pair2|e30;k3=1")
+('pair|e30;k3=1', 'pair2|e30;k3=1', (2, 'e30;k3=1'))
+>>> parse_pair_id("split2|e1") is None
+True
+>>> lanes(p, Direction.BACKWARD_FILTER, 32, 1000, 2)
+Lanes(part=8, calls=2, lane=1024, scratch=2048, need=1181696)
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from typing import Optional, Union
 from ..errors import UnsupportedConfigError
 from ..problem import ConvProblem, Direction
 
-__all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "ALIGNMENT", "cache_name", "searched", "pairs",
-           "pair_id", "parse_pair_id", "lanes", "halves"]
+__all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "PAIR_CALLS", "ALIGNMENT", "cache_name",
+           "searched", "pairs", "pair_id", "parse_pair_id", "lanes", "part_rows", "part_betas"]
 
 # Note [micro-batches in pairs]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -39,15 +41,18 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "ALIGNMENT", "cache_name", "sear
 # slower a sample than the whole batch. Two such calls at once fill it: two
 # streams of quarter-batch calls ran about as fast as one whole-batch call, in
 # a quarter of its workspace each (docs/BENCHMARKS.md, "Micro-batches in
-# pairs"). So a pair configuration (id ``pair|{inner id}``) runs a
-# micro-batch of 2h rows as two calls of the inner configuration at h rows,
-# the first on the caller's stream and the second on a stream of the
-# backend's own, ordered after what the caller queued before it by an event
-# and joined back by another, each with a workspace lane of its own. For
-# backward-filter the second call writes its partial gradient into scratch
-# in the workspace (alpha applied, beta 0) and the join adds it to dw, whose
-# own call took the caller's alpha and beta; forward and backward-data
-# halves write rows of their own. Its workspace is both lanes and the
+# pairs"). So a pair configuration (id ``pair{j}|{inner id}``, ``pair|``
+# for j = 1) runs a micro-batch of 2jh rows as 2j calls of the inner
+# configuration at h rows, j in turn on each of two lanes: the caller's
+# stream and a stream of the backend's own, ordered after what the caller
+# queued before it by an event and joined back by another, each lane with a
+# workspace of its own. For backward-filter the second lane accumulates its
+# partial gradient into scratch in the workspace (alpha applied, beta 0 at
+# its first call) and the join adds it to dw, into which the first lane
+# accumulated after its first call took the caller's alpha and beta;
+# forward and backward-data calls write rows of their own. More calls a
+# lane (j = 2) join fewer times a plan, where each join waits for the slower
+# lane. Its workspace is both lanes and the
 # scratch; its time is measured as one call, both lanes included, since two
 # concurrent calls take neither one call's time nor two. find() times pairs
 # only for the backward-filter of a grouped convolution that is not
@@ -55,26 +60,30 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "ALIGNMENT", "cache_name", "sear
 # instead, Note [split groups]) and only where the cap leaves out some
 # configuration heuristics rank high (the limit bites) at the micro-batch or
 # at twice it: a plan of micro-batches that fit the cap one at a time may
-# still gain from pairs of half their size. It times the inner
-# configurations that led the half-size find(), at most :data:`PAIR_TOP`.
+# still gain from pairs of half their size. For each j of :data:`PAIR_CALLS`
+# that divides the batch it times the inner configurations that led the
+# find() at h rows, at most :data:`PAIR_TOP`.
 
-#: Inner configurations timed as pairs at each find() that pairs.
+#: Inner configurations timed as pairs at each find() that pairs, per calls a lane.
 PAIR_TOP = 2
+#: The calls a lane that find() tries (j of ``pair{j}|``).
+PAIR_CALLS = (1, 2)
 #: Where the second lane and the scratch start in a pair's workspace (bytes).
 ALIGNMENT = 256
 #: See Note [candidate sets in keys]: what a backend that pairs appends to its
 #: name in the keys of problems it pairs.
 CACHE_SUFFIX = "+pair"
-_PREFIX = "pair|"
+_PREFIX = "pair"
 
 
 @dataclasses.dataclass(frozen=True)
 class Lanes:
-    """A pair call's halves (``half`` rows each) and workspace: lane one at 0,
-    lane two at ``lane``, the scratch gradient at ``scratch`` (backward-filter;
-    else equal to ``need``'s lanes), ``need`` bytes in all."""
+    """A pair call's inner calls (``part`` rows each, ``calls`` a lane) and
+    workspace: lane one at 0, lane two at ``lane``, the scratch gradient at
+    ``scratch`` (backward-filter; else equal to ``need``), ``need`` bytes in all."""
 
-    half: int
+    part: int
+    calls: int
     lane: int
     scratch: int
     need: int
@@ -121,46 +130,64 @@ def cache_name(name: str, problem: ConvProblem) -> str:
     return name + CACHE_SUFFIX if searched(problem) else name
 
 
-def pair_id(inner: Union[int, str]) -> str:
-    """The id of ``inner`` run in pairs."""
-    return f"{_PREFIX}{inner}"
+def pair_id(inner: Union[int, str], calls: int = 1) -> str:
+    """The id of ``inner`` run in pairs, ``calls`` calls a lane."""
+    return f"{_PREFIX}{'' if calls == 1 else int(calls)}|{inner}"
 
 
-def parse_pair_id(algo: Union[int, str]) -> Optional[str]:
-    """The inner id of a pair id; None for any other id. A pair's inner
-    configuration is a plain one (no rewrite of its own)."""
+def parse_pair_id(algo: Union[int, str]) -> Optional[tuple[int, str]]:
+    """(calls a lane, inner id) of a pair id; None for any other id. A pair's
+    inner configuration is a plain one (no rewrite of its own)."""
     if not isinstance(algo, str) or not algo.startswith(_PREFIX):
         return None
-    inner = algo[len(_PREFIX):]
-    if not inner or "|" in inner:
-        raise UnsupportedConfigError(f"algo: expected 'pair|<engine config id>', got {algo!r}",
-                                     algo=algo, reason="malformed pair id")
-    return inner
-
-
-def halves(size: int, algo: Union[int, str]) -> int:
-    """The rows of each half of a pair call of ``size`` rows;
-    :class:`~mucudnn.errors.UnsupportedConfigError` where ``size`` does not
-    halve evenly (a plan that ran a pair at such a size was not made by
-    find(), which pairs only even sizes).
-
-    >>> halves(32, "pair|e1")
-    16
-    """
-    if size < 2 or size % 2:
+    head, _, inner = algo.partition("|")
+    digits = head[len(_PREFIX):]
+    if not inner or "|" in inner or not (digits == "" or (digits.isdigit() and int(digits) >= 1)):
         raise UnsupportedConfigError(
-            f"algo: pair configuration {algo} runs an even micro-batch of 2 or more rows, "
-            f"got {size} (Note [micro-batches in pairs])", algo=algo, reason="odd micro-batch")
-    return size // 2
+            f"algo: expected 'pair[<calls>]|<engine config id>', got {algo!r}",
+            algo=algo, reason="malformed pair id")
+    return (int(digits) if digits else 1), inner
+
+
+def part_rows(size: int, calls: int, algo: Union[int, str]) -> int:
+    """The rows of each of a pair call's ``2 * calls`` inner calls at ``size``
+    rows; :class:`~mucudnn.errors.UnsupportedConfigError` where ``size`` does
+    not divide evenly (a plan that ran a pair at such a size was not made by
+    find(), which pairs only sizes that divide).
+
+    >>> part_rows(32, 1, "pair|e1"), part_rows(32, 2, "pair2|e1")
+    (16, 8)
+    """
+    if size < 2 * calls or size % (2 * calls):
+        raise UnsupportedConfigError(
+            f"algo: pair configuration {algo} runs a micro-batch of a multiple of {2 * calls} "
+            f"rows, got {size} (Note [micro-batches in pairs])", algo=algo,
+            reason="micro-batch does not divide")
+    return size // (2 * calls)
 
 
 def lanes(problem: ConvProblem, direction: Direction, size: int, inner_need: int,
-          algo: Union[int, str] = "pair") -> Lanes:
+          calls: int = 1, algo: Union[int, str] = "pair") -> Lanes:
     """Where a pair call of ``size`` rows of ``problem`` keeps its lanes
-    (``inner_need`` bytes each: the inner configuration's at half the rows)
-    and, for backward-filter, the second half's filter gradient."""
-    half = halves(int(size), algo)
+    (``inner_need`` bytes each: the inner configuration's at the part's rows)
+    and, for backward-filter, the second lane's filter gradient."""
+    part = part_rows(int(size), calls, algo)
     lane = _aligned(inner_need)
     wgrad = Direction.parse(direction) is Direction.BACKWARD_FILTER
     dw = math.prod(problem.w_shape) * problem.itemsize if wgrad else 0
-    return Lanes(half, lane, 2 * lane, 2 * lane + dw)
+    return Lanes(part, int(calls), lane, 2 * lane, 2 * lane + dw)
+
+
+def part_betas(direction: Direction, calls: int, beta: float) -> tuple[list[float], list[float]]:
+    """The beta of each call of lane one and lane two: backward-filter
+    accumulates within each lane (lane two into its scratch, from 0);
+    forward and backward-data calls each take the caller's.
+
+    >>> part_betas(Direction.BACKWARD_FILTER, 2, 0.5)
+    ([0.5, 1.0], [0.0, 1.0])
+    >>> part_betas(Direction.FORWARD, 1, 0.5)
+    ([0.5], [0.5])
+    """
+    if Direction.parse(direction) is Direction.BACKWARD_FILTER:
+        return [float(beta)] + [1.0] * (calls - 1), [0.0] + [1.0] * (calls - 1)
+    return [float(beta)] * calls, [float(beta)] * calls

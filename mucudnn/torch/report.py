@@ -209,8 +209,9 @@ def _plan_text(plan: Optional[Plan]) -> str:
     for m in plan.micro_batches:
         sp, fo = _split.parse_split_id(m.algo), _fold.split_fold_id(m.algo)
         sl = _split.parse_slice_id(m.algo)
-        if _pair.parse_pair_id(m.algo) is not None:
-            ways.append("halves in pairs on two streams")
+        pa = _pair.parse_pair_id(m.algo)
+        if pa is not None:
+            ways.append(f"in pairs of {2 * pa[0]} calls on two streams")
         elif sp is not None:
             ways.append(f"split by {sp[0]}")
         elif sl is not None:
