@@ -63,9 +63,8 @@ from . import fold as _fold
 from . import pair as _pair
 from . import split as _split
 from .find_options import FindOptions
-from .graph_bind import GraphBind
 from .graph_candidates import SEARCH_MODES, knob_variants, numerics_allowed, parity_cache_name
-from .graph_find import GraphFind
+from .graph_pairs import GraphPairs
 from .graph_plans import canonical_id
 
 __all__ = ["CudnnGraphBackend", "CudnnGraphKnobsBackend", "SEARCH_MODES", "knob_variants", "numerics_allowed",
@@ -75,7 +74,7 @@ format_engine_config_id = gd.format_engine_config_id
 parse_engine_config_id = gd.parse_engine_config_id
 
 
-class CudnnGraphBackend(GraphBind, GraphFind):
+class CudnnGraphBackend(GraphPairs):
     """cuDNN's graph (backend) API as a :class:`~mucudnn.backends.base.Backend`.
 
     ``device``, ``stream``, ``find_workspace_limit``: see

@@ -41,7 +41,6 @@ from .graph_candidates import (FirstTimed, carried_ids, cold_out, far_cut, fitti
                                note_ratios, numerics_allowed, over_cap, parity_compiles, remember,
                                rtc_cut, top_k_cut)
 from .graph_engines import GraphEngines
-from .graph_pairs import find_pairs
 from .graph_plans import FULL_ALIGNMENT as _FULL
 from .graph_plans import CachedGraph, CachedPlan
 from .split_cudnn import SplitCopies
@@ -231,12 +230,18 @@ class GraphFind(GraphEngines):
                 self.find_profile.split += len(split)
                 out = sorted(out + split, key=lambda a: a.time_ms)
         if self.pair and not isinstance(problem, SliceProblem) and _pair.pairs(problem, direction):
-            paired = find_pairs(self, problem, direction, limit)
+            paired = self._find_pairs(problem, direction, limit)
             if paired:
                 self.find_profile.pairs += len(paired)
                 out = sorted(out + paired, key=lambda a: a.time_ms)
         self.find_profile.calls += 1
         return out
+
+    def _find_pairs(self, problem: ConvProblem, direction: Direction,
+                    limit: Optional[int]) -> list[AlgoPerf]:
+        """The pair configurations find() adds (Note [micro-batches in pairs]):
+        none here; :class:`~mucudnn.backends.graph_pairs.GraphPairs` times them."""
+        return []
 
     def _find_folded(self, problem: ConvProblem, direction: Direction,
                      limit: Optional[int]) -> list[AlgoPerf]:
