@@ -112,7 +112,6 @@ class _TableGraph(CudnnGraphBackend):
         if "find" not in options:
             options.setdefault("find_parity", False)  # these tests are of the cuts
             options.setdefault("find_retime", 0)
-            options.setdefault("find_pair", False)  # a pair's timing runs its launcher
         super().__init__(find_workspace_limit=1 << 40, **options)
         self.rounds: dict[int, list[str]] = {}
 
@@ -473,7 +472,7 @@ def test_find_counts_the_host_of_each_run_where_its_options_say(tables, monkeypa
 OTHER = {"heuristic_modes": ("A",), "warmup": 0, "repeat": 5, "prefilter": False, "top_k": None,
          "probe_ratio": None, "cold_ratio": None, "rtc": "all", "parity": False, "retime": 1,
          "skip_ratio": None, "long_ms": 5.0, "zero": "once", "carry": False, "fold": False,
-         "split": False, "pair": False, "search": "knobs", "knob_values": 3, "max_configs": 16,
+         "split": False, "pair": True, "search": "knobs", "knob_values": 3, "max_configs": 16,
          "hold": False, "host": True}
 
 
@@ -528,7 +527,8 @@ def test_parity_keys_the_problems_whose_backward_filter_it_compiles_apart(tables
     sliced = PARITY_SUFFIX + split.CACHE_SUFFIX + split.SLICE_SUFFIX
     assert on.cache_name(DEPTHWISE16) == key + sliced
     assert [on.cache_name(p) for p in (P, GROUPED, DEPTHWISE)] == [
-        key, key + pair.CACHE_SUFFIX, key + split.CACHE_SUFFIX]
+        key, key, key + split.CACHE_SUFFIX]
+    assert _TableGraph(find=FindOptions(pair=True)).cache_name(GROUPED) == key + pair.CACHE_SUFFIX
     assert PARITY_SUFFIX not in off.cache_name(DEPTHWISE16)
     cache = BenchmarkCache(tmp_path / "c.sqlite")
     perf = AlgoPerf("e1", 1.0, 0)

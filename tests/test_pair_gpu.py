@@ -16,13 +16,18 @@ from mucudnn.backends import pair
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.errors import InvalidValueError, UnsupportedConfigError
 from mucudnn.problem import MicroBatch, Plan
-from conv_support import (MiB, backend_fixture, check_micro_batched, convolution_for,
+from conv_support import (MiB, check_micro_batched, convolution_for,
                           run_plan, torch_or_skip, uniform_tensors)
 from reference import reference, rel_err
 
 pytestmark = pytest.mark.gpu
 
-be = backend_fixture(CudnnGraphBackend, 256 * MiB)
+@pytest.fixture(scope="module")
+def be():
+    """One graph backend that pairs (``pair`` is off by default), closed after the module."""
+    b = CudnnGraphBackend(find_workspace_limit=256 * MiB, pair=True)
+    yield b
+    b.close()
 
 # name -> (x, w, padding, groups, layout): grouped 3x3s (ResNeXt's, RegNet's) at few pixels
 LAYERS = {
@@ -95,8 +100,8 @@ def test_find_pairs_a_grouped_backward_filter_where_the_cap_bites(be):
     assert rel_err(got, want) < 5e-3, best.algo
 
 
-def test_pair_off_reports_no_pair_configuration():
-    b = CudnnGraphBackend(find_workspace_limit=256 * MiB, pair=False)
+def test_pair_off_by_default_reports_no_pair_configuration():
+    b = CudnnGraphBackend(find_workspace_limit=256 * MiB)
     try:
         assert all(pair.parse_pair_id(a.algo) is None
                    for a in b.find(RESNEXT, Direction.BACKWARD_FILTER, 32 * MiB))

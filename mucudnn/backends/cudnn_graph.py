@@ -16,10 +16,11 @@ with their transforms (Note [folded first layers] in :mod:`.fold`). With
 ``split`` (the default) a depthwise convolution whose configs the cap leaves
 out also gets those of its problem split into chunks of its groups,
 ``"split<k>|<engine config id>"``, timed with their copies (Note [split
-groups] in :mod:`.split`). With ``pair`` (the default) the backward-filter of
-a grouped convolution whose configs the cap leaves out also gets configs of
-half its batch run in pairs on two streams, ``"pair|<engine config id>"``,
-timed as one call (Note [micro-batches in pairs] in :mod:`.pair`).
+groups] in :mod:`.split`). With ``pair`` (off by default) the backward-filter
+of a grouped convolution whose configs the cap leaves out also gets configs
+of parts of its batch run in pairs on two streams, ``"pair[<j>]|<engine
+config id>"``, timed as one call (Note [micro-batches in pairs] in
+:mod:`.pair`).
 
 Numerics follow the problem's math mode, from each engine's numerical notes:
 ``"fma"`` drops engines noted TENSOR_CORE (TF32 for float32) or

@@ -62,7 +62,9 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "PAIR_CALLS", "ALIGNMENT", "cach
 # at twice it: a plan of micro-batches that fit the cap one at a time may
 # still gain from pairs of half their size. For each j of :data:`PAIR_CALLS`
 # that divides the batch it times the inner configurations that led the
-# find() at h rows, at most :data:`PAIR_TOP`.
+# find() at h rows, at most :data:`PAIR_TOP`. The graph backend searches
+# pairs only with its ``pair`` option on: off by default until this form (j
+# calls a lane) is measured on the GPU.
 
 #: Inner configurations timed as pairs at each find() that pairs, per calls a lane.
 PAIR_TOP = 2
