@@ -5,9 +5,10 @@ pack cached per pointers; a folded config (``"fold<s>|<engine config id>"``)
 folds its operands around the inner config's launcher (Note [folded first
 layers] in :mod:`.fold`); a split config (``"split<k>|<engine config id>"``)
 runs the inner config's launcher on each chunk of the groups (Note [split
-groups] in :mod:`.split`); a pair config (``"pair|<engine config id>"``)
-runs the inner config's launcher on each half of the micro-batch, the second
-on the backend's side stream (Note [micro-batches in pairs] in :mod:`.pair`).
+groups] in :mod:`.split`); a pair config (``"pair[<j>]|<engine config
+id>"``) runs the inner config's launcher on 2j parts of the micro-batch, j on
+the caller's stream and j on the backend's side stream (Note [micro-batches
+in pairs] in :mod:`.pair`).
 
 The workspace contract is :meth:`GraphBind.workspace_size` (the plan with
 16-byte aligned tensors, alpha 1, beta 0; Note [beta and workspace]), which

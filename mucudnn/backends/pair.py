@@ -52,9 +52,9 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "PAIR_CALLS", "ALIGNMENT", "cach
 # accumulated after its first call took the caller's alpha and beta;
 # forward and backward-data calls write rows of their own. More calls a
 # lane (j = 2) join fewer times a plan, where each join waits for the slower
-# lane. Its workspace is both lanes and the
-# scratch; its time is measured as one call, both lanes included, since two
-# concurrent calls take neither one call's time nor two. find() times pairs
+# lane. Its workspace is both lanes and the scratch; its time is measured as
+# one call, both lanes included, since two concurrent calls take neither one
+# call's time nor two. find() times pairs
 # only for the backward-filter of a grouped convolution that is not
 # depthwise (the layers measured; depthwise ones split their groups
 # instead, Note [split groups]) and only where the cap leaves out some

@@ -1,7 +1,7 @@
 """A pair call's ordering and join on cuDNN (Note [micro-batches in pairs] in
 :mod:`mucudnn.backends.pair`): the events that order the second lane's
 stream after the caller's and back, and, for backward-filter, the add of the
-second half's partial gradient into dw (``cudnnTransformTensor`` with beta 1
+second lane's partial gradient into dw (``cudnnTransformTensor`` with beta 1
 over the filter's elements, on the handle's stream).
 
 A launcher holds its :class:`PairJoin` (freed with it, ``weakref.finalize``
@@ -24,7 +24,7 @@ __all__ = ["PairJoin"]
 
 class PairJoin:
     """The fork and join events of one pair launcher, and the add of its
-    backward-filter halves (``wgrad``) for ``problem``'s filter."""
+    backward-filter lanes (``wgrad``) for ``problem``'s filter."""
 
     def __init__(self, problem: ConvProblem, wgrad: bool) -> None:
         self.fork = Event(timing=False)
