@@ -106,6 +106,49 @@ def problems(draw, batch=None, math="fma"):
                        padding=pad, dilation=dil, groups=groups, layout=layout, math=math)
 
 
+@st.composite
+def grouped_problems(draw, groups, batch, extra=5):
+    """A small float64 problem of ``groups`` (drawn from that list) of a few
+    channels each, batch ``batch`` (an int, or a strategy drawn from): either
+    layout, 2-D or 3-D, strides, paddings, dilations; spatial sizes up to
+    ``extra`` (2 in 3-D) past the least the kernel needs."""
+    nd = draw(st.sampled_from([2, 2, 3]))
+    layout = draw(st.sampled_from(["NCHW", "NHWC"] if nd == 2 else ["NCDHW", "NDHWC"]))
+    g = draw(st.sampled_from(groups))
+    cg, kg = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    n = batch if isinstance(batch, int) else draw(batch)
+    ks = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    stride = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    dil = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    pad = tuple(draw(st.integers(0, k - 1)) for k in ks)
+    least = [max(1, d * (k - 1) + 1 - 2 * p) for k, d, p in zip(ks, dil, pad)]
+    sp = tuple(draw(st.integers(lo, lo + (extra if nd == 2 else 2))) for lo in least)
+    x = (n, g * cg) + sp
+    w = (g * kg, cg) + ks
+    if layout in ("NHWC", "NDHWC"):
+        x, w = (x[0],) + x[2:] + (x[1],), (w[0],) + w[2:] + (w[1],)
+    return ConvProblem(x, w, stride=stride, padding=pad, dilation=dil, groups=g,
+                       layout=layout, math="fma", dtype="float64")
+
+
+def check_mixed_plan(be, p, d, sized_algos, alpha, beta, seed, tol):
+    """A plan of ``sized_algos`` ((rows, algo) in order, summing to ``p``'s
+    batch) run by ``be`` gives the whole batch's float64 reference within
+    ``tol``; backward-filter accumulates over its micro-batches."""
+    mbs, off = [], 0
+    for s, a in sized_algos:
+        mbs.append(MicroBatch(off, s, a, 0, be.workspace_size(p.with_batch(s), d, a)))
+        off += s
+    ws = max(m.workspace_bytes for m in mbs)
+    plan = Plan(p, d, tuple(mbs), ws, 0.0, 0.0, None)
+    rng = np.random.default_rng(seed)
+    x, w, y = (rng.standard_normal(shape).astype(np.dtype(p.dtype))
+               for shape in (p.x_shape, p.w_shape, p.output_shape))
+    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
+    execute(plan, be, t, alpha, beta, be.alloc_workspace(ws))
+    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < tol
+
+
 def composition(draw, n, parts=4):
     """Sizes (at most ``parts``) that sum to ``n``."""
     out, left = [], n

@@ -18,14 +18,12 @@ from mucudnn import ConvProblem, Direction
 from mucudnn._cudnn.descriptors import (TensorDescriptor, TensorTransformDescriptor,
                                         live_descriptor_counts)
 from mucudnn.backends import fold
-from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.fold_cudnn import FoldTransforms
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
-from mucudnn.exec import execute
-from mucudnn.problem import MicroBatch, Plan, packed_strides
+from mucudnn.problem import packed_strides
 from conftest import needs_cudnn_transforms
-from conv_support import (FakeRawTransform, RewritesFirstBackend, check_rewritten_run,
-                          composition, convolution_for, run_direction)
+from conv_support import (FakeRawTransform, RewritesFirstBackend, check_mixed_plan,
+                          check_rewritten_run, composition, convolution_for, run_direction)
 from reference import reference, rel_err
 
 ALEXNET = ConvProblem((256, 227, 227, 3), (96, 11, 11, 3), stride=4, layout="NHWC")
@@ -140,19 +138,9 @@ def test_micro_batched_folded_plan_equals_the_unsplit_reference(data, d, alpha, 
     p = data.draw(foldable(batch=n))
     f = fold.fold_of(p)
     be = NumpyBackend()
-    sizes = composition(data.draw, n)
-    mbs, off = [], 0
-    for s in sizes:
-        a = data.draw(st.sampled_from([fold.fold_id(f.s, 0), fold.fold_id(f.s, 1), 0, 1]))
-        need = be.workspace_size(p.with_batch(s), d, a)
-        mbs.append(MicroBatch(off, s, a, 0, need))
-        off += s
-    ws = max(m.workspace_bytes for m in mbs)
-    plan = Plan(p, d, tuple(mbs), ws, 0.0, 0.0, None)
-    x, w, y = _tensors(p, np.random.default_rng(seed))
-    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
-    execute(plan, be, t, alpha, beta, be.alloc_workspace(ws))
-    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-5
+    sized = [(s, data.draw(st.sampled_from([fold.fold_id(f.s, 0), fold.fold_id(f.s, 1), 0, 1])))
+             for s in composition(data.draw, n)]
+    check_mixed_plan(be, p, d, sized, alpha, beta, seed, 1e-5)
 
 
 def test_numpy_find_adds_folded_configurations_only_where_asked_and_they_fold():

@@ -17,38 +17,20 @@ from mucudnn import ConvProblem, Direction, MucudnnError
 from mucudnn.backends import pair
 from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
-from mucudnn.exec import execute
-from mucudnn.problem import MicroBatch, Plan
-from conv_support import (RewritesFirstBackend, check_rewritten_run, composition,
-                          convolution_for, run_direction)
+from conv_support import (RewritesFirstBackend, check_mixed_plan, check_rewritten_run, composition,
+                          convolution_for, grouped_problems, run_direction)
 from reference import reference, rel_err
 
 RESNEXT = ConvProblem((64, 14, 14, 1024), (1024, 3, 3, 32), padding=1, groups=32,
                       layout="NHWC")
 
 
-@st.composite
-def grouped(draw, batch=None):
+def grouped(batch=None):
     """A small grouped problem of several input channels a group (what find()
-    pairs) or, now and then, an ungrouped or depthwise one (whose pair ids
-    still run): either layout, 2-D or 3-D, strides, paddings, dilations."""
-    nd = draw(st.sampled_from([2, 2, 3]))
-    layout = draw(st.sampled_from(["NCHW", "NHWC"] if nd == 2 else ["NCDHW", "NDHWC"]))
-    g = draw(st.sampled_from([1, 2, 4, 3]))
-    cg, kg = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    n = batch if batch is not None else 2 * draw(st.integers(1, 3))
-    ks = tuple(draw(st.integers(1, 3)) for _ in range(nd))
-    stride = tuple(draw(st.integers(1, 2)) for _ in range(nd))
-    dil = tuple(draw(st.integers(1, 2)) for _ in range(nd))
-    pad = tuple(draw(st.integers(0, k - 1)) for k in ks)
-    least = [max(1, d * (k - 1) + 1 - 2 * p) for k, d, p in zip(ks, dil, pad)]
-    sp = tuple(draw(st.integers(lo, lo + (4 if nd == 2 else 2))) for lo in least)
-    x = (n, g * cg) + sp
-    w = (g * kg, cg) + ks
-    if layout in ("NHWC", "NDHWC"):
-        x, w = (x[0],) + x[2:] + (x[1],), (w[0],) + w[2:] + (w[1],)
-    return ConvProblem(x, w, stride=stride, padding=pad, dilation=dil, groups=g,
-                       layout=layout, math="fma", dtype="float64")
+    pairs) or, now and then, an ungrouped one (whose pair ids still run):
+    either layout, 2-D or 3-D, strides, paddings, dilations; an even batch."""
+    return grouped_problems([1, 2, 4, 3], st.integers(1, 3).map(lambda k: 2 * k)
+                            if batch is None else batch, extra=4)
 
 
 def _tensors(p, rng):
@@ -144,19 +126,12 @@ def test_micro_batched_pair_plan_equals_the_unsplit_reference(data, d, alpha, be
     n = data.draw(st.integers(2, 8))
     p = data.draw(grouped(batch=n))
     be = NumpyBackend()
-    mbs, off = [], 0
+    sized = []
     for s in composition(data.draw, n):
         choices = [0, 1] + ([pair.pair_id(0), pair.pair_id(2)] if s % 2 == 0 else []) + (
             [pair.pair_id(1, 2)] if s % 4 == 0 else [])
-        a = data.draw(st.sampled_from(choices))
-        mbs.append(MicroBatch(off, s, a, 0, be.workspace_size(p.with_batch(s), d, a)))
-        off += s
-    ws = max(m.workspace_bytes for m in mbs)
-    plan = Plan(p, d, tuple(mbs), ws, 0.0, 0.0, None)
-    x, w, y = _tensors(p, np.random.default_rng(seed))
-    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
-    execute(plan, be, t, alpha, beta, be.alloc_workspace(ws))
-    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-10
+        sized.append((s, data.draw(st.sampled_from(choices))))
+    check_mixed_plan(be, p, d, sized, alpha, beta, seed, 1e-10)
 
 
 def test_numpy_find_adds_pair_configurations_only_where_asked_and_they_are_searched():

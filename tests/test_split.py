@@ -18,41 +18,23 @@ from hypothesis import strategies as st
 
 from mucudnn import ConvProblem, Direction
 from mucudnn.backends import split
-from mucudnn.backends.base import OUTPUT_OF, ConvTensors
 from mucudnn.backends.numpy import NumpyAlgo, NumpyBackend
-from mucudnn.exec import execute
 from mucudnn.problem import AlgoPerf, MicroBatch, Plan
 from mucudnn.problem.slice_problem import SliceProblem
 from conftest import needs_cudnn_transforms
-from conv_support import (FakeRawTransform, RewritesFirstBackend, check_rewritten_run,
-                          composition, convolution_for, run_direction)
+from conv_support import (FakeRawTransform, RewritesFirstBackend, check_mixed_plan,
+                          check_rewritten_run, composition, convolution_for, grouped_problems,
+                          run_direction)
 from reference import reference, rel_err
 
 CONVNEXT = ConvProblem((64, 56, 56, 96), (96, 7, 7, 1), padding=3, groups=96, layout="NHWC")
 RESNEXT = ConvProblem((64, 128, 56, 56), (128, 4, 3, 3), padding=1, groups=32)
 
 
-@st.composite
-def splittable(draw, batch=None):
+def splittable(batch=None):
     """A small grouped problem with at least one split factor: either layout,
     2-D or 3-D, strides, paddings, dilations, several channels per group."""
-    nd = draw(st.sampled_from([2, 2, 3]))
-    layout = draw(st.sampled_from(["NCHW", "NHWC"] if nd == 2 else ["NCDHW", "NDHWC"]))
-    g = draw(st.sampled_from([2, 4, 6, 8, 16]))
-    cg, kg = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    n = batch if batch is not None else draw(st.integers(1, 4))
-    ks = tuple(draw(st.integers(1, 3)) for _ in range(nd))
-    stride = tuple(draw(st.integers(1, 2)) for _ in range(nd))
-    dil = tuple(draw(st.integers(1, 2)) for _ in range(nd))
-    pad = tuple(draw(st.integers(0, k - 1)) for k in ks)
-    least = [max(1, d * (k - 1) + 1 - 2 * p) for k, d, p in zip(ks, dil, pad)]
-    sp = tuple(draw(st.integers(lo, lo + (5 if nd == 2 else 2))) for lo in least)
-    x = (n, g * cg) + sp
-    w = (g * kg, cg) + ks
-    if layout in ("NHWC", "NDHWC"):
-        x, w = (x[0],) + x[2:] + (x[1],), (w[0],) + w[2:] + (w[1],)
-    return ConvProblem(x, w, stride=stride, padding=pad, dilation=dil, groups=g,
-                       layout=layout, math="fma", dtype="float64")
+    return grouped_problems([2, 4, 6, 8, 16], st.integers(1, 4) if batch is None else batch)
 
 
 def _tensors(p, rng):
@@ -154,18 +136,12 @@ def test_micro_batched_split_plan_equals_the_unsplit_reference(data, d, alpha, b
     n = data.draw(st.integers(2, 6))
     p = data.draw(splittable(batch=n))
     be = NumpyBackend()
-    mbs, off = [], 0
+    sized = []
     for s in composition(data.draw, n):
         k = data.draw(st.sampled_from(split.split_factors(p)))
-        a = data.draw(st.sampled_from([split.split_id(k, 0), split.split_id(k, 1), 0, 1]))
-        mbs.append(MicroBatch(off, s, a, 0, be.workspace_size(p.with_batch(s), d, a)))
-        off += s
-    ws = max(m.workspace_bytes for m in mbs)
-    plan = Plan(p, d, tuple(mbs), ws, 0.0, 0.0, None)
-    x, w, y = _tensors(p, np.random.default_rng(seed))
-    t = ConvTensors(p, x.copy(), w.copy(), y.copy())
-    execute(plan, be, t, alpha, beta, be.alloc_workspace(ws))
-    assert rel_err(getattr(t, OUTPUT_OF[d]), reference(p, d, x, w, y, alpha, beta)) < 1e-10
+        sized.append((s, data.draw(st.sampled_from([split.split_id(k, 0), split.split_id(k, 1),
+                                                    0, 1]))))
+    check_mixed_plan(be, p, d, sized, alpha, beta, seed, 1e-10)
 
 
 def test_numpy_find_adds_split_configurations_only_where_asked_and_they_are_searched():
