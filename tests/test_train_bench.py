@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 
 import pytest
@@ -375,3 +378,31 @@ def test_interleave_honours_max_seconds_and_cpu_executions(tb, tmp_path):
         with pytest.raises(SystemExit):
             tb.parse_args(["--device", "cpu"] + bad)
     assert tb.parse_args(["--device", "cpu"]).interleave == 0
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_a_results_commit_is_dirty_where_the_files_differ_whatever_the_index_says(ts, tmp_path):
+    """train_ts.commit_of: HEAD, ``+dirty`` where a tracked file's content
+    differs from HEAD's even when git's own index calls it unchanged (a copied
+    checkout's stale index), untracked files aside; None below the top."""
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "first")
+    head = ts.commit_of(str(tmp_path))
+    assert head is not None and len(head) == 40 and "+" not in head
+    (tmp_path / "new.py").write_text("untracked\n")
+    assert ts.commit_of(str(tmp_path)) == head
+    (tmp_path / "a.py").write_text("x = 3\n")
+    _git(tmp_path, "update-index", "--assume-unchanged", "a.py")  # git status now says clean
+    assert ts.commit_of(str(tmp_path)) == head + "+dirty"
+    assert ts.commit_of(str(tmp_path / "sub")) is None

@@ -20,6 +20,7 @@ import os
 import pstats
 import statistics
 import subprocess
+import tempfile
 import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -511,23 +512,32 @@ def environment(device: torch.device) -> dict:
 
 def source_commit() -> str | None:
     """The commit of the tree this script runs from: ``$MUCUDNN_COMMIT`` where
-    set (a copy without its repository), else git's HEAD where this tree is
-    the top of a checkout, with ``+dirty`` for uncommitted changes to tracked
-    files; None otherwise (a copy inside another checkout must not report that
-    checkout's commit)."""
+    set (a copy without its repository), else :func:`commit_of` this tree."""
     if os.environ.get("MUCUDNN_COMMIT"):
         return os.environ["MUCUDNN_COMMIT"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return commit_of(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def git(*args: str) -> str:
+
+def commit_of(root: str) -> str | None:
+    """git's HEAD where ``root`` is the top of a checkout, with ``+dirty`` where
+    the tracked files differ from HEAD's; None otherwise (a copy inside
+    another checkout must not report that checkout's commit). The files are
+    compared by content, through an index of their own, not through git's
+    index: a checkout copied with its ``.git`` (a device's copy of the tree)
+    can carry an index that says clean while the files are another commit's."""
+    def git(*args: str, env: dict | None = None) -> str:
         return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
+                              timeout=10, env=env).stdout.strip()
     try:
         top = git("rev-parse", "--show-toplevel")
         if not top or os.path.realpath(top) != os.path.realpath(root):
             return None
         head = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+            git("read-tree", "HEAD", env=env)
+            git("add", "-u", env=env)
+            dirty = git("write-tree", env=env) != git("rev-parse", "HEAD^{tree}")
     except (OSError, subprocess.SubprocessError):
         return None
     return (head + "+dirty" if dirty else head) or None
