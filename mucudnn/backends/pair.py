@@ -5,7 +5,7 @@ What every backend shares: the ids of pair configurations (:func:`pair_id`,
 (:func:`searched`, :func:`pairs`), and where a pair call keeps its two
 lanes' workspace and its second partial filter gradient (:func:`lanes`).
 The cuDNN graph backend issues the second lane on a stream of its own
-(:mod:`.graph_bind`); the NumPy backend runs the two halves in turn.
+(:mod:`.graph_bind`); the NumPy backend runs the two lanes in turn.
 
 >>> from mucudnn.problem import ConvProblem
 >>> p = ConvProblem((64, 14, 14, 1024), (1024, 3, 3, 32), padding=1, groups=32, layout="NHWC")
