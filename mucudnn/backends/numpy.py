@@ -119,8 +119,8 @@ class NumpyBackend(BackendBase):
     times each algorithm on every split of a depthwise problem's groups (ids
     ``"split{k}|{algo}"``; Note [split groups] in
     :mod:`mucudnn.backends.split`). ``pair``: find() also times each algorithm
-    in pairs of half micro-batches where the graph backend pairs (ids
-    ``"pair|{algo}"``; Note [micro-batches in pairs] in
+    in pairs, one or two calls a lane, where the graph backend pairs (ids
+    ``"pair|{algo}"``, ``"pair2|{algo}"``; Note [micro-batches in pairs] in
     :mod:`mucudnn.backends.pair`; here the lanes run in turn). All off by
     default here, the CPU reference; run() and workspace_size() take
     rewritten ids either way.
