@@ -227,12 +227,12 @@ def problem(case, dtype="float32", math="default"):
     return ConvProblem(x, w, dtype=dtype, math=math, **opts)
 
 
-def backend_fixture(backend_class, find_limit):
-    """A module-scoped fixture: one ``backend_class(find_workspace_limit=find_limit)``,
-    closed after the module."""
+def backend_fixture(backend_class, find_limit, **options):
+    """A module-scoped fixture: one ``backend_class(find_workspace_limit=find_limit,
+    **options)``, closed after the module."""
     @pytest.fixture(scope="module")
     def be():
-        b = backend_class(find_workspace_limit=find_limit)
+        b = backend_class(find_workspace_limit=find_limit, **options)
         yield b
         b.close()
     return be

@@ -59,7 +59,9 @@ def test_the_lanes_hold_both_lanes_and_the_backward_filter_scratch():
     assert ln.lane % pair.ALIGNMENT == 0 and ln.scratch % pair.ALIGNMENT == 0
     fwd = pair.lanes(RESNEXT, Direction.FORWARD, 32, 1000)
     assert fwd.need == fwd.scratch == 2048  # forward and backward-data write rows of their own
-    assert pair.lanes(RESNEXT, bf, 32, 0).need == 1024 * 3 * 3 * 32 * 4
+    dw = 1024 * 3 * 3 * 32 * 4
+    assert pair.lanes(RESNEXT, bf, 32, 0).need == pair.scratch_bytes(RESNEXT, bf) == dw
+    assert pair.scratch_bytes(RESNEXT, Direction.FORWARD) == 0
 
 
 @pytest.mark.parametrize("algo", ["pair|", "pair|split2|e1", "pair|fold2|e1", "pair0|e1",
@@ -145,7 +147,7 @@ def test_numpy_find_adds_pair_configurations_only_where_asked_and_they_are_searc
     for a in got:
         assert a.workspace_bytes == be.workspace_size(p, bf, a.algo)
     # the scratch counts against the limit
-    scratch = pair.lanes(p, bf, p.batch, 0).need
+    scratch = pair.scratch_bytes(p, bf)
     assert not [a for a in be.find(p, bf, scratch - 1) if isinstance(a.algo, str)]
     # other directions, odd batches, depthwise and ungrouped problems: not paired
     for q, d in ((p, Direction.FORWARD), (p.with_batch(3), bf),

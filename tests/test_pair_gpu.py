@@ -16,18 +16,14 @@ from mucudnn.backends import pair
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend
 from mucudnn.errors import InvalidValueError, UnsupportedConfigError
 from mucudnn.problem import MicroBatch, Plan
-from conv_support import (MiB, check_micro_batched, convolution_for,
+from conv_support import (MiB, backend_fixture, check_micro_batched, convolution_for,
                           run_plan, torch_or_skip, uniform_tensors)
 from reference import reference, rel_err
 
 pytestmark = pytest.mark.gpu
 
-@pytest.fixture(scope="module")
-def be():
-    """One graph backend that pairs (``pair`` is off by default), closed after the module."""
-    b = CudnnGraphBackend(find_workspace_limit=256 * MiB, pair=True)
-    yield b
-    b.close()
+#: a graph backend that pairs (``pair`` is off by default)
+be = backend_fixture(CudnnGraphBackend, 256 * MiB, pair=True)
 
 # name -> (x, w, padding, groups, layout): grouped 3x3s (ResNeXt's, RegNet's) at few pixels
 LAYERS = {

@@ -20,8 +20,8 @@ import os
 import pstats
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
 

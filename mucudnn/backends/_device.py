@@ -227,8 +227,7 @@ class DeviceBackend(BackendBase):
         [micro-batches in pairs] in :mod:`mucudnn.backends.pair`), made at first use."""
         with self._lock:
             if self._side is None:
-                with using_device(self.device):
-                    self._side = Stream(self.device)
+                self._side = Stream(self.device)
             return self._side
 
     @contextlib.contextmanager

@@ -39,13 +39,13 @@ class GraphPairs(GraphBind, GraphFind):
         if not (self._limit_bites(problem, direction, want)
                 or self._limit_bites(problem.with_batch(2 * problem.batch), direction, want)):
             return []
-        scratch = _pair.lanes(problem, direction, problem.batch, 0).need
-        lane = (want - scratch) // 2 // _pair.ALIGNMENT * _pair.ALIGNMENT
+        lane = (want - _pair.scratch_bytes(problem, direction)) // 2 // _pair.ALIGNMENT \
+            * _pair.ALIGNMENT
         if lane < 0:
             return []
         out: list[AlgoPerf] = []
         for calls in _pair.PAIR_CALLS:
-            if problem.batch % (2 * calls):
+            if not _pair.divides(problem.batch, calls):
                 continue
             inner = self._find_configs(problem.with_batch(problem.batch // (2 * calls)), direction,
                                      lane)

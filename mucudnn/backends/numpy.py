@@ -169,7 +169,7 @@ class NumpyBackend(BackendBase):
         paired = _pair.parse_pair_id(algo)
         if paired is not None:
             _algo(paired[1])
-            return problem.batch >= 2 * paired[0] and problem.batch % (2 * paired[0]) == 0
+            return _pair.divides(problem.batch, paired[0])
         folded = _fold.split_fold_id(algo)
         if folded is not None:
             f = _fold.fold_of(problem)
@@ -238,7 +238,7 @@ class NumpyBackend(BackendBase):
                       for a in NumpyAlgo]
         if self.pair and _pair.pairs(problem, direction):  # Note [micro-batches in pairs]
             algos += [_pair.pair_id(int(a), j) for j in _pair.PAIR_CALLS
-                      if problem.batch % (2 * j) == 0 for a in NumpyAlgo]
+                      if _pair.divides(problem.batch, j) for a in NumpyAlgo]
         for algo in algos:
             ws_bytes = self.workspace_size(problem, direction, algo)
             if workspace_limit is not None and ws_bytes > workspace_limit:

@@ -29,7 +29,8 @@ from ..errors import UnsupportedConfigError
 from ..problem import ConvProblem, Direction
 
 __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "PAIR_CALLS", "ALIGNMENT", "cache_name",
-           "searched", "pairs", "pair_id", "parse_pair_id", "lanes", "part_rows", "part_betas"]
+           "searched", "pairs", "pair_id", "parse_pair_id", "divides", "lanes", "part_rows",
+           "part_betas", "scratch_bytes"]
 
 # Note [micro-batches in pairs]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -116,7 +117,7 @@ def pairs(problem: ConvProblem, direction: Direction) -> bool:
     batch: :func:`searched`, backward-filter, and a batch of two or more rows
     that halves evenly."""
     return (Direction.parse(direction) is Direction.BACKWARD_FILTER and searched(problem)
-            and problem.batch >= 2 and problem.batch % 2 == 0)
+            and divides(problem.batch, 1))
 
 
 def cache_name(name: str, problem: ConvProblem) -> str:
@@ -151,6 +152,16 @@ def parse_pair_id(algo: Union[int, str]) -> Optional[tuple[int, str]]:
     return (int(digits) if digits else 1), inner
 
 
+def divides(size: int, calls: int) -> bool:
+    """Whether a pair of ``calls`` calls a lane runs ``size`` rows: the 2 x
+    ``calls`` parts of equal rows, at least one each.
+
+    >>> divides(32, 2), divides(6, 2), divides(0, 1)
+    (True, False, False)
+    """
+    return size >= 2 * calls and size % (2 * calls) == 0
+
+
 def part_rows(size: int, calls: int, algo: Union[int, str]) -> int:
     """The rows of each of a pair call's ``2 * calls`` inner calls at ``size``
     rows; :class:`~mucudnn.errors.UnsupportedConfigError` where ``size`` does
@@ -160,7 +171,7 @@ def part_rows(size: int, calls: int, algo: Union[int, str]) -> int:
     >>> part_rows(32, 1, "pair|e1"), part_rows(32, 2, "pair2|e1")
     (16, 8)
     """
-    if size < 2 * calls or size % (2 * calls):
+    if not divides(size, calls):
         raise UnsupportedConfigError(
             f"algo: pair configuration {algo} runs a micro-batch of a multiple of {2 * calls} "
             f"rows, got {size} (Note [micro-batches in pairs])", algo=algo,
@@ -175,9 +186,15 @@ def lanes(problem: ConvProblem, direction: Direction, size: int, inner_need: int
     and, for backward-filter, the second lane's filter gradient."""
     part = part_rows(int(size), calls, algo)
     lane = _aligned(inner_need)
-    wgrad = Direction.parse(direction) is Direction.BACKWARD_FILTER
-    dw = math.prod(problem.w_shape) * problem.itemsize if wgrad else 0
-    return Lanes(part, int(calls), lane, 2 * lane, 2 * lane + dw)
+    return Lanes(part, int(calls), lane, 2 * lane, 2 * lane + scratch_bytes(problem, direction))
+
+
+def scratch_bytes(problem: ConvProblem, direction: Direction) -> int:
+    """Bytes of a pair call's scratch: one filter gradient for backward-filter
+    (the second lane's), none for the other directions."""
+    if Direction.parse(direction) is Direction.BACKWARD_FILTER:
+        return math.prod(problem.w_shape) * problem.itemsize
+    return 0
 
 
 def part_betas(direction: Direction, calls: int, beta: float) -> tuple[list[float], list[float]]:
