@@ -254,6 +254,13 @@ class BackendBase:
         ``"+pair"`` for problems paired while ``pair`` is on (Note [candidate
         sets in keys])."""
         name = _fold.cache_name(self.name, problem) if self.fold else self.name
+        return self._group_suffixes(name, problem)
+
+    def _group_suffixes(self, name: str, problem: ConvProblem) -> str:
+        """``name`` with ``"+split"`` where ``split`` is on and ``problem``
+        splits, then ``"+pair"`` where ``pair`` is on and it pairs: the
+        suffixes every backend's :meth:`cache_name` ends with, in one order
+        (Note [candidate sets in keys])."""
         name = _split.cache_name(name, problem) if self.split else name
         return _pair.cache_name(name, problem) if self.pair else name
 

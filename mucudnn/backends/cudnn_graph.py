@@ -61,8 +61,6 @@ from .._cudnn import graph_descriptors as gd
 from ..errors import InvalidValueError
 from ..problem import ConvProblem
 from . import fold as _fold
-from . import pair as _pair
-from . import split as _split
 from .find_options import FindOptions
 from .graph_candidates import SEARCH_MODES, knob_variants, numerics_allowed, parity_cache_name
 from .graph_pairs import GraphPairs
@@ -141,8 +139,7 @@ class CudnnGraphBackend(GraphPairs):
         name = _fold.cache_name(self._search_key, problem) if self.fold else self._search_key
         if self.find_options.parity:
             name = parity_cache_name(name, problem)
-        name = _split.cache_name(name, problem) if self.split else name
-        return _pair.cache_name(name, problem) if self.pair else name
+        return self._group_suffixes(name, problem)
 
     def clear_cache(self) -> None:
         """Drop every cached plan and operation graph (those no launcher holds are

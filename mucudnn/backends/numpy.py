@@ -199,9 +199,7 @@ class NumpyBackend(BackendBase):
                     + _workspace_bytes(sp.chunk, _algo(split[1])))
         paired = _pair.parse_pair_id(algo)
         if paired is not None:  # Note [micro-batches in pairs]
-            part = problem.with_batch(_pair.part_rows(problem.batch, paired[0], algo))
-            return _pair.lanes(problem, direction, problem.batch,
-                               _workspace_bytes(part, _algo(paired[1])), paired[0], algo).need
+            return _pair_lanes(problem, direction, paired, str(algo)).need
         return _workspace_bytes(problem, _algo(algo))
 
     # -- find ------------------------------------------------------------------------
@@ -401,9 +399,8 @@ class NumpyBackend(BackendBase):
         calls, inner_algo = paired
         name = _pair.pair_id(inner_algo, calls)
         _check_tensors(p, tensors, OUTPUT_OF[direction])
-        sub = p.with_batch(_pair.part_rows(p.batch, calls, name))
-        ln = _pair.lanes(p, direction, p.batch, _workspace_bytes(sub, _algo(inner_algo)), calls,
-                         name)
+        ln = _pair_lanes(p, direction, paired, name)
+        sub = p.with_batch(ln.part)
         ws = _check_workspace(workspace, ln.need, name)
         x, w, y, h, lane = tensors.x, tensors.w, tensors.y, ln.part, ln.lane
         wgrad = direction is Direction.BACKWARD_FILTER
@@ -487,6 +484,17 @@ def _algo(algo: Union[int, str]) -> NumpyAlgo:
         pass
     raise InvalidValueError(
         f"algo: expected one of {[f'{a.name}={int(a)}' for a in NumpyAlgo]}, got {algo!r}")
+
+
+def _pair_lanes(problem: ConvProblem, direction: Direction, paired: tuple[int, str],
+                name: str) -> _pair.Lanes:
+    """The lanes of pair configuration ``name`` (``paired``: its calls a lane
+    and inner algorithm) over ``problem``'s batch, each as large as the inner
+    algorithm's workspace at a part's rows (Note [micro-batches in pairs])."""
+    calls, inner = paired
+    part = problem.with_batch(_pair.part_rows(problem.batch, calls, name))
+    return _pair.lanes(problem, direction, problem.batch, _workspace_bytes(part, _algo(inner)),
+                       calls, name)
 
 
 def _check_workspace(workspace: Any, need: int, algo: str) -> np.ndarray:
