@@ -64,8 +64,11 @@ __all__ = ["Lanes", "CACHE_SUFFIX", "PAIR_TOP", "PAIR_CALLS", "ALIGNMENT", "cach
 # still gain from pairs of half their size. For each j of :data:`PAIR_CALLS`
 # that divides the batch it times the inner configurations that led the
 # find() at h rows, at most :data:`PAIR_TOP`. The graph backend searches
-# pairs only with its ``pair`` option on: off by default until this form (j
-# calls a lane) is measured on the GPU.
+# pairs only with its ``pair`` option on, off by default: in training steps
+# pairs sped some grouped networks up and slowed others, whose first calls
+# had timed the paired plans at or below the unpaired ones, so a pair's time
+# alone does not rank it as the step does (docs/BENCHMARKS.md, "Micro-batches
+# in pairs").
 
 #: Inner configurations timed as pairs at each find() that pairs, per calls a lane.
 PAIR_TOP = 2
