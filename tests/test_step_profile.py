@@ -69,6 +69,21 @@ def test_conv_calls_takes_the_outermost_op_of_the_last_step(sp):
     assert calls[0]["shapes"] == [[2, 3, 8, 8], [4, 3, 3, 3]]
 
 
+def _kernel(start, end):
+    span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    return SimpleNamespace(name="Memset (Device)", time_range=span)
+
+
+def test_busy_time_counts_kernels_on_two_streams_at_once_once(sp):
+    # two lanes at once (300-700 inside 0-1000), one nested in another, a gap, one more
+    lanes = [_kernel(0, 1000), _kernel(300, 700), _kernel(900, 1400), _kernel(2000, 2600)]
+    assert sp.busy_ms(lanes, steps=2) == pytest.approx((1400 + 600) / 1e3 / 2)
+    # the kernel time sums them: the lanes count twice
+    assert sp.by_category(lanes, steps=2)["all"] == pytest.approx((1000 + 400 + 500 + 600) / 2e3)
+    assert sp.busy_ms(list(reversed(lanes)), steps=1) == pytest.approx(2.0)  # order free
+    assert sp.busy_ms([], steps=1) == 0.0
+
+
 def test_diff_rows_rank_kernels_by_their_difference(sp):
     names = {"native": {"a": (1.0, 1), "b": (2.0, 2)},
              "wr": {"a": (1.05, 1), "b": (1.0, 4), "c": (0.5, 3)}}
@@ -99,6 +114,9 @@ def test_smoke_run_lists_every_convolution_in_step_order(sp, tmp_path, capsys):
         ops = [c["op"] for c in r["per_mode"][mode]["conv_calls"]]
         assert ops == [fwd] * 3 + [bwd] * 3, (mode, ops)
         assert r["per_mode"][mode]["step_ms"] > 0
+        pm = r["per_mode"][mode]  # nothing on a GPU: no kernel, no busy time
+        assert pm["busy_ms"] <= pm["kernel_ms"].get("all", 0.0) + 1e-9
+        assert pm["idle_ms"] == pytest.approx(pm["step_ms"] - pm["busy_ms"])
     # the forward calls name the same layers in the same order
     shapes = [[c["shapes"][1] for c in r["per_mode"][m]["conv_calls"][:3]] for m in r["modes"]]
     assert shapes[0] == shapes[1]

@@ -9,8 +9,9 @@ steps of each mode. Per mode it reports
 
 * the step time (CUDA events, measured outside the profiler, modes in turn),
 * the GPU kernel time per step by category (convolution kernels, batch norm,
-  elementwise, reductions, the optimizer, memset/memcpy, other) and in all:
-  the step time minus the kernel time is where the GPU waited,
+  elementwise, reductions, the optimizer, memset/memcpy, other) and in all,
+  and the time some kernel ran (busy): the step time minus the busy time is
+  where the GPU waited,
 * per convolution call, in the order of the step (eager execution only: the
   kernels are attributed to the op that launched them): the op, its input
   shapes and its GPU time per step. PyTorch's ``aten::convolution`` and
@@ -67,7 +68,10 @@ import zoo_models  # torchvision's classification names
 # modes in turn: the host of a shared machine drifts, and timing one mode
 # after the other can put a difference on every torch call of one mode (batch
 # norm's included, which mucudnn never runs) that interleaved step rounds do
-# not show.
+# not show. Kernels on two streams at once (a pair plan's lanes, Note
+# [micro-batches in pairs]) overlap: the kernel time sums them, the busy
+# time counts the time any kernel runs, and the GPU waited for the step time
+# minus the busy time; a convolution op's time sums its kernels alike.
 
 #: (category, regex on the kernel name), first match wins
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -154,6 +158,28 @@ def by_category(kernels: Iterable[Any], steps: int) -> dict[str, float]:
     return dict(out)
 
 
+def busy_ms(kernels: Iterable[Any], steps: int) -> float:
+    """GPU ms per step in which some kernel runs: the union of the kernels'
+    time ranges, where kernels on two streams at once count once (Note [step
+    profile]).
+
+    >>> from types import SimpleNamespace as N
+    >>> ev = lambda a, b: N(time_range=N(start=a, end=b))
+    >>> busy_ms([ev(0, 1000), ev(500, 1500), ev(2000, 2500)], steps=1)
+    2.0
+    """
+    total, end = 0.0, None
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
+        a, b = e.time_range.start, e.time_range.end
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e3 / steps
+
+
 def by_name(kernels: Iterable[Any], steps: int) -> dict[str, tuple[float, float]]:
     """Per kernel name: (GPU ms per step, launches per step)."""
     ms: dict[str, float] = collections.defaultdict(float)
@@ -166,7 +192,8 @@ def by_name(kernels: Iterable[Any], steps: int) -> dict[str, tuple[float, float]
 
 def conv_calls(prof: Any, steps: int) -> list[dict]:
     """The convolution ops of the profile's last step, in order: op name, input
-    shapes, GPU ms (the kernels each launched, its children included)."""
+    shapes, GPU ms (the kernels each launched, its children included, summed:
+    Note [step profile])."""
     ops = sorted((e for e in prof.events() if e.device_type == DeviceType.CPU
                   and CONV_OPS.match(e.name)), key=lambda e: e.time_range.start)
     # nested matches (a custom op inside its Function) count once: the outermost
@@ -181,9 +208,9 @@ def conv_calls(prof: Any, steps: int) -> list[dict]:
              "ms": e.device_time_total / 1e3} for e in last]
 
 
-def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
+def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict, float]:
     """``steps`` profiled steps of ``job``: kernel ms by category, its conv calls
-    (eager), and kernel ms by name."""
+    (eager), kernel ms by name, and the busy ms (:func:`busy_ms`)."""
     job.set_flags()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                  record_shapes=not job.graphed) as prof:
@@ -193,7 +220,7 @@ def profile_job(job: ts.TrainJob, steps: int) -> tuple[dict, list[dict], dict]:
         ts.sync(job.device)
     kernels = kernel_events(prof)
     calls = [] if job.graphed else conv_calls(prof, steps)
-    return by_category(kernels, steps), calls, by_name(kernels, steps)
+    return by_category(kernels, steps), calls, by_name(kernels, steps), busy_ms(kernels, steps)
 
 
 #: rounds of host issue timing, the modes in turn (Note [step profile]): their median
@@ -301,10 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known.host_profile else {}
     for mode, job, t in zip(known.modes, jobs, times):
         before = ts.graph_replays()
-        cats[mode], calls[mode], names[mode] = profile_job(job, known.steps)
+        cats[mode], calls[mode], names[mode], busy = profile_job(job, known.steps)
         step_ms = statistics.median(x for r in t for x in r)
         result["per_mode"][mode] = {"step_ms": step_ms, "kernel_ms": cats[mode],
-                                    "idle_ms": step_ms - cats[mode].get("all", 0.0),
+                                    "busy_ms": busy, "idle_ms": step_ms - busy,
                                     "conv_calls": calls[mode],
                                     "kernels": {k: list(v) for k, v in names[mode].items()},
                                     "replay": ts.replays_between(before, ts.graph_replays())}
@@ -313,13 +340,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for job in jobs:
         job.release()
     lines = [f"{name} {precision} {execution} batch {batch}: GPU ms per step", "",
-             f"| mode | step | kernels | GPU idle | {' | '.join(c for c, _ in CATEGORIES)} "
-             "| other |", "|---|" + "---|" * (len(CATEGORIES) + 4)]
+             f"| mode | step | kernels | GPU busy | GPU idle | "
+             f"{' | '.join(c for c, _ in CATEGORIES)} | other |",
+             "|---|" + "---|" * (len(CATEGORIES) + 5)]
     for mode in known.modes:
         pm = result["per_mode"][mode]
         cells = " | ".join(f"{cats[mode].get(c, 0.0):.3f}" for c, _ in CATEGORIES)
         lines.append(f"| {mode} | {pm['step_ms']:.3f} | {cats[mode].get('all', 0.0):.3f} | "
-                     f"{pm['idle_ms']:.3f} | {cells} | {cats[mode].get('other', 0.0):.3f} |")
+                     f"{pm['busy_ms']:.3f} | {pm['idle_ms']:.3f} | {cells} | "
+                     f"{cats[mode].get('other', 0.0):.3f} |")
     for mode in known.modes:
         if result["per_mode"][mode]["replay"]:
             lines += ["", f"CUDA graphs of planned launches in the profiled steps, {mode}: "
