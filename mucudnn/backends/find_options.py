@@ -119,11 +119,11 @@ class FindOptions:
     [carried to other sizes]). ``fold``: also time folded configurations of
     strided first layers (Note [folded first layers]). ``split``: also time
     depthwise convolutions split into chunks of their groups where the cap
-    leaves configurations out (Note [split groups]). ``pair`` (off by
-    default until measured on the GPU in its present form): also time the
+    leaves configurations out (Note [split groups]). ``pair``: also time the
     backward-filter of grouped convolutions as micro-batches in pairs on two
     streams where the cap leaves configurations out (Note [micro-batches in
-    pairs]). ``search``:
+    pairs]); off by default, since in training steps it sped some grouped
+    networks up and slowed others. ``search``:
     ``"heuristics"`` or ``"knobs"`` (Note [knob search]), with
     ``knob_values`` values per knob and at most ``max_configs`` added configs.
     ``hold`` (the default): time the GPU alone, each candidate's timed runs
