@@ -30,6 +30,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # plan path exercise plans; tests of the default, PyTorch-first search set it
 # themselves (Note [plans only over the limit], mucudnn/torch/native.py).
 os.environ.setdefault("MUCUDNN_TORCH_SEARCH", "all")
+# and plan at a signature's first call, so that one call shows its plans; the tests
+# of stand-ins set it themselves (Note [planning after the first step],
+# mucudnn/torch/standin.py)
+os.environ.setdefault("MUCUDNN_TORCH_DEFER", "0")
 
 DATA = pathlib.Path(__file__).parent / "data"
 

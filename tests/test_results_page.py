@@ -285,15 +285,25 @@ def test_zoo_cold_table(tmp_path):
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
     t = rz.zoo_cold(rp.load_results(tmp_path))
-    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | - | yes | - | - | [1] |" \
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | - | - | yes | - | - | [1] |" \
         in t
-    assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | - | none (native ran " \
+    assert "| vgg16 | AMP bf16 channels-last | over-limit | 2.3 | 6.5 | - | - | none (native ran " \
            "first) | - | - | [1] |" in t
     assert "| convnext_tiny | fp32 channels-last | over-limit | 2.3 (profiled) | 6.5 (profiled) " \
-           "| - | yes |" in t  # zoo_bench --cold-profile: seconds under cProfile
+           "| - | - | yes |" in t  # zoo_bench --cold-profile: seconds under cProfile
     assert "alexnet" not in t and "MUCUDNN_TORCH_SEARCH=over-limit" in t
     assert "| resnet50 | fp32 channels-last | over-limit | 2.3 (median of 3: 1.0-12.0) " \
-           "| 6.5 (median of 3: 1.0-12.0) | 4.2 (3.0, 2 of 30) |" in t  # --cold-repeat 3
+           "| 6.5 (median of 3: 1.0-12.0) | 4.2 (3.0, 2 of 30) | - |" in t  # --cold-repeat 3
+    # zoo_bench --cold-steps: each side's first steps in all (Note [planning after the first step])
+    steps = {"native": [2.0, 0.1, 0.1], "converted": [2.5, 1.0, 0.1]}
+    for e in doc["results"]:
+        if e["model"] == "resnet18":
+            e["cold"] = {s: dict(v, steps_s=steps[s], steps_total_s=sum(steps[s]))
+                         for s, v in cold.items()}
+    (tmp_path / "2026-12-03-h200-s1-call1-zoo-cold.json").write_text(json.dumps(doc))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 6.5 | - | 2.2 / 3.6 (3 steps) " \
+           "| yes |" in t
     # a run with the comparisons off is labelled so, as in the step tables; a file
     # that does not say is "not recorded"
     doc["environment"] = dict(env, settings={"MUCUDNN_TORCH_NATIVE": "0",
@@ -322,7 +332,7 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
            "skipped": []}
     (tmp_path / "2026-12-03-h200-s1-call1-zoo-grad.json").write_text(json.dumps(doc))
     t = rz.zoo_cold(rp.load_results(tmp_path))
-    assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | - | 2.00e-01 / 2.50e-01 " \
+    assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | - | - | 2.00e-01 / 2.50e-01 " \
            "| 1.25 (3 kernels on plans) | [1] |" in t
     assert "vgg16" not in t
 
@@ -381,7 +391,7 @@ def test_zoo_cold_row_takes_cold_steps_and_gradients_each_from_the_newest_file(t
     first = {"signatures": 11, "seconds": 3.4, "planning_seconds": 1.5, "planned_signatures": 1}
     write("2026-12-03-h200-s2-call1-zoo-cold.json", cold=side(2.3, 3.9, first_calls=first))
     t = rz.zoo_cold(rp.load_results(tmp_path))
-    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 3.9 | 3.4 (1.5, 1 of 11) | yes " \
+    assert "| resnet18 | fp32 channels-last | over-limit | 2.3 | 3.9 | 3.4 (1.5, 1 of 11) | - | yes " \
            "| 2.00e-01 / 2.00e-01 | 1.00 (1 kernel on plans) | [1], [2] |" in t
     assert "1. `2026-12-03-h200-s2-call1-zoo-cold.json`" in t
     assert "2. `2026-12-03-h200-s1-call1-zoo-cold-grad.json`" in t

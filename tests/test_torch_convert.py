@@ -17,7 +17,7 @@ from torch import nn  # noqa: E402
 from torch.nn.utils import parametrizations, parametrize  # noqa: E402
 
 import mucudnn.torch as mt  # noqa: E402
-from mucudnn.torch import step_guard  # noqa: E402
+from mucudnn.torch import step_guard, step_trial  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("cache_off")
@@ -44,9 +44,10 @@ def _close(a, b):
 
 
 def _hooks(m):
-    """``m``'s forward hooks but the step guard's (Note [guarded steps])."""
+    """``m``'s forward hooks but the step guard's (Note [guarded steps]) and the
+    step trial's end (Note [planning after the first step])."""
     return sum(not isinstance(getattr(h, "__self__", None), step_guard.StepGuard)
-               for h in m._forward_hooks.values())
+               and not isinstance(h, step_trial.StepEnd) for h in m._forward_hooks.values())
 
 
 def test_convert_wd_twice_keeps_working_and_keeps_its_planner():

@@ -287,9 +287,28 @@ def test_report_says_what_the_first_calls_cost_counting_each_signature_once():
     assert [layer.name for layer in rep.layers] == ["0", "1", "2"]
     assert rep.as_dict()["first_calls"] == {"signatures": 2, "seconds": pytest.approx(2.75),
                                             "planning_seconds": pytest.approx(2.0),
-                                            "planned_signatures": 1}
+                                            "planned_signatures": 1, "standin_signatures": 0,
+                                            "deferred_seconds": 0.0}
     assert "first calls: 2 signature(s) took 2.75 s, 2.00 s of it searching and timing plans " \
            "(1 signature(s) planned)" in str(rep)
+    assert "planned after the first step" not in str(rep)
+    # stand-ins now, then the later call that planned them (See Note [planning after the first step])
+    over = {d: native.decide(d, 1.0, 0.5, 2 << 20, 1 << 20) for d in Direction}
+    native._RECORDS.put(("dw",), native.Record(dw, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                               plan, over, first_s=0.5, plan_s=0.125,
+                                               standin=True))
+    rep = mt.report(model)
+    assert rep.first_calls["standin_signatures"] == 1
+    assert rep.layers[0].directions["fwd"]["plan"].startswith("stand-in: ")
+    assert rep.layers[2].directions["fwd"]["plan"] == "PyTorch's own"
+    assert "planned after the first step: 0.00 s; 1 signature(s) still run stand-ins" in str(rep)
+    native._RECORDS.put(("dw",), native.Record(dw, (4, 8, 6, 6), (8, 1, 3, 3), "float32", True,
+                                               plan, over, first_s=0.5, plan_s=0.125,
+                                               deferred_s=1.5))
+    rep = mt.report(model)
+    assert (rep.first_calls["standin_signatures"], rep.first_calls["deferred_seconds"]) == (0, 1.5)
+    assert not rep.layers[0].directions["fwd"]["plan"].startswith("stand-in")
+    assert "planned after the first step: 1.50 s; 0 signature(s) still run stand-ins" in str(rep)
     native._RECORDS.put(("pw",), native.Record(pw, (4, 8, 6, 6), (8, 8, 1, 1), "float32", True,
                                                {}, choices))  # not timed: not counted
     assert mt.report(model).first_calls["signatures"] == 1
@@ -864,6 +883,7 @@ class _RecordedWarm:
         self.made = (x, w, cl, cfg, key, transposed)
         self.calibrations = []
         self.host_pending = False
+        self.standin, self.standin_calls = None, 0
 
     def calibrate(self, x, w, key, step, need_dx):
         self.calibrations.append((x, w, key, step, need_dx))

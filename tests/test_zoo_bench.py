@@ -76,7 +76,7 @@ def test_backend_options_reach_the_converted_sides_of_every_process(zb, monkeypa
         zb.parse_args(TINY + ["--backend-option", "no equals sign"])
     args = argparse.Namespace(backend_options=[("find_hold", True), ("find_rtc", "all")],
                               device="cuda", batch=2, workspace=1 << 20, seed=0, lr=0.01,
-                              cold_profile=0, cold_timeout=5.0)
+                              cold_profile=0, cold_steps=2, cold_timeout=5.0)
     seen = {}
 
     def run(cmd, **kw):

@@ -261,6 +261,18 @@ def _first_calls(side: dict) -> str:
            f"{f['planned_signatures']:g} of {f['signatures']:g})"  # counts: medians may be floats
 
 
+def _steps_total(cold: dict) -> str:
+    """Each side's seconds over its cold process's first steps (zoo_bench
+    --cold-steps; the first step included): what a cold start costs in all,
+    where a converted model plans after its first step (Note [planning after
+    the first step] in mucudnn/torch/standin.py); "-" where not recorded."""
+    sides = [cold[s] for s in ("native", "converted")]
+    if not all(isinstance(c.get("steps_total_s"), (int, float)) for c in sides):
+        return "-"
+    n = len(sides[1].get("steps_s") or ())
+    return f"{sides[0]['steps_total_s']:.1f} / {sides[1]['steps_total_s']:.1f} ({n} steps)"
+
+
 def zoo_cold(results: list[tuple[str, Any]]) -> str:
     """First training steps from a cold cache (Note [cold steps] in
     tools/zoo_cold.py) and one step's gradient errors against float64 (Note
@@ -290,11 +302,11 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
             _, name, doc, e = colds[key]
             cold = e["cold"]
             row += [_first_step(cold["native"]), _first_step(cold["converted"]),
-                    _first_calls(cold["converted"]),
+                    _first_calls(cold["converted"]), _steps_total(cold),
                     "yes" if e.get("cold_primer") else "none (native ran first)"]
             cites.append(src.cite(name, zoo_source(name, doc)))
         else:
-            row += ["-"] * 4
+            row += ["-"] * 5
         grad, ratio = {}, "-"
         if key in grads:
             name, doc, e = grads[key]
@@ -311,7 +323,8 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
         rows.append(row + [_pair(grad, "all", ".2e"), ratio, ", ".join(cites)])
     return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
                    "first step s, converted",
-                   "converted first calls s: all (planning, signatures planned)", "primer",
+                   "converted first calls s: all (planning, signatures planned)",
+                   "first steps s in all, native / converted", "primer",
                    "gradient error vs float64, native / converted", "converted / native error",
                    "source"], rows, src, "zoo_bench.py --cold --grad-check")
 

@@ -179,6 +179,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cold-repeat", type=tb._positive, default=1, metavar="N",
                     help="N fresh-process pairs per model, the sides' order alternating; each "
                          "side's figures are the medians (Note [cold steps]; default 1)")
+    ap.add_argument("--cold-steps", type=tb._positive, default=8, metavar="N",
+                    help="steps each --cold process times, one by one, from its first (Note "
+                         "[cold steps]; at least 2, default 8)")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
                     help="seconds allowed for each --cold process (default 300)")
     ap.add_argument("--grad-check", action="store_true",
@@ -228,6 +231,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.rounds = ts.balanced_rounds(ROUNDS, len(SIDES) + args.with_control)
     if args.resolve < 0:
         ap.error("--resolve: seconds >= 0")
+    if args.cold_steps < 2:
+        ap.error("--cold-steps: at least 2 (the first step and the second)")
     if args.cold_profile < 0 or (args.cold_profile and not (args.cold or args.cold_child)):
         ap.error("--cold-profile: a number of functions >= 0, with --cold")
     if args.no_steps and not (args.cold or args.grad_check):
@@ -400,8 +405,9 @@ def add_report(model: nn.Module, entry: dict, log: Callable[[str], None],
 
 # -- cold first steps (Note [cold steps] in zoo_cold.py) --------------------------------------
 def cold_child(args: argparse.Namespace) -> int:
-    """One side's first and second step in this fresh process (Note [cold steps]
-    in zoo_cold.py), printed as JSON after :data:`zoo_cold.COLD_PREFIX`."""
+    """One side's first ``--cold-steps`` steps in this fresh process, each timed
+    (Note [cold steps] in zoo_cold.py), printed as JSON after
+    :data:`zoo_cold.COLD_PREFIX`."""
     device = torch.device(args.device)
     spec = model_spec(args.models[0], args.size)
     t0 = time.perf_counter()
@@ -411,7 +417,7 @@ def cold_child(args: argparse.Namespace) -> int:
     ts.sync(device)
     build_s = time.perf_counter() - t0
     seconds, out = [], {}
-    for i in range(2):
+    for i in range(args.cold_steps):
         job.next_batch()
         ts.sync(device)
         t1 = time.perf_counter()
@@ -431,6 +437,7 @@ def cold_child(args: argparse.Namespace) -> int:
         out["find_profile"] = ts.find_profile(device, converted_backend(args, device))
     print(zoo_cold.COLD_PREFIX + json.dumps({"first_step_s": seconds[0],
                                              "second_step_s": seconds[1],
+                                             "steps_s": seconds, "steps_total_s": sum(seconds),
                                              "build_s": build_s, **out}), flush=True)
     return 0
 

@@ -9,8 +9,12 @@ it is measured in a fresh process per side (zoo_bench.py with --cold-child),
 the converted side with MUCUDNN_CACHE set to a new file: nothing carried over
 from earlier runs or the parent. The clock starts after the model is built,
 moved to the device (CUDA initialised) and converted, and stops when the
-step's optimizer update has finished; the second step's time shows what is
-left when nothing needs planning. The first process on a machine also pays
+step's optimizer update has finished; each of the next steps is timed alike
+(``--cold-steps``, ``steps_s`` and their sum ``steps_total_s``), since a
+converted model plans the signatures its first step ran stand-ins for in the
+steps after it (Note [planning after the first step] in
+mucudnn/torch/standin.py): the first step alone no longer shows all that a
+cold start costs. The first process on a machine also pays
 for reading the CUDA libraries from disk and filling the CUDA JIT cache, which
 later processes find ready: so a primer (one native child, its numbers kept
 apart as ``cold_primer``) runs before the measured pair, and neither side is
@@ -112,7 +116,7 @@ def run_cold(args: argparse.Namespace, spec: ModelSpec, precision: str, side: st
                "--models", spec.name, "--precisions", precision, "--device", args.device,
                "--batch", str(args.batch), "--size", str(spec.size),
                "--workspace", str(args.workspace), "--seed", str(args.seed), "--lr", str(args.lr),
-               "--cold-profile", str(args.cold_profile),
+               "--cold-profile", str(args.cold_profile), "--cold-steps", str(args.cold_steps),
                *(f"--backend-option={k}={v!r}" for k, v in args.backend_options)]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cold_timeout)

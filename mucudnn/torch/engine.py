@@ -48,10 +48,10 @@ import torch
 
 from ..api import Convolution
 from ..caches import LRU
-from ..errors import UnsupportedDtypeError
+from ..errors import MucudnnError, UnsupportedDtypeError
 from ..exec.arrays import torch_workspace
 from ..problem import ConvProblem, Direction
-from . import native as _native, settings as _settings
+from . import native as _native, settings as _settings, standin as _standin
 from .layout import (BIAS_VIEW as _BIAS_VIEW, CL as _CL, LAYOUT as _LAYOUT, channels_last,
                      empty as _empty, packed as _packed, to_numpy as _numpy, view as _view)
 from .tokens import (PlanSource, TorchBridgeError, backend_for as _backend_for, backend_token,
@@ -430,6 +430,15 @@ def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
         if _settings.enabled() and not CAPTURING():
             warm.calibrate(px, w, key, step, x.requires_grad)
+    elif warm.standin is not None:  # Note [planning after the first step] (standin.py)
+        if CAPTURING():
+            _standin.warn_captured()
+        else:
+            warm.standin_calls += 1
+            if _standin.due(warm.standin, warm.standin_calls):
+                px = x if problem_input is None else problem_input(x, w, cfg,
+                                                                   channels_last(x, w))
+                warm.calibrate(px, w, key, step, x.requires_grad)
     elif step is not None and warm.host_pending and not CAPTURING():
         px = x if problem_input is None else problem_input(x, w, cfg, channels_last(x, w))
         warm.calibrate(px, w, key, step, x.requires_grad)  # the host cost was not timed
@@ -463,7 +472,8 @@ class _Warm:
 
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "captured",
-                  "fits", "host_pending", "key", "transposed", "x_shape", "out_pad")
+                  "fits", "host_pending", "key", "transposed", "x_shape", "out_pad",
+                  "standin", "standin_calls")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple, transposed: bool = False) -> None:
@@ -472,9 +482,11 @@ class _Warm:
         with _on_device(dev):
             conv = convolution(_view(x, cl), _view(w, cl), _LAYOUT[(nd, cl)], cfg)
         self.conv = conv
-        self.fwd = conv.kernel(Direction.FORWARD).launch
-        self.bwd_data = conv.kernel(Direction.BACKWARD_DATA).launch
-        self.bwd_filter = conv.kernel(Direction.BACKWARD_FILTER).launch
+        self._launch_from(conv)
+        #: the step whose call made stand-ins that the launchers run, or None
+        #: (Note [planning after the first step] in :mod:`.standin`); their calls since
+        self.standin: "int | None" = None
+        self.standin_calls = 0
         if _settings.replays():  # Note [replay after repeated addresses] (exec/graph.py)
             for d in Direction:
                 conv.kernel(d).replay_repeated()
@@ -508,14 +520,57 @@ class _Warm:
         self.out_pad = _native.output_padding(self.x_shape, self.y_shape, tuple(w.shape),
                                               cfg) if transposed else None
 
+    def _launch_from(self, conv: Convolution) -> None:
+        """Launch ``conv``'s kernels in every direction."""
+        self.fwd = conv.kernel(Direction.FORWARD).launch
+        self.bwd_data = conv.kernel(Direction.BACKWARD_DATA).launch
+        self.bwd_filter = conv.kernel(Direction.BACKWARD_FILTER).launch
+
+    def _standin(self, x: torch.Tensor, w: torch.Tensor, need_dx: bool) -> Any:
+        """``native.calibrate``'s ``standin`` for this call (Note [planning after the
+        first step] in :mod:`.standin`): the directions to plan run undivided plans
+        of :func:`standin.twin`'s backend, launched until a later call plans them."""
+        cl = self.fmt is not torch.contiguous_format
+        x, w = x.contiguous(memory_format=self.fmt), w.contiguous(memory_format=self.fmt)
+
+        def make(directions: list[Direction]) -> "dict[Direction, Any] | None":
+            twin = _standin.twin(self.conv.backend)
+            if twin is None:
+                return None
+            cfg = self.cfg._replace(policy="undivided", backend=backend_token(twin))
+            try:
+                conv = convolution(_view(x, cl), _view(w, cl), self.conv.problem.layout, cfg)
+                plans = {d: conv.plan(d) for d in directions}
+            except MucudnnError as exc:  # no stand-in under the limit: plan now
+                log.info("mucudnn.torch: no stand-in for %s (%s); planned now",
+                         self.conv.problem.key(), exc)
+                return None
+            self._launch_from(conv)
+            self.standin, self.standin_calls = _standin.STEPS[0], 0
+            return plans
+
+        def standin(first: Any, skip: "Direction | None") -> "_native.Record | None":
+            return _standin.record(first, skip, make, (tuple(x.shape), tuple(w.shape)),
+                                   str(x.dtype).replace("torch.", ""), self.cfg, cl, need_dx,
+                                   self.transposed)
+        return standin
+
     def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,
                   step: "HostStep | None", need_dx: bool) -> None:
         """Compare with PyTorch's own call (Note [never slower than native]);
         with ``step``, also on the host (Note [host cost of a converted layer]).
-        ``need_dx``: whether the layer's input needs its gradient."""
+        ``need_dx``: whether the layer's input needs its gradient. A first call
+        may run stand-ins instead of planning, and the call that plans them
+        replaces them (Note [planning after the first step] in :mod:`.standin`)."""
         cfg = self.cfg
         self.host_pending = step is None
         CALIBRATIONS[0] += 1  # Note [the whole-step trial]: this step is not a steady one
+        standin = None
+        if self.standin is not None:
+            self.standin = None
+            self._launch_from(self.conv)
+        elif _standin.deferring(self.conv.backend, bool(cfg.plans)):
+            standin = self._standin(x, w, need_dx)
         with _device_ctx(self.index):
             rec = _native.calibrate(
                 key, self.conv, x.contiguous(memory_format=self.fmt),
@@ -525,7 +580,7 @@ class _Warm:
                 self.ws, lambda: _STREAM(self.index),
                 None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
                 self.tf32, step, need_dx,
-                self.transposed)
+                self.transposed, standin)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
         cf, cd, cb = (rec.choices[d].captured == _native.TORCH for d in Direction)

@@ -157,6 +157,11 @@ class Record:
     #: not timed (Note [first-call seconds])
     first_s: Optional[float] = None
     plan_s: Optional[float] = None
+    #: the planned directions run stand-ins (``plans``) until a later call plans
+    #: them (Note [planning after the first step] in :mod:`.standin`)
+    standin: bool = False
+    #: wall seconds of that later call's search and comparison; None: none ran
+    deferred_s: Optional[float] = None
 
     @property
     def skip(self) -> Optional[Direction]:
@@ -493,7 +498,9 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
               step: Optional[Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]] = None,
-              need_dx: bool = True, transposed: bool = False) -> Record:
+              need_dx: bool = True, transposed: bool = False,
+              standin: Optional[Callable[[dict[Direction, Choice], Optional[Direction]],
+                                         Optional[Record]]] = None) -> Record:
     """Time each direction's plan (``launch``: the kernels' launchers) and
     PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
     workspace, decide (Note [never slower than native]) and keep the record
@@ -502,10 +509,16 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     converted layer]; ``need_dx``: whether the call's input needs its gradient).
     ``transposed``: the layer is a transposed convolution of this problem (its
     input is the problem's output, its forward the problem's backward-data,
-    and ``step(dy, w, cfg)`` its forward; Note [transposed convolutions])."""
+    and ``step(dy, w, cfg)`` its forward; Note [transposed convolutions]).
+    ``standin(first, skip)``: a record of stand-ins where :func:`torch_first`'s
+    ``first`` leaves directions to plan (None: plan them now); such a record is
+    planned at the signature's next calibration, reusing its measurements of
+    PyTorch's calls (Note [planning after the first step] in :mod:`.standin`)."""
     start = time.perf_counter()
     old = _RECORDS.peek(key)
-    if old is not None and old.plans == conv.plans:
+    if old is not None and old.standin:
+        standin = None  # this call replaces the stand-ins
+    elif old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
             dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
             _settle_host(old, step, x, w, dy, cfg, deterministic, tf32)
@@ -526,7 +539,9 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
 
     first = None
     skip = skipped(need_dx, transposed)
-    if not cfg.plans and settings.search() == "over-limit":  # Note [plans only over the limit]
+    if old is not None and old.standin:  # measured at the first call
+        first = old.choices
+    elif not cfg.plans and settings.search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
         first = torch_first(limit, skip, lambda d: step_thread(d, lambda: probe(theirs[d])))
         if first is not None and not to_plan(first, skip):
@@ -537,6 +552,11 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
             log.info("mucudnn.torch: %s runs PyTorch's call (it fits the limit; no plan "
                      "searched)", conv.problem.key())
             return rec
+        stood = None if first is None or standin is None else standin(first, skip)
+        if stood is not None:
+            stood.first_s = time.perf_counter() - start
+            _RECORDS.put(key, stood)
+            return stood
     # every direction, or only those over the limit (the others keep PyTorch's call)
     planned = list(Direction) if first is None else to_plan(first, skip)
     planning = time.perf_counter()
@@ -575,7 +595,10 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32)
     end = time.perf_counter()
-    rec.first_s, rec.plan_s = end - start, end - planning
+    if old is not None and old.standin:
+        rec.first_s, rec.plan_s, rec.deferred_s = old.first_s, old.plan_s, end - start
+    else:
+        rec.first_s, rec.plan_s = end - start, end - planning
     _RECORDS.put(key, rec)
     for c in rec.choices.values():
         log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",

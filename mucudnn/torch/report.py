@@ -87,7 +87,9 @@ class Report:
     step_trial: Optional[dict[str, Any]] = None
     #: what the first calls cost (Note [first-call seconds] in :mod:`.native`):
     #: ``signatures`` timed, their ``seconds``, the ``planning_seconds`` of it and
-    #: the ``planned_signatures``; each signature once, however many layers share it
+    #: the ``planned_signatures``; each signature once, however many layers share it;
+    #: ``standin_signatures`` that run stand-ins now and the ``deferred_seconds`` that
+    #: later calls spent planning them (Note [planning after the first step])
     first_calls: Optional[dict[str, Any]] = None
     #: the model's step guard (Note [guarded steps]): ``guarded_layers``, the
     #: converted layers that run torch.nn's call unchecked in training forwards
@@ -165,6 +167,9 @@ class Report:
             rows += ["", f"first calls: {f['signatures']} signature(s) took {f['seconds']:.2f} s, "
                          f"{f['planning_seconds']:.2f} s of it searching and timing plans "
                          f"({f['planned_signatures']} signature(s) planned)"]
+            if f["deferred_seconds"] or f["standin_signatures"]:
+                rows.append(f"planned after the first step: {f['deferred_seconds']:.2f} s; "
+                            f"{f['standin_signatures']} signature(s) still run stand-ins")
         if self.step_trial is not None:
             rows += ["", _trial_line(self.step_trial)]
         if self.step_guard is not None and self.step_guard["guarded_layers"]:
@@ -246,7 +251,8 @@ def _directions(rec: native.Record, torch_way: bool = False) -> dict[str, dict[s
         plan = rec.plans.get(d)
         out[_SHORT[d]] = {
             "runs": c.runs,
-            "plan": "PyTorch's own" if c.runs == native.TORCH else _plan_text(plan),
+            "plan": "PyTorch's own" if c.runs == native.TORCH
+            else ("stand-in: " if rec.standin and plan is not None else "") + _plan_text(plan),
             "configs": [] if plan is None else list(dict.fromkeys(
                 str(m.algo) for m in plan.micro_batches)),
             "ms": c.torch_ms if c.runs == native.TORCH else c.plan_ms,
@@ -328,4 +334,6 @@ def _first_calls(recs: list[native.Record]) -> Optional[dict[str, Any]]:
         return None
     return {"signatures": len(timed), "seconds": sum(r.first_s or 0.0 for r in timed),
             "planning_seconds": sum(r.plan_s or 0.0 for r in timed),
-            "planned_signatures": sum(1 for r in timed if r.plans)}
+            "planned_signatures": sum(1 for r in timed if r.plans),
+            "standin_signatures": sum(1 for r in timed if r.standin),
+            "deferred_seconds": sum(r.deferred_s or 0.0 for r in timed)}

@@ -1,8 +1,9 @@
 """The environment's switches of :mod:`mucudnn.torch`, each read where it
 takes effect: ``MUCUDNN_TORCH_NATIVE`` (:func:`enabled`),
-``MUCUDNN_TORCH_REPLAY`` (:func:`replays`) and ``MUCUDNN_TORCH_SEARCH``
-(:func:`search`). A value that is none of a switch's is refused, naming the
-variable and the values it takes."""
+``MUCUDNN_TORCH_REPLAY`` (:func:`replays`), ``MUCUDNN_TORCH_SEARCH``
+(:func:`search`) and ``MUCUDNN_TORCH_DEFER`` (:func:`defers`). A value
+that is none of a switch's is refused, naming the variable and the values it
+takes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 
 from ..errors import InvalidValueError
 
-__all__ = ["enabled", "replays", "search", "REPLAY_DEFAULT", "SEARCHES"]
+__all__ = ["enabled", "replays", "search", "defers", "REPLAY_DEFAULT", "SEARCHES"]
 
 
 #: The values a switch in the environment reads as on, and as off.
@@ -61,3 +62,16 @@ def search() -> str:
     True
     """
     return _read("MUCUDNN_TORCH_SEARCH", SEARCHES, "over-limit")
+
+
+def defers() -> bool:
+    """``MUCUDNN_TORCH_DEFER``: ``1``/``on``/``true``/``yes`` (the default)
+    runs stand-ins at a signature's first call inside a converted model's steps
+    and plans it in a later step; ``0``/``off`` plans at the first call (Note
+    [planning after the first step] in :mod:`mucudnn.torch.standin`). Read
+    at each first call.
+
+    >>> defers() in (True, False)
+    True
+    """
+    return _read("MUCUDNN_TORCH_DEFER", _ON + _OFF, "1") in _ON

@@ -49,9 +49,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from . import engine, settings
+from . import engine, settings, standin
 
-__all__ = ["StepTrial", "TRIAL_STEPS", "trial_of"]
+__all__ = ["StepTrial", "StepEnd", "TRIAL_STEPS", "trial_of"]
 
 log = logging.getLogger("mucudnn")
 
@@ -104,7 +104,10 @@ class StepTrial:
             else TORCH
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        """The forward pre-hook: time the step that ended and pick the next one's way."""
+        """The forward pre-hook: count the step (Note [planning after the first
+        step] in :mod:`.standin`), time the step that ended and pick the next one's way."""
+        if not _COMPILING():
+            standin.begin_step()
         if self.generation != engine.GENERATION[0]:  # mucudnn.torch.clear(): start again
             self._reset()
         if self.kept is not None:
@@ -166,6 +169,16 @@ def _ways_differ(module: nn.Module) -> Optional[bool]:
     return differ
 
 
+class StepEnd:
+    """The forward hook beside a :class:`StepTrial`: the converted model's forward
+    returned (or raised), so calls after it are not inside its step (Note
+    [planning after the first step] in :mod:`.standin`)."""
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not _COMPILING():
+            standin.end_step()
+
+
 def trial_of(module: nn.Module) -> Optional[StepTrial]:
     """The :class:`StepTrial` hooked on ``module`` (None where there is none)."""
     for hook in module._forward_pre_hooks.values():
@@ -179,12 +192,15 @@ def install(module: nn.Module) -> StepTrial:
     drop(module)
     trial = StepTrial()
     module.register_forward_pre_hook(trial)
+    module.register_forward_hook(StepEnd(), always_call=True)
     return trial
 
 
 def drop(module: nn.Module) -> None:
-    """Remove every :class:`StepTrial` hooked in ``module``'s tree."""
+    """Remove every :class:`StepTrial` (and its :class:`StepEnd`) hooked in
+    ``module``'s tree."""
     for m in module.modules():
-        hooks = m._forward_pre_hooks
-        for key in [k for k, h in hooks.items() if isinstance(h, StepTrial)]:
-            del hooks[key]
+        for hooks, kind in ((m._forward_pre_hooks, StepTrial), (m._forward_hooks, StepEnd)):
+            for key in [k for k, h in hooks.items() if isinstance(h, kind)]:
+                del hooks[key]
+                getattr(m, "_forward_hooks_always_called", {}).pop(key, None)
