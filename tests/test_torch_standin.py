@@ -202,6 +202,13 @@ def _layers() -> nn.Sequential:
                          nn.Conv2d(64, 64, 3, stride=2, padding=1))
 
 
+def _native_flags():
+    """A native model's cuDNN flags, TF32 off (``cudnn.flags`` turns cuDNN off
+    unless told: PyTorch's own calls then return channels-first outputs, a new
+    signature for the next layer)."""
+    return torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False)
+
+
 def _stand_ins() -> list[native.Record]:
     return [r for r in native.records() if r.standin]
 
@@ -229,7 +236,7 @@ def test_a_first_step_runs_stand_ins_within_the_limit_and_each_later_step_plans_
         x = torch.randn(batch, 16, 20, 20, device="cuda").to(memory_format=cl)
         step_against_float64(conv, ref, x, tol=1e-4)
 
-    with torch.backends.cudnn.flags(allow_tf32=False):
+    with _native_flags():
         step()
         stood = _stand_ins()
         assert len(stood) >= 2, "PyTorch's calls of two layers or more are over the limit"
@@ -268,7 +275,7 @@ def test_without_deferring_the_first_step_plans(monkeypatch, tmp_path):
     model = _layers().cuda().to(memory_format=cl)
     ref = copy.deepcopy(model).double()
     conv = mt.convert(model, workspace_limit=LIMIT)
-    with torch.backends.cudnn.flags(allow_tf32=False):
+    with _native_flags():
         step_against_float64(conv, ref, torch.randn(16, 16, 20, 20, device="cuda").to(
             memory_format=cl), tol=1e-4)
     recs = native.records()
@@ -289,7 +296,7 @@ def test_a_capture_of_stand_ins_warns_and_its_replays_compute_the_convolution(mo
     ref = copy.deepcopy(model).double()
     conv = mt.convert(model, workspace_limit=LIMIT)
     static_x = torch.randn(16, 16, 20, 20, device="cuda").to(memory_format=cl)
-    with torch.backends.cudnn.flags(allow_tf32=False), torch.no_grad():
+    with _native_flags(), torch.no_grad():
         conv(static_x)
         assert len(_stand_ins()) >= 2
         graph = torch.cuda.CUDAGraph()

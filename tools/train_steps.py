@@ -494,11 +494,13 @@ def environment(device: torch.device) -> dict:
     change what a converted layer does (mucudnn/torch/settings.py): the
     comparison switch ``MUCUDNN_TORCH_NATIVE`` where set, and always the
     graph replay of planned launches (``MUCUDNN_TORCH_REPLAY``, ``1`` or
-    ``0``) and the search, as they took effect (their defaults are part of
-    the result)."""
+    ``0``), the search and the stand-ins of a first step
+    (``MUCUDNN_TORCH_DEFER``, ``1`` or ``0``), as they took effect (their
+    defaults are part of the result)."""
     settings = {k: os.environ[k] for k in ("MUCUDNN_TORCH_NATIVE",) if k in os.environ}
     settings["MUCUDNN_TORCH_REPLAY"] = "1" if mt_settings.replays() else "0"
     settings["MUCUDNN_TORCH_SEARCH"] = mt_settings.search()
+    settings["MUCUDNN_TORCH_DEFER"] = "1" if mt_settings.defers() else "0"
     env = {"torch": torch.__version__, "mucudnn": mucudnn.__version__,
            "torchvision": getattr(torchvision, "__version__", None), "device": str(device),
            "python": sys.version.split()[0], "cuda": torch.version.cuda,
