@@ -150,6 +150,11 @@ def test_a_signature_with_stand_ins_is_calibrated_again_at_one_call_in_a_later_s
             engine._WARM.pop(k)
 
 
+def test_the_stand_in_warning_is_public_and_a_runtime_warning():
+    assert mt.StandinWarning is standin.StandinWarning
+    assert issubclass(mt.StandinWarning, RuntimeWarning)
+
+
 def test_the_defer_setting_is_checked(monkeypatch):
     monkeypatch.delenv("MUCUDNN_TORCH_DEFER", raising=False)
     assert settings.defers()

@@ -126,6 +126,7 @@ from .functional import (DEFAULT_WORKSPACE_LIMIT, TorchTypeError, TorchValueErro
 from .modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .ops import ConvFunction
 from .report import LayerReport, Report, report
+from .standin import StandinWarning
 from .workspace import release_workspace, workspace_bytes
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
@@ -135,4 +136,4 @@ __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "
            "WDPlanner", "cached_convolutions", "clear", "conv1d", "conv2d", "conv3d",
            "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convert",
            "release_workspace", "share_plans", "workspace_bytes", "report", "Report",
-           "LayerReport"]
+           "LayerReport", "StandinWarning"]

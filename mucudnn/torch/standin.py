@@ -7,28 +7,27 @@ A converted model's first training step pays what a native one pays
 over the limit] measures there) plus the search of every direction whose
 PyTorch workspace is over the limit: several micro-batch sizes, each a find()
 of tens of configurations, then the comparison with PyTorch's call. That
-search is what made a converted first step slower than a native one. So
-inside a converted model's steps (its step trial counts them, Note [the
-whole-step trial]) the first call of a signature with a direction over the
-limit runs a stand-in in each such direction (a call inside a converted
-model's forward; calls outside any plan at once): the whole batch as one call of
+search is what made a converted first step slower than a native one. So a
+signature's first call inside a converted model's forward (its step trial's
+hooks mark the forward and count it as a step: :func:`begin_step`) runs a
+stand-in in each direction over the limit: the whole batch as one call of
 the configuration cuDNN's heuristics (mode A) rank first among those whose
 workspace fits the limit, or of the best-ranked one that needs no workspace,
 whichever ran faster (a find() of at most two configurations, on a twin of
-the model's graph backend whose search is cut to that: :func:`twin`). The
-limit holds from the first call. The search and the comparison of Note
-[never slower than native] run at the signature's first call in a later
-step, one signature per step (:func:`due`), so that no step pays for more
-than one signature's search; a signature called :data:`STANDIN_CALLS` times
-without that (steps nobody counts: a model that is not converted whole) is
-planned then. The search's cost is moved, not saved: it is spread over the
-steps after the first, one signature each, and those steps run the
-stand-ins that are left (``tools/zoo_bench.py --cold`` keeps each of the
-first steps' seconds). A CUDA graph captured while a stand-in runs keeps it
-in its replays, so a warning says so (:func:`warn_captured`): eager steps
-before a capture plan them, one signature each. Backends other than
-the graph backend, ``MUCUDNN_TORCH_SEARCH=all``, given plans and
-``MUCUDNN_TORCH_DEFER=0`` plan at the first call, in the first step.
+the model's graph backend whose search is cut to that: :func:`twin`). Calls
+outside a converted model's forward plan at once. The limit holds from the
+first call. The search and the comparison of Note [never slower than native]
+run at the signature's first call in a later step, one signature a step
+(:func:`due`), so that no step pays for more than one signature's search; a
+signature called :data:`STANDIN_CALLS` times before its turn is planned then.
+The search's cost is moved, not saved: it is spread over the steps after the
+first, and those steps run the stand-ins still left (``tools/zoo_bench.py
+--cold-steps`` times each of the first steps). A CUDA graph captured while a
+stand-in runs keeps it in its replays, so a warning says so
+(:func:`warn_captured`): eager steps before a capture plan them, one
+signature each. Backends other than the graph backend,
+``MUCUDNN_TORCH_SEARCH=all``, given plans and ``MUCUDNN_TORCH_DEFER=0`` plan
+at the first call, in the first step.
 """
 
 from __future__ import annotations
