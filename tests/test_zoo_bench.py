@@ -49,6 +49,8 @@ def test_parse_args_defaults_and_errors(zb):
     assert a.workspace == 8 << 20 and a.rounds == 2 and a.grad_check and a.no_progress
     # three sides: the default rounds balance their order (Note [balanced round order])
     assert zb.parse_args(TINY + ["--with-control"]).rounds == 18
+    assert (zb.parse_args(TINY).cold_steps, zb.parse_args(TINY + ["--cold-steps", "3"]).cold_steps) \
+        == (8, 3)
     assert zb.parse_args(TINY + ["--with-control", "--rounds", "4"]).rounds == 4
     for names in (["tiny,tiny"], ["tiny", "tiny,"], [",tiny"]):  # commas as spaces, once each
         assert zb.parse_args(["--device", "cpu", "--models", *names]).models == ["tiny"]
@@ -57,7 +59,8 @@ def test_parse_args_defaults_and_errors(zb):
                 ["--precisions", "fp16"], ["--batch", "0"], ["--workspace", "lots"],
                 ["--rounds", "0"], ["--cold-child", "both"], ["--no-steps"],
                 ["--cold-profile", "5"], ["--cold", "--cold-profile", "-1"],
-                ["--resolve", "-1"], ["--cold", "--cold-repeat", "0"]):
+                ["--resolve", "-1"], ["--cold", "--cold-repeat", "0"],
+                ["--cold", "--cold-steps", "1"]):
         with pytest.raises(SystemExit):
             zb.parse_args(TINY + bad)
 
