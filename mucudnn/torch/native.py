@@ -516,8 +516,11 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     PyTorch's calls (Note [planning after the first step] in :mod:`.standin`)."""
     start = time.perf_counter()
     old = _RECORDS.peek(key)
-    if old is not None and old.standin:
-        standin = None  # this call replaces the stand-ins
+    # a record of stand-ins, whose directions this call plans (See Note [planning after the
+    # first step])
+    replaced = old if old is not None and old.standin else None
+    if replaced is not None:
+        standin = None
     elif old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
             dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
@@ -539,8 +542,8 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
 
     first = None
     skip = skipped(need_dx, transposed)
-    if old is not None and old.standin:  # measured at the first call
-        first = old.choices
+    if replaced is not None:  # PyTorch's calls were measured at the first call
+        first = replaced.choices
     elif not cfg.plans and settings.search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
         first = torch_first(limit, skip, lambda d: step_thread(d, lambda: probe(theirs[d])))
@@ -595,8 +598,8 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32)
     end = time.perf_counter()
-    if old is not None and old.standin:
-        rec.first_s, rec.plan_s, rec.deferred_s = old.first_s, old.plan_s, end - start
+    if replaced is not None:
+        rec.first_s, rec.plan_s, rec.deferred_s = replaced.first_s, replaced.plan_s, end - start
     else:
         rec.first_s, rec.plan_s = end - start, end - planning
     _RECORDS.put(key, rec)
