@@ -1,13 +1,15 @@
-"""See Note [planning after the first step]: the step count and the rules of
-stand-ins (CPU), and on a GPU (marker ``gpu``) a converted model whose first
-step runs stand-ins within the limit, whose later steps plan one signature
-each, and whose every step computes its convolutions against float64.
+"""See Note [planning after the first step] and Note [untimed stand-ins]: the
+step count and the rules of stand-ins (CPU), and on a GPU (marker ``gpu``) a
+converted model whose first step runs stand-ins within the limit, whose later
+steps plan them a share at a time, and whose every step computes its
+convolutions against float64.
 """
 
 from __future__ import annotations
 
 import copy
 import pickle
+import weakref
 
 import pytest
 
@@ -17,6 +19,7 @@ from torch import nn  # noqa: E402
 
 import mucudnn  # noqa: E402
 import mucudnn.torch as mt  # noqa: E402
+from mucudnn._cudnn import graph_descriptors as gd  # noqa: E402
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend  # noqa: E402
 from mucudnn.optimizer import optimize_wr  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
@@ -63,15 +66,42 @@ def test_a_copy_keeps_its_step_hooks_and_dropping_the_trial_drops_both():
     assert end not in model._forward_hooks_always_called
 
 
-def test_one_stand_in_is_replaced_a_step_or_at_its_last_call(monkeypatch):
-    monkeypatch.setattr(standin, "STEPS", [5])
-    monkeypatch.setattr(standin, "_REPLACED_AT", [0])
-    assert not standin.due(5, 1)  # made in this step: not yet
-    assert standin.due(4, 1)  # made before: this step plans it
-    assert not standin.due(3, 1)  # one a step
-    assert standin.due(3, standin.STANDIN_CALLS)  # however many steps
-    standin.STEPS[0] = 6
-    assert standin.due(3, 2) and not standin.due(4, 2)
+class _Owner:
+    """A signature's warm record, as :func:`standin.due` sees it."""
+
+
+def _fresh_share(monkeypatch, step: int) -> None:
+    monkeypatch.setattr(standin, "STEPS", [step])
+    monkeypatch.setattr(standin, "_OPEN", weakref.WeakSet())
+    monkeypatch.setattr(standin, "_SHARE", [0, 0, 0])
+
+
+def test_stand_ins_are_replaced_over_the_next_steps_an_equal_share_each(monkeypatch):
+    """Nine stand-ins of step 1 over STANDIN_STEPS = 4 steps: three a step (nine
+    over four, rounded up), none in the step that made them, any at its
+    STANDIN_CALLS-th call; once none is open, a new one is replaced in the
+    next step alone."""
+    _fresh_share(monkeypatch, 1)
+    monkeypatch.setattr(standin, "STANDIN_STEPS", 4)
+    owners = [_Owner() for _ in range(9)]
+    for o in owners:
+        standin.opened(o)
+    assert not any(standin.due(o, 1, 1) for o in owners)  # made in this step
+    standin.STEPS[0] = 2
+    assert [standin.due(o, 1, 1) for o in owners[:4]] == [True, True, True, False]
+    assert standin.due(owners[3], 1, standin.STANDIN_CALLS)  # however many this step took
+    standin.STEPS[0] = 3
+    assert [standin.due(o, 1, 2) for o in owners[4:]] == [True, True, True, False, False]
+    standin.STEPS[0] = 4
+    assert [standin.due(o, 1, 3) for o in owners[7:]] == [True, True]
+    assert len(standin._OPEN) == 0 and standin._SHARE[2] == 0
+    late = _Owner()
+    standin.opened(late)
+    assert not standin.due(late, 4, 1)
+    standin.STEPS[0] = 5
+    assert standin.due(late, 4, 1)
+    standin.reset()
+    assert standin._SHARE == [0, 0, 0]
 
 
 def test_stand_ins_run_inside_converted_steps_on_the_graph_backend_by_default(monkeypatch):
@@ -106,19 +136,20 @@ class _StoodWarm:
     def calibrate(self, x, w, key, step, need_dx):
         self.calibrations.append(standin.STEPS[0])
         self.standin = standin.STEPS[0] if len(self.calibrations) == 1 else None
+        if self.standin is not None:
+            standin.opened(self)
 
 
 def test_a_signature_with_stand_ins_is_calibrated_again_at_one_call_in_a_later_step(
         monkeypatch):
     """engine.resolve (Note [the warm torch path]): a record of stand-ins is
     calibrated again, which plans it, at its first call in a later step; with
-    two such records, one a step; and not under capture, which warns instead."""
-    from mucudnn.torch import engine
+    two such records (a share of one a step), one a step; and not under
+    capture, which warns instead."""
     monkeypatch.setattr(engine, "_Warm", _StoodWarm)
     monkeypatch.setattr(engine, "_STREAM", lambda index: 0)
     monkeypatch.setenv("MUCUDNN_TORCH_NATIVE", "1")
-    monkeypatch.setattr(standin, "STEPS", [1])
-    monkeypatch.setattr(standin, "_REPLACED_AT", [0])
+    _fresh_share(monkeypatch, 1)
     monkeypatch.setattr(standin, "_WARNED", [False])
     x, w = torch.randn(2, 2, 3, 3), torch.randn(2, 2, 1, 1)
     cfg = ConvConfig((1, 1), (0, 0), (1, 1), 1, 1 << 20, "powerOfTwo", "", "")
@@ -166,13 +197,10 @@ def test_the_defer_setting_is_checked(monkeypatch):
     assert isinstance(info.value, ValueError)
 
 
-def test_a_stand_in_record_runs_them_where_pytorch_is_over_the_limit_and_keeps_the_rest():
-    """The record of a first call with stand-ins: PyTorch's call where it fits,
-    the stand-ins' plans elsewhere (PyTorch's measurements kept for the later
-    comparison), none where ``make`` made none."""
-    over = Direction.BACKWARD_FILTER
-    first = native.torch_first(1 << 20, Direction.BACKWARD_DATA,
-                               lambda d: (0.5, 2 << 20 if d is over else 0))
+def test_a_stand_in_record_runs_them_in_every_direction_a_step_runs_measuring_nothing():
+    """The record of a first call with stand-ins: the stand-ins' plans in every
+    direction but the one a step does not run, PyTorch's calls not measured;
+    none where ``make`` made none."""
     plan = optimize_wr({4: [mucudnn.AlgoPerf(algo=1, time_ms=1.0, workspace_bytes=0)]},
                        batch=4, workspace_limit=1 << 20, policy="undivided")
     asked: list = []
@@ -182,16 +210,82 @@ def test_a_stand_in_record_runs_them_where_pytorch_is_over_the_limit_and_keeps_t
         return {d: plan for d in directions}
 
     cfg = ConvConfig((1, 1), (1, 1), (1, 1), 1, 1 << 20, "fitted", "", "")
-    rec = standin.record(first, Direction.BACKWARD_DATA, make, ((4, 8, 6, 6), (8, 8, 3, 3)),
-                         "float32", cfg, True, False, False)
-    assert asked == [[over]] and rec.standin and rec.plans == {over: plan}
-    assert rec.choices[over].runs == native.MUCUDNN and "stand-in" in rec.choices[over].reason
-    assert (rec.choices[over].torch_ms, rec.choices[over].torch_workspace) == (0.5, 2 << 20)
-    assert rec.choices[Direction.FORWARD] == first[Direction.FORWARD]
-    assert rec.choices[Direction.BACKWARD_DATA] == first[Direction.BACKWARD_DATA]
+    shapes = ((4, 8, 6, 6), (8, 8, 3, 3))
+    skip = Direction.BACKWARD_DATA
+    rec = standin.record(skip, make, shapes, "float32", cfg, True, False, False, 1 << 20)
+    ran = [Direction.FORWARD, Direction.BACKWARD_FILTER]
+    assert asked == [ran] and rec.standin and rec.plans == {d: plan for d in ran}
+    for d in ran:
+        c = rec.choices[d]
+        assert c.runs == native.MUCUDNN and "stand-in" in c.reason and c.limit == 1 << 20
+        assert (c.plan_ms, c.torch_ms, c.torch_workspace) == (None, None, None)
+    assert rec.choices[skip] == native.unrun(skip, 1 << 20)
     assert rec.plan_s is not None and rec.first_s is None and rec.deferred_s is None
-    assert standin.record(first, Direction.BACKWARD_DATA, lambda d: None, ((4, 8, 6, 6),
-                          (8, 8, 3, 3)), "float32", cfg, True, False, False) is None
+    assert standin.record(skip, lambda d: None, shapes, "float32", cfg, True, False, False,
+                          1 << 20) is None
+
+
+class _FirstFit:
+    def __init__(self, perf):
+        self.perf, self.asked, self.name = perf, [], "cudnn-graph"
+
+    def first_fit(self, problem, direction, limit, deterministic):
+        self.asked.append((direction, limit, deterministic))
+        return self.perf
+
+
+def test_a_stand_in_plan_is_the_whole_batch_in_the_first_fit_untimed():
+    problem = mucudnn.ConvProblem((6, 8, 5, 5), (8, 8, 3, 3), padding=(1, 1))
+    found = _FirstFit(mucudnn.AlgoPerf(algo="e3;k2=1", time_ms=0.0, workspace_bytes=512))
+    plan = standin.plan(found, problem, Direction.BACKWARD_FILTER, 1024, True)
+    assert found.asked == [(Direction.BACKWARD_FILTER, 1024, True)]
+    assert [(m.offset, m.size, m.algo, m.workspace_bytes) for m in plan.micro_batches] == [
+        (0, 6, "e3;k2=1", 512)]
+    assert (plan.problem, plan.direction, plan.workspace_bytes, plan.workspace_limit) == (
+        problem, Direction.BACKWARD_FILTER, 512, 1024)
+    assert plan.extra["untimed"] and plan.policy == "stand-in"
+    assert standin.plan(_FirstFit(None), problem, Direction.FORWARD, 0, False) is None
+
+
+def _info(index: int, ws, numerical=(), behavior=()) -> gd.EngineConfigInfo:
+    return gd.EngineConfigInfo(index, (), tuple(int(n) for n in numerical),
+                               tuple(int(b) for b in behavior), workspace_bytes=ws)
+
+
+class _Built:
+    def __init__(self, algo_id: str, ws: int):
+        self.id, self.workspace_bytes = algo_id, ws
+
+
+def test_first_fit_takes_the_best_ranked_config_that_qualifies_without_timing(monkeypatch):
+    """CudnnGraphBackend.first_fit (Note [untimed stand-ins]) in heuristics'
+    order: it passes over a config whose numerics the problem's math leaves
+    out, one that compiles at run time, a non-deterministic one where asked,
+    one whose heuristics workspace is over the limit, one that does not
+    finalize and one whose finalized plan is over it."""
+    N, B = gd.BackendNumericalNote, gd.BackendBehaviorNote
+    infos = [_info(1, 0, numerical=[N.TENSOR_CORE]), _info(2, 0, behavior=[B.RUNTIME_COMPILATION]),
+             _info(3, 0, numerical=[N.NONDETERMINISTIC]), _info(4, 4096), _info(5, None),
+             _info(6, 100), _info(7, 0)]
+    finalized = {"e5": 2048, "e6": 100, "e7": 0, "e3": 0}
+    built: list = []
+    be = object.__new__(CudnnGraphBackend)
+    monkeypatch.setattr(be, "engine_configs", lambda p, d: infos, raising=False)
+    monkeypatch.setattr(be, "find_workspace_cap", lambda: 1 << 30, raising=False)
+
+    def build(problem, direction, wanted):
+        built.extend(a for a, _ in wanted)
+        return {(a, b): _Built(a, finalized[a]) for a, b in wanted if a in finalized}
+
+    monkeypatch.setattr(be, "_build_plans", build, raising=False)
+    problem = mucudnn.ConvProblem((2, 4, 5, 5), (4, 4, 3, 3), math="fma")
+    got = be.first_fit(problem, "forward", 1024, deterministic=True)
+    assert (got.algo, got.time_ms, got.workspace_bytes, got.determinism) == ("e6", 0.0, 100, 1)
+    assert built == ["e5", "e6"]  # e4 never finalized: its heuristics figure is over
+    assert be.first_fit(problem, "forward", 0, deterministic=True).algo == "e7"
+    assert be.first_fit(problem, "forward", 1024, deterministic=False).algo == "e3"
+    finalized.clear()
+    assert be.first_fit(problem, "forward", 1024) is None
 
 
 # -- on a GPU -----------------------------------------------------------------------------------
@@ -227,8 +321,12 @@ def _defer(monkeypatch: pytest.MonkeyPatch, tmp_path, on: str = "1") -> None:
 
 @pytest.mark.gpu
 @gpu
-def test_a_first_step_runs_stand_ins_within_the_limit_and_each_later_step_plans_one(
+def test_a_first_step_runs_untimed_stand_ins_within_the_limit_and_later_steps_plan_them(
         monkeypatch, tmp_path):
+    """Every signature of the first step runs stand-ins in every direction,
+    PyTorch's calls unmeasured; the next steps replace a share of them each
+    (one a step here: three over STANDIN_STEPS), measuring PyTorch's calls and
+    planning the directions over the limit; every step against float64."""
     _defer(monkeypatch, tmp_path)
     torch.manual_seed(0)
     cl = torch.channels_last
@@ -244,31 +342,55 @@ def test_a_first_step_runs_stand_ins_within_the_limit_and_each_later_step_plans_
     with _native_flags():
         step()
         stood = _stand_ins()
-        assert len(stood) >= 2, "PyTorch's calls of two layers or more are over the limit"
+        assert len(stood) == 3 and len(native.records()) == 3
         for r in stood:
-            assert r.plans and r.deferred_s is None
+            assert set(r.plans) == {d for d in Direction if d is not r.skip}
+            assert r.deferred_s is None
             for d, plan in r.plans.items():
-                assert r.choices[d].runs == native.MUCUDNN and r.choices[d].plan_ms is None
-                assert plan.workspace_bytes <= LIMIT
+                c = r.choices[d]
+                assert c.runs == native.MUCUDNN and (c.plan_ms, c.torch_ms) == (None, None)
+                assert plan.workspace_bytes <= LIMIT and plan.extra["untimed"]
                 assert [m.size for m in plan.micro_batches] == [batch]  # the whole batch
         assert "stand-in: " in str(mt.report(conv))
-        for left in range(len(stood) - 1, -1, -1):
+        share = -(-len(stood) // standin.STANDIN_STEPS)
+        left = len(stood)
+        while left:
             step()
-            assert len(_stand_ins()) == left, (  # one signature a step
-                standin.STEPS, standin._REPLACED_AT,
+            left = max(0, left - share)
+            assert len(_stand_ins()) == left, (
+                standin.STEPS, standin._SHARE,
                 [(r.x_shape, r.cfg.stride, r.standin, r.first_s, r.deferred_s)
-                 for r in native.records()],
-                [(w.key[0], w.key[1], w.cfg.stride, w.standin, w.standin_calls)
-                 for w in engine._WARM.values()])
+                 for r in native.records()])
         done = [r for r in native.records() if r.deferred_s is not None]
         assert len(done) == len(stood)
         for r in done:
+            assert all(r.choices[d].torch_ms is not None for d in Direction if d is not r.skip)
             for d in r.plans:
-                assert r.plans[d].workspace_bytes <= LIMIT
+                assert r.plans[d].workspace_bytes <= LIMIT and not r.plans[d].extra.get("untimed")
                 assert r.choices[d].runs == native.MUCUDNN and r.choices[d].plan_ms is not None
         assert mt.report(conv).first_calls["deferred_seconds"] > 0
         step()  # and on, with the plans
     mt.clear()
+
+
+@pytest.mark.gpu
+@gpu
+def test_first_fit_on_the_device_is_heuristics_first_config_that_fits(monkeypatch):
+    """On cuDNN: first_fit's config is the first of heuristics mode A's that
+    qualifies, its finalized workspace within the limit (0 bytes included)."""
+    be = standin.twin(mucudnn.get_backend("cudnn-graph"))
+    problem = mucudnn.ConvProblem((8, 16, 12, 12), (32, 16, 3, 3), padding=(1, 1),
+                                  layout="NHWC", math="fma")
+    for d in Direction:
+        for limit in (0, 1 << 20):
+            got = be.first_fit(problem, d, limit)
+            assert got is not None and got.workspace_bytes <= limit and got.time_ms == 0.0
+            assert be.workspace_size(problem, d, got.algo) <= limit
+            ranked = [i for i in be.engine_configs(problem, d)
+                      if (i.workspace_bytes or 0) <= limit and not i.has_note(
+                          gd.BackendBehaviorNote.RUNTIME_COMPILATION)
+                      and not i.has_note(gd.BackendNumericalNote.TENSOR_CORE)]
+            assert got.algo in [i.id for i in ranked][:4]  # among the first that qualify
 
 
 @pytest.mark.gpu
@@ -303,7 +425,7 @@ def test_a_capture_of_stand_ins_warns_and_its_replays_compute_the_convolution(mo
     static_x = torch.randn(16, 16, 20, 20, device="cuda").to(memory_format=cl)
     with _native_flags(), torch.no_grad():
         conv(static_x)
-        assert len(_stand_ins()) >= 2
+        assert len(_stand_ins()) == 3
         graph = torch.cuda.CUDAGraph()
         with pytest.warns(standin.StandinWarning, match="stand-in"):
             with torch.cuda.graph(graph):

@@ -58,8 +58,9 @@ import os
 from typing import Any, Optional
 
 from .._cudnn import graph_descriptors as gd
+from .._cudnn.enums import BackendBehaviorNote as Behavior
 from ..errors import InvalidValueError
-from ..problem import ConvProblem
+from ..problem import AlgoPerf, ConvProblem, Direction
 from . import fold as _fold
 from .find_options import FindOptions
 from .graph_candidates import SEARCH_MODES, knob_variants, numerics_allowed, parity_cache_name
@@ -140,6 +141,31 @@ class CudnnGraphBackend(GraphPairs):
         if self.find_options.parity:
             name = parity_cache_name(name, problem)
         return self._group_suffixes(name, problem)
+
+    def first_fit(self, problem: ConvProblem, direction: "Direction | str",
+                  workspace_limit: Optional[int], deterministic: bool = False
+                  ) -> Optional[AlgoPerf]:
+        """The engine config that heuristics rank first (their modes in order)
+        whose numerics ``problem`` allows, that compiles no kernel at run time,
+        that is deterministic where ``deterministic`` asks, and whose finalized
+        plan needs at most
+        ``workspace_limit`` bytes (None: the find cap), found without timing
+        anything: its ``time_ms`` is 0.0, not a measurement. None where no
+        config qualifies. See Note [untimed stand-ins] in
+        :mod:`mucudnn.torch.standin`."""
+        direction = Direction.parse(direction)
+        want = self.find_workspace_cap() if workspace_limit is None else int(workspace_limit)
+        rtc = int(Behavior.RUNTIME_COMPILATION)
+        for info in self.engine_configs(problem, direction):
+            if (not numerics_allowed(problem.math, info.numerical_notes)
+                    or rtc in info.behavior_notes or (deterministic and not info.deterministic)
+                    or (info.workspace_bytes is not None and info.workspace_bytes > want)):
+                continue
+            plan = self._build_plans(problem, direction, [(info.id, 0.0)]).get((info.id, 0.0))
+            if plan is not None and plan.workspace_bytes <= want:
+                return AlgoPerf(algo=plan.id, time_ms=0.0, workspace_bytes=plan.workspace_bytes,
+                                math_type=0, determinism=1 if info.deterministic else 0)
+        return None
 
     def clear_cache(self) -> None:
         """Drop every cached plan and operation graph (those no launcher holds are

@@ -235,6 +235,7 @@ def clear(backends: bool = True) -> None:
     _CONVS.clear()
     _WARM.clear()
     _native.clear()
+    _standin.reset()
     GENERATION[0] += 1  # modules' settled signatures lapse
 
 
@@ -435,7 +436,7 @@ def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
             _standin.warn_captured()
         else:
             warm.standin_calls += 1
-            if _standin.due(warm.standin, warm.standin_calls):
+            if _standin.due(warm, warm.standin, warm.standin_calls):
                 px = x if problem_input is None else problem_input(x, w, cfg,
                                                                    channels_last(x, w))
                 warm.calibrate(px, w, key, step, x.requires_grad)
@@ -473,7 +474,7 @@ class _Warm:
     __slots__ = ("conv", "fwd", "bwd_data", "bwd_filter", "y_shape", "fmt", "index",
                  "ws", "bias_view", "sum_dims", "cfg", "det", "tf32", "native", "captured",
                   "fits", "host_pending", "key", "transposed", "x_shape", "out_pad",
-                  "standin", "standin_calls")
+                  "standin", "standin_calls", "__weakref__")
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, cl: bool, cfg: ConvConfig,
                  key: tuple, transposed: bool = False) -> None:
@@ -528,10 +529,11 @@ class _Warm:
 
     def _standin(self, x: torch.Tensor, w: torch.Tensor, need_dx: bool) -> Any:
         """``native.calibrate``'s ``standin`` for this call (Note [planning after the
-        first step] in :mod:`.standin`): the directions to plan run undivided plans
-        of :func:`standin.twin`'s backend, launched until a later call plans them."""
+        first step] in :mod:`.standin`): every direction a step runs launches an
+        untimed plan on :func:`standin.twin`'s backend until a later call plans it."""
         cl = self.fmt is not torch.contiguous_format
         x, w = x.contiguous(memory_format=self.fmt), w.contiguous(memory_format=self.fmt)
+        limit = None if self.cfg.workspace_limit < 0 else self.cfg.workspace_limit
 
         def make(directions: list[Direction]) -> "dict[Direction, Any] | None":
             twin = _standin.twin(self.conv.backend)
@@ -540,19 +542,27 @@ class _Warm:
             cfg = self.cfg._replace(policy="undivided", backend=backend_token(twin))
             try:
                 conv = convolution(_view(x, cl), _view(w, cl), self.conv.problem.layout, cfg)
-                plans = {d: conv.plan(d) for d in directions}
-            except MucudnnError as exc:  # no stand-in under the limit: plan now
+                plans = {d: _standin.plan(twin, conv.problem, d, limit, self.det)
+                         for d in directions}
+                for d, plan in plans.items():
+                    if plan is None:  # See Note [untimed stand-ins]
+                        log.info("mucudnn.torch: no stand-in for %s %s; planned now",
+                                 conv.problem.key(), d.value)
+                        return None
+                    conv.kernel(d).set_plan(plan)
+            except MucudnnError as exc:
                 log.info("mucudnn.torch: no stand-in for %s (%s); planned now",
                          self.conv.problem.key(), exc)
                 return None
             self._launch_from(conv)
             self.standin, self.standin_calls = _standin.STEPS[0], 0
+            _standin.opened(self)
             return plans
 
-        def standin(first: Any, skip: "Direction | None") -> "_native.Record | None":
-            return _standin.record(first, skip, make, (tuple(x.shape), tuple(w.shape)),
+        def standin(skip: "Direction | None") -> "_native.Record | None":
+            return _standin.record(skip, make, (tuple(x.shape), tuple(w.shape)),
                                    str(x.dtype).replace("torch.", ""), self.cfg, cl, need_dx,
-                                   self.transposed)
+                                   self.transposed, limit)
         return standin
 
     def calibrate(self, x: torch.Tensor, w: torch.Tensor, key: tuple,

@@ -195,9 +195,7 @@ def torch_first(limit: Optional[int], skip: Optional[Direction],
     choices: dict[Direction, Choice] = {}
     for d in Direction:
         if d is skip:
-            choices[d] = Choice(d, MUCUDNN, None, None, None, limit,
-                                "not run by a training step (the input needs no gradient); "
-                                "planned at its first use")
+            choices[d] = unrun(d, limit)
             continue
         try:
             t, ws = measure(d)
@@ -212,6 +210,13 @@ def torch_first(limit: Optional[int], skip: Optional[Direction],
             choices[d] = Choice(d, TORCH, None, t, ws, limit,
                                 "PyTorch's call fits the limit; no plan searched")
     return choices
+
+
+def unrun(direction: Direction, limit: Optional[int]) -> Choice:
+    """The choice of a direction a training step does not run (:func:`skipped`)."""
+    return Choice(direction, MUCUDNN, None, None, None, limit,
+                  "not run by a training step (the input needs no gradient); planned at its "
+                  "first use")
 
 
 def to_plan(choices: dict[Direction, Choice], skip: Optional[Direction]) -> list[Direction]:
@@ -499,8 +504,8 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
               step: Optional[Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]] = None,
               need_dx: bool = True, transposed: bool = False,
-              standin: Optional[Callable[[dict[Direction, Choice], Optional[Direction]],
-                                         Optional[Record]]] = None) -> Record:
+              standin: Optional[Callable[[Optional[Direction]], Optional[Record]]] = None
+              ) -> Record:
     """Time each direction's plan (``launch``: the kernels' launchers) and
     PyTorch's own call on the call's ``x`` and ``w`` (output ``y_shape``), measure PyTorch's
     workspace, decide (Note [never slower than native]) and keep the record
@@ -510,22 +515,23 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     ``transposed``: the layer is a transposed convolution of this problem (its
     input is the problem's output, its forward the problem's backward-data,
     and ``step(dy, w, cfg)`` its forward; Note [transposed convolutions]).
-    ``standin(first, skip)``: a record of stand-ins where :func:`torch_first`'s
-    ``first`` leaves directions to plan (None: plan them now); such a record is
-    planned at the signature's next calibration, reusing its measurements of
-    PyTorch's calls (Note [planning after the first step] in :mod:`.standin`)."""
+    ``standin(skip)``: a record of stand-ins in every direction but ``skip``,
+    measuring nothing (None: measure and plan now); the signature's next
+    calibration replaces it (Note [planning after the first step] in
+    :mod:`.standin`)."""
     start = time.perf_counter()
     old = _RECORDS.peek(key)
-    # a record of stand-ins, whose directions this call plans (See Note [planning after the
-    # first step])
+    # a record of stand-ins, which this call replaces (See Note [planning after the first step])
     replaced = old if old is not None and old.standin else None
-    if replaced is not None:
-        standin = None
-    elif old is not None and old.plans == conv.plans:
+    skip = skipped(need_dx, transposed)
+    if replaced is None and old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
             dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
             _settle_host(old, step, x, w, dy, cfg, deterministic, tf32)
         return old
+    stood = None if replaced is not None or standin is None else standin(skip)
+    if stood is not None:
+        return _keep(key, stood, None, start, None)
     # x and w are the call's own operands (read only); outputs are scratch
     y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     dy = torch.randn_like(y)
@@ -541,25 +547,16 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         return on_step_thread(d, x.device, fn)  # Note [PyTorch's benchmark cache is per thread]
 
     first = None
-    skip = skipped(need_dx, transposed)
-    if replaced is not None:  # PyTorch's calls were measured at the first call
-        first = replaced.choices
-    elif not cfg.plans and settings.search() == "over-limit":  # Note [plans only over the limit]
+    if not cfg.plans and settings.search() == "over-limit":  # Note [plans only over the limit]
         # timed on the call that measures its workspace: reported, not compared
         first = torch_first(limit, skip, lambda d: step_thread(d, lambda: probe(theirs[d])))
         if first is not None and not to_plan(first, skip):
             rec = Record(cfg, tuple(x.shape), tuple(w.shape), str(x.dtype).replace("torch.", ""),
                          fmt is not torch.contiguous_format, {}, first, need_dx=need_dx,
-                         transposed=transposed, first_s=time.perf_counter() - start, plan_s=0.0)
-            _RECORDS.put(key, rec)
+                         transposed=transposed)
             log.info("mucudnn.torch: %s runs PyTorch's call (it fits the limit; no plan "
                      "searched)", conv.problem.key())
-            return rec
-        stood = None if first is None or standin is None else standin(first, skip)
-        if stood is not None:
-            stood.first_s = time.perf_counter() - start
-            _RECORDS.put(key, stood)
-            return stood
+            return _keep(key, rec, replaced, start, 0.0)
     # every direction, or only those over the limit (the others keep PyTorch's call)
     planned = list(Direction) if first is None else to_plan(first, skip)
     planning = time.perf_counter()
@@ -597,16 +594,28 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
                  transposed=transposed)
     if step is not None:
         _settle_host(rec, step, x, w, dy, cfg, deterministic, tf32)
-    end = time.perf_counter()
-    if replaced is not None:
-        rec.first_s, rec.plan_s, rec.deferred_s = replaced.first_s, replaced.plan_s, end - start
-    else:
-        rec.first_s, rec.plan_s = end - start, end - planning
-    _RECORDS.put(key, rec)
+    _keep(key, rec, replaced, start, time.perf_counter() - planning)
     for c in rec.choices.values():
         log.info("mucudnn.torch: %s %s runs %s (plan %s ms, PyTorch %s ms, its workspace %s): %s",
                  conv.problem.key(), c.direction.value, c.runs, _ms(c.plan_ms), _ms(c.torch_ms),
                  c.torch_workspace, c.reason)
+    return rec
+
+
+def _keep(key: tuple, rec: Record, replaced: Optional[Record], start: float,
+          plan_s: Optional[float]) -> Record:
+    """Keep ``rec`` under ``key`` with its seconds since ``start`` (Note
+    [first-call seconds]): its ``first_s`` and ``plan_s`` (``plan_s``: the
+    part that searched and timed plans; None: ``rec``'s own), or, where it
+    replaces the stand-ins of ``replaced``, theirs and ``deferred_s``."""
+    end = time.perf_counter()
+    if replaced is not None:
+        rec.first_s, rec.plan_s, rec.deferred_s = replaced.first_s, replaced.plan_s, end - start
+    else:
+        rec.first_s = end - start
+        if plan_s is not None:
+            rec.plan_s = plan_s
+    _RECORDS.put(key, rec)
     return rec
 
 

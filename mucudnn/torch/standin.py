@@ -1,33 +1,44 @@
-"""Stand-in plans: a converted model's first step without the plans' search.
+"""Stand-in plans: a converted model's first step without measuring or searching.
 
 Note [planning after the first step]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-A converted model's first training step pays what a native one pays
-(PyTorch's ``cudnn.benchmark`` of each convolution, which Note [plans only
-over the limit] measures there) plus the search of every direction whose
-PyTorch workspace is over the limit: several micro-batch sizes, each a find()
-of tens of configurations, then the comparison with PyTorch's call. That
-search is what made a converted first step slower than a native one. So a
+A native first training step with ``cudnn.benchmark`` times every cuDNN
+configuration of each convolution's three directions; that find is most of
+its seconds. A converted layer's first call measures the same PyTorch calls
+(their time and workspace, Note [plans only over the limit]) and then
+searches plans for the directions whose PyTorch workspace is over the limit,
+so a converted first step could only be slower than a native one. So a
 signature's first call inside a converted model's forward (its step trial's
-hooks mark the forward and count it as a step: :func:`begin_step`) runs a
-stand-in in each direction over the limit: the whole batch as one call of
-the configuration cuDNN's heuristics (mode A) rank first among those whose
-workspace fits the limit, or of the best-ranked one that needs no workspace,
-whichever ran faster (a find() of at most two configurations, on a twin of
-the model's graph backend whose search is cut to that: :func:`twin`). Calls
-outside a converted model's forward plan at once. The limit holds from the
-first call. The search and the comparison of Note [never slower than native]
-run at the signature's first call in a later step, one signature a step
-(:func:`due`), so that no step pays for more than one signature's search; a
-signature called :data:`STANDIN_CALLS` times before its turn is planned then.
-The search's cost is moved, not saved: it is spread over the steps after the
-first, and those steps run the stand-ins still left (``tools/zoo_bench.py
+hooks mark the forward and count it as a step: :func:`begin_step`) measures
+and searches nothing: every direction a step runs launches a stand-in, the
+whole batch as one call of an untimed configuration within the limit (Note
+[untimed stand-ins]). Calls outside a converted model's forward plan at once.
+The limit holds from the first call. PyTorch's calls are measured, and the
+directions over the limit searched and compared (Note [never slower than
+native]), at the signature's first call in a later step: the stand-ins of a
+step are replaced over the next :data:`STANDIN_STEPS` steps, an equal share
+in each (:func:`due`), so that no later step pays for all of them; a
+signature called :data:`STANDIN_CALLS` times before its turn is replaced
+then. The measuring and searching are moved, not saved: the steps after the
+first pay them and run the stand-ins still left (``tools/zoo_bench.py
 --cold-steps`` times each of the first steps). A CUDA graph captured while a
 stand-in runs keeps it in its replays, so a warning says so
-(:func:`warn_captured`): eager steps before a capture plan them, one
-signature each. Backends other than the graph backend,
+(:func:`warn_captured`). Backends other than the graph backend,
 ``MUCUDNN_TORCH_SEARCH=all``, given plans and ``MUCUDNN_TORCH_DEFER=0`` plan
 at the first call, in the first step.
+
+Note [untimed stand-ins]
+~~~~~~~~~~~~~~~~~~~~~~~~
+A stand-in is chosen by cuDNN's heuristics alone
+(:meth:`~mucudnn.backends.cudnn_graph.CudnnGraphBackend.first_fit`): the
+best-ranked configuration of heuristics mode A whose numerics the problem
+allows, that compiles nothing at run time and whose finalized plan fits the
+limit. One heuristics query and one or a few finalizations a direction, no
+buffers filled and nothing timed: a first step that timed its stand-ins would
+pay, per direction, a small share of the find it defers. Its plan's times are
+0.0 (``extra["untimed"]``), never measurements, and it enters no benchmark
+cache. A direction with no such configuration makes the signature plan at
+its first call.
 """
 
 from __future__ import annotations
@@ -37,31 +48,38 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 from ..backends import Backend
 from ..backends.cudnn_graph import CudnnGraphBackend
 from ..caches import LRU
-from ..problem import Direction, Plan
+from ..problem import ConvProblem, Direction, MicroBatch, Plan
 from . import native, settings
 
-__all__ = ["STEPS", "STANDIN_CALLS", "MAX_TWINS", "StandinWarning", "twin", "deferring", "due",
-           "begin_step", "end_step", "record", "warn_captured"]
+__all__ = ["STEPS", "STANDIN_STEPS", "STANDIN_CALLS", "MAX_TWINS", "StandinWarning", "twin",
+           "plan", "deferring", "opened", "due", "reset", "begin_step", "end_step", "record",
+           "warn_captured"]
 
 log = logging.getLogger("mucudnn")
 
 #: Steps begun by converted models: each forward of a converted root module
 #: (its step trial's pre-hook, :func:`begin_step`); 0 while none has begun.
 STEPS = [0]
-#: The step in which a stand-in was last replaced by its plans (one a step).
-_REPLACED_AT = [0]
-#: Calls after which a stand-in is replaced whatever the steps (Note [planning
-#: after the first step]).
+#: Steps over which stand-ins are replaced by their plans, an equal share each
+#: (Note [planning after the first step]).
+STANDIN_STEPS = 4
+#: Calls after which a stand-in is replaced whatever the steps.
 STANDIN_CALLS = 64
 #: Bound of the twin backends kept (one per configured graph backend and device).
 MAX_TWINS = 4
 
 _TWINS: "LRU[tuple, Backend]" = LRU("torch.standin_backends", MAX_TWINS)
+#: The owners (signatures' warm records) whose stand-ins run now.
+_OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: [the step the share was set for, replacements left in it, the most stand-ins
+#: open at once since none was]
+_SHARE = [0, 0, 0]
 
 
 class StandinWarning(RuntimeWarning):
@@ -83,13 +101,13 @@ def end_step() -> None:
     _IN_STEP.depth = max(0, getattr(_IN_STEP, "depth", 0) - 1)
 
 
-def twin(backend: Backend) -> Optional[Backend]:
-    """The backend that finds ``backend``'s stand-ins: a graph backend on the
-    same device whose find() times heuristics mode A's best-ranked fitting
-    configuration and the best-ranked one needing no workspace, nothing else
-    (Note [planning after the first step]); None for other backends. Its
-    search differs from ``backend``'s, so its benchmark-cache entries and plans
-    are its own (Note [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
+def twin(backend: Backend) -> Optional[CudnnGraphBackend]:
+    """The backend whose Convolutions launch ``backend``'s stand-ins: a graph
+    backend on the same device whose search is cut to heuristics mode A's
+    best-ranked configurations (for a direction planned only at its first
+    use); None for other backends. Its search differs from ``backend``'s, so
+    its Convolutions, benchmark-cache entries and plans are its own (Note
+    [candidate sets in keys] in :mod:`mucudnn.backends.base`)."""
     if not isinstance(backend, CudnnGraphBackend):
         return None
     opts = dataclasses.replace(
@@ -97,45 +115,84 @@ def twin(backend: Backend) -> Optional[Backend]:
         carry=False, fold=False, split=False, pair=False, rtc="none", search="heuristics",
         skip_ratio=None, zero="each")
     key = (type(backend).__name__, backend.device, backend.find_workspace_limit, opts)
-    return _TWINS.get_or_create(key, lambda: CudnnGraphBackend(
+    made = _TWINS.get_or_create(key, lambda: CudnnGraphBackend(
         device=backend.device, find_workspace_limit=backend.find_workspace_limit, find=opts))
+    assert isinstance(made, CudnnGraphBackend)
+    return made
+
+
+def plan(backend: CudnnGraphBackend, problem: ConvProblem, direction: Direction,
+         limit: Optional[int], deterministic: bool) -> Optional[Plan]:
+    """The stand-in plan of ``problem``'s ``direction`` under ``limit`` bytes
+    (Note [untimed stand-ins]): the whole batch in one call of ``backend``'s
+    :meth:`~mucudnn.backends.cudnn_graph.CudnnGraphBackend.first_fit`; None
+    where no configuration qualifies."""
+    perf = backend.first_fit(problem, direction, limit, deterministic)
+    if perf is None:
+        return None
+    call = MicroBatch(0, problem.batch, perf.algo, perf.math_type, perf.workspace_bytes, 0.0)
+    return Plan(problem, direction, (call,), perf.workspace_bytes, 0.0, 0.0, limit,
+                policy="stand-in", extra={"untimed": True, "backend": backend.name})
 
 
 def deferring(backend: Backend, given_plans: bool) -> bool:
-    """Whether a first call on ``backend`` runs stand-ins where it would plan:
-    inside a converted model's forward on this thread, under the default
-    search, without given plans, on a graph backend, unless
-    ``MUCUDNN_TORCH_DEFER=0``."""
+    """Whether a first call on ``backend`` runs stand-ins: inside a converted
+    model's forward on this thread, under the default search, without given
+    plans, on a graph backend, unless ``MUCUDNN_TORCH_DEFER=0``."""
     return (getattr(_IN_STEP, "depth", 0) > 0 and not given_plans and settings.defers()
             and settings.search() == "over-limit" and isinstance(backend, CudnnGraphBackend))
 
 
-def due(made_in: int, calls: int) -> bool:
-    """Whether a stand-in made in step ``made_in`` and called ``calls`` times is
-    replaced by its plans at this call: the first such call in a later step
-    claims that step (one signature a step), or the :data:`STANDIN_CALLS`-th."""
-    if STEPS[0] > made_in and _REPLACED_AT[0] != STEPS[0]:
-        _REPLACED_AT[0] = STEPS[0]
-        return True
-    return calls >= STANDIN_CALLS
+def opened(owner: Any) -> None:
+    """``owner`` (a signature's warm record) runs stand-ins from now on."""
+    _OPEN.add(owner)
+    _SHARE[2] = max(_SHARE[2], len(_OPEN))
 
 
-def record(first: dict[Direction, native.Choice], skip: Optional[Direction],
-           make: Callable[[list[Direction]], Optional[dict[Direction, Plan]]],
+def due(owner: Any, made_in: int, calls: int) -> bool:
+    """Whether ``owner``'s stand-ins, made in step ``made_in`` and called
+    ``calls`` times, are replaced by their plans at this call: while this
+    step's share is left (a :data:`STANDIN_STEPS`-th of the most stand-ins
+    open at once, rounded up), in a step after ``made_in``; or at the
+    :data:`STANDIN_CALLS`-th call. A true answer counts ``owner`` replaced."""
+    if calls < STANDIN_CALLS:
+        step = STEPS[0]
+        if step <= made_in:
+            return False
+        if _SHARE[0] != step:
+            _SHARE[0], _SHARE[1] = step, -(-_SHARE[2] // STANDIN_STEPS)
+        if _SHARE[1] <= 0:
+            return False
+        _SHARE[1] -= 1
+    _OPEN.discard(owner)
+    if not _OPEN:
+        _SHARE[2] = 0
+    return True
+
+
+def reset() -> None:
+    """Forget the stand-ins open (their records were dropped: ``mucudnn.torch.clear``)."""
+    _OPEN.clear()
+    _SHARE[:] = [0, 0, 0]
+
+
+def record(skip: Optional[Direction], make: Callable[[list[Direction]], Optional[dict]],
            shapes: tuple[tuple[int, ...], tuple[int, ...]], dtype: str, cfg: Any,
-           channels_last: bool, need_dx: bool, transposed: bool) -> Optional[native.Record]:
+           channels_last: bool, need_dx: bool, transposed: bool,
+           limit: Optional[int]) -> Optional[native.Record]:
     """A first call's record that runs stand-ins (``make(directions)``: their
-    plans, launched from now on) in the directions :func:`native.torch_first`'s
-    ``first`` leaves to plan; None where ``make`` made none (plan them now).
-    Its ``plan_s`` is what the stand-ins took; ``first_s`` is the caller's."""
+    plans, launched from now on) in every direction a step runs (all but
+    ``skip``), PyTorch's calls not measured; None where ``make`` made none
+    (measure and plan now). Its ``plan_s`` is what the stand-ins took;
+    ``first_s`` is the caller's."""
     start = time.perf_counter()
-    plans = make(native.to_plan(first, skip))
+    plans = make([d for d in Direction if d is not skip])
     if plans is None:
         return None
-    choices = {d: c if d not in plans else dataclasses.replace(
-        c, reason="a stand-in (the whole batch, the configuration heuristics rank first that "
-        "fits) until a later step plans it; PyTorch's workspace is over the limit")
-        for d, c in first.items()}
+    choices = {d: native.unrun(d, limit) if d is skip else native.Choice(
+        d, native.MUCUDNN, None, None, None, limit,
+        "a stand-in (the whole batch, the configuration heuristics rank first that fits) "
+        "until a later step measures PyTorch's call and plans") for d in Direction}
     return native.Record(cfg, shapes[0], shapes[1], dtype, channels_last, dict(plans), choices,
                          need_dx=need_dx, transposed=transposed,
                          plan_s=time.perf_counter() - start, standin=True)
@@ -150,7 +207,7 @@ def warn_captured() -> None:
         return
     _WARNED[0] = True
     warnings.warn("mucudnn.torch: a CUDA graph captures stand-in plans, which its replays keep; "
-                  "run more eager steps before capturing (each plans one signature; Note "
-                  "[planning after the first step] in mucudnn/torch/standin.py)",
+                  f"run {STANDIN_STEPS} or more eager steps before capturing (Note [planning "
+                  "after the first step] in mucudnn/torch/standin.py)",
                   StandinWarning, stacklevel=3)
     log.info("mucudnn.torch: a CUDA graph captured stand-in plans")
