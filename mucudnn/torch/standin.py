@@ -207,7 +207,7 @@ def warn_captured() -> None:
         return
     _WARNED[0] = True
     warnings.warn("mucudnn.torch: a CUDA graph captures stand-in plans, which its replays keep; "
-                  f"run {STANDIN_STEPS} or more eager steps before capturing (Note [planning "
-                  "after the first step] in mucudnn/torch/standin.py)",
+                  f"run {STANDIN_STEPS} or more eager steps before capturing "
+                  "(Note [planning after the first step] in mucudnn/torch/standin.py)",
                   StandinWarning, stacklevel=3)
     log.info("mucudnn.torch: a CUDA graph captured stand-in plans")
