@@ -379,7 +379,7 @@ def test_first_fit_on_the_device_is_heuristics_first_config_that_fits(monkeypatc
     """On cuDNN: first_fit's config is the first of heuristics mode A's that
     qualifies, its finalized workspace within the limit (0 bytes included)."""
     be = standin.twin(mucudnn.get_backend("cudnn-graph"))
-    problem = mucudnn.ConvProblem((8, 16, 12, 12), (32, 16, 3, 3), padding=(1, 1),
+    problem = mucudnn.ConvProblem((8, 12, 12, 16), (32, 3, 3, 16), padding=(1, 1),
                                   layout="NHWC", math="fma")
     for d in Direction:
         for limit in (0, 1 << 20):
