@@ -72,11 +72,13 @@ for stage in "$@"; do
       else
         models="mobilenet_v3_large efficientnet_v2_s mnasnet1_0 shufflenet_v2_x1_0 regnet_x_3_2gf resnext101_32x8d wide_resnet50_2 densenet169 googlenet convnext_small squeezenet1_1 deeplabv3_mobilenet_v3_large"
       fi
+      # a second zoo run under the same $OUT (another call of this script) keeps the first's files
+      run=$stage; n=2; while [ -e "$OUT/$run.json" ]; do run=$stage-$n; n=$((n + 1)); done
       timeout "${ZOO_TIMEOUT:-560}" python3 tools/zoo_bench.py --isolate --no-progress \
         --models ${ZOO_MODELS:-$models} \
         --precisions ${ZOO_PRECISIONS:-fp32cl amp} --execution eager graph ${ZOO_ARGS:-} \
-        --max-seconds "${ZOO_MAX_S:-480}" --json "$OUT/$stage.json" > "$OUT/$stage.txt" 2> "$OUT/$stage.log"
-      summary+=("$stage (rc $?):" "$(grep -E '^\||geometric' "$OUT/$stage.txt")")
+        --max-seconds "${ZOO_MAX_S:-480}" --json "$OUT/$run.json" > "$OUT/$run.txt" 2> "$OUT/$run.log"
+      summary+=("$run (rc $?):" "$(grep -E '^\||geometric' "$OUT/$run.txt")")
       ;;
     zoo-ab)  # the zoo on a few models, converted three ways: the default, replayed
       # launches (MUCUDNN_TORCH_REPLAY=1) and a find that counts the host
