@@ -157,10 +157,11 @@ class Record:
     #: not timed (Note [first-call seconds])
     first_s: Optional[float] = None
     plan_s: Optional[float] = None
-    #: the planned directions run stand-ins (``plans``) until a later call plans
-    #: them (Note [planning after the first step] in :mod:`.standin`)
+    #: every direction a step runs launches a stand-in (``plans``) until a later
+    #: call measures PyTorch's and plans (Note [planning after the first step] in
+    #: :mod:`.standin`)
     standin: bool = False
-    #: wall seconds of that later call's search and comparison; None: none ran
+    #: wall seconds of that later call's measuring, search and comparison; None: none ran
     deferred_s: Optional[float] = None
 
     @property
@@ -498,7 +499,9 @@ def on_step_thread(direction: Direction, device: torch.device, fn: Callable[[], 
 # seconds of both (``first_s``) and of the second alone (``plan_s``), which
 # end with the device synchronised by the timings, so that
 # :func:`mucudnn.torch.report` can say what a cold first step paid for
-# without a profiler.
+# without a profiler. A first call that runs stand-ins measures nothing: its
+# ``plan_s`` is what choosing them took, and the later call that replaces
+# them keeps both and adds its own seconds as ``deferred_s``.
 def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: tuple,
               cfg: Any, fmt: Any, launch: dict[Direction, Callable[..., Any]], ws: Any,
               stream: Callable[[], int], limit: Optional[int], deterministic: bool, tf32: bool,
