@@ -17,9 +17,10 @@ The limit holds from the first call. PyTorch's calls are measured, and the
 directions over the limit searched and compared (Note [never slower than
 native]), at the signature's first call in a later step: the stand-ins of a
 step are replaced over the next :data:`STANDIN_STEPS` steps, an equal share
-in each (:func:`due`), so that no later step pays for all of them; a
-signature called :data:`STANDIN_CALLS` times before its turn is replaced
-then. The measuring and searching are moved, not saved: the steps after the
+in each (:func:`due`), so that no later step pays for all of them; two, so
+that the three warm-up iterations PyTorch's CUDA-graph documentation runs
+before a capture leave no stand-in for it; a signature called
+:data:`STANDIN_CALLS` times before its turn is replaced then. The measuring and searching are moved, not saved: the steps after the
 first pay them and run the stand-ins still left (``tools/zoo_bench.py
 --cold-steps`` times each of the first steps). A CUDA graph captured while a
 stand-in runs keeps it in its replays, so a warning says so
@@ -68,7 +69,7 @@ log = logging.getLogger("mucudnn")
 STEPS = [0]
 #: Steps over which stand-ins are replaced by their plans, an equal share each
 #: (Note [planning after the first step]).
-STANDIN_STEPS = 4
+STANDIN_STEPS = 2
 #: Calls after which a stand-in is replaced whatever the steps.
 STANDIN_CALLS = 64
 #: Bound of the twin backends kept (one per configured graph backend and device).
@@ -207,7 +208,7 @@ def warn_captured() -> None:
         return
     _WARNED[0] = True
     warnings.warn("mucudnn.torch: a CUDA graph captures stand-in plans, which its replays keep; "
-                  f"run {STANDIN_STEPS} or more eager steps before capturing "
+                  f"run {STANDIN_STEPS + 1} or more eager steps before capturing "
                   "(Note [planning after the first step] in mucudnn/torch/standin.py)",
                   StandinWarning, stacklevel=3)
     log.info("mucudnn.torch: a CUDA graph captured stand-in plans")
