@@ -399,13 +399,15 @@ def constrained(args: argparse.Namespace, name: str, mode: str, init_state: dict
     fraction = max(0.0, min(1.0, (args.memory - reserve) / total))
     results: dict[int, dict] = {}
 
+    # three warm-up steps: the first step's stand-ins are planned by the third, so the
+    # timed steps are steady ones (See Note [planning after the first step])
     def attempt(b: int) -> bool:
         cleanup(device)
         torch.cuda.set_per_process_memory_fraction(fraction, _index(device))
         try:
             r = train_run(args, name, mode, args.constrained_precision, "eager", b, init_state,
                           device,
-                          steps=args.constrained_steps, warmup=2, keep_losses=0)
+                          steps=args.constrained_steps, warmup=3, keep_losses=0)
             results[b] = r
             log(f"  constrained {name} {mode} batch {b}: ok, {r['images_per_s']:.0f} img/s")
             return True
