@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import pickle
 import weakref
+from types import SimpleNamespace
 
 import pytest
 
@@ -223,6 +224,53 @@ def test_a_stand_in_record_runs_them_in_every_direction_a_step_runs_measuring_no
     assert rec.plan_s is not None and rec.first_s is None and rec.deferred_s is None
     assert standin.record(skip, lambda d: None, shapes, "float32", cfg, True, False, False,
                           1 << 20) is None
+
+
+def test_calibrate_keeps_a_stand_in_record_measuring_nothing_and_replaces_it_later(
+        monkeypatch):
+    """native.calibrate with ``standin``: the first call keeps the stand-in
+    record before measuring anything; the signature's next calibration
+    measures PyTorch's calls (here every one fits: none is planned) and keeps
+    the stand-ins' seconds, adding its own as ``deferred_s``."""
+    monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "over-limit")
+    measured: list = []
+
+    def torch_first(limit, skip, measure):
+        measured.append(skip)
+        return {d: native.unrun(d, limit) if d is skip else native.Choice(
+            d, native.TORCH, None, 0.5, 0, limit, "fits") for d in Direction}
+
+    monkeypatch.setattr(native, "torch_first", torch_first)
+    cfg = ConvConfig((1, 1), (1, 1), (1, 1), 1, 1 << 20, "fitted", "", "")
+    x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    conv = SimpleNamespace(plans={}, problem=SimpleNamespace(key=lambda: "the problem"))
+    stood = native.Record(cfg, (2, 3, 5, 5), (4, 3, 3, 3), "float32", False, {}, {},
+                          need_dx=False, plan_s=0.25, standin=True)
+    asked: list = []
+
+    def standin(skip):
+        asked.append(skip)
+        return stood
+
+    key = ("calibrate-standin",)
+
+    def calibrate():
+        return native.calibrate(key, conv, x, w, (2, 4, 5, 5), cfg, torch.contiguous_format,
+                                {}, None, lambda: 0, 1 << 20, False, False, None, False,
+                                False, standin)
+
+    try:
+        assert calibrate() is stood and native.record(key) is stood
+        assert asked == [Direction.BACKWARD_DATA] and measured == []
+        assert stood.first_s is not None and stood.plan_s == 0.25
+        rec = calibrate()  # the next calibration replaces it
+        assert asked == [Direction.BACKWARD_DATA] and measured == [Direction.BACKWARD_DATA]
+        assert not rec.standin and native.record(key) is rec and rec.plans == {}
+        assert [c.runs for d, c in rec.choices.items() if d is not rec.skip] == [native.TORCH] * 2
+        assert (rec.first_s, rec.plan_s) == (stood.first_s, 0.25) and rec.deferred_s >= 0
+        assert calibrate() is rec and len(measured) == 1  # kept: nothing again
+    finally:
+        native._RECORDS.pop(key)
 
 
 class _FirstFit:
