@@ -148,11 +148,10 @@ class CudnnGraphBackend(GraphPairs):
         """The engine config that heuristics rank first (their modes in order)
         whose numerics ``problem`` allows, that compiles no kernel at run time,
         that is deterministic where ``deterministic`` asks, and whose finalized
-        plan needs at most
-        ``workspace_limit`` bytes (None: the find cap), found without timing
-        anything: its ``time_ms`` is 0.0, not a measurement. None where no
-        config qualifies. See Note [untimed stand-ins] in
-        :mod:`mucudnn.torch.standin`."""
+        plan needs at most ``workspace_limit`` bytes (None: the find cap),
+        found without timing anything: its ``time_ms`` is 0.0, not a
+        measurement. None where no config qualifies.
+        See Note [untimed stand-ins] in :mod:`mucudnn.torch.standin`."""
         direction = Direction.parse(direction)
         want = self.find_workspace_cap() if workspace_limit is None else int(workspace_limit)
         rtc = int(Behavior.RUNTIME_COMPILATION)
