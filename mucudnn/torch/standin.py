@@ -20,9 +20,10 @@ step are replaced over the next :data:`STANDIN_STEPS` steps, an equal share
 in each (:func:`due`), so that no later step pays for all of them; two, so
 that the three warm-up iterations PyTorch's CUDA-graph documentation runs
 before a capture leave no stand-in for it; a signature called
-:data:`STANDIN_CALLS` times before its turn is replaced then. The measuring and searching are moved, not saved: the steps after the
-first pay them and run the stand-ins still left (``tools/zoo_bench.py
---cold-steps`` times each of the first steps). A CUDA graph captured while a
+:data:`STANDIN_CALLS` times before its turn is replaced then. The measuring
+and searching are moved, not saved: the steps after the first pay them and
+run the stand-ins still left (``tools/zoo_bench.py --cold-steps`` times each
+of the first steps). A CUDA graph captured while a
 stand-in runs keeps it in its replays, so a warning says so
 (:func:`warn_captured`). Backends other than the graph backend,
 ``MUCUDNN_TORCH_SEARCH=all``, given plans and ``MUCUDNN_TORCH_DEFER=0`` plan
