@@ -425,9 +425,8 @@ def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
     if warm is None:
         if x.shape[0] == 0 or _STREAM is None:
             return None
-        cl = channels_last(x, w)
-        px = x if problem_input is None else problem_input(x, w, cfg, cl)
-        warm = _Warm(px, w, cl, cfg, key, transposed=problem_input is not None)
+        px = _operand(x, w, cfg, problem_input)
+        warm = _Warm(px, w, channels_last(x, w), cfg, key, transposed=problem_input is not None)
         _WARM.put(key, warm)  # before calibrating: the host timing calls through it
         if _settings.enabled() and not CAPTURING():
             warm.calibrate(px, w, key, step, x.requires_grad)
@@ -437,14 +436,20 @@ def resolve(key: tuple, x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
         else:
             warm.standin_calls += 1
             if _standin.due(warm, warm.standin, warm.standin_calls):
-                px = x if problem_input is None else problem_input(x, w, cfg,
-                                                                   channels_last(x, w))
-                warm.calibrate(px, w, key, step, x.requires_grad)
+                warm.calibrate(_operand(x, w, cfg, problem_input), w, key, step,
+                               x.requires_grad)
     elif step is not None and warm.host_pending and not CAPTURING():
-        px = x if problem_input is None else problem_input(x, w, cfg, channels_last(x, w))
-        warm.calibrate(px, w, key, step, x.requires_grad)  # the host cost was not timed
+        # the host cost was not timed
+        warm.calibrate(_operand(x, w, cfg, problem_input), w, key, step, x.requires_grad)
     _LAST.warm = warm
     return warm
+
+
+def _operand(x: torch.Tensor, w: torch.Tensor, cfg: ConvConfig,
+             problem_input: "ProblemInput | None") -> torch.Tensor:
+    """The operand a record is made and compared with: ``x``, or a transposed
+    layer's problem input (:data:`ProblemInput`)."""
+    return x if problem_input is None else problem_input(x, w, cfg, channels_last(x, w))
 
 
 def last_warm() -> "_Warm | None":
@@ -527,13 +532,13 @@ class _Warm:
         self.bwd_data = conv.kernel(Direction.BACKWARD_DATA).launch
         self.bwd_filter = conv.kernel(Direction.BACKWARD_FILTER).launch
 
-    def _standin(self, x: torch.Tensor, w: torch.Tensor, need_dx: bool) -> Any:
+    def _standin(self, x: torch.Tensor, w: torch.Tensor, need_dx: bool,
+                 limit: "int | None") -> Any:
         """``native.calibrate``'s ``standin`` for this call (Note [planning after the
         first step] in :mod:`.standin`): every direction a step runs launches an
-        untimed plan on :func:`standin.twin`'s backend until a later call plans it."""
+        untimed plan on :func:`standin.twin`'s backend until a later call plans it,
+        under ``limit`` bytes."""
         cl = self.fmt is not torch.contiguous_format
-        x, w = x.contiguous(memory_format=self.fmt), w.contiguous(memory_format=self.fmt)
-        limit = None if self.cfg.workspace_limit < 0 else self.cfg.workspace_limit
 
         def make(directions: list[Direction]) -> "dict[Direction, Any] | None":
             twin = _standin.twin(self.conv.backend)
@@ -573,6 +578,7 @@ class _Warm:
         may run stand-ins instead of planning, and the call that plans them
         replaces them (Note [planning after the first step] in :mod:`.standin`)."""
         cfg = self.cfg
+        limit = None if cfg.workspace_limit < 0 else cfg.workspace_limit
         self.host_pending = step is None
         CALIBRATIONS[0] += 1  # Note [the whole-step trial]: this step is not a steady one
         standin = None
@@ -580,16 +586,14 @@ class _Warm:
             self.standin = None
             self._launch_from(self.conv)
         elif _standin.deferring(self.conv.backend, bool(cfg.plans)):
-            standin = self._standin(x, w, need_dx)
+            standin = self._standin(x, w, need_dx, limit)
         with _device_ctx(self.index):
             rec = _native.calibrate(
                 key, self.conv, x.contiguous(memory_format=self.fmt),
                 w.contiguous(memory_format=self.fmt), self.y_shape, cfg, self.fmt,
                 {Direction.FORWARD: self.fwd, Direction.BACKWARD_DATA: self.bwd_data,
                  Direction.BACKWARD_FILTER: self.bwd_filter},
-                self.ws, lambda: _STREAM(self.index),
-                None if cfg.workspace_limit < 0 else cfg.workspace_limit, self.det,
-                self.tf32, step, need_dx,
+                self.ws, lambda: _STREAM(self.index), limit, self.det, self.tf32, step, need_dx,
                 self.transposed, standin)
         fwd, bd, bf = (rec.choices[d].runs == _native.TORCH for d in Direction)
         self.native = (fwd, bd, bf)
