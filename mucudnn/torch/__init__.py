@@ -48,15 +48,17 @@ What runs where
   the groups, Note [vmap by folding]). The first-order eager path is
   unchanged by them.
 * Never slower than native: the first eager call of each convolution on a
-  GPU times each direction's plan against PyTorch's own cuDNN call
+  GPU (inside a converted model's training steps, its first call in the
+  second or third step: the first runs untimed stand-ins, Note [planning
+  after the first step] in :mod:`.standin`) times each direction's plan against PyTorch's own cuDNN call
   (``cudnn.benchmark``) and measures PyTorch's workspace; a direction runs
   PyTorch's call where that fits the same limit and is no slower (Note
   [never slower than native] in :mod:`.native`; measuring PyTorch's
   workspace resets ``torch.cuda``'s peak-memory statistics during those
   first calls; ``MUCUDNN_TORCH_NATIVE=0`` turns it off).
-  ``print(mt.report(model))`` after the first step lists what each layer
+  ``print(mt.report(model))`` after the third step lists what each layer
   runs, both times and PyTorch's workspace.
-* CUDA graphs: after a warm-up step (which plans and allocates), a whole
+* CUDA graphs: after three warm-up steps (which plan and allocate), a whole
   training step can be captured with ``torch.cuda.graph`` and replayed. A
   capture runs each direction's faster side on the GPU, plan or PyTorch's
   call, whatever the eager steps' host rules chose (Note [captured steps run
