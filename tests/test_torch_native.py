@@ -298,7 +298,7 @@ def test_report_says_what_the_first_calls_cost_counting_each_signature_once():
                                                plan, over, first_s=0.5, plan_s=0.125,
                                                standin=True))
     rep = mt.report(model)
-    assert rep.first_calls["standin_signatures"] == 1
+    assert (rep.first_calls["standin_signatures"], rep.first_calls["planned_signatures"]) == (1, 0)
     assert rep.layers[0].directions["fwd"]["plan"].startswith("stand-in: ")
     assert rep.layers[2].directions["fwd"]["plan"] == "PyTorch's own"
     assert "planned after the first step: 0.00 s; 1 signature(s) still run stand-ins" in str(rep)
@@ -306,7 +306,8 @@ def test_report_says_what_the_first_calls_cost_counting_each_signature_once():
                                                plan, over, first_s=0.5, plan_s=0.125,
                                                deferred_s=1.5))
     rep = mt.report(model)
-    assert (rep.first_calls["standin_signatures"], rep.first_calls["deferred_seconds"]) == (0, 1.5)
+    assert (rep.first_calls["standin_signatures"], rep.first_calls["deferred_seconds"],
+            rep.first_calls["planned_signatures"]) == (0, 1.5, 1)
     assert not rep.layers[0].directions["fwd"]["plan"].startswith("stand-in")
     assert "planned after the first step: 1.50 s; 0 signature(s) still run stand-ins" in str(rep)
     native._RECORDS.put(("pw",), native.Record(pw, (4, 8, 6, 6), (8, 8, 1, 1), "float32", True,

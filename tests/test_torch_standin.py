@@ -74,7 +74,7 @@ class _Owner:
 def _fresh_share(monkeypatch, step: int) -> None:
     monkeypatch.setattr(standin, "STEPS", [step])
     monkeypatch.setattr(standin, "_OPEN", weakref.WeakSet())
-    monkeypatch.setattr(standin, "_SHARE", [0, 0, 0])
+    monkeypatch.setattr(standin, "_SHARE", standin._Share())
 
 
 def test_stand_ins_are_replaced_over_the_next_steps_an_equal_share_each(monkeypatch):
@@ -95,14 +95,14 @@ def test_stand_ins_are_replaced_over_the_next_steps_an_equal_share_each(monkeypa
     assert [standin.due(o, 1, 2) for o in owners[4:]] == [True, True, True, False, False]
     standin.STEPS[0] = 4
     assert [standin.due(o, 1, 3) for o in owners[7:]] == [True, True]
-    assert len(standin._OPEN) == 0 and standin._SHARE[2] == 0
+    assert len(standin._OPEN) == 0 and standin._SHARE.peak == 0
     late = _Owner()
     standin.opened(late)
     assert not standin.due(late, 4, 1)
     standin.STEPS[0] = 5
     assert standin.due(late, 4, 1)
     standin.reset()
-    assert standin._SHARE == [0, 0, 0]
+    assert standin._SHARE == standin._Share()
 
 
 def test_stand_ins_run_inside_converted_steps_on_the_graph_backend_by_default(monkeypatch):

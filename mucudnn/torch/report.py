@@ -87,7 +87,8 @@ class Report:
     step_trial: Optional[dict[str, Any]] = None
     #: what the first calls cost (Note [first-call seconds] in :mod:`.native`):
     #: ``signatures`` timed, their ``seconds``, the ``planning_seconds`` of it and
-    #: the ``planned_signatures``; each signature once, however many layers share it;
+    #: the ``planned_signatures`` (those that run searched plans, not stand-ins);
+    #: each signature once, however many layers share it;
     #: ``standin_signatures`` that run stand-ins now and the ``deferred_seconds`` that
     #: later calls spent planning them (Note [planning after the first step])
     first_calls: Optional[dict[str, Any]] = None
@@ -334,6 +335,6 @@ def _first_calls(recs: list[native.Record]) -> Optional[dict[str, Any]]:
         return None
     return {"signatures": len(timed), "seconds": sum(r.first_s or 0.0 for r in timed),
             "planning_seconds": sum(r.plan_s or 0.0 for r in timed),
-            "planned_signatures": sum(1 for r in timed if r.plans),
+            "planned_signatures": sum(1 for r in timed if r.plans and not r.standin),
             "standin_signatures": sum(1 for r in timed if r.standin),
             "deferred_seconds": sum(r.deferred_s or 0.0 for r in timed)}

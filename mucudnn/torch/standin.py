@@ -79,9 +79,17 @@ MAX_TWINS = 4
 _TWINS: "LRU[tuple, Backend]" = LRU("torch.standin_backends", MAX_TWINS)
 #: The owners (signatures' warm records) whose stand-ins run now.
 _OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
-#: [the step the share was set for, replacements left in it, the most stand-ins
-#: open at once since none was]
-_SHARE = [0, 0, 0]
+
+
+@dataclasses.dataclass
+class _Share:
+    """The replacements of the current step (Note [planning after the first step])."""
+    step: int = 0  #: the step the share was set for
+    left: int = 0  #: replacements left in that step
+    peak: int = 0  #: the most stand-ins open at once since none was
+
+
+_SHARE = _Share()
 
 
 class StandinWarning(RuntimeWarning):
@@ -148,7 +156,7 @@ def deferring(backend: Backend, given_plans: bool) -> bool:
 def opened(owner: Any) -> None:
     """``owner`` (a signature's warm record) runs stand-ins from now on."""
     _OPEN.add(owner)
-    _SHARE[2] = max(_SHARE[2], len(_OPEN))
+    _SHARE.peak = max(_SHARE.peak, len(_OPEN))
 
 
 def due(owner: Any, made_in: int, calls: int) -> bool:
@@ -161,21 +169,21 @@ def due(owner: Any, made_in: int, calls: int) -> bool:
         step = STEPS[0]
         if step <= made_in:
             return False
-        if _SHARE[0] != step:
-            _SHARE[0], _SHARE[1] = step, -(-_SHARE[2] // STANDIN_STEPS)
-        if _SHARE[1] <= 0:
+        if _SHARE.step != step:
+            _SHARE.step, _SHARE.left = step, -(-_SHARE.peak // STANDIN_STEPS)
+        if _SHARE.left <= 0:
             return False
-        _SHARE[1] -= 1
+        _SHARE.left -= 1
     _OPEN.discard(owner)
     if not _OPEN:
-        _SHARE[2] = 0
+        _SHARE.peak = 0
     return True
 
 
 def reset() -> None:
     """Forget the stand-ins open (their records were dropped: ``mucudnn.torch.clear``)."""
     _OPEN.clear()
-    _SHARE[:] = [0, 0, 0]
+    _SHARE.step = _SHARE.left = _SHARE.peak = 0
 
 
 def record(skip: Optional[Direction], make: Callable[[list[Direction]], Optional[dict]],
