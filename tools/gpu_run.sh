@@ -13,6 +13,8 @@
 #   PARITY_MODELS="mobilenet_v2" bash tools/gpu_run.sh parity           # tools/search_parity.py
 #   PARITY_ARGS="--over-limit 64MiB" PARITY_MODELS="convnext_tiny" bash tools/gpu_run.sh parity
 #   COLD_ARGS="--jit-cache fresh" bash tools/gpu_run.sh cold  # cold start as on a never-used machine
+#   STOP_ON_FAIL=1 TEST_PATHS=tests/test_torch_standin.py bash tools/gpu_run.sh tests zoo-cold
+#       # a converted model's cold first steps (zoo_bench.py --cold), only if the tests pass
 #   MUCUDNN_TORCH_NATIVE=0 PROFILE_MODELS=regnet_y_1_6gf bash tools/gpu_run.sh profile  # step_profile.py
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +39,11 @@ for stage in "$@"; do
       # -v: a hang or crash shows which test it was in (faulthandler dumps the stacks)
       timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -v -m gpu -p no:cacheprovider \
         -o faulthandler_timeout=60 ${PYTEST_ARGS:-} ${TEST_PATHS:-tests} > "$OUT/gpu-tests.log" 2>&1
-      summary+=("gpu tests (rc $?): $(tail -1 "$OUT/gpu-tests.log")")
+      rc=$?
+      summary+=("gpu tests (rc $rc): $(tail -1 "$OUT/gpu-tests.log")")
       grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30 > "$OUT/gpu-failures.txt"
+      # STOP_ON_FAIL=1: no benchmark of a tree whose GPU tests fail
+      if [ "${STOP_ON_FAIL:-0}" = 1 ] && [ "$rc" != 0 ]; then summary+=("stopped: the GPU tests failed"); break; fi
       ;;
     bench|bench-graph|gbench)
       flag=""; [ "$stage" = bench-graph ] && flag="--graph"
@@ -78,6 +83,16 @@ for stage in "$@"; do
         --models ${ZOO_MODELS:-$models} \
         --precisions ${ZOO_PRECISIONS:-fp32cl amp} --execution eager graph ${ZOO_ARGS:-} \
         --max-seconds "${ZOO_MAX_S:-480}" --json "$OUT/$run.json" > "$OUT/$run.txt" 2> "$OUT/$run.log"
+      summary+=("$run (rc $?):" "$(grep -E '^\||geometric' "$OUT/$run.txt")")
+      ;;
+    zoo-cold)  # tools/zoo_bench.py --cold: each side's first steps in fresh processes, medians
+      # of COLD_REPEAT pairs (Note [cold steps] in tools/zoo_cold.py); no step timing
+      run=zoo-cold; n=2; while [ -e "$OUT/$run.json" ]; do run=zoo-cold-$n; n=$((n + 1)); done
+      timeout "${ZOO_TIMEOUT:-560}" python3 tools/zoo_bench.py --isolate --no-progress --cold \
+        --no-steps --cold-repeat "${COLD_REPEAT:-2}" \
+        --models ${ZOO_MODELS:-resnext50_32x4d convnext_tiny densenet121 resnet18 regnet_y_1_6gf} \
+        --precisions ${ZOO_PRECISIONS:-fp32cl} ${ZOO_ARGS:-} --max-seconds "${ZOO_MAX_S:-480}" \
+        --json "$OUT/$run.json" > "$OUT/$run.txt" 2> "$OUT/$run.log"
       summary+=("$run (rc $?):" "$(grep -E '^\||geometric' "$OUT/$run.txt")")
       ;;
     zoo-ab)  # the zoo on a few models, converted three ways: the default, replayed
