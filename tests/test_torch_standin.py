@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="mucudnn.torch needs PyTorch")
 
+import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mucudnn  # noqa: E402
@@ -24,7 +25,7 @@ from mucudnn._cudnn import graph_descriptors as gd  # noqa: E402
 from mucudnn.backends.cudnn_graph import CudnnGraphBackend  # noqa: E402
 from mucudnn.optimizer import optimize_wr  # noqa: E402
 from mucudnn.problem import Direction  # noqa: E402
-from mucudnn.torch import engine, native, settings, standin, step_trial  # noqa: E402
+from mucudnn.torch import distributed, engine, native, settings, standin, step_trial  # noqa: E402
 from mucudnn.torch.engine import ConvConfig  # noqa: E402
 from torch_support import rel, step_against_float64  # noqa: E402
 
@@ -483,3 +484,58 @@ def test_a_capture_of_stand_ins_warns_and_its_replays_compute_the_convolution(mo
         torch.cuda.synchronize()
         assert rel(static_y, ref(static_x.double())) < 1e-4
     mt.clear()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                    reason="torch.distributed with gloo is not available")
+def test_after_share_plans_stand_ins_give_way_to_the_shared_plans_without_a_find(monkeypatch,
+                                                                               tmp_path):
+    """See Note [shared plans] in mucudnn/torch/distributed.py: share_plans
+    (a group of one) plans every kernel before training; the first step still
+    runs stand-ins, and the steps that replace them measure PyTorch's calls
+    but run no find(): the directions over the limit run the shared plans,
+    every step against float64."""
+    _defer(monkeypatch, tmp_path)
+    finds: list[str] = []
+    real = CudnnGraphBackend.find
+
+    def counted(self, problem, direction, *args, **kwargs):
+        finds.append(f"{problem.key()} {Direction.parse(direction).value}")
+        return real(self, problem, direction, *args, **kwargs)
+
+    torch.manual_seed(0)
+    cl = torch.channels_last
+    model = _layers().cuda().to(memory_format=cl)
+    ref = copy.deepcopy(model).double()
+    conv = mt.convert(model, workspace_limit=LIMIT)
+    batch = 16
+
+    def x() -> torch.Tensor:
+        return torch.randn(batch, 16, 20, 20, device="cuda").to(memory_format=cl)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
+    try:
+        with _native_flags():
+            monkeypatch.setattr(CudnnGraphBackend, "find", counted)
+            shared = mt.share_plans(conv, x())
+            assert shared.kernels == 9 and len(shared.plans) == 9
+            assert finds  # share_plans measured through find()
+            finds.clear()
+            step_against_float64(conv, ref, x(), tol=1e-4)
+            assert len(_stand_ins()) == 3
+            for _ in range(standin.STANDIN_STEPS):
+                step_against_float64(conv, ref, x(), tol=1e-4)
+            assert not _stand_ins()
+            planned = [(r, d) for r in native.records() for d in r.plans]
+            assert planned  # some direction is over the limit
+            for r, d in planned:
+                plan = r.plans[d]
+                assert plan.workspace_bytes <= LIMIT
+                assert shared.plans[f"{plan.problem.key()} {d.value}"] == \
+                    distributed._plan_text(plan)
+            assert finds == []
+    finally:
+        dist.destroy_process_group()
+        mt.clear()
