@@ -545,7 +545,8 @@ def test_timed_calls_take_the_gpus_time_not_the_hosts():
 def test_pytorch_workspace_is_measured_not_understated():
     """A call whose workspace is known: a float32 NCHW forward with a large
     filter under cudnn.benchmark takes some workspace; the measurement is at
-    least the bytes the allocator's peak grew by beyond the output."""
+    least the bytes the allocator's peak grew by beyond the output, and it
+    leaves the peak an earlier allocation reached as it was."""
     x = torch.randn(64, 64, 56, 56, device="cuda")
     w = torch.randn(64, 64, 5, 5, device="cuda")
     cfg = ConvConfig((1, 1), (2, 2), (1, 1), 1, -1, "fitted", "", "")
@@ -563,8 +564,13 @@ def test_pytorch_workspace_is_measured_not_understated():
     del y
     # the output as the allocator counts it: See Note [outputs as the allocator counts them]
     peak_ws = peak - base - (held - torch.cuda.memory_allocated())
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")  # the user's peak, then freed
+    del big
+    user_peak = torch.cuda.max_memory_allocated()
     ws = measure.workspace_of(call)
     assert ws is not None and ws >= peak_ws
+    # See Note [measuring without resetting the peak]
+    assert torch.cuda.max_memory_allocated() == user_peak
     assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)
 
 
@@ -575,29 +581,37 @@ def _block_bytes(nbytes: int) -> int:
 
 class _Allocator:
     """A stand-in for torch's caching allocator's statistics: blocks rounded up
-    to 512 bytes, as its allocated bytes (current and peak) count them."""
+    to 512 bytes, as its allocated bytes (current, peak and in all) count them,
+    the blocks it freed, and how often its peak was reset."""
 
     def __init__(self) -> None:
-        self.allocated = self.peak = 0
+        self.allocated = self.peak = self.total = self.freed = self.resets = 0
 
     def block(self, nbytes: int) -> object:
         size = _block_bytes(nbytes)
         self.allocated += size
+        self.total += size
         self.peak = max(self.peak, self.allocated)
         alloc = self
 
         class Block:
             def __del__(self) -> None:
                 alloc.allocated -= size
+                alloc.freed += 1
         return Block()
+
+    def reset_peak(self, *args) -> None:
+        self.peak = self.allocated
+        self.resets += 1
 
     def install(self, monkeypatch) -> None:
         stream = type("Stream", (), {"synchronize": lambda self: None})()
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: stream)
         monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda *a: {
-            "allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}}})
-        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
-                            lambda *a: setattr(self, "peak", self.allocated))
+            "allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak,
+                                        "allocated": self.total}},
+            "allocation": {"all": {"freed": self.freed}}})
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset_peak)
 
 
 @given(ws=st.integers(0, 8 << 20), outputs=st.lists(st.integers(1, 1 << 20), min_size=1,
@@ -628,9 +642,65 @@ def test_pytorch_workspace_is_the_peak_over_its_outputs_as_the_allocator_counts_
     finally:
         mp.undo()
     assert got == _block_bytes(ws) + _block_bytes(kept)
+    assert alloc.resets == 0  # See Note [measuring without resetting the peak]
     # the outputs were freed; what was there before and what the call kept were not
     assert alloc.allocated == _block_bytes(before) + _block_bytes(kept)
     assert len(held) + len(left) == bool(before) + bool(kept)
+
+
+@given(user_peak=st.integers(0, 64 << 20), ws=st.integers(0, 8 << 20),
+       out=st.integers(1, 1 << 20))
+def test_measuring_leaves_the_users_peak_alone(user_peak, ws, out):
+    """See Note [measuring without resetting the peak]: a peak the user's
+    steps reached before (``user_peak`` bytes once held) is still the peak
+    after a call with one workspace is measured, or the call's own peak if
+    higher."""
+    mp = pytest.MonkeyPatch()
+    alloc = _Allocator()
+    alloc.install(mp)
+    earlier = alloc.block(user_peak)
+    del earlier
+
+    def call():
+        y = alloc.block(out)
+        scratch = alloc.block(ws) if ws else None
+        del scratch
+        return y
+
+    try:
+        got = measure.workspace_of(call)
+    finally:
+        mp.undo()
+    assert got == _block_bytes(ws)
+    assert alloc.resets == 0
+    assert alloc.peak == max(_block_bytes(user_peak), _block_bytes(out) + _block_bytes(ws))
+
+
+@given(scratch=st.lists(st.integers(1, 8 << 20), min_size=2, max_size=4),
+       out=st.integers(1, 1 << 20))
+def test_a_call_of_several_scratch_blocks_is_measured_by_its_peak(scratch, out):
+    """Scratch blocks that come and go one after another: their sum is not the
+    workspace a call holds at once, so the call runs once more between a reset
+    of the peak and a read of it, and measures as its largest block."""
+    mp = pytest.MonkeyPatch()
+    alloc = _Allocator()
+    alloc.install(mp)
+    calls = []
+
+    def call():
+        calls.append(1)
+        y = alloc.block(out)
+        for n in scratch:
+            b = alloc.block(n)
+            del b
+        return y
+
+    try:
+        got = measure.workspace_of(call)
+    finally:
+        mp.undo()
+    assert got == max(_block_bytes(n) for n in scratch)
+    assert len(calls) == 2 and alloc.resets == 1
 
 
 def test_a_call_that_meets_the_limit_exactly_fits_it(monkeypatch):

@@ -53,9 +53,10 @@ What runs where
   after the first step] in :mod:`.standin`) times each direction's plan against PyTorch's own cuDNN call
   (``cudnn.benchmark``) and measures PyTorch's workspace; a direction runs
   PyTorch's call where that fits the same limit and is no slower (Note
-  [never slower than native] in :mod:`.native`; measuring PyTorch's
-  workspace resets ``torch.cuda``'s peak-memory statistics during those
-  first calls; ``MUCUDNN_TORCH_NATIVE=0`` turns it off).
+  [never slower than native] in :mod:`.native`; PyTorch's workspace is
+  read from the allocator's running totals, leaving ``torch.cuda``'s
+  peak-memory statistics to the user, Note [measuring without resetting the
+  peak] in :mod:`.measure`; ``MUCUDNN_TORCH_NATIVE=0`` turns it off).
   ``print(mt.report(model))`` after the third step lists what each layer
   runs, both times and PyTorch's workspace.
 * CUDA graphs: after three warm-up steps (which plan and allocate), a whole

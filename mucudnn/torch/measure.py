@@ -99,12 +99,13 @@ def workspace_of(fn: Callable[[], Any]) -> Optional[int]:
     """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
     outputs: the allocator's peak during the call over what was allocated
     before it and what the call returns, each as the allocator counts it (None
-    where torch cannot say). It resets torch's peak-memory statistics of the
-    current device (See Note [never slower than native]; Note [outputs as the
+    where torch cannot say). torch's peak-memory statistics are left alone
+    unless several blocks come and go in the call (See Note [measuring without
+    resetting the peak]; Note [never slower than native]; Note [outputs as the
     allocator counts them])."""
     try:
         return _measured(fn)
-    except (RuntimeError, AttributeError, TypeError) as exc:
+    except _NO_STATS as exc:
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
         return None
 
@@ -121,34 +122,64 @@ def probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         ws = _measured(fn, (start, end))
         return float(start.elapsed_time(end)), ws
-    except (RuntimeError, AttributeError, TypeError) as exc:  # time it alone
+    except _NO_STATS as exc:  # time it alone
         log.debug("mucudnn.torch: PyTorch's workspace not measured: %s", exc)
         return time_ms([fn], 1)[0], None
 
 
-def _allocated() -> tuple[int, int]:
-    """torch's allocated bytes on the current device, now and at their peak: one
-    read of the allocator's nested statistics (``memory_allocated()`` and
+# Note [measuring without resetting the peak]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's peak-memory statistics are the user's: a converted model measures
+# PyTorch's calls inside the user's own steps (the second and third, Note
+# [planning after the first step] in :mod:`.standin`), and a reset of the peak
+# there would drop whatever peak the user's own reset began to record (a
+# training run's, read with ``max_memory_allocated``). So a call's workspace
+# is read from the allocator's running totals, which only grow: the bytes
+# allocated during the call less what it returns (Note [outputs as the
+# allocator counts them]). Where at most one block was freed during the call
+# (PyTorch's convolution allocates its outputs, then one workspace that it
+# frees), that is exactly the peak over what the call holds after it. Where
+# several were, they may not all have been held at once and their sum may
+# exceed the peak, so the call runs once more between a reset of the peak and
+# a read of it: only then are the statistics touched.
+_NO_STATS = (RuntimeError, AttributeError, TypeError, KeyError)
+
+
+def _allocated() -> tuple[int, int, int, int]:
+    """torch's allocator on the current device: its allocated bytes now, at
+    their peak and in all so far, and the blocks it has freed so far; one read
+    of its nested statistics (``memory_allocated()`` and
     ``max_memory_allocated()`` each flatten all of them, and a model's first
-    step measures every direction of every signature)."""
-    stats = torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]
-    return int(stats["current"]), int(stats["peak"])
+    steps measure every direction of every signature)."""
+    stats = torch.cuda.memory_stats_as_nested_dict()
+    b = stats["allocated_bytes"]["all"]
+    return (int(b["current"]), int(b["peak"]), int(b["allocated"]),
+            int(stats["allocation"]["all"]["freed"]))
 
 
 def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
     """The workspace bytes of one call of ``fn`` on an idle stream
-    (:func:`workspace_of`); ``events``: CUDA events (start, end) recorded around it."""
+    (:func:`workspace_of`; See Note [measuring without resetting the peak]);
+    ``events``: CUDA events (start, end) recorded around it."""
     stream = torch.cuda.current_stream()
     stream.synchronize()
-    base = _allocated()[0]
-    torch.cuda.reset_peak_memory_stats()
+    base, _, total, freed = _allocated()
     if events is not None:
         events[0].record()
     out = fn()
     if events is not None:
         events[1].record()
     stream.synchronize()
-    held, peak = _allocated()
+    held, _, total_after, freed_after = _allocated()
+    del out
+    kept = held - _allocated()[0]
+    if freed_after - freed <= 1:
+        return max(0, total_after - total - kept)
+    torch.cuda.reset_peak_memory_stats()
+    base = _allocated()[0]
+    out = fn()
+    stream.synchronize()
+    held, peak = _allocated()[:2]
     del out
     kept = held - _allocated()[0]
     return max(0, peak - base - kept)

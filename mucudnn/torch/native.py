@@ -9,8 +9,9 @@ plan and PyTorch's own cuDNN call (``cudnn.benchmark``: PyTorch's fastest, as
 a native model runs it) in one harness: the same tensors, CUDA events on
 torch's current stream, alternated, medians. PyTorch's workspace is measured
 too: the caching allocator's peak during one call over what was allocated
-before it and the call's outputs (anything the call allocates counts; this
-resets ``torch.cuda``'s peak-memory statistics at those first calls only). The direction then runs PyTorch's
+before it and the call's outputs (anything the call allocates counts; read
+without resetting ``torch.cuda``'s peak-memory statistics, Note [measuring
+without resetting the peak] in :mod:`.measure`). The direction then runs PyTorch's
 call where that workspace fits the same limit (the WR limit, or a WD plan's
 own share) and its time is no more than the plan's; otherwise the plan.
 :func:`decide` is the rule. Each choice is kept (:data:`MAX_CHOICES`,
