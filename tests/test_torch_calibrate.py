@@ -115,10 +115,13 @@ def _calibrate(dev: Device, search: str, need_dx: bool,
         x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
         launch = {d: dev.launcher(d) for d in Direction}
         native.clear()
+        state = torch.get_rng_state()
         try:
             rec = native.calibrate(("key", search, need_dx), dev.conv, x, w, (2, 4, 3, 3), cfg,
                                    torch.contiguous_format, launch, None, lambda: 0, LIMIT,
                                    False, True, None, need_dx, transposed)
+            # the user's random stream is where it was: See Note [random operands of our own]
+            assert torch.equal(torch.get_rng_state(), state)
             return rec, native.records()
         finally:
             native.clear()

@@ -574,6 +574,31 @@ def test_pytorch_workspace_is_measured_not_understated():
     assert torch.allclose(call(), F.conv2d(x, w, padding=2), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.gpu
+@gpu
+def test_a_layers_first_calls_leave_the_users_cuda_random_stream_alone(monkeypatch, tmp_path):
+    """See Note [random operands of our own]: the first calls of a convolution
+    and of a transposed convolution, which measure PyTorch's calls on operands
+    of their own, draw nothing from torch's CUDA generator."""
+    monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
+    monkeypatch.setenv("MUCUDNN_TORCH_DEFER", "0")  # measured in this first step
+    mt.clear()
+    model = mt.convert(nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+        nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)).cuda(),
+        workspace_limit=1 << 10)
+    x = torch.randn(4, 8, 12, 12, device="cuda", requires_grad=True)
+    state = torch.cuda.get_rng_state()
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True):
+        model(x).sum().backward()
+    torch.cuda.synchronize()
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    recs = native.records()
+    assert len(recs) == 2 and any(r.transposed for r in recs)
+    assert all(any(c.torch_ms is not None for c in r.choices.values()) for r in recs)
+    mt.clear()
+
+
 def _block_bytes(nbytes: int) -> int:
     """What torch's caching allocator counts for ``nbytes`` (default settings)."""
     return 0 if nbytes == 0 else max(512, -(-nbytes // 512) * 512)
@@ -701,6 +726,22 @@ def test_a_call_of_several_scratch_blocks_is_measured_by_its_peak(scratch, out):
         mp.undo()
     assert got == max(_block_bytes(n) for n in scratch)
     assert len(calls) == 2 and alloc.resets == 1
+
+
+def test_a_first_calls_operands_come_from_generators_of_our_own():
+    """See Note [random operands of our own]: drawing an operand leaves torch's
+    random stream where it was, keeps the memory format asked for, and draws
+    the same again once the caches (its generators) are cleared."""
+    cpu = torch.device("cpu")
+    torch.manual_seed(3)
+    expected = torch.randn(4)
+    torch.manual_seed(3)
+    a = measure.random_operand((2, 3, 4, 4), torch.float32, cpu, torch.channels_last)
+    assert torch.equal(torch.randn(4), expected)
+    assert a.shape == (2, 3, 4, 4) and a.is_contiguous(memory_format=torch.channels_last)
+    assert a.std() > 0.5
+    mucudnn.clear_caches()
+    assert torch.equal(measure.random_operand((2, 3, 4, 4), torch.float32, cpu), a)
 
 
 def test_a_call_that_meets_the_limit_exactly_fits_it(monkeypatch):

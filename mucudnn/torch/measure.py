@@ -12,7 +12,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["REPEAT", "HOST_REPEAT", "MAX_SPIN", "time_ms", "host_ms", "workspace_of", "probe"]
+from ..caches import LRU
+
+__all__ = ["REPEAT", "HOST_REPEAT", "MAX_SPIN", "MAX_GENERATORS", "time_ms", "host_ms",
+           "workspace_of", "probe", "random_operand"]
 
 log = logging.getLogger("mucudnn")
 
@@ -183,3 +186,34 @@ def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -
     del out
     kept = held - _allocated()[0]
     return max(0, peak - base - kept)
+
+
+# Note [random operands of our own]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A first call's timings need operands that the call does not give: the
+# gradient of the output, a transposed layer's problem input. They are drawn
+# from generators of mucudnn's own, one per device and seeded alike, never
+# from torch's default ones: a draw there would move the user's random stream
+# in the steps that measure, so that a converted model's dropout masks and
+# augmentations would differ from the native model's under the same seed.
+#: Bound of the generators kept (one per device; Note [random operands of our own]).
+MAX_GENERATORS = 64
+_GENERATORS: "LRU[torch.device, torch.Generator]" = LRU("torch.generators", MAX_GENERATORS)
+
+
+def random_operand(shape: Any, dtype: torch.dtype, device: torch.device,
+                   memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """A standard-normal tensor of ``shape`` in ``memory_format`` for a first
+    call's timings, drawn from mucudnn's own generator of ``device`` (See Note
+    [random operands of our own]).
+
+    >>> state = torch.get_rng_state()
+    >>> random_operand((2, 3), torch.float32, torch.device("cpu")).shape
+    torch.Size([2, 3])
+    >>> torch.equal(torch.get_rng_state(), state)
+    True
+    """
+    gen = _GENERATORS.get_or_create(
+        device, lambda: torch.Generator(device=device).manual_seed(0))
+    return torch.randn(shape, dtype=dtype, device=device, generator=gen).contiguous(
+        memory_format=memory_format)

@@ -90,7 +90,7 @@ import torch
 from ..caches import LRU
 from ..problem import Direction, Plan, transposed_spatial
 from . import settings
-from .measure import host_ms, probe, time_ms, workspace_of
+from .measure import host_ms, probe, random_operand, time_ms, workspace_of
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
            "skipped", "all_in_step", "output_padding",
@@ -530,7 +530,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
     skip = skipped(need_dx, transposed)
     if replaced is None and old is not None and old.plans == conv.plans:
         if step is not None and old.host is None:
-            dy = torch.randn(y_shape, dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
+            dy = random_operand(y_shape, x.dtype, x.device, fmt)  # See Note [random operands of our own]
             _settle_host(old, step, x, w, dy, cfg, deterministic, tf32)
         return old
     stood = None if replaced is not None or standin is None else standin(skip)
@@ -538,7 +538,7 @@ def calibrate(key: tuple, conv: Any, x: torch.Tensor, w: torch.Tensor, y_shape: 
         return _keep(key, stood, None, start, None)
     # x and w are the call's own operands (read only); outputs are scratch
     y = torch.empty(y_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-    dy = torch.randn_like(y)
+    dy = random_operand(y_shape, x.dtype, x.device, fmt)  # See Note [random operands of our own]
     dx, dw = torch.empty_like(x), torch.empty_like(w)
     theirs = {
         Direction.FORWARD: lambda: native_forward(x, w, cfg, deterministic, tf32),

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad as _forward_ad
 
-from . import engine, layout, ops, recording
+from . import engine, layout, measure, ops, recording
 from .autodiff import DATA, FILTER, FORWARD, Bilinear, Op
 from .engine import ConvConfig
 
@@ -73,9 +73,11 @@ def warm_call(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple,
 
 
 def _scratch(x: Tensor, w: Tensor, cfg: ConvConfig, size: tuple, cl: bool) -> Tensor:
-    """A random operand of the problem's input shape, for the first call's timings."""
-    t = torch.randn(_out_shape(x, w, cfg.groups, size), dtype=x.dtype, device=x.device)
-    return t.contiguous(memory_format=layout.CL[t.dim()]) if cl else t
+    """A random operand of the problem's input shape, for the first call's
+    timings (See Note [random operands of our own] in :mod:`.measure`)."""
+    shape = _out_shape(x, w, cfg.groups, size)
+    return measure.random_operand(shape, x.dtype, x.device,
+                                  layout.CL[len(shape)] if cl else torch.contiguous_format)
 
 
 def _host_step(size: tuple) -> Any:
