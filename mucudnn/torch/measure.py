@@ -100,9 +100,9 @@ def host_ms(fn: Callable[[], Any], repeat: int = HOST_REPEAT) -> float:
 # allocated still counts as its workspace.
 def workspace_of(fn: Callable[[], Any]) -> Optional[int]:
     """Bytes of workspace ``fn()`` takes from torch's allocator beyond its
-    outputs: the allocator's peak during the call over what was allocated
-    before it and what the call returns, each as the allocator counts it (None
-    where torch cannot say). torch's peak-memory statistics are left alone
+    outputs: what the allocator gives the call at once over what the call
+    returns, each as the allocator counts it (None where torch cannot say).
+    torch's peak-memory statistics are left alone
     unless several blocks come and go in the call (See Note [measuring without
     resetting the peak]; Note [never slower than native]; Note [outputs as the
     allocator counts them])."""

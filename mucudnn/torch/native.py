@@ -8,12 +8,12 @@ the first eager call of each convolution signature on a GPU
 plan and PyTorch's own cuDNN call (``cudnn.benchmark``: PyTorch's fastest, as
 a native model runs it) in one harness: the same tensors, CUDA events on
 torch's current stream, alternated, medians. PyTorch's workspace is measured
-too: the caching allocator's peak during one call over what was allocated
-before it and the call's outputs (anything the call allocates counts; read
-without resetting ``torch.cuda``'s peak-memory statistics, Note [measuring
-without resetting the peak] in :mod:`.measure`). The direction then runs PyTorch's
-call where that workspace fits the same limit (the WR limit, or a WD plan's
-own share) and its time is no more than the plan's; otherwise the plan.
+too: what the caching allocator gives one call at once beyond the call's
+outputs (anything the call allocates counts; read without resetting
+``torch.cuda``'s peak-memory statistics, Note [measuring without resetting
+the peak] in :mod:`.measure`). The direction then runs PyTorch's call where
+that workspace fits the same limit (the WR limit, or a WD plan's own share)
+and its time is no more than the plan's; otherwise the plan.
 :func:`decide` is the rule. Each choice is kept (:data:`MAX_CHOICES`,
 ``torch.native_choices``) and :func:`mucudnn.torch.report` prints them. Calls
 first made under CUDA-graph capture, on the CPU or with an empty batch are not
