@@ -361,6 +361,19 @@ def _stand_ins() -> list[native.Record]:
     return [r for r in native.records() if r.standin]
 
 
+def _converted() -> tuple[nn.Module, nn.Module]:
+    """:func:`_layers` on the GPU, channels-last, converted at LIMIT; and a float64 copy."""
+    torch.manual_seed(0)
+    model = _layers().cuda().to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model).double()
+    return mt.convert(model, workspace_limit=LIMIT), ref
+
+
+def _batch(n: int = 16) -> torch.Tensor:
+    """A channels-last input of :func:`_layers` on the GPU."""
+    return torch.randn(n, 16, 20, 20, device="cuda").to(memory_format=torch.channels_last)
+
+
 def _defer(monkeypatch: pytest.MonkeyPatch, tmp_path, on: str = "1") -> None:
     monkeypatch.setenv("MUCUDNN_CACHE", str(tmp_path / "cache.sqlite"))
     monkeypatch.setenv("MUCUDNN_TORCH_SEARCH", "over-limit")
@@ -377,16 +390,11 @@ def test_a_first_step_runs_untimed_stand_ins_within_the_limit_and_later_steps_pl
     (one a step here: three over STANDIN_STEPS), measuring PyTorch's calls and
     planning the directions over the limit; every step against float64."""
     _defer(monkeypatch, tmp_path)
-    torch.manual_seed(0)
-    cl = torch.channels_last
-    model = _layers().cuda().to(memory_format=cl)
-    ref = copy.deepcopy(model).double()
-    conv = mt.convert(model, workspace_limit=LIMIT)
+    conv, ref = _converted()
     batch = 16
 
     def step() -> None:
-        x = torch.randn(batch, 16, 20, 20, device="cuda").to(memory_format=cl)
-        step_against_float64(conv, ref, x, tol=1e-4)
+        step_against_float64(conv, ref, _batch(batch), tol=1e-4)
 
     with _native_flags():
         step()
@@ -446,14 +454,9 @@ def test_first_fit_on_the_device_is_heuristics_first_config_that_fits(monkeypatc
 @gpu
 def test_without_deferring_the_first_step_plans(monkeypatch, tmp_path):
     _defer(monkeypatch, tmp_path, "0")
-    torch.manual_seed(0)
-    cl = torch.channels_last
-    model = _layers().cuda().to(memory_format=cl)
-    ref = copy.deepcopy(model).double()
-    conv = mt.convert(model, workspace_limit=LIMIT)
+    conv, ref = _converted()
     with _native_flags():
-        step_against_float64(conv, ref, torch.randn(16, 16, 20, 20, device="cuda").to(
-            memory_format=cl), tol=1e-4)
+        step_against_float64(conv, ref, _batch(), tol=1e-4)
     recs = native.records()
     assert recs and not _stand_ins()
     assert any(c.plan_ms is not None for r in recs for c in r.choices.values())
@@ -505,28 +508,19 @@ def test_after_share_plans_stand_ins_give_way_to_the_shared_plans_without_a_find
         finds.append(f"{problem.key()} {Direction.parse(direction).value}")
         return real(self, problem, direction, *args, **kwargs)
 
-    torch.manual_seed(0)
-    cl = torch.channels_last
-    model = _layers().cuda().to(memory_format=cl)
-    ref = copy.deepcopy(model).double()
-    conv = mt.convert(model, workspace_limit=LIMIT)
-    batch = 16
-
-    def x() -> torch.Tensor:
-        return torch.randn(batch, 16, 20, 20, device="cuda").to(memory_format=cl)
-
+    conv, ref = _converted()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
     try:
         with _native_flags():
             monkeypatch.setattr(CudnnGraphBackend, "find", counted)
-            shared = mt.share_plans(conv, x())
+            shared = mt.share_plans(conv, _batch())
             assert shared.kernels == 9 and len(shared.plans) == 9
             assert finds  # share_plans measured through find()
             finds.clear()
-            step_against_float64(conv, ref, x(), tol=1e-4)
+            step_against_float64(conv, ref, _batch(), tol=1e-4)
             assert len(_stand_ins()) == 3
             for _ in range(standin.STANDIN_STEPS):
-                step_against_float64(conv, ref, x(), tol=1e-4)
+                step_against_float64(conv, ref, _batch(), tol=1e-4)
             assert not _stand_ins()
             planned = [(r, d) for r in native.records() for d in r.plans]
             assert planned  # some direction is over the limit
