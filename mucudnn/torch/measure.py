@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -148,44 +148,55 @@ def probe(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
 _NO_STATS = (RuntimeError, AttributeError, TypeError, KeyError)
 
 
-def _allocated() -> tuple[int, int, int, int]:
+class _Allocated(NamedTuple):
     """torch's allocator on the current device: its allocated bytes now, at
-    their peak and in all so far, and the blocks it has freed so far; one read
-    of its nested statistics (``memory_allocated()`` and
-    ``max_memory_allocated()`` each flatten all of them, and a model's first
-    steps measure every direction of every signature)."""
+    their peak and in all so far, and the blocks it has freed so far."""
+    current: int
+    peak: int
+    total: int
+    freed: int
+
+
+def _allocated() -> _Allocated:
+    """:class:`_Allocated` now: one read of the allocator's nested statistics
+    (``memory_allocated()`` and ``max_memory_allocated()`` each flatten all of
+    them, and a model's first steps measure every direction of every
+    signature)."""
     stats = torch.cuda.memory_stats_as_nested_dict()
     b = stats["allocated_bytes"]["all"]
-    return (int(b["current"]), int(b["peak"]), int(b["allocated"]),
-            int(stats["allocation"]["all"]["freed"]))
+    return _Allocated(int(b["current"]), int(b["peak"]), int(b["allocated"]),
+                      int(stats["allocation"]["all"]["freed"]))
 
 
-def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
-    """The workspace bytes of one call of ``fn`` on an idle stream
-    (:func:`workspace_of`; See Note [measuring without resetting the peak]);
-    ``events``: CUDA events (start, end) recorded around it."""
+def _call(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None
+          ) -> tuple[_Allocated, _Allocated, int]:
+    """One call of ``fn`` on an idle stream (``events``: CUDA events recorded
+    around it): the allocator before it and after it, and the bytes of what it
+    returned, as the allocator counts them (freed here)."""
     stream = torch.cuda.current_stream()
     stream.synchronize()
-    base, _, total, freed = _allocated()
+    before = _allocated()
     if events is not None:
         events[0].record()
     out = fn()
     if events is not None:
         events[1].record()
     stream.synchronize()
-    held, _, total_after, freed_after = _allocated()
+    after = _allocated()
     del out
-    kept = held - _allocated()[0]
-    if freed_after - freed <= 1:
-        return max(0, total_after - total - kept)
+    return before, after, after.current - _allocated().current
+
+
+def _measured(fn: Callable[[], Any], events: Optional[tuple[Any, Any]] = None) -> int:
+    """The workspace bytes of one call of ``fn`` on an idle stream
+    (:func:`workspace_of`; See Note [measuring without resetting the peak]);
+    ``events``: CUDA events (start, end) recorded around it."""
+    before, after, kept = _call(fn, events)
+    if after.freed - before.freed <= 1:
+        return max(0, after.total - before.total - kept)
     torch.cuda.reset_peak_memory_stats()
-    base = _allocated()[0]
-    out = fn()
-    stream.synchronize()
-    held, peak = _allocated()[:2]
-    del out
-    kept = held - _allocated()[0]
-    return max(0, peak - base - kept)
+    before, after, kept = _call(fn)
+    return max(0, after.peak - before.current - kept)
 
 
 # Note [random operands of our own]

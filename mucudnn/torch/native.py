@@ -90,7 +90,7 @@ from ..caches import LRU
 from ..problem import Direction, Plan, transposed_spatial
 from . import settings
 from .measure import host_ms, probe, random_operand, time_ms, workspace_of
-from .torch_calls import (benchmark_flags as _flags, native_backward, native_forward,
+from .torch_calls import (benchmark_flags, native_backward, native_forward,
                           native_transposed, on_step_thread)
 
 __all__ = ["Choice", "Record", "MAX_CHOICES", "decide", "settle", "fits", "fits_in_step",
@@ -567,7 +567,7 @@ def _host_pair(step: Callable[..., Any], x: torch.Tensor, w: torch.Tensor, dy: t
         return torch.autograd.grad(step(xr, wr, cfg), (xr, wr), dy)
 
     def theirs() -> Any:
-        with _flags(deterministic, tf32):
+        with benchmark_flags(deterministic, tf32):
             if pad is not None:
                 y = _CONV_TRANSPOSE[x.dim()](xr, wr, None, cfg.stride, cfg.padding, pad,
                                              cfg.groups, cfg.dilation)
