@@ -28,6 +28,9 @@ export MUCUDNN_CACHE=$OUT/cache.sqlite
 if [ -f .carry/cache.sqlite ]; then cp .carry/cache.sqlite "$MUCUDNN_CACHE"
 else gunzip -c tests/data/h200-benchmark-cache.sqlite.gz > "$MUCUDNN_CACHE"; fi
 summary=()
+# the name of a stage's files under $OUT: a second run of the stage (another call of
+# this script under the same $OUT) keeps the first's files
+fresh() { local run=$1 n=2; while [ -e "$OUT/$run.json" ]; do run=$1-$n; n=$((n + 1)); done; echo "$run"; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
   python3 -c "import torch, numpy, cuda.bindings, mucudnn._cudnn as c; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'cuda-bindings', cuda.bindings.__version__, 'cudnn', c.get_version())"
@@ -77,8 +80,7 @@ for stage in "$@"; do
       else
         models="mobilenet_v3_large efficientnet_v2_s mnasnet1_0 shufflenet_v2_x1_0 regnet_x_3_2gf resnext101_32x8d wide_resnet50_2 densenet169 googlenet convnext_small squeezenet1_1 deeplabv3_mobilenet_v3_large"
       fi
-      # a second zoo run under the same $OUT (another call of this script) keeps the first's files
-      run=$stage; n=2; while [ -e "$OUT/$run.json" ]; do run=$stage-$n; n=$((n + 1)); done
+      run=$(fresh "$stage")
       timeout "${ZOO_TIMEOUT:-560}" python3 tools/zoo_bench.py --isolate --no-progress \
         --models ${ZOO_MODELS:-$models} \
         --precisions ${ZOO_PRECISIONS:-fp32cl amp} --execution eager graph ${ZOO_ARGS:-} \
@@ -87,7 +89,7 @@ for stage in "$@"; do
       ;;
     zoo-cold)  # tools/zoo_bench.py --cold: each side's first steps in fresh processes, medians
       # of COLD_REPEAT pairs (Note [cold steps] in tools/zoo_cold.py); no step timing
-      run=zoo-cold; n=2; while [ -e "$OUT/$run.json" ]; do run=zoo-cold-$n; n=$((n + 1)); done
+      run=$(fresh zoo-cold)
       timeout "${ZOO_TIMEOUT:-560}" python3 tools/zoo_bench.py --isolate --no-progress --cold \
         --no-steps --cold-repeat "${COLD_REPEAT:-2}" \
         --models ${ZOO_MODELS:-resnext50_32x4d convnext_tiny densenet121 resnet18 regnet_y_1_6gf} \
