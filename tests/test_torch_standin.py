@@ -469,12 +469,9 @@ def test_a_capture_of_stand_ins_warns_and_its_replays_compute_the_convolution(mo
                                                                              tmp_path):
     _defer(monkeypatch, tmp_path)
     monkeypatch.setattr(standin, "_WARNED", [False])
-    torch.manual_seed(0)
-    cl = torch.channels_last
-    model = _layers().cuda().to(memory_format=cl).eval()
-    ref = copy.deepcopy(model).double()
-    conv = mt.convert(model, workspace_limit=LIMIT)
-    static_x = torch.randn(16, 16, 20, 20, device="cuda").to(memory_format=cl)
+    conv, ref = _converted()
+    conv.eval()
+    static_x = _batch()
     with _native_flags(), torch.no_grad():
         conv(static_x)
         assert len(_stand_ins()) == 3
