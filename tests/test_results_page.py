@@ -166,6 +166,37 @@ def test_each_gpus_zoo_runs_get_tables_of_their_own(tmp_path):
     assert "None: every zoo and search-parity run is on the NVIDIA H200." in only_main
 
 
+def test_the_headline_quotes_the_h200s_zoo_else_the_newest_other_gpus(tmp_path):
+    """README's zoo row quotes the TABLE_GPU's zoo run under the current
+    defaults; where it has none, the newest other GPU's, whose source line
+    names that GPU; where no GPU has one, it says so (never an empty cell)."""
+    def write(name, gpu, ratio, replay="1"):
+        env = {"date": "2026-12-03T10:00:00+00:00", "gpu": gpu,
+               "settings": {"MUCUDNN_TORCH_REPLAY": replay}}
+        doc = {"environment": env, "options": {"workspace": 64 << 20, "batch": 64},
+               "results": [{"model": "resnet18", "precision": "fp32cl", "errors": {},
+                            "steps": {"eager": {"native_ms": 10.0, "converted_ms": 10.0 * ratio,
+                                                "ratio": ratio}}}], "skipped": []}
+        (tmp_path / name).write_text(json.dumps(doc))
+
+    def zoo_row() -> str:
+        head = rp.headline(rp.load_results(tmp_path))
+        row = next(r for r in head.splitlines() if r.startswith("| torchvision zoo"))
+        return row + "\n" + head.split("Sources:")[1]
+
+    write("2026-12-03-s1-call1-zoo.json", rt.TABLE_GPU, 1.5, replay="0")  # not the defaults
+    assert "not measured under the current defaults" in zoo_row()
+    write("2026-12-03-s2-call1-zoo.json", "NVIDIA H100 X", 1.25)
+    write("2026-12-03-s3-call1-zoo.json", "Other GPU", 1.125)
+    row = zoo_row()
+    assert "eager: 1.125x over 1 models [1]" in row and "device Other GPU" in row
+    assert "1.250" not in row and "1.500" not in row
+    write("2026-12-03-s0-call1-zoo.json", rt.TABLE_GPU, 1.0625)  # the H200's, though older
+    row = zoo_row()
+    assert "eager: 1.062x over 1 models [1]" in row and f"device {rt.TABLE_GPU}" in row
+    assert "1.125" not in row
+
+
 def test_zoo_conv_ms_is_what_ran_under_the_step_trials_way(tmp_path):
     """The conv-ms cell totals what ran: while the step trial ran PyTorch's way
     (Note [the whole-step trial]), a layer that fits in every direction a step
