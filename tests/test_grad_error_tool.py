@@ -69,3 +69,39 @@ def test_a_wrong_gradient_shows(ge, monkeypatch):
     for v in r["conv_layers"]:
         assert v["converted"] == pytest.approx(1e-2, rel=1e-2) and v["native"] < 1e-4
         assert v["ratio"] > 100
+
+
+def test_the_first_and_the_last_pass_are_read_apart(ge):
+    """pass_grads returns the first pass's gradients and the last's (Note
+    [gradient check]): a model whose passes differ (a scale that grows each
+    call, as a converted model's first pass runs other kernels than its
+    last) gives each pass's own, and the default reads past the passes that
+    replace a converted model's stand-ins."""
+    import torch
+    from torch import nn
+
+    from mucudnn.torch.standin import STANDIN_STEPS
+
+    class Growing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 3)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.lin(x) * self.calls
+
+    torch.manual_seed(0)
+    m = Growing()
+    x, t = torch.randn(4, 2), torch.tensor([0, 1, 2, 0])
+    first, last = ge.pass_grads(m, x, t, False)
+    assert m.calls == ge.PASSES == 2 + STANDIN_STEPS
+    ref = Growing()
+    ref.load_state_dict(m.state_dict())
+    for k, grads in ((1, first), (ge.PASSES, last)):
+        ref.calls = k - 1
+        ref.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), t).backward()
+        assert torch.allclose(grads["lin.weight"], ref.lin.weight.grad.double())
+    assert not torch.allclose(first["lin.weight"], last["lin.weight"])

@@ -366,6 +366,11 @@ def test_zoo_cold_table_shows_gradient_errors(tmp_path):
     assert "| densenet121 | fp32 channels-last | over-limit | - | - | - | - | - | 2.00e-01 / 2.50e-01 " \
            "| 1.25 (3 kernels on plans) | [1] |" in t
     assert "vgg16" not in t
+    # the converted first step's error (its stand-ins), where the run recorded it
+    grad["converted_first_step"] = {"all": 0.21}
+    (tmp_path / "2026-12-03-h200-s1-call1-zoo-grad.json").write_text(json.dumps(doc))
+    t = rz.zoo_cold(rp.load_results(tmp_path))
+    assert "| 2.00e-01 / 2.50e-01 (first step 2.10e-01) | 1.25 (3 kernels on plans) |" in t
 
 
 @pytest.mark.usefixtures("files_without_replay")

@@ -205,6 +205,8 @@ def test_tiny_end_to_end(zb, tmp_path, capsys):
             assert math.isfinite(v) and 0 <= v < 1e-3  # float32 against float64
         assert e["conv_median"] <= e["conv_max"]
     assert math.isfinite(g["ratio"]) and g["ratio"] > 0
+    first = g["converted_first_step"]  # its first pass's gradients (Note [gradient check])
+    assert len(first["conv_layers"]) == 3 and math.isfinite(first["all"]) and first["all"] < 1e-3
     text = capsys.readouterr().out
     assert "| tiny | fp32cl | eager |" in text and "geometric mean converted/native" in text
 

@@ -50,6 +50,7 @@ import train_bench as tb  # model names, batch sizes, argument parsers
 import train_steps as ts  # the models, the machine's description
 import mucudnn.torch as mt
 from mucudnn.torch import engine
+from mucudnn.torch.standin import STANDIN_STEPS
 
 # Note [gradient error]
 # ~~~~~~~~~~~~~~~~~~~~~
@@ -118,8 +119,14 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 # from the exact gradient, and the question is whether converted rounds more.
 # Batch norm stays in training mode (every run sees the same batch), but
 # dropout and stochastic depth are switched off: their random masks would
-# differ between the runs, an error no convolution makes. Each gradient is the
-# second of two passes (the first plans and benchmarks). Kinks make the errors
+# differ between the runs, an error no convolution makes. Each gradient is
+# that of the last of :data:`PASSES` passes over the batch, with no optimizer
+# step between them: a converted model's first pass runs untimed stand-ins and
+# the next STANDIN_STEPS measure and plan (Note [planning after the first
+# step] in mucudnn/torch/standin.py), so the last pass runs what the steady
+# steps of training run (native's first pass benchmarks and runs the chosen
+# algorithms already). The converted first pass's gradients, the stand-ins',
+# are compared with float64 as well (``first_step``). Kinks make the errors
 # noisy: a pre-activation within rounding of 0 (ReLU) or a near-tie in max
 # pooling can fall on the other side than in float64, moving a whole gradient
 # element. On the CPU, tiny at 64x64 (batch 8) had one such ReLU flip in the
@@ -143,24 +150,45 @@ def deterministic_train(model: nn.Module) -> nn.Module:
     return model
 
 
-def _two_passes(model: nn.Module, x: torch.Tensor, t: torch.Tensor,
-                amp: bool = False) -> torch.Tensor:
-    """Two forward and backward passes (the first plans and benchmarks), under
-    bfloat16 autocast with ``amp``: the second's loss, its gradients left on
-    the parameters."""
-    for _ in range(2):
+#: Forward and backward passes over one batch before a gradient is read (Note
+#: [gradient check]): the first, then the steps that replace a converted
+#: model's stand-ins, then the one read.
+PASSES = 2 + STANDIN_STEPS
+
+
+def _passes(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool = False,
+            passes: int = PASSES) -> tuple[torch.Tensor, dict]:
+    """``passes`` forward and backward passes under bfloat16 autocast with
+    ``amp`` (Note [gradient check]): the last's loss, its gradients left on
+    the parameters, and the first's gradients (float64).
+
+    >>> m = nn.Linear(2, 3)
+    >>> loss, first = _passes(m, torch.ones(4, 2), torch.zeros(4, dtype=torch.long), passes=2)
+    >>> bool(torch.equal(first["weight"], m.weight.grad.double()))  # the same math each pass
+    True
+    """
+    first: dict = {}
+    for i in range(passes):
         model.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
             loss = F.cross_entropy(model(x), t)
         loss.backward()
-    return loss
+        if i == 0:
+            first = _grads_of(model)
+    return loss, first
 
 
-def two_pass_grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool) -> dict:
-    """Every parameter's gradient (float64) of the second of two forward and
-    backward passes (:func:`_two_passes`)."""
-    _two_passes(model, x, t, amp)
+def _grads_of(model: nn.Module) -> dict:
+    """Every parameter's gradient now, in float64."""
     return {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def pass_grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor, amp: bool,
+               passes: int = PASSES) -> tuple[dict, dict]:
+    """Every parameter's gradient (float64) of the first and of the last of
+    ``passes`` forward and backward passes (:func:`_passes`)."""
+    _, first = _passes(model, x, t, amp, passes)
+    return first, _grads_of(model)
 
 
 def grad_errors(grads: dict, ref: dict, conv_keys: Sequence[str]) -> dict:
@@ -196,9 +224,9 @@ def planned_kernels(model: nn.Module) -> int | None:
 
 
 def _grads(model: nn.Module, x: torch.Tensor, t: torch.Tensor) -> tuple[float, dict]:
-    """The loss and every parameter's gradient of one forward and backward
-    (after a first, untimed pass: plans, PyTorch's benchmark; :func:`_two_passes`)."""
-    loss = _two_passes(model, x, t)
+    """The loss and every parameter's gradient of the last of :data:`PASSES`
+    forward and backward passes (:func:`_passes`)."""
+    loss, _ = _passes(model, x, t)
     return float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters()
                                   if p.grad is not None}
 

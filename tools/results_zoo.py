@@ -240,6 +240,15 @@ def _pair(d: Any, key: str, fmt: str) -> str:
            f"{format(d['converted'].get(key, float('nan')), fmt)}"
 
 
+def _grad_errors(grad: dict) -> str:
+    """Both sides' gradient errors against float64 (Note [gradient check] in
+    tools/grad_error.py) and, where recorded, the converted first step's (its
+    stand-ins)."""
+    first = grad.get("converted_first_step") if isinstance(grad, dict) else None
+    text = _pair(grad, "all", ".2e")
+    return text + (f" (first step {first['all']:.2e})" if first and "all" in first else "")
+
+
 def _first_step(side: dict) -> str:
     """One side's cold first-step seconds; a profiled one (zoo_bench
     --cold-profile) is marked, its seconds not comparable with the others, and
@@ -320,7 +329,7 @@ def zoo_cold(results: list[tuple[str, Any]]) -> str:
             cite = src.cite(name, zoo_source(name, doc))
             if cite not in cites:
                 cites.append(cite)
-        rows.append(row + [_pair(grad, "all", ".2e"), ratio, ", ".join(cites)])
+        rows.append(row + [_grad_errors(grad), ratio, ", ".join(cites)])
     return finish(["model", "precision", "MUCUDNN_TORCH_SEARCH", "first step s, native",
                    "first step s, converted",
                    "converted first calls s: all (planning, signatures planned)",

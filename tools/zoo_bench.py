@@ -28,8 +28,9 @@ Measured per model and precision:
 * with ``--cold``: the wall seconds of each side's first training step in a
   fresh process, the converted side with an empty mucudnn benchmark cache
   (``--cold-repeat N``: the medians of N such pairs);
-* with ``--grad-check``: one step's gradients of each side against float64
-  (Note [gradient check] in grad_error.py);
+* with ``--grad-check``: one steady step's gradients of each side against
+  float64, and the converted first step's (Note [gradient check] in
+  grad_error.py);
 * the converted model's ``mucudnn.torch.report`` (which layers run mucudnn's
   plans), where the installed mucudnn has one.
 
@@ -445,7 +446,9 @@ def cold_child(args: argparse.Namespace) -> int:
 # -- gradient check (Note [gradient check] in grad_error.py) ------------------------------------
 def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
                device: torch.device) -> dict:
-    """Native's and converted's gradient errors against float64 (Note [gradient check] in grad_error.py)."""
+    """Native's and converted's gradient errors against float64 in a steady
+    step, and the converted first step's (its stand-ins): Note [gradient
+    check] in grad_error.py."""
     torch.manual_seed(args.seed)
     base = grad_error.deterministic_train(build_model(spec))
     gen = torch.Generator().manual_seed(args.seed + 2)
@@ -456,8 +459,8 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
     conv_keys = [f"{n}.weight" for n, m in base.named_modules()
                  if isinstance(m, (nn.Conv2d, nn.Conv3d))]
     ts.cleanup(device)
-    g64 = grad_error.two_pass_grads(copy.deepcopy(base).double().to(device),
-                                    x.double().to(device), t, False)
+    _, g64 = grad_error.pass_grads(copy.deepcopy(base).double().to(device),
+                                   x.double().to(device), t, False, passes=2)
     ts.cleanup(device)
     xs = x.to(device).contiguous(memory_format=torch.channels_last)
     out: dict[str, Any] = {"batch": b, "conv_layers": conv_keys}
@@ -469,10 +472,11 @@ def grad_check(args: argparse.Namespace, spec: ModelSpec, precision: str,
         if side == "converted":
             mt.convert(model, workspace_limit=args.workspace,
                        backend=converted_backend(args, device))
-        out[side] = grad_error.grad_errors(
-            grad_error.two_pass_grads(model, xs, t, precision == "amp"), g64, conv_keys)
-        if side == "converted":
+        first, last = grad_error.pass_grads(model, xs, t, precision == "amp")
+        out[side] = grad_error.grad_errors(last, g64, conv_keys)
+        if side == "converted":  # its first step's stand-ins (Note [gradient check])
             out["planned_kernels"] = grad_error.planned_kernels(model)
+            out["converted_first_step"] = grad_error.grad_errors(first, g64, conv_keys)
         del model
         ts.cleanup(device)
     n, c = out["native"]["all"], out["converted"]["all"]
