@@ -129,6 +129,11 @@ def test_zoo_and_search_parity_render_when_present(tmp_path):
     zoo["environment"]["settings"] = {"MUCUDNN_TORCH_SEARCH": "over-limit"}
     (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
     assert "batch 32, MUCUDNN_TORCH_SEARCH=over-limit" in rz.zoo(rp.load_results(tmp_path))
+    zoo["environment"]["cpu_affinity"] = "2-5"  # Note [pinned CPUs] in train_steps.py
+    (tmp_path / "2026-12-03-x-zoo.json").write_text(json.dumps(zoo))
+    assert "MUCUDNN_TORCH_SEARCH=over-limit, pinned to CPUs 2-5" in \
+        rz.zoo(rp.load_results(tmp_path))
+    del zoo["environment"]["cpu_affinity"]
     # an A/A run (zoo_bench --control) measures the harness: never a result on the page
     control = dict(zoo, options={**zoo["options"], "control": True},
                    results=[dict(zoo["results"][0], model="densenet121")])

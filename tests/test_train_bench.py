@@ -406,3 +406,17 @@ def test_a_results_commit_is_dirty_where_the_files_differ_whatever_the_index_say
     _git(tmp_path, "update-index", "--assume-unchanged", "a.py")  # git status now says clean
     assert ts.commit_of(str(tmp_path)) == head + "+dirty"
     assert ts.commit_of(str(tmp_path / "sub")) is None
+
+
+def test_a_pinned_run_records_its_cpus(ts, monkeypatch):
+    """Note [pinned CPUs]: a process held to fewer CPUs than the machine has
+    records them in its result's environment, as taskset lists them; one
+    that may run on all of them records nothing."""
+    import torch
+
+    monkeypatch.setattr(ts.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(ts.os, "sched_getaffinity", lambda pid: {5, 2, 4, 3, 9}, raising=False)
+    assert ts.cpu_affinity() == "2-5,9"
+    assert ts.environment(torch.device("cpu"))["cpu_affinity"] == "2-5,9"
+    monkeypatch.setattr(ts.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert ts.cpu_affinity() is None and "cpu_affinity" not in ts.environment(torch.device("cpu"))

@@ -16,10 +16,14 @@
 #   STOP_ON_FAIL=1 TEST_PATHS=tests/test_torch_standin.py bash tools/gpu_run.sh tests zoo-cold
 #       # a converted model's cold first steps (zoo_bench.py --cold), only if the tests pass
 #   MUCUDNN_TORCH_NATIVE=0 PROFILE_MODELS=regnet_y_1_6gf bash tools/gpu_run.sh profile  # step_profile.py
+#   PIN_CPUS=2-5 ZOO_ARGS="--with-control" bash tools/gpu_run.sh zoo  # on CPUs 2-5 alone
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/logs; mkdir -p "$OUT"  # packed into logs.tgz at the end
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
+# PIN_CPUS=2-5: every stage runs on those CPUs alone, every side of a benchmark
+# alike (Note [pinned CPUs] in tools/train_steps.py; the result files record it)
+if [ -n "${PIN_CPUS:-}" ]; then taskset -cp "$PIN_CPUS" $$ > /dev/null || exit 2; fi
 # The benchmark cache comes back in logs.tgz; a copy placed at .carry/cache.sqlite
 # (and named in the run's carry) starts the next machine warm.
 export MUCUDNN_CACHE=$OUT/cache.sqlite

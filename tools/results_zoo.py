@@ -148,7 +148,10 @@ def zoo_source(name: str, doc: dict) -> str:
                        env.get("git_commit"),
                        f"workspace_limit {ws // MIB if isinstance(ws, int) else ws} MiB, "
                        f"policy {o.get('policy', 'default')}, batch {o.get('batch', NR)}"
-                       + settings + (f"; {note}" if note else ""))
+                       + settings
+                       + (f", pinned to CPUs {env['cpu_affinity']}" if env.get("cpu_affinity")
+                          else "")
+                       + (f"; {note}" if note else ""))
 
 
 #: ``mucudnn.torch.report`` before 7526756 listed each layer with every

@@ -509,7 +509,50 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cudnn=torch.backends.cudnn.version(),
                    total_memory=torch.cuda.get_device_properties(device).total_memory)
+    pinned = cpu_affinity()
+    if pinned is not None:
+        env["cpu_affinity"] = pinned
     return env
+
+
+# Note [pinned CPUs]
+# ~~~~~~~~~~~~~~~~~~
+# A host-bound step (MobileNet, DenseNet, RegNet-Y under AMP) takes what the
+# CPU gives the thread issuing its kernels, and on the lent machines that
+# varies within a round by up to a fifth, both sides alike, so an A/A pair
+# of identical models reads 0.95-1.08. Where that comes from the scheduler
+# moving the threads between CPUs, holding them to a few helps; whether it
+# does is what an A/A run (zoo_bench --with-control) pinned and unpinned
+# shows. ``PIN_CPUS=2-5 bash tools/gpu_run.sh ...`` runs every stage on those
+# CPUs alone (``taskset``), every side of a benchmark the same, and a result
+# file records the CPUs it was held to (``cpu_affinity``,
+# :func:`cpu_affinity`), so a pinned run is never read as an unpinned one.
+def cpu_affinity() -> str | None:
+    """The CPUs this process may run on, as ``taskset -c`` lists them
+    (``"2-5"``, ``"0,2,4"``), where that is fewer than the machine's; None
+    where it may run on all of them or the platform does not say."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    if not cpus or len(cpus) >= (os.cpu_count() or 0):
+        return None
+    return cpu_list(cpus)
+
+
+def cpu_list(cpus: Sequence[int]) -> str:
+    """Sorted CPU numbers as ``taskset -c`` writes them: runs as ranges.
+
+    >>> cpu_list([2, 3, 4, 5]), cpu_list([0, 2, 4]), cpu_list([1, 2, 7])
+    ('2-5', '0,2,4', '1-2,7')
+    """
+    runs: list[list[int]] = []
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def source_commit() -> str | None:
