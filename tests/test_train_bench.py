@@ -409,9 +409,9 @@ def test_a_results_commit_is_dirty_where_the_files_differ_whatever_the_index_say
 
 
 def test_a_pinned_run_records_its_cpus(ts, monkeypatch):
-    """Note [pinned CPUs]: a process held to fewer CPUs than the machine has
-    records them in its result's environment, as taskset lists them; one
-    that may run on all of them records nothing."""
+    """A process held to fewer CPUs than the machine has records them in its
+    result's environment, as taskset lists them; one that may run on all of
+    them records nothing (See Note [pinned CPUs] in tools/train_steps.py)."""
     import torch
 
     monkeypatch.setattr(ts.os, "cpu_count", lambda: 16)
