@@ -126,8 +126,8 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 # step] in mucudnn/torch/standin.py), so the last pass runs what the steady
 # steps of training run (native's first pass benchmarks and runs the chosen
 # algorithms already). The converted first pass's gradients, the stand-ins',
-# are compared with float64 as well (``first_step``). Kinks make the errors
-# noisy: a pre-activation within rounding of 0 (ReLU) or a near-tie in max
+# are compared with float64 as well (zoo_bench's ``converted_first_step``).
+# Kinks make the errors noisy: a pre-activation within rounding of 0 (ReLU) or a near-tie in max
 # pooling can fall on the other side than in float64, moving a whole gradient
 # element. On the CPU, tiny at 64x64 (batch 8) had one such ReLU flip in the
 # converted float32 forward and none in native's, so features.0's error was

@@ -519,8 +519,9 @@ def environment(device: torch.device) -> dict:
 # ~~~~~~~~~~~~~~~~~~
 # A host-bound step (MobileNet, DenseNet, RegNet-Y under AMP) takes what the
 # CPU gives the thread issuing its kernels, and on the lent machines that
-# varies within a round by up to a fifth, both sides alike, so an A/A pair
-# of identical models reads 0.95-1.08. Where that comes from the scheduler
+# varies within a round, both sides alike, so an A/A pair of identical models
+# reads apart by more than the step-time target (docs/BENCHMARKS.md, the
+# A/A column). Where that comes from the scheduler
 # moving the threads between CPUs, holding them to a few helps; whether it
 # does is what an A/A run (zoo_bench --with-control) pinned and unpinned
 # shows. ``PIN_CPUS=2-5 bash tools/gpu_run.sh ...`` runs every stage on those
