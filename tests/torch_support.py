@@ -4,6 +4,9 @@ tests/test_torch_step_guard.py)."""
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -54,3 +57,25 @@ def compiled_like_eager(ref: nn.Module, model: nn.Module, x: torch.Tensor) -> li
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
     assert len(graphs) == 1
     return [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+
+
+def tensors_left_in_cycles(step: Callable[[], object], repeat: int = 3) -> list[torch.Tensor]:
+    """The tensors that ``repeat`` calls of ``step`` leave reachable only through
+    reference cycles: memory that stays allocated until Python's cycle
+    collector happens to run, so a training step's peak would depend on when it
+    does. The collector is off while ``step`` runs and restored after."""
+    gc.collect()
+    enabled, flags = gc.isenabled(), gc.get_debug()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(repeat):
+            step()
+        gc.collect()
+        found = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(flags)
+        if enabled:
+            gc.enable()
+    return found
