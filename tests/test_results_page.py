@@ -684,3 +684,19 @@ def test_replay_labels_eager_steps_only(tmp_path, monkeypatch):
     assert "| m0 | fp32 channels-last | eager | 64 | over-limit, REPLAY=0 | 10 |" in z
     assert "| m0 | fp32 channels-last | captured | 64 | over-limit | 10 |" in z
     assert "| m0 | fp32 channels-last | over-limit | 2.0 | 2.0 |" in rz.zoo_cold(results)
+
+
+def test_zoo_peaks_compare_requested_bytes_where_a_file_records_them():
+    """Note [memory per side]: the requested-bytes peak, which no cached block
+    changes, is the compared one; a file from before it was recorded shows its
+    allocated peak."""
+    both = {"peak_bytes": 120 << 20, "requested_peak_bytes": 100 << 20}
+    assert rt.side_peak(both) == 100 << 20
+    assert rt.side_peak({"peak_bytes": 120 << 20}) == 120 << 20
+    assert rt.side_peak({"peak_bytes": None, "requested_peak_bytes": None}) is None
+    assert rt.side_peak(None) is None
+    st = {"memory": {"native": both,
+                     "converted": {"peak_bytes": 110 << 20, "requested_peak_bytes": 99 << 20},
+                     "control": {"peak_bytes": 125 << 20, "requested_peak_bytes": 100 << 20}}}
+    assert rz._peaks(st) == "100.0 / 99.0 (A/A 100.0)"
+    assert rz._peaks({"memory": {"native": {"peak_bytes": 3 << 20}}}) == "3.0 / -"

@@ -192,7 +192,8 @@ def test_tiny_end_to_end(zb, tmp_path, capsys):
     assert st["native_ms"] > 0 and st["converted_ms"] > 0 and st["ratio"] > 0
     assert [len(st["step_ms"][s]) for s in ("native", "converted")] == [2, 2]
     assert all(len(rnd) == 2 and min(rnd) > 0 for s in st["step_ms"].values() for rnd in s)
-    assert st["memory"]["native"] == {"peak_bytes": None, "device_used_bytes": None}  # CPU
+    assert st["memory"]["native"] == {"peak_bytes": None, "requested_peak_bytes": None,
+                                      "device_used_bytes": None}  # CPU
     assert r["report"]["find_profile"] is None  # the CPU's backend keeps no find profile
     g = r["grad"]
     assert g["planned_kernels"] is None  # the CPU compares nothing with PyTorch's call

@@ -122,6 +122,15 @@ class Sources(dict):
         return "Sources:\n\n" + "\n".join(f"{i}. {line}" for i, line in self.values())
 
 
+def side_peak(memory: Any) -> int | None:
+    """The peak bytes a zoo file compares for one side (its ``memory[side]``):
+    the peak of requested bytes where the file records it, else the peak of
+    allocated bytes (Note [memory per side] in tools/zoo_bench.py)."""
+    memory = memory or {}
+    requested = memory.get("requested_peak_bytes")
+    return requested if requested is not None else memory.get("peak_bytes")
+
+
 def table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                      + ["| " + " | ".join(r) + " |" for r in rows])

@@ -8,7 +8,7 @@ from typing import Any
 
 from round_stats import STEP_TARGET, geomean, median_interval, ratio_text  # tools/, beside this script
 from results_tables import (LIMIT, MIB, NR, PRECISION_LABEL, TABLE_GPU, Sources, finish, gpu_of,
-                            kind, num, of_kind, on_gpu, source_line, table, newness)
+                            kind, num, of_kind, on_gpu, side_peak, source_line, table, newness)
 
 
 # -- the zoo (tools/zoo_bench.py) ----------------------------------------------------------------
@@ -393,7 +393,8 @@ def zoo(results: list[tuple[str, Any]]) -> str:
         + finish(["model", "precision", "step", "limit MiB", "MUCUDNN_TORCH_SEARCH",
                   "steps a round", "native ms",
                   "converted ms", "converted/native", "conv ms: what runs vs PyTorch's",
-                  "peak MiB native / converted", "source"], rows2, src2, "zoo_bench.py") + note
+                  "peak MiB native / converted (requested bytes; allocated in files "
+                  "before they were recorded)", "source"], rows2, src2, "zoo_bench.py") + note
 
 
 def _later_means(later: list[tuple[str, dict, dict, str, dict]]) -> str:
@@ -431,13 +432,14 @@ def _mib_limit(ws: Any) -> str:
 
 
 def _peaks(st: dict) -> str:
-    """Each side's peak allocated MiB in its steady steps (Note [memory per side] in
-    tools/zoo_bench.py), and the control side's where one ran (a second native
-    model: how far two identical models' peaks differ in the harness)."""
+    """Each side's peak MiB in its steady steps (:func:`side_peak`: requested
+    bytes where recorded; Note [memory per side] in tools/zoo_bench.py), and the
+    control side's where one ran (a second native model: how far two identical
+    models' peaks differ in the harness)."""
     mem = st.get("memory") or {}
 
     def peak(side: str) -> Any:
-        b = (mem.get(side) or {}).get("peak_bytes")
+        b = side_peak(mem.get(side))
         return None if b is None else b / MIB
     control = peak("control")
     return f"{num(peak('native'), '.1f')} / {num(peak('converted'), '.1f')}" + (

@@ -23,8 +23,9 @@ Measured per model and precision:
   train_steps.py): each side's median step and
   the median over rounds of converted/native, and per round the CUDA graphs
   the converted side captured and the launches it issued directly;
-* peak memory of each side's steady-state steps (``max_memory_allocated``, Note
-  [memory per side]) and the drop of ``mem_get_info``'s free bytes;
+* peak memory of each side's steady-state steps (``max_memory_allocated`` and
+  the peak of requested bytes, Note [memory per side]) and the drop of
+  ``mem_get_info``'s free bytes;
 * with ``--cold``: the wall seconds of each side's first training step in a
   fresh process, the converted side with an empty mucudnn benchmark cache
   (``--cold-repeat N``: the medians of N such pairs);
@@ -77,6 +78,7 @@ import train_bench as tb  # tools/, beside this script: argument types, the prog
 import train_steps as ts  # training state, timing, rounds
 from frontier import parse_option  # tools/: KEY=VALUE of --backend-option
 from round_stats import extra_rounds, geomean, ratio_text  # ratios, rounds
+from results_tables import side_peak  # tools/: the peak the zoo compares
 import grad_error  # tools/: the relative error against float64
 import zoo_cold  # tools/: cold first steps in fresh processes
 import zoo_isolated  # tools/: --isolate's child processes
@@ -304,6 +306,22 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
 # lower than the first, as the converted side did. So on CUDA a primer, a
 # native model of the same execution warmed up and dropped, runs before the
 # first side.
+#
+# The allocated peak also depends on what the caching allocator holds when a
+# side runs, not on the side alone: a request served from a cached block of
+# the large pool takes the whole block, counted in allocated bytes, unless
+# more than 1 MiB would be left over (PyTorch's block-splitting rule), so the
+# same requests read up to 1 MiB more each after another side's history. Each
+# side therefore also records its peak of requested bytes (the sizes its
+# tensors asked for, ``requested_bytes.all.peak`` less what was requested
+# before it was built), which no cached block changes; the zoo's comparison of
+# peaks reads it where a file has it.
+def _requested(device: torch.device) -> tuple[int, int]:
+    """The caching allocator's requested bytes on ``device``: (now, peak)."""
+    stats = torch.cuda.memory_stats(device)
+    return stats.get("requested_bytes.all.current", 0), stats.get("requested_bytes.all.peak", 0)
+
+
 def _prime(args: argparse.Namespace, spec: ModelSpec, precision: str, execution: str,
            init_state: dict, device: torch.device) -> None:
     """The primer of Note [memory per side]."""
@@ -333,6 +351,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             elif cuda:
                 torch.cuda.empty_cache()
             base = torch.cuda.memory_allocated(device) if cuda else 0
+            asked = _requested(device)[0] if cuda else 0
             free0 = ts.free_bytes(device)
             t0 = time.perf_counter()
             job = ZooJob(args, spec, side, precision, execution, init_state, device)
@@ -349,6 +368,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             free1 = ts.free_bytes(device)
             out["memory"][side] = {
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
+                "requested_peak_bytes": _requested(device)[1] - asked if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
         ts.warm_rotation(jobs, device)  # Note [a warm rotation] in train_steps.py
         per_round = ts.ReplayRounds()
@@ -500,7 +520,7 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
     direct launches in the timed rounds (Note [a warm rotation] in
     train_steps.py); ``-`` where no kernel replays."""
     lines = ["| model | precision | execution | native ms | converted ms | ratio | "
-             "peak MiB native/converted | cold s native/converted | "
+             "requested peak MiB native/converted | cold s native/converted | "
              "grad err native/converted | graphs captured/direct |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[tuple[str, str], list[float]] = {}
@@ -511,7 +531,7 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
         # an entry measured without steps (--no-steps) still shows its cold and gradient figures
         for ex, st in (e.get("steps") or {"-": {}}).items():
             mem = st.get("memory", {})
-            peak = "/".join(_mib(mem.get(s, {}).get("peak_bytes")) for s in SIDES)
+            peak = "/".join(_mib(side_peak(mem.get(s))) for s in SIDES)
             if "ratio" in st:
                 ratios.setdefault((e["precision"], ex), []).append(st["ratio"])
             replay = st.get("replay")
