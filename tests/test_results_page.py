@@ -687,9 +687,9 @@ def test_replay_labels_eager_steps_only(tmp_path, monkeypatch):
 
 
 def test_zoo_peaks_compare_requested_bytes_where_a_file_records_them():
-    """Note [memory per side]: the requested-bytes peak, which no cached block
-    changes, is the compared one; a file from before it was recorded shows its
-    allocated peak."""
+    """The requested-bytes peak, which no cached block changes, is the compared
+    one; a file from before it was recorded shows its allocated peak (See Note
+    [memory per side] in tools/zoo_bench.py)."""
     both = {"peak_bytes": 120 << 20, "requested_peak_bytes": 100 << 20}
     assert rt.side_peak(both) == 100 << 20
     assert rt.side_peak({"peak_bytes": 120 << 20}) == 120 << 20
