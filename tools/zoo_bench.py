@@ -316,10 +316,18 @@ def step_stats(step_ms: dict[str, Sequence[Sequence[float]]]) -> dict[str, Any]:
 # tensors asked for, ``requested_bytes.all.peak`` less what was requested
 # before it was built), which no cached block changes; the zoo's comparison of
 # peaks reads it where a file has it.
-def _requested(device: torch.device) -> tuple[int, int]:
-    """The caching allocator's requested bytes on ``device``: (now, peak)."""
-    stats = torch.cuda.memory_stats(device)
-    return stats.get("requested_bytes.all.current", 0), stats.get("requested_bytes.all.peak", 0)
+def _requested(device: torch.device, which: str) -> int | None:
+    """The caching allocator's requested bytes on ``device``, ``which`` is
+    ``"current"`` or ``"peak"``; None where this torch does not count them
+    (the comparison then reads the allocated peak, never a zero)."""
+    return torch.cuda.memory_stats(device).get(f"requested_bytes.all.{which}")
+
+
+def _requested_peak(device: torch.device, asked: int | None) -> int | None:
+    """The requested-bytes peak since the last reset, less ``asked`` (what was
+    requested before the side was built); None where either is not counted."""
+    peak = _requested(device, "peak")
+    return None if peak is None or asked is None else peak - asked
 
 
 def _prime(args: argparse.Namespace, spec: ModelSpec, precision: str, execution: str,
@@ -351,7 +359,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             elif cuda:
                 torch.cuda.empty_cache()
             base = torch.cuda.memory_allocated(device) if cuda else 0
-            asked = _requested(device)[0] if cuda else 0
+            asked = _requested(device, "current") if cuda else None
             free0 = ts.free_bytes(device)
             t0 = time.perf_counter()
             job = ZooJob(args, spec, side, precision, execution, init_state, device)
@@ -368,7 +376,7 @@ def measure_steps(args: argparse.Namespace, spec: ModelSpec, precision: str, exe
             free1 = ts.free_bytes(device)
             out["memory"][side] = {
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base if cuda else None,
-                "requested_peak_bytes": _requested(device)[1] - asked if cuda else None,
+                "requested_peak_bytes": _requested_peak(device, asked) if cuda else None,
                 "device_used_bytes": free0 - free1 if cuda else None}  # type: ignore[operator]
         ts.warm_rotation(jobs, device)  # Note [a warm rotation] in train_steps.py
         per_round = ts.ReplayRounds()
