@@ -557,6 +557,42 @@ def test_graph_cache_keeps_the_newest_and_closes_the_evicted(fake_graphs):
     assert len(cache) == 0
 
 
+def test_graph_cache_counts_the_host_seconds_of_each_kind_of_call(fake_graphs, monkeypatch):
+    """See Note [what replay costs the host]: a cache's seconds are those of its
+    direct launches, its captures (the capture alone, not the launch after it)
+    and its graph launches, each kind on its own, read on a clock that the
+    calls themselves move (a direct call 1 s, a capture 10 s, a replayed call
+    0.25 s); the output is the convolution's throughout."""
+    from mucudnn.exec.graph import GraphCache
+
+    now = [0.0]
+    monkeypatch.setattr(exec_graph, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    class Ticking(StreamSpy):
+        def run(self, *args):
+            if FakeGraph.recording is not None:
+                now[0] += 10.0
+                FakeGraph.recording.append(lambda: (now.__setitem__(0, now[0] + 0.25),
+                                                    Spy.run(self, *args)))
+            else:
+                now[0] += 1.0
+                Spy.run(self, *args)
+
+    be = adapt(Ticking())
+    p, bound = _bound_1x1(be)
+    cache = GraphCache(be, after=2)
+    x, w, y = tensors_for(p, np.random.default_rng(5))
+    ref = reference(p, Direction.FORWARD, x, w, y)
+    seconds = []
+    for _ in range(4):  # direct, capture and replay, replay, replay
+        y[...] = np.nan
+        cache.run(bound, x, w, y, None, 0, 7)
+        assert rel_err(y, ref) < 1e-5
+        seconds.append((cache.direct_s, cache.capture_s, cache.replay_s))
+    assert seconds == [(1.0, 0.0, 0.0), (1.0, 10.0, 0.25), (1.0, 10.0, 0.5), (1.0, 10.0, 0.75)]
+    assert (cache.direct, cache.captures, cache.replays) == (1, 1, 3)
+
+
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(1, 3))
 def test_a_graph_cache_captures_an_address_set_the_after_th_time_it_is_seen(picks, after):
     """See Note [replay after repeated addresses]: before the ``after``-th call

@@ -160,6 +160,9 @@ def test_summary_lines(zb):
                                                  "ratio": 0.9, "memory": {}}},
           "cold": {}, "grad": None}
     lines = zb.summary_lines([e, e2])
+    timed = {**e, "model": "t", "steps": {"eager": {**e["steps"]["eager"], "replay": {
+        **e["steps"]["eager"]["replay"], "capture_s": 0.0125}}}}
+    assert "| 2/5 (12.5 ms) |" in zb.summary_lines([timed])[2]
     assert lines[0].startswith("| model | precision | execution | native ms")
     assert "| m | amp | eager | 10.00 | 11.00 | 1.100 | 3/4 | 1.2/- | 1.0e-03/2.0e-03 | 2/5 |" in lines
     assert "| m | amp | graph | 8.00 | 8.00 | 1.000 | -/- | 1.2/- | 1.0e-03/2.0e-03 | - |" in lines
@@ -505,7 +508,8 @@ def test_graph_replays_sum_the_replaying_kernels_of_the_cached_convolutions(monk
         return SimpleNamespace(kernel=lambda d: SimpleNamespace(graphs=kernels[d]))
 
     def cache(c, r, d, failed=None):
-        return SimpleNamespace(captures=c, replays=r, direct=d, failed=failed)
+        return SimpleNamespace(captures=c, replays=r, direct=d, failed=failed,
+                               capture_s=0.5 * c, replay_s=0.25 * r, direct_s=0.125 * d)
 
     monkeypatch.setattr(ts.mt, "cached_convolutions", lambda: [conv(None, None, None)])
     assert ts.graph_replays() is None
@@ -513,7 +517,8 @@ def test_graph_replays_sum_the_replaying_kernels_of_the_cached_convolutions(monk
         conv(cache(1, 5, 1), None, cache(0, 0, 3, "CudaError: x")), conv(None, cache(2, 2, 2),
                                                                           None)])
     assert ts.graph_replays() == {"kernels": 3, "captures": 3, "replays": 7, "direct": 6,
-                                  "failed": 1}
+                                  "failed": 1, "capture_s": 1.5, "replay_s": 1.75,
+                                  "direct_s": 0.75}
 
 
 def test_replay_rounds_are_each_rounds_captures_and_direct_launches(monkeypatch):
@@ -521,14 +526,17 @@ def test_replay_rounds_are_each_rounds_captures_and_direct_launches(monkeypatch)
     warm rotation]): the captures and direct launches of that round alone,
     from graph_replays' readings; None where no kernel replays."""
     ts = load_tool("train_steps")
-    readings = iter([{"kernels": 2, "captures": c, "replays": r, "direct": d, "failed": 0}
-                     for c, r, d in ((4, 9, 4), (6, 20, 7), (6, 30, 7), (7, 41, 7))])
+    readings = iter([{"kernels": 2, "captures": c, "replays": r, "direct": d, "failed": 0,
+                      "capture_s": s}
+                     for c, r, d, s in ((4, 9, 4, 0.004), (6, 20, 7, 0.0065), (6, 30, 7, 0.0065),
+                                        (7, 41, 7, 0.00725))])
     monkeypatch.setattr(ts, "graph_replays", lambda: next(readings))
     rounds = ts.ReplayRounds()
     t = ts.time_rounds([], 3, 1, torch.device("cpu"), after_round=rounds)
-    assert t == [] and rounds.as_dict() == {"captures": [2, 0, 1], "direct": [3, 0, 0]}
-    assert rounds.total() == {"kernels": 2, "captures": 3, "replays": 32, "direct": 3,
-                              "failed": 0}
+    assert t == [] and rounds.as_dict() == {"captures": [2, 0, 1], "direct": [3, 0, 0],
+                                            "capture_ms": [2.5, 0.0, 0.75]}
+    assert rounds.total() == pytest.approx({"kernels": 2, "captures": 3, "replays": 32,
+                                            "direct": 3, "failed": 0, "capture_s": 0.00325})
     monkeypatch.setattr(ts, "graph_replays", lambda: None)
     none = ts.ReplayRounds()
     none(0)

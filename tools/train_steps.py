@@ -391,8 +391,10 @@ def time_rounds(jobs: Sequence[TrainJob], rounds: int, steps: int,
 # steps. Where another side's steps leave the allocator's blocks at new
 # addresses every time, each turn that follows them still meets new address
 # sets, which a loop training one model does not: :class:`ReplayRounds`
-# records each timed round's captures and direct launches, so that a ratio
-# can be read against them (rounds that captured against rounds that did not).
+# records each timed round's captures and direct launches, and the host
+# milliseconds of its captures (Note [what replay costs the host] in
+# mucudnn/exec/graph.py), so that a ratio can be read against them (rounds
+# that captured against rounds that did not, and what the captures took).
 WARM_ROUND_STEPS = 2
 
 
@@ -431,15 +433,17 @@ def graph_replays() -> dict | None:
 
 class ReplayRounds:
     """The CUDA-graph captures and direct launches of each round of
-    :func:`time_rounds` (its ``after_round``), from :func:`graph_replays`'
-    readings: whether the timed rounds reached the steady state of Note [a
-    warm rotation] or kept capturing. ``as_dict()`` is None where no kernel
+    :func:`time_rounds` (its ``after_round``), and the host milliseconds of
+    those captures, from :func:`graph_replays`' readings: whether the timed
+    rounds reached the steady state of Note [a warm rotation] or kept
+    capturing, and at what cost. ``as_dict()`` is None where no kernel
     replays; :meth:`total` is every count over the rounds so far."""
 
     def __init__(self) -> None:
         self._first = self._last = graph_replays()
         self.captures: list[int] = []
         self.direct: list[int] = []
+        self.capture_ms: list[float] = []
 
     def total(self) -> dict | None:
         """:func:`replays_between` the reading before the first round and the
@@ -453,9 +457,12 @@ class ReplayRounds:
         if diff is not None:
             self.captures.append(diff["captures"])
             self.direct.append(diff["direct"])
+            self.capture_ms.append(round(1e3 * diff.get("capture_s", 0.0), 3))
 
     def as_dict(self) -> dict | None:
-        return {"captures": self.captures, "direct": self.direct} if self.captures else None
+        if not self.captures:
+            return None
+        return {"captures": self.captures, "direct": self.direct, "capture_ms": self.capture_ms}
 
 
 def replays_between(before: dict | None, after: dict | None) -> dict | None:

@@ -526,7 +526,9 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
     geometric mean of the converted/native ratios per precision and execution.
     ``graphs captured/direct``: the converted side's CUDA-graph captures and
     direct launches in the timed rounds (Note [a warm rotation] in
-    train_steps.py); ``-`` where no kernel replays."""
+    train_steps.py), with the host milliseconds of those captures where the
+    file records them (Note [what replay costs the host] in
+    mucudnn/exec/graph.py); ``-`` where no kernel replays."""
     lines = ["| model | precision | execution | native ms | converted ms | ratio | "
              "requested peak MiB native/converted | cold s native/converted | "
              "grad err native/converted | graphs captured/direct |",
@@ -544,6 +546,8 @@ def summary_lines(entries: Sequence[dict]) -> list[str]:
                 ratios.setdefault((e["precision"], ex), []).append(st["ratio"])
             replay = st.get("replay")
             graphs = "-" if not replay else f"{replay['captures']}/{replay['direct']}"
+            if replay and "capture_s" in replay:
+                graphs += f" ({1e3 * replay['capture_s']:.1f} ms)"
             lines.append(
                 f"| {e['model']} | {e['precision']} | {ex} | {_num(st.get('native_ms'), '.2f')} | "
                 f"{_num(st.get('converted_ms'), '.2f')} | {ratio_text(st)} | "

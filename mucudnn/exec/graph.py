@@ -54,11 +54,23 @@ the bound, up to :data:`MAX_GROWN_GRAPHS`. The sightings are counted for
 address set forgotten before it comes round again would never be
 captured). Graphs are made only of address sets that repeat, so a grown
 bound holds no more graphs than the layers that share the kernel.
+
+Note [what replay costs the host]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Replay is worth its captures where the launches it saves cost the host more
+than the captures do, and that depends on how often a caller's addresses
+repeat, which only a running loop shows. So a cache keeps, beside its counts,
+the host seconds of each kind of call: a capture (the capture and the graph's
+instantiation, not the launch that follows it), a graph launch and a direct
+launch. :func:`mucudnn.torch.report` and the benchmarks read them, so that
+a step that keeps capturing (new addresses every few steps) shows what that
+costs against the direct launches it would otherwise make.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Any
 
@@ -124,6 +136,10 @@ class GraphCache:
         self.captures = 0
         self.replays = 0
         self.direct = 0
+        #: Host seconds spent in them (Note [what replay costs the host])
+        self.capture_s = 0.0
+        self.replay_s = 0.0
+        self.direct_s = 0.0
 
     @property
     def max_graphs(self) -> int:
@@ -151,6 +167,7 @@ class GraphCache:
             self._seen.put(key, _CAPTURED)
         if g is None:
             be = self.backend
+            start = time.perf_counter()
             try:
                 with be.on_home_stream():  # type: ignore[attr-defined]
                     with CudaGraph.capture(be.stream) as g:
@@ -167,9 +184,12 @@ class GraphCache:
             g.keep(bound)  # id(bound) in the key stays unique while the graph lives
             self._graphs.put(key, g)
             self.captures += 1
+            self.capture_s += time.perf_counter() - start
             log.debug("mucudnn: captured a CUDA graph of %d micro-batches",
                       len(bound.launchers))
+        start = time.perf_counter()
         g.launch(stream)
+        self.replay_s += time.perf_counter() - start
         self.replays += 1
         return captured
 
@@ -186,7 +206,9 @@ class GraphCache:
     def _direct(self, bound: BoundPlan, x: Any, w: Any, y: Any, workspace: Any,
                 workspace_bytes: int) -> bool:
         """Launch ``bound`` without a graph (False: nothing was captured)."""
+        start = time.perf_counter()
         bound.launch(x, w, y, workspace, workspace_bytes)
+        self.direct_s += time.perf_counter() - start
         self.direct += 1
         return False
 

@@ -98,7 +98,7 @@ class Report:
     step_guard: Optional[dict[str, Any]] = None
     #: the layers' planned launches as CUDA graphs (:func:`graph_counts`); None:
     #: no kernel of theirs replays
-    replay: Optional[dict[str, int]] = None
+    replay: Optional[dict[str, float]] = None
 
     @property
     def total_ms(self) -> float:
@@ -182,6 +182,9 @@ class Report:
                         f"{r['captures']} of them captured, {r['direct']} launched directly"
                         + (f"; {r['failed']} kernel(s) launch directly after a failed capture"
                            if r["failed"] else ""))
+            rows.append(f"replay host time: captures {_ms(1e3 * r['capture_s'])} ms, graph "
+                        f"launches {_ms(1e3 * r['replay_s'])} ms, direct launches "
+                        f"{_ms(1e3 * r['direct_s'])} ms (Note [what replay costs the host])")
         return "\n".join(rows)
 
 
@@ -309,12 +312,15 @@ def report(model: nn.Module) -> Report:
                   graph_counts(convs.values()))
 
 
-def graph_counts(convs: Iterable[Any]) -> Optional[dict[str, int]]:
+def graph_counts(convs: Iterable[Any]) -> Optional[dict[str, float]]:
     """Over the kernels of the convolutions ``convs`` that replay planned
     launches as CUDA graphs once their addresses repeat (Note [replay after
     repeated addresses] in :mod:`mucudnn.exec.graph`): how many kernels, and
     their graphs captured, launches replayed (a capture's included), launches
-    made directly and kernels whose capture failed; None where none replays.
+    made directly and kernels whose capture failed; and the host seconds of
+    the captures, graph launches and direct launches (``capture_s``,
+    ``replay_s``, ``direct_s``: Note [what replay costs the host]); None
+    where none replays.
 
     >>> graph_counts([]) is None
     True
@@ -324,7 +330,10 @@ def graph_counts(convs: Iterable[Any]) -> Optional[dict[str, int]]:
         return None
     return {"kernels": len(caches), "captures": sum(g.captures for g in caches),
             "replays": sum(g.replays for g in caches), "direct": sum(g.direct for g in caches),
-            "failed": sum(g.failed is not None for g in caches)}
+            "failed": sum(g.failed is not None for g in caches),
+            "capture_s": sum(g.capture_s for g in caches),
+            "replay_s": sum(g.replay_s for g in caches),
+            "direct_s": sum(g.direct_s for g in caches)}
 
 
 def _first_calls(recs: list[native.Record]) -> Optional[dict[str, Any]]:
