@@ -327,6 +327,8 @@ def test_graph_replay_equals_plain(be, torch):
             assert rel_err(out.cpu().numpy(), want) < tol[d]
         g = graphed.kernel(d).graphs
         assert g.captures == 1 and g.replays == 3
+        # the capture's seconds hold its instantiation (See Note [what replay costs the host])
+        assert 0.0 < g.instantiate_s <= g.capture_s and g.replay_s > 0.0
         out2 = torch.empty_like(out)
         getattr(graphed, call)(*args, out2)  # new pointer: captured again
         assert g.captures == 2

@@ -347,6 +347,7 @@ class FakeGraph:
         self.ops = []
         self.closed = False
         self.kept = []
+        self.instantiate_s = 0.0
 
     @classmethod
     @contextlib.contextmanager
@@ -591,6 +592,7 @@ def test_graph_cache_counts_the_host_seconds_of_each_kind_of_call(fake_graphs, m
         seconds.append((cache.direct_s, cache.capture_s, cache.replay_s))
     assert seconds == [(1.0, 0.0, 0.0), (1.0, 10.0, 0.25), (1.0, 10.0, 0.5), (1.0, 10.0, 0.75)]
     assert (cache.direct, cache.captures, cache.replays) == (1, 1, 3)
+    assert cache.instantiate_s == 0.0  # the fake graph instantiates nothing
 
 
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(1, 3))

@@ -154,7 +154,8 @@ def test_report_counts_the_replays_of_the_layers_planned_launches():
 
     def cache(c, r, d, failed=None):
         return SimpleNamespace(captures=c, replays=r, direct=d, failed=failed,
-                               capture_s=c * 1e-3, replay_s=r * 1e-5, direct_s=d * 1e-4)
+                               capture_s=c * 1e-3, instantiate_s=c * 4e-4, replay_s=r * 1e-5,
+                               direct_s=d * 1e-4)
 
     caches = dict(zip(Direction, (cache(2, 9, 2), None, cache(1, 4, 3, "CudaError: x"))))
     conv = SimpleNamespace(kernel=lambda d: SimpleNamespace(graphs=caches[d]))
@@ -163,13 +164,13 @@ def test_report_counts_the_replays_of_the_layers_planned_launches():
         layer._mu_seen.append(("k",))  # both layers ran the one signature
     rep = mt.report(model)
     assert rep.replay == pytest.approx({"kernels": 2, "captures": 3, "replays": 13, "direct": 5,
-                                        "failed": 1, "capture_s": 3e-3, "replay_s": 13e-5,
-                                        "direct_s": 5e-4})
+                                        "failed": 1, "capture_s": 3e-3, "instantiate_s": 12e-4,
+                                        "replay_s": 13e-5, "direct_s": 5e-4})
     assert rep.as_dict()["replay"] == rep.replay
     assert ("replay: planned launches 13 replayed as CUDA graphs, 3 of them captured, 5 "
             "launched directly; 1 kernel(s) launch directly after a failed capture") in str(rep)
-    assert ("replay host time: captures 3.000 ms, graph launches 0.130 ms, direct launches "
-            "0.500 ms") in str(rep)
+    assert ("replay host time: captures 3.000 ms (1.200 ms of it instantiating), graph "
+            "launches 0.130 ms, direct launches 0.500 ms") in str(rep)
     caches.update({d: None for d in Direction})
     rep = mt.report(model)
     assert rep.replay is None and "replay:" not in str(rep)

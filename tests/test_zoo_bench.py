@@ -509,7 +509,8 @@ def test_graph_replays_sum_the_replaying_kernels_of_the_cached_convolutions(monk
 
     def cache(c, r, d, failed=None):
         return SimpleNamespace(captures=c, replays=r, direct=d, failed=failed,
-                               capture_s=0.5 * c, replay_s=0.25 * r, direct_s=0.125 * d)
+                               capture_s=0.5 * c, instantiate_s=0.25 * c, replay_s=0.25 * r,
+                               direct_s=0.125 * d)
 
     monkeypatch.setattr(ts.mt, "cached_convolutions", lambda: [conv(None, None, None)])
     assert ts.graph_replays() is None
@@ -517,8 +518,8 @@ def test_graph_replays_sum_the_replaying_kernels_of_the_cached_convolutions(monk
         conv(cache(1, 5, 1), None, cache(0, 0, 3, "CudaError: x")), conv(None, cache(2, 2, 2),
                                                                           None)])
     assert ts.graph_replays() == {"kernels": 3, "captures": 3, "replays": 7, "direct": 6,
-                                  "failed": 1, "capture_s": 1.5, "replay_s": 1.75,
-                                  "direct_s": 0.75}
+                                  "failed": 1, "capture_s": 1.5, "instantiate_s": 0.75,
+                                  "replay_s": 1.75, "direct_s": 0.75}
 
 
 def test_replay_rounds_are_each_rounds_captures_and_direct_launches(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 
 from . import _lifetime, _runtime
@@ -38,7 +39,8 @@ class CudaGraph:
     its executable instance.
     """
 
-    __slots__ = ("_graph", "_exec", "_finalizer", "_keep", "stream", "__weakref__")
+    __slots__ = ("_graph", "_exec", "_finalizer", "_keep", "stream", "instantiate_s",
+                 "__weakref__")
 
     def __init__(self):
         self._graph = None
@@ -46,6 +48,8 @@ class CudaGraph:
         self._finalizer = None
         self._keep: list = []
         self.stream = None
+        #: host seconds ``cudaGraphInstantiate`` took (0.0 until the capture ends)
+        self.instantiate_s = 0.0
 
     @classmethod
     @contextlib.contextmanager
@@ -93,7 +97,9 @@ class CudaGraph:
                 raw = check(result, "cudaStreamEndCapture",
                             "the capture was invalidated if this is cudaErrorStreamCaptureInvalidated")
                 try:
+                    start = time.perf_counter()
                     graph_exec = check(rt.cudaGraphInstantiate(raw, 0), "cudaGraphInstantiate")
+                    graph.instantiate_s = time.perf_counter() - start
                 except BaseException:
                     _lifetime.release(_destroy, raw, None)
                     raise

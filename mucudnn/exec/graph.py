@@ -61,8 +61,8 @@ Replay is worth its captures where the launches it saves cost the host more
 than the captures do, and that depends on how often a caller's addresses
 repeat, which only a running loop shows. So a cache keeps, beside its counts,
 the host seconds of each kind of call: a capture (the capture and the graph's
-instantiation, not the launch that follows it), a graph launch and a direct
-launch. :func:`mucudnn.torch.report` and the benchmarks read them, so that
+instantiation, not the launch that follows it; the instantiation also on its
+own), a graph launch and a direct launch. :func:`mucudnn.torch.report` and the benchmarks read them, so that
 a step that keeps capturing (new addresses every few steps) shows what that
 costs against the direct launches it would otherwise make.
 """
@@ -138,6 +138,7 @@ class GraphCache:
         self.direct = 0
         #: Host seconds spent in them (Note [what replay costs the host])
         self.capture_s = 0.0
+        self.instantiate_s = 0.0  #: the part of ``capture_s`` that instantiated graphs
         self.replay_s = 0.0
         self.direct_s = 0.0
 
@@ -185,6 +186,7 @@ class GraphCache:
             self._graphs.put(key, g)
             self.captures += 1
             self.capture_s += time.perf_counter() - start
+            self.instantiate_s += g.instantiate_s
             log.debug("mucudnn: captured a CUDA graph of %d micro-batches",
                       len(bound.launchers))
         start = time.perf_counter()

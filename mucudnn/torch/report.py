@@ -182,7 +182,8 @@ class Report:
                         f"{r['captures']} of them captured, {r['direct']} launched directly"
                         + (f"; {r['failed']} kernel(s) launch directly after a failed capture"
                            if r["failed"] else ""))
-            rows.append(f"replay host time: captures {_ms(1e3 * r['capture_s'])} ms, graph "
+            rows.append(f"replay host time: captures {_ms(1e3 * r['capture_s'])} ms "
+                        f"({_ms(1e3 * r['instantiate_s'])} ms of it instantiating), graph "
                         f"launches {_ms(1e3 * r['replay_s'])} ms, direct launches "
                         f"{_ms(1e3 * r['direct_s'])} ms (Note [what replay costs the host])")
         return "\n".join(rows)
@@ -318,9 +319,9 @@ def graph_counts(convs: Iterable[Any]) -> Optional[dict[str, float]]:
     repeated addresses] in :mod:`mucudnn.exec.graph`): how many kernels, and
     their graphs captured, launches replayed (a capture's included), launches
     made directly and kernels whose capture failed; and the host seconds of
-    the captures, graph launches and direct launches (``capture_s``,
-    ``replay_s``, ``direct_s``: Note [what replay costs the host]); None
-    where none replays.
+    the captures, their instantiation alone, graph launches and direct
+    launches (``capture_s``, ``instantiate_s``, ``replay_s``, ``direct_s``:
+    Note [what replay costs the host]); None where none replays.
 
     >>> graph_counts([]) is None
     True
@@ -332,6 +333,7 @@ def graph_counts(convs: Iterable[Any]) -> Optional[dict[str, float]]:
             "replays": sum(g.replays for g in caches), "direct": sum(g.direct for g in caches),
             "failed": sum(g.failed is not None for g in caches),
             "capture_s": sum(g.capture_s for g in caches),
+            "instantiate_s": sum(g.instantiate_s for g in caches),
             "replay_s": sum(g.replay_s for g in caches),
             "direct_s": sum(g.direct_s for g in caches)}
 
