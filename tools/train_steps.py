@@ -457,7 +457,7 @@ class ReplayRounds:
         if diff is not None:
             self.captures.append(diff["captures"])
             self.direct.append(diff["direct"])
-            self.capture_ms.append(round(1e3 * diff.get("capture_s", 0.0), 3))
+            self.capture_ms.append(round(1e3 * diff["capture_s"], 3))
 
     def as_dict(self) -> dict | None:
         if not self.captures:

@@ -62,9 +62,10 @@ than the captures do, and that depends on how often a caller's addresses
 repeat, which only a running loop shows. So a cache keeps, beside its counts,
 the host seconds of each kind of call: a capture (the capture and the graph's
 instantiation, not the launch that follows it; the instantiation also on its
-own), a graph launch and a direct launch. :func:`mucudnn.torch.report` and the benchmarks read them, so that
-a step that keeps capturing (new addresses every few steps) shows what that
-costs against the direct launches it would otherwise make.
+own), a graph launch and a direct launch. :func:`mucudnn.torch.report` and
+the benchmarks read them, so that a step that keeps capturing (new addresses
+every few steps) shows what that costs against the direct launches it would
+otherwise make.
 """
 
 from __future__ import annotations
